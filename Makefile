@@ -1,0 +1,50 @@
+# watcher build, test and code generation. Most targets need root (BPF).
+GO ?= go
+BIN := bin/watcher
+
+.PHONY: all build generate generate-check test test-vm bench lint demo vmlinux clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/watcher
+
+# Rebuild the bpf2go output (needs clang, llvm-strip, libbpf-dev).
+generate:
+	$(GO) generate ./...
+
+# Fail when the committed bpf2go output differs from what `make generate` builds.
+generate-check:
+	$(GO) generate ./...
+	@if ! git diff --quiet --exit-code -- '*_bpfel.go' '*_bpfel.o'; then \
+		echo "bpf2go output is stale: run 'make generate' and commit"; \
+		git diff --stat -- '*_bpfel.go' '*_bpfel.o'; exit 1; fi
+	@if [ -n "$$(git ls-files --others --exclude-standard -- '*_bpfel.go' '*_bpfel.o')" ]; then \
+		echo "uncommitted bpf2go output:"; git ls-files --others --exclude-standard -- '*_bpfel.*'; exit 1; fi
+
+# vmlinux.h from this machine's BTF (CO-RE relocations adapt it to others).
+vmlinux:
+	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/include/vmlinux.h
+
+# The host test suite (as root: loads BPF, creates cgroups).
+test:
+	$(GO) test -count=1 -timeout 30m ./...
+
+# BPF LSM tests in a stock Debian kernel under qemu (this host refuses LSM
+# programs). KERNEL_PKG picks another kernel package.
+test-vm:
+	./test/vm/run.sh $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
+	@for s in bench/*.sh bench/*/run.sh; do [ -x "$$s" ] && echo "== $$s" && "$$s"; done; true
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+
+demo: build
+	./$(BIN) demo
+
+clean:
+	rm -rf bin

@@ -1,0 +1,102 @@
+// Command watcher is the host agent that cages AI agents with kernel-enforced
+// policy and keeps a tamper-evident record of what they did.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// command is one `watcher` subcommand. Each lives in its own cmd_*.go file
+// and registers itself in commands from an init function.
+type command struct {
+	// Summary is the one-line description shown by `watcher help`.
+	Summary string
+	// Run executes the subcommand with the arguments after its name.
+	Run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+var commands = map[string]command{}
+
+func register(name string, c command) {
+	if _, dup := commands[name]; dup {
+		panic("duplicate command " + name)
+	}
+	commands[name] = c
+}
+
+// exitError carries a specific exit code out of run (e.g. verify: 1 tampered,
+// 2 unreadable).
+type exitError struct {
+	Code int
+	Err  error
+}
+
+func (e *exitError) Error() string { return e.Err.Error() }
+func (e *exitError) Unwrap() error { return e.Err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		code := 1
+		var ee *exitError
+		if errors.As(err, &ee) {
+			code = ee.Code
+		}
+		if !errors.Is(err, errHelpShown) {
+			fmt.Fprintln(os.Stderr, "watcher:", err)
+		} else {
+			code = 0
+		}
+		os.Exit(code)
+	}
+}
+
+var errHelpShown = errors.New("help shown")
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) > 1 {
+			if c, ok := commands[args[1]]; ok {
+				return c.Run(ctx, []string{"--help"}, stdout, stderr)
+			}
+		}
+		usage(stdout)
+		if len(args) == 0 {
+			return &exitError{Code: 2, Err: errors.New("no command given")}
+		}
+		return nil
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		usage(stderr)
+		return &exitError{Code: 2, Err: fmt.Errorf("unknown command %q", args[0])}
+	}
+	return c.Run(ctx, args[1:], stdout, stderr)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "watcher: a kernel-enforced cage and tamper-evident record for AI agents")
+	fmt.Fprintln(w, "\nUsage: watcher COMMAND [flags] [args]\n\nCommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	width := 0
+	for _, n := range names {
+		width = max(width, len(n))
+	}
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, n, commands[n].Summary)
+	}
+	fmt.Fprintln(w, "\nRun 'watcher COMMAND --help' for a command's flags.")
+}

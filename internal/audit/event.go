@@ -1,0 +1,199 @@
+// Package audit defines watcher's single event model and the fan-out of
+// events to sinks (ledger, live tail, Prometheus).
+//
+// Every producer (kernel programs, the DNS proxy, the agent itself) builds an
+// Event; every consumer takes an Event. Kind-specific details live in typed,
+// optional sub-structs so JSON output stays compact and self-describing.
+package audit
+
+import "time"
+
+// Kind says what sort of operation or record an event describes.
+type Kind string
+
+// Kinds of events. Kernel kinds mirror the hook groups in bpf/.
+const (
+	KindFileOpen      Kind = "file_open"
+	KindPtrace        Kind = "ptrace"
+	KindMount         Kind = "mount"
+	KindModule        Kind = "module"
+	KindBPF           Kind = "bpf"
+	KindCapability    Kind = "capability"
+	KindSignal        Kind = "signal"
+	KindExec          Kind = "exec"
+	KindExit          Kind = "exit"
+	KindSyscall       Kind = "syscall"
+	KindDevice        Kind = "device"
+	KindSysctl        Kind = "sysctl"
+	KindSocket        Kind = "socket"
+	KindNet           Kind = "net"
+	KindDNS           Kind = "dns"
+	KindEscape        Kind = "escape"
+	KindAgent         Kind = "agent"
+	KindLoss          Kind = "loss"
+	KindSampleSummary Kind = "sample_summary"
+	KindRecovery      Kind = "recovery"
+)
+
+// Verdict is what watcher did about the operation.
+type Verdict string
+
+// Verdicts, weakest first.
+const (
+	// VerdictAllowed: the operation happened and no rule asked to record it
+	// specifically (routine telemetry, allowed DNS answers).
+	VerdictAllowed Verdict = "allowed"
+	// VerdictRecorded: a rule in record mode matched; the operation happened.
+	VerdictRecorded Verdict = "recorded"
+	// VerdictDenied: the kernel (or the proxy) refused the operation before
+	// it happened.
+	VerdictDenied Verdict = "denied"
+	// VerdictKilled: the process was killed; the operation may already have
+	// happened (kill backstop where no blocking hook exists).
+	VerdictKilled Verdict = "killed"
+)
+
+// Severity decides sampling: alerts are never sampled out.
+type Severity string
+
+// Severities.
+const (
+	SeverityRoutine Severity = "routine"
+	SeverityAlert   Severity = "alert"
+)
+
+// Sandbox identifies the sandbox cgroup an event came from.
+type Sandbox struct {
+	// CgroupID is the cgroup v2 id (inode number) of the sandbox root.
+	CgroupID uint64 `json:"cgroup_id,omitempty"`
+	// Name is the sandbox's name from the policy.
+	Name string `json:"name,omitempty"`
+	// Labels are caller-supplied labels (e.g. a tool-call id for watcher exec).
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Process identifies the task that performed the operation.
+type Process struct {
+	PID  uint32   `json:"pid,omitempty"`  // thread id
+	TGID uint32   `json:"tgid,omitempty"` // process id
+	PPID uint32   `json:"ppid,omitempty"`
+	UID  uint32   `json:"uid"`
+	Comm string   `json:"comm,omitempty"`
+	Exe  string   `json:"exe,omitempty"`
+	Args []string `json:"args,omitempty"`
+	// CgroupID is the task's own cgroup (may be below the sandbox root).
+	CgroupID uint64 `json:"cgroup_id,omitempty"`
+}
+
+// Event is one thing watcher saw or did.
+type Event struct {
+	Time     time.Time `json:"time"`
+	Kind     Kind      `json:"kind"`
+	Verdict  Verdict   `json:"verdict"`
+	Severity Severity  `json:"severity"`
+	// Rule names the policy rule that matched, empty when none did.
+	Rule string `json:"rule,omitempty"`
+	// Mechanism names the layer that produced the verdict: lsm, cgroup_bpf,
+	// seccomp, landlock, kill, tracepoint, dnsproxy, agent.
+	Mechanism string  `json:"mechanism,omitempty"`
+	Sandbox   Sandbox `json:"sandbox,omitzero"`
+	Process   Process `json:"process,omitzero"`
+
+	// Kind-specific details; at most a few are set.
+	File    *FileDetail    `json:"file,omitempty"`
+	Target  *TargetDetail  `json:"target,omitempty"`
+	Mount   *MountDetail   `json:"mount,omitempty"`
+	Syscall *SyscallDetail `json:"syscall,omitempty"`
+	DNS     *DNSDetail     `json:"dns,omitempty"`
+	Net     *NetDetail     `json:"net,omitempty"`
+	Loss    *LossDetail    `json:"loss,omitempty"`
+	Summary *SampleSummary `json:"summary,omitempty"`
+	// Message is free text for agent, recovery and escape events.
+	Message string `json:"message,omitempty"`
+	// Redacted lists the fields whose values were replaced by "***".
+	Redacted []string `json:"redacted,omitempty"`
+}
+
+// FileDetail describes a file operation judged on the resolved path.
+type FileDetail struct {
+	Path  string `json:"path"`
+	Flags uint32 `json:"flags,omitempty"` // open flags
+	Mode  uint32 `json:"mode,omitempty"`  // inode mode (type bits)
+	Dev   uint32 `json:"dev,omitempty"`   // kernel dev_t of the inode (MAJOR<<20|MINOR)
+	Write bool   `json:"write,omitempty"`
+}
+
+// TargetDetail describes the other party of ptrace, signals and capabilities.
+type TargetDetail struct {
+	PID        uint32 `json:"pid,omitempty"`
+	Comm       string `json:"comm,omitempty"`
+	Mode       uint32 `json:"mode,omitempty"`       // ptrace mode or signal number
+	Capability int32  `json:"capability,omitempty"` // for KindCapability
+}
+
+// MountDetail describes mount-family operations.
+type MountDetail struct {
+	Op     string `json:"op"` // mount, umount, move_mount, pivot_root, fsopen, fsmount, chroot
+	Source string `json:"source,omitempty"`
+	Target string `json:"target,omitempty"`
+	FSType string `json:"fstype,omitempty"`
+	Flags  uint64 `json:"flags,omitempty"`
+}
+
+// SyscallDetail describes a raw syscall record.
+type SyscallDetail struct {
+	Nr    int64  `json:"nr"`
+	Name  string `json:"name,omitempty"`
+	Ret   int64  `json:"ret,omitempty"`
+	Count uint64 `json:"count,omitempty"` // for sampled streams: events this one stands for
+}
+
+// DNSDetail describes a DNS decision.
+type DNSDetail struct {
+	Name    string   `json:"name"`
+	QType   string   `json:"qtype,omitempty"`
+	Rcode   string   `json:"rcode,omitempty"`
+	Reason  string   `json:"reason,omitempty"` // why it was blocked
+	Answers []string `json:"answers,omitempty"`
+	Client  string   `json:"client,omitempty"`
+}
+
+// NetDetail describes a connection, datagram or socket creation.
+type NetDetail struct {
+	Op       string `json:"op"` // connect, sendmsg, sock_create
+	Family   uint16 `json:"family,omitempty"`
+	Type     uint16 `json:"type,omitempty"`
+	Protocol uint16 `json:"protocol,omitempty"`
+	Addr     string `json:"addr,omitempty"`
+	Port     uint16 `json:"port,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// LossDetail reports events the agent knows it did not record.
+type LossDetail struct {
+	// Stage names where events were lost: ringbuf_alert, ringbuf_routine,
+	// queue, sink:<name>, ledger_write.
+	Stage string `json:"stage"`
+	Count uint64 `json:"count"`
+}
+
+// SampleSummary says how many routine events were seen and kept per sandbox
+// and kind since the previous summary.
+type SampleSummary struct {
+	Rows []SampleRow `json:"rows"`
+}
+
+// SampleRow is one sandbox and kind of a SampleSummary.
+type SampleRow struct {
+	Sandbox string `json:"sandbox"`
+	Kind    Kind   `json:"kind"`
+	Seen    uint64 `json:"seen"`
+	Kept    uint64 `json:"kept"`
+}
+
+// IsAlert reports whether the event must never be sampled out. Denials and
+// kills are alerts regardless of the severity the producer set.
+func (e *Event) IsAlert() bool {
+	return e.Severity == SeverityAlert || e.Verdict == VerdictDenied || e.Verdict == VerdictKilled ||
+		e.Kind == KindLoss || e.Kind == KindRecovery || e.Kind == KindEscape
+}
