@@ -1,0 +1,5 @@
+package tail
+
+import "syscall"
+
+var syscallECONNREFUSED error = syscall.ECONNREFUSED

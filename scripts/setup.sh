@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what watcher's build, demo and tests need on Debian 12 (as root):
+# the BPF toolchain, qemu for the LSM tests, DNS daemons and tools for the
+# DNS and egress tests, promtool, and the Go modules.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/go/bin:$PATH
+export DEBIAN_FRONTEND=noninteractive
+
+packages=(
+	clang llvm libbpf-dev bpftool          # bpf2go and vmlinux.h
+	qemu-system-x86 busybox-static cpio    # make test-vm (stock kernel under qemu)
+	unbound dnsmasq-base dnsutils          # DNS proxy tests against real resolvers, dig
+	iproute2                               # network namespaces for egress tests
+	prometheus                             # promtool test rules
+	make git ca-certificates
+)
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	echo "== apt-get install ${missing[*]}"
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's prometheus package starts a server: the tests only need promtool.
+systemctl disable --now prometheus >/dev/null 2>&1 || true
+
+echo "== go mod download"
+go mod download
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
