@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin/watcher
 
-.PHONY: all build generate generate-check test test-vm bench lint demo vmlinux clean
+.PHONY: all setup build generate generate-check test test-vm check bench lint demo vmlinux clean
 
 all: build
 
@@ -43,8 +43,16 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-demo: build
+# Install the toolchain and test dependencies (Debian 12, as root); idempotent.
+setup:
+	./scripts/setup.sh
+
+# The README's demo: a sandbox on the default policy, watched live.
+demo: setup build
 	./$(BIN) demo
+
+# The README's test command, and what CI runs.
+check: setup generate-check lint test test-vm
 
 clean:
 	rm -rf bin
