@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+func init() {
+	register("status", command{Summary: "show the agent's health; non-zero exit when a required layer is missing", Run: runStatus})
+	register("thaw", command{Summary: "thaw a sandbox frozen by the escape watch", Run: runThaw})
+	register("reload", command{Summary: "ask the running agent to reload its policy (same as SIGHUP)", Run: runReload})
+	register("unpin", command{Summary: "remove pinned programs and maps: enforcement stops", Run: runUnpin})
+}
+
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, usage string) error {
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, usage+"\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelpShown
+		}
+		return &exitError{Code: 2, Err: err}
+	}
+	return nil
+}
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	socket := fs.String("socket", control.DefaultSocket, "agent's control socket")
+	asJSON := fs.Bool("json", false, "print the status as JSON")
+	if err := parseFlags(fs, args, stderr, "Usage: watcher status [flags]\n\nHealth at a glance. Exit 0 when the agent is up and every required layer is\navailable, 1 otherwise: usable as a readiness probe."); err != nil {
+		return helpOK(err)
+	}
+	st, err := control.NewClient(*socket).Status()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+	} else {
+		printStatus(stdout, &st)
+	}
+	if len(st.Missing) > 0 {
+		return fmt.Errorf("required layers missing: %s", strings.Join(st.Missing, ", "))
+	}
+	return nil
+}
+
+func printStatus(w io.Writer, st *control.Status) {
+	fmt.Fprintf(w, "agent       up, pid %d, since %s\n", st.PID, st.Started.Format("2006-01-02 15:04:05"))
+	k := st.Kernel
+	lsm := "active"
+	if !k.BPFLSM {
+		lsm = "unavailable: " + k.BPFLSMWhy
+	}
+	fmt.Fprintf(w, "kernel      %s; BPF LSM %s\n", k.Release, lsm)
+	fmt.Fprintf(w, "cgroup2     %s   bpffs %s   landlock ABI %d\n", k.Cgroup2, k.BPFFS, k.LandlockABI)
+	fmt.Fprintf(w, "ledger      %s: %d records, head #%d %s", st.Ledger.Dir, st.Ledger.Records, st.Ledger.HeadSeq, short(st.Ledger.HeadHash))
+	if !st.Ledger.LastCheckpoint.IsZero() {
+		fmt.Fprintf(w, ", checkpoint %s", st.Ledger.LastCheckpoint.Format("15:04:05"))
+	}
+	fmt.Fprintln(w)
+	var losses []string
+	for stage, n := range st.Losses {
+		losses = append(losses, fmt.Sprintf("%s=%d", stage, n))
+	}
+	sort.Strings(losses)
+	if len(losses) == 0 {
+		losses = []string{"none"}
+	}
+	fmt.Fprintf(w, "losses      %s\n\n", strings.Join(losses, " "))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SANDBOX\tMODE\tCGROUP\tFROZEN\tESCAPE\tDENIED\tKILLED\tRECORDED\tALLOWED")
+	for _, s := range st.Sandboxes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%.1f\t%d\t%d\t%d\t%d\n", s.Name, s.Mode, s.Path, s.Frozen, s.Escape,
+			s.Events["denied"], s.Events["killed"], s.Events["recorded"], s.Events["allowed"])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RULE\tENFORCED BY\tNOTE")
+	for _, l := range st.Layers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", l.Rule, l.Mechanism, l.Note)
+	}
+	tw.Flush()
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+// helpOK turns a shown --help into success.
+func helpOK(err error) error {
+	if errors.Is(err, errHelpShown) {
+		return nil
+	}
+	return err
+}
+
+func runThaw(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("thaw", flag.ContinueOnError)
+	socket := fs.String("socket", control.DefaultSocket, "agent's control socket")
+	if err := parseFlags(fs, args, stderr, "Usage: watcher thaw SANDBOX\n\nThaws a sandbox the escape watch froze."); err != nil {
+		return helpOK(err)
+	}
+	if fs.NArg() != 1 {
+		return &exitError{Code: 2, Err: errors.New("thaw needs exactly one sandbox name")}
+	}
+	if err := control.NewClient(*socket).Thaw(fs.Arg(0)); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "sandbox %s thawed\n", fs.Arg(0))
+	return nil
+}
+
+func runReload(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("reload", flag.ContinueOnError)
+	socket := fs.String("socket", control.DefaultSocket, "agent's control socket")
+	if err := parseFlags(fs, args, stderr, "Usage: watcher reload\n\nReloads the policy; a bad policy is refused and the old one stays."); err != nil {
+		return helpOK(err)
+	}
+	if err := control.NewClient(*socket).Reload(); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "policy reloaded")
+	return nil
+}
+
+func runUnpin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("unpin", flag.ContinueOnError)
+	pinDir := fs.String("pin-dir", enforce.DefaultPinDir, "bpffs directory with watcher's pins")
+	socket := fs.String("socket", control.DefaultSocket, "agent's control socket")
+	force := fs.Bool("force", false, "unpin even while an agent is running")
+	if err := parseFlags(fs, args, stderr, "Usage: watcher unpin [flags]\n\nRemoves watcher's pinned programs, links and maps. Enforcement stops once\nno agent holds them: this is how watcher is uninstalled."); err != nil {
+		return helpOK(err)
+	}
+	if _, err := control.NewClient(*socket).Status(); err == nil && !*force {
+		return errors.New("an agent is running: stop it first, or pass --force")
+	}
+	if err := enforce.Unpin(*pinDir); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "removed pins under %s\n", *pinDir)
+	return nil
+}

@@ -1,0 +1,211 @@
+// Package control is the agent's root-only control socket: status for
+// `watcher status` and readiness probes, thaw, reload. It speaks HTTP over
+// a unix socket so it can be inspected with curl --unix-socket.
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// DefaultSocket is the agent's control socket.
+const DefaultSocket = "/run/watcher/control.sock"
+
+// Status is the agent's health at a glance.
+type Status struct {
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	Version string    `json:"version"`
+	// Kernel lists the kernel features found.
+	Kernel KernelStatus `json:"kernel"`
+	// Layers says which mechanism enforces each rule on this kernel.
+	Layers []Layer `json:"layers"`
+	// Sandboxes with their event counts.
+	Sandboxes []SandboxStatus `json:"sandboxes"`
+	// Losses by stage since start.
+	Losses map[string]uint64 `json:"losses"`
+	Ledger LedgerStatus      `json:"ledger"`
+	// Missing lists required layers that are not available; non-empty
+	// makes `watcher status` exit non-zero.
+	Missing []string `json:"missing,omitempty"`
+}
+
+// KernelStatus describes what the kernel offers.
+type KernelStatus struct {
+	Release     string `json:"release"`
+	BPFLSM      bool   `json:"bpf_lsm"`
+	BPFLSMWhy   string `json:"bpf_lsm_why,omitempty"`
+	LSMList     string `json:"lsm_list,omitempty"`
+	Cgroup2     string `json:"cgroup2"`
+	BPFFS       string `json:"bpffs"`
+	LandlockABI int    `json:"landlock_abi"`
+}
+
+// Layer is one rule and the layer that enforces it.
+type Layer struct {
+	Rule      string `json:"rule"`
+	Mechanism string `json:"mechanism"` // lsm, cgroup_bpf, seccomp+landlock (exec only), kill, record, none
+	Note      string `json:"note,omitempty"`
+}
+
+// SandboxStatus is one sandbox.
+type SandboxStatus struct {
+	Name     string            `json:"name"`
+	CgroupID uint64            `json:"cgroup_id"`
+	Path     string            `json:"path"`
+	Mode     string            `json:"mode"`
+	Frozen   bool              `json:"frozen"`
+	Escape   float64           `json:"escape_score"`
+	Events   map[string]uint64 `json:"events"` // by verdict
+}
+
+// LedgerStatus is the ledger's head and last checkpoint.
+type LedgerStatus struct {
+	Dir            string    `json:"dir"`
+	Records        uint64    `json:"records"`
+	HeadSeq        uint64    `json:"head_seq"`
+	HeadHash       string    `json:"head_hash"`
+	LastCheckpoint time.Time `json:"last_checkpoint,omitzero"`
+	WriteFailures  uint64    `json:"write_failures"`
+}
+
+// Handler is what the agent implements.
+type Handler interface {
+	Status() Status
+	Thaw(sandbox string) error
+	Reload() error
+}
+
+// Server serves the control socket.
+type Server struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// Listen starts serving h on path (directory 0700, socket 0600).
+func Listen(path string, h Handler) (*Server, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("control socket dir: %w", err)
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("control socket %s: another agent is running", path)
+	}
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(h.Status())
+	})
+	mux.HandleFunc("POST /thaw", func(w http.ResponseWriter, r *http.Request) {
+		if err := h.Thaw(r.URL.Query().Get("sandbox")); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		}
+	})
+	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, _ *http.Request) {
+		if err := h.Reload(); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		}
+	})
+	s := &Server{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+// Close stops the server and removes the socket.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	os.Remove(s.ln.Addr().String())
+	return err
+}
+
+// ErrAgentNotRunning is returned when nothing answers on the socket.
+var ErrAgentNotRunning = errors.New("the watcher agent is not running")
+
+// Client talks to the control socket.
+type Client struct {
+	path string
+	http *http.Client
+}
+
+// NewClient returns a client for the socket at path.
+func NewClient(path string) *Client {
+	return &Client{path: path, http: &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}},
+	}}
+}
+
+func (c *Client) do(method, url string) ([]byte, error) {
+	req, _ := http.NewRequest(method, "http://watcher"+url, nil)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w (no agent at %s)", ErrAgentNotRunning, c.path)
+		}
+		return nil, fmt.Errorf("contact agent at %s: %w", c.path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read agent reply: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("agent: %s", bytesTrim(body))
+	}
+	return body, nil
+}
+
+func bytesTrim(b []byte) string {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return string(b)
+}
+
+// Status fetches the agent's status.
+func (c *Client) Status() (Status, error) {
+	var st Status
+	body, err := c.do("GET", "/status")
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("decode status: %w", err)
+	}
+	return st, nil
+}
+
+// Thaw asks the agent to thaw a frozen sandbox.
+func (c *Client) Thaw(sandbox string) error {
+	_, err := c.do("POST", "/thaw?sandbox="+urlEscape(sandbox))
+	return err
+}
+
+// Reload asks the agent to reload its policy.
+func (c *Client) Reload() error {
+	_, err := c.do("POST", "/reload")
+	return err
+}

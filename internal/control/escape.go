@@ -1,0 +1,5 @@
+package control
+
+import "net/url"
+
+func urlEscape(s string) string { return url.QueryEscape(s) }
