@@ -1,0 +1,585 @@
+//go:build ignore
+
+/* Network egress bound to DNS, for processes in sandbox cgroups.
+ *
+ * cgroup/connect4/6 and sendmsg4/6 (attached to each sandbox root, inherited
+ * by its descendants):
+ *   - DNS (TCP or UDP to port 53, any address) is redirected to the sandbox's
+ *     DNS proxy; the client's source port is recorded so the proxy can tell
+ *     which sandbox asked (egress_dns_clients), and the server it asked is
+ *     recorded by socket cookie (egress_dns_orig) so recvmsg4/6 and
+ *     getpeername4/6 can show the client the server it asked.
+ *   - Every other destination must be an address the proxy answered for this
+ *     sandbox and that has not expired (egress_allow), or match a CIDR/port
+ *     rule of the policy (egress_cidr). Anything else is refused: returning 0
+ *     makes connect()/sendmsg() fail with EPERM. Each refusal is an alert
+ *     event; in record-only mode the operation goes on and the event says
+ *     "recorded".
+ *
+ * Addresses are kept as 16 bytes, IPv4 as IPv4-mapped IPv6 (::ffff:a.b.c.d),
+ * so one map and one trie serve both families.
+ */
+#include "common.h"
+#include <bpf/bpf_endian.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define DNS_PORT 53
+
+#define EGRESS_MAX_ALLOW 65536
+#define EGRESS_MAX_CIDR 16384
+#define EGRESS_MAX_RANGES 8
+#define DNS_BIND_TRIES 8
+
+/* egress_config flags. */
+#define EGRESS_F_RECORD_ONLY 1 /* allow, but record what enforce would refuse */
+#define EGRESS_F_PROXY4 2      /* proxy4 is set: IPv4 DNS is redirected */
+#define EGRESS_F_PROXY6 4      /* proxy6 is set: IPv6 DNS is redirected */
+
+/* Why an operation was refused (struct net_event.reason). */
+enum net_reason {
+	NET_R_NOT_RESOLVED = 1, /* no proxy answer and no policy rule covers it */
+	NET_R_EXPIRED = 2,      /* the proxy's answer expired (TTL + grace) */
+	NET_R_NO_POLICY = 3,    /* the cgroup has no egress configuration */
+	NET_R_DNS_NO_PROXY = 4, /* DNS over a family the proxy does not listen on */
+	NET_R_DNS_BIND = 5,     /* no free source port to attribute the query */
+};
+
+enum net_op {
+	NET_OP_CONNECT = 1,
+	NET_OP_SENDMSG = 2,
+};
+
+/* Per-sandbox configuration, keyed by sandbox id. */
+struct net_config {
+	__u32 flags;        /* EGRESS_F_* */
+	__u32 proxy_ip4;    /* network order */
+	__u32 proxy_ip6[4]; /* network order */
+	__u16 proxy_port4;  /* network order */
+	__u16 proxy_port6;  /* network order */
+	__u32 dns_rule_id;  /* rule id reported for DNS refusals */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32);
+	__type(value, struct net_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_configs SEC(".maps");
+
+struct allow_key {
+	__u32 sandbox_id;
+	__u32 addr[4]; /* network order; IPv4 as ::ffff:a.b.c.d */
+};
+
+struct allow_val {
+	__u64 expires_ns; /* CLOCK_BOOTTIME; refused from then on */
+};
+
+/* Addresses the proxy answered, per sandbox. The agent alone writes it and
+ * bounds each sandbox's share (earliest expiry evicted first, counted), so
+ * a plain hash: an LRU could drop entries before it is full, silently. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EGRESS_MAX_ALLOW);
+	__type(key, struct allow_key);
+	__type(value, struct allow_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_allow SEC(".maps");
+
+struct cidr_key {
+	__u32 prefixlen; /* 32 (sandbox id) + 96/0 + prefix bits */
+	__u32 sandbox_id;
+	__u32 addr[4];
+};
+
+/* Bits of port_range.protos. */
+#define PROTO_BIT_TCP 1
+#define PROTO_BIT_UDP 2
+
+struct port_range {
+	__u16 lo, hi; /* host order, inclusive */
+	__u32 protos; /* PROTO_BIT_* */
+	__u32 rule_id;
+};
+
+/* The agent merges rules so the longest matching prefix carries every
+ * range of every rule whose prefix contains it. */
+struct cidr_val {
+	struct port_range r[EGRESS_MAX_RANGES];
+	__u32 n;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, EGRESS_MAX_CIDR);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cidr_key);
+	__type(value, struct cidr_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_cidr SEC(".maps");
+
+/* The server a socket's DNS query was addressed to, by socket cookie. */
+struct dns_orig {
+	__u32 addr[4]; /* network order; IPv4 in addr[3] */
+	__u16 port;    /* network order */
+	__u16 family;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct dns_orig);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_dns_orig SEC(".maps");
+
+/* Source port (as the proxy sees it) -> sandbox that sent the query. */
+struct dns_client_key {
+	__u16 port;  /* host order */
+	__u16 proto; /* IPPROTO_TCP or IPPROTO_UDP */
+};
+
+struct dns_client {
+	__u64 cookie;
+	__u64 sandbox_cg;
+	__u64 ts_ns;          /* CLOCK_BOOTTIME of the last query */
+	__u32 sandbox_id;
+	__u32 local_addr[4];  /* bound source address, zero when unbound */
+	__u32 orig_addr[4];   /* server asked, network order */
+	__u16 orig_port;      /* network order */
+	__u16 family;         /* family of local_addr/orig_addr */
+	__u32 pid;            /* tgid */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct dns_client_key);
+	__type(value, struct dns_client);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_dns_clients SEC(".maps");
+
+/* Ephemeral range used to bind a DNS client socket's source port. */
+struct port_span {
+	__u16 lo, hi;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct port_span);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_ephemeral SEC(".maps");
+
+enum egress_counter {
+	CNT_DNS_REDIRECT = 0,
+	CNT_DENIED = 1,
+	CNT_RECORDED = 2,
+	CNT_ALLOWED_ANSWER = 3,
+	CNT_ALLOWED_RULE = 4,
+	CNT_MAX = 5,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_counters SEC(".maps");
+
+/* A refused (or, in record-only mode, recorded) connection or datagram. */
+struct net_event {
+	struct event_hdr hdr;
+	__u32 addr[4]; /* destination, network order; IPv4 as ::ffff:a.b.c.d */
+	__u16 port;    /* destination port, host order */
+	__u16 family;  /* AF_INET or AF_INET6 (of the destination) */
+	__u8 op;       /* enum net_op */
+	__u8 reason;   /* enum net_reason */
+	__u16 protocol;
+	__u32 sock_type;
+};
+
+const struct net_event *unused_net_event __attribute__((unused));
+const struct net_config *unused_egress_config __attribute__((unused));
+const struct cidr_key *unused_cidr_key __attribute__((unused));
+const struct cidr_val *unused_cidr_val __attribute__((unused));
+const struct dns_client *unused_dns_client __attribute__((unused));
+const struct dns_client_key *unused_dns_client_key __attribute__((unused));
+const struct dns_orig *unused_dns_orig __attribute__((unused));
+const struct allow_key *unused_allow_key __attribute__((unused));
+const struct allow_val *unused_allow_val __attribute__((unused));
+const struct port_span *unused_port_span __attribute__((unused));
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&egress_counters, &idx);
+	if (c)
+		(*c)++;
+}
+
+/* dest is the destination of one operation, normalised. */
+struct dest {
+	__u32 addr[4]; /* IPv4 as ::ffff:a.b.c.d */
+	__u16 port;    /* host order */
+	__u16 family;  /* AF_INET for IPv4 and IPv4-mapped */
+	__u16 proto;
+	__u32 type;
+};
+
+static __always_inline bool is_v4mapped(const __u32 *a)
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+}
+
+/* refuse reports a refusal and returns the hook's verdict: 0 (EPERM) when
+ * enforcing, 1 in record-only mode. */
+static __always_inline int refuse(struct bpf_sock_addr *ctx, struct sandbox *sb, __u64 root,
+				  struct net_config *cfg, struct dest *d, __u8 op, __u8 reason,
+				  __u32 rule_id)
+{
+	__u32 verdict = VERDICT_DENIED;
+	if ((sb && (sb->flags & SANDBOX_F_RECORD_ONLY)) ||
+	    (cfg && (cfg->flags & EGRESS_F_RECORD_ONLY)))
+		verdict = VERDICT_RECORDED;
+	count(verdict == VERDICT_DENIED ? CNT_DENIED : CNT_RECORDED);
+
+	struct net_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->hdr, EV_NET, verdict, rule_id, root, sb);
+		e->addr[0] = d->addr[0];
+		e->addr[1] = d->addr[1];
+		e->addr[2] = d->addr[2];
+		e->addr[3] = d->addr[3];
+		e->port = d->port;
+		e->family = d->family;
+		e->op = op;
+		e->reason = reason;
+		e->protocol = d->proto;
+		e->sock_type = d->type;
+		submit_event(e, true);
+	}
+	return verdict == VERDICT_DENIED ? 0 : 1;
+}
+
+/* allowed reports whether d may be reached: an unexpired proxy answer for
+ * the sandbox, or a CIDR/port rule. *reason says why not. */
+static __always_inline bool allowed(__u32 sandbox_id, struct dest *d, __u32 proto, __u8 *reason,
+				    __u32 *rule_id)
+{
+	struct allow_key k = { .sandbox_id = sandbox_id };
+	k.addr[0] = d->addr[0];
+	k.addr[1] = d->addr[1];
+	k.addr[2] = d->addr[2];
+	k.addr[3] = d->addr[3];
+	*reason = NET_R_NOT_RESOLVED;
+	struct allow_val *v = bpf_map_lookup_elem(&egress_allow, &k);
+	if (v) {
+		if (v->expires_ns > bpf_ktime_get_boot_ns()) {
+			count(CNT_ALLOWED_ANSWER);
+			return true;
+		}
+		*reason = NET_R_EXPIRED;
+	}
+
+	struct cidr_key ck = { .prefixlen = 32 + 128, .sandbox_id = sandbox_id };
+	ck.addr[0] = d->addr[0];
+	ck.addr[1] = d->addr[1];
+	ck.addr[2] = d->addr[2];
+	ck.addr[3] = d->addr[3];
+	struct cidr_val *cv = bpf_map_lookup_elem(&egress_cidr, &ck);
+	if (!cv)
+		return false;
+	__u32 bit = proto == IPPROTO_TCP ? PROTO_BIT_TCP : proto == IPPROTO_UDP ? PROTO_BIT_UDP : 0;
+	for (int i = 0; i < EGRESS_MAX_RANGES; i++) {
+		if (i >= cv->n)
+			break;
+		struct port_range *r = &cv->r[i];
+		if ((r->protos & bit) && d->port >= r->lo && d->port <= r->hi) {
+			*rule_id = r->rule_id;
+			count(CNT_ALLOWED_RULE);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* bind_source_port binds an unbound socket to a random ephemeral port, so
+ * the proxy can attribute the query by source port: connect runs before the
+ * kernel would pick one. Returns the port (host order) or 0. */
+static __always_inline __u16 bind_source_port(struct bpf_sock_addr *ctx, bool v6)
+{
+	__u32 zero = 0;
+	struct port_span *pr = bpf_map_lookup_elem(&egress_ephemeral, &zero);
+	__u16 lo = 32768, hi = 60999;
+	if (pr && pr->lo && pr->hi >= pr->lo) {
+		lo = pr->lo;
+		hi = pr->hi;
+	}
+	__u32 span = (__u32)hi - lo + 1;
+	for (int i = 0; i < DNS_BIND_TRIES; i++) {
+		__u16 port = lo + bpf_get_prandom_u32() % span;
+		int err;
+		if (v6) {
+			struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = bpf_htons(port) };
+			err = bpf_bind(ctx, (struct sockaddr *)&sa, sizeof(sa));
+		} else {
+			struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = bpf_htons(port) };
+			err = bpf_bind(ctx, (struct sockaddr *)&sa, sizeof(sa));
+		}
+		if (!err)
+			return port;
+	}
+	return 0;
+}
+
+/* sock_info is what the hooks read of ctx->sk, read once and field by field
+ * (the verifier refuses computed offsets into a socket). */
+struct sock_info {
+	__u32 family;
+	__u32 src_port; /* host order, 0 when unbound */
+	__u32 src_ip4;
+	__u32 src_ip6[4];
+	bool ok;
+};
+
+static __always_inline void read_sock(struct bpf_sock_addr *ctx, struct sock_info *si)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return;
+	si->ok = true;
+	si->family = sk->family;
+	si->src_port = sk->src_port;
+	si->src_ip4 = sk->src_ip4;
+	si->src_ip6[0] = sk->src_ip6[0];
+	si->src_ip6[1] = sk->src_ip6[1];
+	si->src_ip6[2] = sk->src_ip6[2];
+	si->src_ip6[3] = sk->src_ip6[3];
+}
+
+/* note_client records which sandbox owns the socket's source port and which
+ * server it asked. */
+static __always_inline void note_client(struct bpf_sock_addr *ctx, struct sock_info *si,
+					struct sandbox *sb, __u64 root, __u16 src_port,
+					__u32 proto, struct dest *orig, __u16 orig_port_be)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct dns_client_key k = { .port = src_port, .proto = proto };
+	struct dns_client c = {
+		.cookie = cookie,
+		.sandbox_cg = root,
+		.ts_ns = bpf_ktime_get_boot_ns(),
+		.sandbox_id = sb->id,
+		.orig_port = orig_port_be,
+		.family = orig->family,
+		.pid = bpf_get_current_pid_tgid() >> 32,
+	};
+	c.orig_addr[0] = orig->addr[0];
+	c.orig_addr[1] = orig->addr[1];
+	c.orig_addr[2] = orig->addr[2];
+	c.orig_addr[3] = orig->addr[3];
+	if (si->family == AF_INET) {
+		c.local_addr[2] = si->src_ip4 ? bpf_htonl(0xffff) : 0;
+		c.local_addr[3] = si->src_ip4;
+	} else {
+		c.local_addr[0] = si->src_ip6[0];
+		c.local_addr[1] = si->src_ip6[1];
+		c.local_addr[2] = si->src_ip6[2];
+		c.local_addr[3] = si->src_ip6[3];
+	}
+	bpf_map_update_elem(&egress_dns_clients, &k, &c, BPF_ANY);
+
+	struct dns_orig o = { .port = orig_port_be, .family = orig->family };
+	o.addr[0] = orig->addr[0];
+	o.addr[1] = orig->addr[1];
+	o.addr[2] = orig->addr[2];
+	o.addr[3] = orig->addr[3];
+	bpf_map_update_elem(&egress_dns_orig, &cookie, &o, BPF_ANY);
+}
+
+/* handle is the common body of connect4/6 and sendmsg4/6. v6 says the
+ * context's address is user_ip6 (it may still be IPv4-mapped). */
+static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
+{
+	struct sock_info si = {};
+	read_sock(ctx, &si);
+	__u32 proto = ctx->protocol;
+	__u32 port_be = ctx->user_port;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	struct dest d = { .port = bpf_ntohs(port_be), .proto = proto, .type = ctx->type };
+	if (v6) {
+		d.addr[0] = ctx->user_ip6[0];
+		d.addr[1] = ctx->user_ip6[1];
+		d.addr[2] = ctx->user_ip6[2];
+		d.addr[3] = ctx->user_ip6[3];
+		d.family = is_v4mapped(d.addr) ? AF_INET : AF_INET6;
+	} else {
+		d.addr[2] = bpf_htonl(0xffff);
+		d.addr[3] = ctx->user_ip4;
+		d.family = AF_INET;
+	}
+
+	struct net_config *cfg = NULL;
+	if (sb) {
+		__u32 id = sb->id;
+		cfg = bpf_map_lookup_elem(&egress_configs, &id);
+	}
+	if (!sb || !cfg)
+		return refuse(ctx, sb, root, cfg, &d, op, NET_R_NO_POLICY, 0);
+
+	bool dns_proto = proto == IPPROTO_TCP || proto == IPPROTO_UDP;
+	/* The proxy address as seen in this context's family. */
+	bool have_proxy;
+	__u32 px[4] = {};
+	__u16 pport;
+	if (d.family == AF_INET) {
+		have_proxy = cfg->flags & EGRESS_F_PROXY4;
+		px[2] = bpf_htonl(0xffff);
+		px[3] = cfg->proxy_ip4;
+		pport = cfg->proxy_port4;
+	} else {
+		have_proxy = cfg->flags & EGRESS_F_PROXY6;
+		px[0] = cfg->proxy_ip6[0];
+		px[1] = cfg->proxy_ip6[1];
+		px[2] = cfg->proxy_ip6[2];
+		px[3] = cfg->proxy_ip6[3];
+		pport = cfg->proxy_port6;
+	}
+	bool to_proxy = have_proxy && (__u16)port_be == pport && d.addr[0] == px[0] &&
+			d.addr[1] == px[1] && d.addr[2] == px[2] && d.addr[3] == px[3];
+
+	if (dns_proto && (d.port == DNS_PORT || to_proxy)) {
+		if (!have_proxy)
+			return refuse(ctx, sb, root, cfg, &d, op, NET_R_DNS_NO_PROXY,
+				      cfg->dns_rule_id);
+		if (!si.ok)
+			return refuse(ctx, sb, root, cfg, &d, op, NET_R_DNS_BIND, cfg->dns_rule_id);
+		__u16 src_port = si.src_port;
+		if (!src_port && op == NET_OP_CONNECT)
+			src_port = bind_source_port(ctx, si.family == AF_INET6);
+		if (!src_port)
+			return refuse(ctx, sb, root, cfg, &d, op, NET_R_DNS_BIND, cfg->dns_rule_id);
+		note_client(ctx, &si, sb, root, src_port, proto, &d, (__u16)port_be);
+		if (to_proxy)
+			return 1;
+		count(CNT_DNS_REDIRECT);
+		if (v6) {
+			ctx->user_ip6[0] = px[0];
+			ctx->user_ip6[1] = px[1];
+			ctx->user_ip6[2] = px[2];
+			ctx->user_ip6[3] = px[3];
+		} else {
+			ctx->user_ip4 = px[3];
+		}
+		ctx->user_port = pport;
+		return 1;
+	}
+
+	__u8 reason = 0;
+	__u32 rule_id = 0;
+	if (allowed(sb->id, &d, proto, &reason, &rule_id))
+		return 1;
+	return refuse(ctx, sb, root, cfg, &d, op, reason, 0);
+}
+
+/* restore shows the client the server it asked instead of the proxy. */
+static __always_inline int restore(struct bpf_sock_addr *ctx, bool v6)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct dns_orig *o = bpf_map_lookup_elem(&egress_dns_orig, &cookie);
+	if (!o)
+		return 1;
+	/* Only a reply from the proxy is rewritten; the recorded server's
+	 * family decides the form. */
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 1;
+	__u32 id = sb->id;
+	struct net_config *cfg = bpf_map_lookup_elem(&egress_configs, &id);
+	if (!cfg)
+		return 1;
+	if (v6) {
+		__u32 a0 = ctx->user_ip6[0], a1 = ctx->user_ip6[1], a2 = ctx->user_ip6[2],
+		      a3 = ctx->user_ip6[3];
+		bool from_proxy;
+		if (a0 == 0 && a1 == 0 && a2 == bpf_htonl(0xffff))
+			from_proxy = (cfg->flags & EGRESS_F_PROXY4) && a3 == cfg->proxy_ip4 &&
+				     (__u16)ctx->user_port == cfg->proxy_port4;
+		else
+			from_proxy = (cfg->flags & EGRESS_F_PROXY6) && a0 == cfg->proxy_ip6[0] &&
+				     a1 == cfg->proxy_ip6[1] && a2 == cfg->proxy_ip6[2] &&
+				     a3 == cfg->proxy_ip6[3] &&
+				     (__u16)ctx->user_port == cfg->proxy_port6;
+		if (!from_proxy)
+			return 1;
+		ctx->user_ip6[0] = o->addr[0];
+		ctx->user_ip6[1] = o->addr[1];
+		ctx->user_ip6[2] = o->addr[2];
+		ctx->user_ip6[3] = o->addr[3];
+	} else {
+		if (!(cfg->flags & EGRESS_F_PROXY4) || ctx->user_ip4 != cfg->proxy_ip4 ||
+		    (__u16)ctx->user_port != cfg->proxy_port4)
+			return 1;
+		ctx->user_ip4 = o->addr[3];
+	}
+	ctx->user_port = o->port;
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int egress_connect4(struct bpf_sock_addr *ctx)
+{
+	return handle(ctx, false, NET_OP_CONNECT);
+}
+
+SEC("cgroup/connect6")
+int egress_connect6(struct bpf_sock_addr *ctx)
+{
+	return handle(ctx, true, NET_OP_CONNECT);
+}
+
+SEC("cgroup/sendmsg4")
+int egress_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return handle(ctx, false, NET_OP_SENDMSG);
+}
+
+SEC("cgroup/sendmsg6")
+int egress_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return handle(ctx, true, NET_OP_SENDMSG);
+}
+
+SEC("cgroup/recvmsg4")
+int egress_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return restore(ctx, false);
+}
+
+SEC("cgroup/recvmsg6")
+int egress_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return restore(ctx, true);
+}
+
+SEC("cgroup/getpeername4")
+int egress_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return restore(ctx, false);
+}
+
+SEC("cgroup/getpeername6")
+int egress_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return restore(ctx, true);
+}

@@ -1,0 +1,109 @@
+// Package dnsbind connects the DNS proxy (internal/dnsproxy) to the kernel
+// egress hooks (internal/egress): the proxy learns which sandbox sent a
+// query from the kernel's record of the client socket, and every allowed
+// answer's addresses are admitted to that sandbox's connect allowlist
+// before the answer is sent.
+package dnsbind
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/dnsproxy"
+	"github.com/watcherhq/watcher/internal/egress"
+)
+
+// Directory maps sandbox names (the proxy's policy keys) to sandbox ids
+// (the kernel's). Safe for concurrent use.
+type Directory struct {
+	mu     sync.RWMutex
+	byName map[string]uint32
+	byID   map[uint32]string
+}
+
+// NewDirectory returns an empty directory.
+func NewDirectory() *Directory {
+	return &Directory{byName: map[string]uint32{}, byID: map[uint32]string{}}
+}
+
+// Set maps name to id (and back), replacing earlier mappings of either.
+func (d *Directory) Set(name string, id uint32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old, ok := d.byName[name]; ok {
+		delete(d.byID, old)
+	}
+	if old, ok := d.byID[id]; ok {
+		delete(d.byName, old)
+	}
+	d.byName[name] = id
+	d.byID[id] = name
+}
+
+// Delete removes name.
+func (d *Directory) Delete(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if id, ok := d.byName[name]; ok {
+		delete(d.byID, id)
+	}
+	delete(d.byName, name)
+}
+
+// ID returns the sandbox id of name.
+func (d *Directory) ID(name string) (uint32, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	id, ok := d.byName[name]
+	return id, ok
+}
+
+// Name returns the sandbox name of id.
+func (d *Directory) Name(id uint32) (string, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	n, ok := d.byID[id]
+	return n, ok
+}
+
+// Resolver is a dnsproxy.SandboxResolver backed by the kernel's record of
+// DNS client sockets (egress.LookupClient).
+type Resolver struct {
+	Egress    *egress.Egress
+	Directory *Directory
+}
+
+// Sandbox names the sandbox that sent the query from src.
+func (r Resolver) Sandbox(src dnsproxy.QuerySource) (string, bool) {
+	c, ok := r.Egress.LookupClient(src.Proto, src.Remote)
+	if !ok {
+		return "", false
+	}
+	return r.Directory.Name(c.SandboxID)
+}
+
+// Admitter feeds allowed answers to the egress allowlist.
+type Admitter struct {
+	Egress    *egress.Egress
+	Directory *Directory
+	// Errors counts answers whose addresses could not be admitted (unknown
+	// sandbox, map full): the client's connection is then refused, never
+	// silently allowed.
+	Errors atomic.Uint64
+	// LastError is the most recent such error.
+	LastError atomic.Pointer[error]
+}
+
+// OnAnswer is the proxy's dnsproxy.Config.OnAnswer hook.
+func (a *Admitter) OnAnswer(ans dnsproxy.Answer) {
+	id, ok := a.Directory.ID(ans.Sandbox)
+	if !ok {
+		a.Errors.Add(1)
+		return
+	}
+	if err := a.Egress.Allow(id, ans.Addrs, time.Duration(ans.TTL)*time.Second); err != nil {
+		a.Errors.Add(1)
+		a.LastError.Store(&err)
+	}
+}

@@ -1,0 +1,116 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+// NetEvent is a refused (or recorded) connection or datagram, struct
+// net_event in bpf/egress.c.
+type NetEvent = egressNetEvent
+
+// Reasons of struct net_event (enum net_reason in bpf/egress.c).
+var reasons = map[uint8]string{
+	1: "not resolved through the DNS proxy and no rule allows it",
+	2: "DNS answer expired (TTL + grace)",
+	3: "no egress policy for this cgroup",
+	4: "DNS over this address family has no proxy",
+	5: "no free source port to attribute the DNS query",
+}
+
+// Reason codes, for callers that compare.
+const (
+	ReasonNotResolved uint8 = 1
+	ReasonExpired     uint8 = 2
+	ReasonNoPolicy    uint8 = 3
+	ReasonDNSNoProxy  uint8 = 4
+	ReasonDNSBind     uint8 = 5
+)
+
+var ops = map[uint8]string{1: "connect", 2: "sendmsg"}
+
+// Register registers the decoder of the egress programs' events.
+func Register(r *enforce.Reader) {
+	r.Register(enforce.EvNet, audit.KindNet, "cgroup_bpf", decodeNet)
+}
+
+func decodeNet(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[NetEvent](raw)
+	if err != nil {
+		return fmt.Errorf("net event: %w", err)
+	}
+	reason, ok := reasons[e.Reason]
+	if !ok {
+		reason = fmt.Sprintf("reason %d", e.Reason)
+	}
+	op, ok := ops[e.Op]
+	if !ok {
+		op = fmt.Sprintf("op %d", e.Op)
+	}
+	ev.Net = &audit.NetDetail{
+		Op:       op,
+		Family:   e.Family,
+		Type:     uint16(e.SockType),
+		Protocol: e.Protocol,
+		Addr:     wordsToAddr(e.Addr).String(),
+		Port:     e.Port,
+		Reason:   reason,
+	}
+	return nil
+}
+
+// Run deletes expired answered addresses every interval until ctx ends.
+func (e *Egress) Run(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		interval = 10 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if _, err := e.Expire(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Probe loads each egress program alone, with private maps, and reports
+// whether this kernel accepts it (nil) or the error: the agent prints which
+// mechanism enforces network rules.
+func Probe() map[string]error {
+	out := map[string]error{}
+	spec, err := loadEgress()
+	if err != nil {
+		out["spec"] = err
+		return out
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	for name, ps := range spec.Programs {
+		single := spec.Copy()
+		for other := range single.Programs {
+			if other != name {
+				delete(single.Programs, other)
+			}
+		}
+		coll, err := ebpf.NewCollection(single)
+		if err != nil {
+			out[ps.SectionName] = err
+			continue
+		}
+		coll.Close()
+		out[ps.SectionName] = nil
+	}
+	return out
+}
