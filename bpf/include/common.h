@@ -268,3 +268,11 @@ static __always_inline bool is_agent(__u32 tgid)
 	__u32 *a = bpf_map_lookup_elem(&agent_tgid, &zero);
 	return a && *a && *a == tgid;
 }
+
+/* Kinds of the kill backstop's events (bpf/backstop.c): they have their own
+ * structs, so their own decoders, apart from the LSM groups' kinds above. */
+enum event_kind_backstop {
+	EV_KILL_FILE = 32,    /* struct file_event of backstop.c */
+	EV_KILL_SYSCALL = 33, /* struct syscall_event of backstop.c */
+	EV_KILL_CGROUP = 34,  /* struct cgroup_event of backstop.c */
+};
