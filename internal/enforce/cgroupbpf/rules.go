@@ -1,0 +1,271 @@
+package cgroupbpf
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+// DeviceType is a device node type.
+type DeviceType uint32
+
+// Device types (BPF_DEVCG_DEV_*).
+const (
+	BlockDevice DeviceType = 1
+	CharDevice  DeviceType = 2
+)
+
+// DeviceAccess is a set of device accesses (BPF_DEVCG_ACC_*).
+type DeviceAccess uint32
+
+// Device accesses.
+const (
+	AccessMknod DeviceAccess = 1
+	AccessRead  DeviceAccess = 2
+	AccessWrite DeviceAccess = 4
+	AccessAll                = AccessMknod | AccessRead | AccessWrite
+)
+
+// DeviceRule decides access to device nodes from a sandbox.
+type DeviceRule struct {
+	// Sandbox is the sandbox id the rule applies to; 0 makes it a default
+	// for every sandbox without a matching rule of its own.
+	Sandbox uint32
+	// Type is BlockDevice or CharDevice.
+	Type DeviceType
+	// Major and Minor select the device; Any matches every number. A rule
+	// with Major Any must have Minor Any.
+	Major, Minor int
+	// Access is the set of accesses the action applies to; other accesses
+	// are allowed. Zero means all.
+	Access DeviceAccess
+	// Action is enforce.ActionAllow, ActionRecord, ActionBlock or
+	// ActionKill (enforced as block: these hooks refuse, they cannot kill).
+	Action uint32
+	// RuleID is reported in events.
+	RuleID uint32
+}
+
+// SysctlRule decides reads or writes of /proc/sys entries from a sandbox.
+type SysctlRule struct {
+	// Sandbox is the sandbox id; 0 for the default of every sandbox.
+	Sandbox uint32
+	// Name is the entry below /proc/sys with slashes ("kernel/sysrq"), or
+	// empty for every entry. Names longer than 95 bytes cannot be named.
+	Name string
+	// Write selects writes (true) or reads (false).
+	Write bool
+	// Action as in DeviceRule.
+	Action uint32
+	// RuleID is reported in events.
+	RuleID uint32
+}
+
+// SocketRule decides socket creation from a sandbox.
+type SocketRule struct {
+	// Sandbox is the sandbox id; 0 for the default of every sandbox.
+	Sandbox uint32
+	// Family (AF_*), Type (SOCK_*) and Protocol select sockets; Any
+	// matches every value. Lookups go from the most specific pattern to
+	// the least: (family, type, protocol), (family, any, protocol),
+	// (family, type, any), (family, any, any), (any, type, any). Other
+	// combinations of Any are not looked up and are rejected.
+	Family, Type, Protocol int
+	// Action as in DeviceRule.
+	Action uint32
+	// RuleID is reported in events.
+	RuleID uint32
+}
+
+func field(v int, what string) (uint32, error) {
+	if v == Any {
+		return anyKey, nil
+	}
+	if v < 0 || v >= int(anyKey) {
+		return 0, fmt.Errorf("%s %d out of range", what, v)
+	}
+	return uint32(v), nil
+}
+
+func checkAction(a uint32) error {
+	if a > enforce.ActionKill {
+		return fmt.Errorf("unknown action %d", a)
+	}
+	return nil
+}
+
+// SetDeviceRules replaces the device rule table.
+func (h *Hooks) SetDeviceRules(rules []DeviceRule) error {
+	want := map[cgroupDevKey]cgroupRule{}
+	for i, r := range rules {
+		if r.Type != BlockDevice && r.Type != CharDevice {
+			return fmt.Errorf("device rule %d: unknown device type %d", i, r.Type)
+		}
+		maj, err := field(r.Major, "major")
+		if err != nil {
+			return fmt.Errorf("device rule %d: %w", i, err)
+		}
+		minor, err := field(r.Minor, "minor")
+		if err != nil {
+			return fmt.Errorf("device rule %d: %w", i, err)
+		}
+		if maj == anyKey && minor != anyKey {
+			return fmt.Errorf("device rule %d: a minor number needs a major number", i)
+		}
+		if err := checkAction(r.Action); err != nil {
+			return fmt.Errorf("device rule %d: %w", i, err)
+		}
+		acc := r.Access
+		if acc == 0 {
+			acc = AccessAll
+		}
+		if acc&^AccessAll != 0 {
+			return fmt.Errorf("device rule %d: unknown access bits %#x", i, acc)
+		}
+		k := cgroupDevKey{SandboxId: r.Sandbox, Type: uint32(r.Type), Major: maj, Minor: minor}
+		if _, dup := want[k]; dup {
+			return fmt.Errorf("device rule %d: duplicate of an earlier rule", i)
+		}
+		want[k] = cgroupRule{Action: r.Action, RuleId: r.RuleID, Access: uint32(acc)}
+	}
+	return replaceTable(h.objs.CgDevRules, want)
+}
+
+// SetSysctlRules replaces the sysctl rule table.
+func (h *Hooks) SetSysctlRules(rules []SysctlRule) error {
+	want := map[cgroupSysctlKey]cgroupRule{}
+	for i, r := range rules {
+		var k cgroupSysctlKey
+		name := strings.Trim(strings.TrimPrefix(r.Name, "/proc/sys/"), "/")
+		if !strings.Contains(name, "/") {
+			name = strings.ReplaceAll(name, ".", "/") // sysctl(8) notation
+		}
+		if len(name) >= len(k.Name) {
+			return fmt.Errorf("sysctl rule %d: name %q longer than %d bytes", i, r.Name, len(k.Name)-1)
+		}
+		if err := checkAction(r.Action); err != nil {
+			return fmt.Errorf("sysctl rule %d: %w", i, err)
+		}
+		k.SandboxId = r.Sandbox
+		if r.Write {
+			k.Write = 1
+		}
+		for j := 0; j < len(name); j++ {
+			k.Name[j] = int8(name[j])
+		}
+		if _, dup := want[k]; dup {
+			return fmt.Errorf("sysctl rule %d: duplicate of an earlier rule", i)
+		}
+		want[k] = cgroupRule{Action: r.Action, RuleId: r.RuleID}
+	}
+	return replaceTable(h.objs.CgSysctlRules, want)
+}
+
+// SetSocketRules replaces the socket rule table.
+func (h *Hooks) SetSocketRules(rules []SocketRule) error {
+	want := map[cgroupSockKey]cgroupRule{}
+	for i, r := range rules {
+		fam, err := field(r.Family, "family")
+		if err != nil {
+			return fmt.Errorf("socket rule %d: %w", i, err)
+		}
+		typ, err := field(r.Type, "type")
+		if err != nil {
+			return fmt.Errorf("socket rule %d: %w", i, err)
+		}
+		proto, err := field(r.Protocol, "protocol")
+		if err != nil {
+			return fmt.Errorf("socket rule %d: %w", i, err)
+		}
+		if fam == anyKey && (typ == anyKey || proto != anyKey) {
+			return fmt.Errorf("socket rule %d: a rule for any family must name a type and no protocol", i)
+		}
+		if err := checkAction(r.Action); err != nil {
+			return fmt.Errorf("socket rule %d: %w", i, err)
+		}
+		k := cgroupSockKey{SandboxId: r.Sandbox, Family: fam, Type: typ, Protocol: proto}
+		if _, dup := want[k]; dup {
+			return fmt.Errorf("socket rule %d: duplicate of an earlier rule", i)
+		}
+		want[k] = cgroupRule{Action: r.Action, RuleId: r.RuleID}
+	}
+	return replaceTable(h.objs.CgSockRules, want)
+}
+
+// replaceTable makes m hold exactly want: it writes the new entries first
+// and deletes stale ones after, so a rule present in both never vanishes.
+func replaceTable[K comparable](m *ebpf.Map, want map[K]cgroupRule) error {
+	for k, v := range want {
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("update %s: %w", m, err)
+		}
+	}
+	var stale []K
+	var k K
+	var v cgroupRule
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if _, keep := want[k]; !keep {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", m, err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// DefaultDeviceRules refuses every block device and every character device
+// except the ones ordinary programs need: null, zero, full, random,
+// urandom, tty, ptmx and the pseudo-terminals. So raw disks, /dev/mem,
+// /dev/kmem, /dev/port, /dev/kmsg, /dev/console, tun, fuse, kvm and the rest
+// are refused. The rules are sandbox defaults (Sandbox 0).
+func DefaultDeviceRules(ruleID uint32) []DeviceRule {
+	rules := []DeviceRule{
+		{Type: BlockDevice, Major: Any, Minor: Any, Action: enforce.ActionBlock, RuleID: ruleID},
+		{Type: CharDevice, Major: Any, Minor: Any, Action: enforce.ActionBlock, RuleID: ruleID},
+	}
+	allow := func(major, minor int) {
+		rules = append(rules, DeviceRule{Type: CharDevice, Major: major, Minor: minor,
+			Action: enforce.ActionAllow, RuleID: ruleID})
+	}
+	for _, minor := range []int{3, 5, 7, 8, 9} { // null zero full random urandom
+		allow(1, minor)
+	}
+	allow(5, 0)                               // /dev/tty
+	allow(5, 2)                               // /dev/ptmx
+	for major := 136; major <= 143; major++ { // /dev/pts/*
+		allow(major, Any)
+	}
+	return rules
+}
+
+// DefaultSysctlRules refuses writes to /proc/sys and allows reads.
+func DefaultSysctlRules(ruleID uint32) []SysctlRule {
+	return []SysctlRule{{Write: true, Action: enforce.ActionBlock, RuleID: ruleID}}
+}
+
+// DefaultSocketRules refuses raw IPv4 and IPv6 sockets (forged packets,
+// ping sweeps and sniffing of ICMP); ping sockets (SOCK_DGRAM,
+// IPPROTO_ICMP) stay allowed.
+//
+// cgroup/sock_create only runs for AF_INET and AF_INET6 sockets (the kernel
+// calls it from inet_create and inet6_create), so packet, netlink and vsock
+// sockets cannot be refused here: the launcher's seccomp filter refuses
+// them for commands watcher starts (see internal/launch), and the kill
+// backstop or BPF LSM covers other processes.
+func DefaultSocketRules(ruleID uint32) []SocketRule {
+	return []SocketRule{
+		{Family: Any, Type: unix.SOCK_RAW, Protocol: Any, Action: enforce.ActionBlock, RuleID: ruleID},
+	}
+}

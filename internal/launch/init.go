@@ -1,0 +1,163 @@
+package launch
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// envSpec carries the serialized childSpec to the re-executed binary.
+const envSpec = "WATCHER_LAUNCH_SPEC"
+
+// initArg0 is argv[0] of the re-executed binary, so `ps` shows what it is
+// for the instant before the exec.
+const initArg0 = "watcher-launch-init"
+
+// reportFD is the pipe on which the child reports what it applied (the
+// first of exec.Cmd.ExtraFiles); goFD is the pipe on which the launcher
+// lets it exec, once it has moved it into the leaf cgroup.
+const (
+	reportFD = 3
+	goFD     = 4
+)
+
+// Exit codes of the child when it cannot start the target.
+const (
+	// ExitRestrictFailed: the restrictions could not be applied; the
+	// target never ran.
+	ExitRestrictFailed = 126
+	// ExitExecFailed: the target could not be executed (missing, or not
+	// executable under the Landlock ruleset).
+	ExitExecFailed = 127
+)
+
+// childSpec is what the launcher passes to Init.
+type childSpec struct {
+	Path         string       `json:"path"`
+	Args         []string     `json:"args"`
+	Restrictions Restrictions `json:"restrictions"`
+}
+
+func encodeSpec(s childSpec) (string, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return "", fmt.Errorf("encode launch spec: %w", err)
+	}
+	return base64.StdEncoding.EncodeToString(b), nil
+}
+
+func decodeSpec(v string) (childSpec, error) {
+	var s childSpec
+	b, err := base64.StdEncoding.DecodeString(v)
+	if err != nil {
+		return s, fmt.Errorf("decode launch spec: %w", err)
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("decode launch spec: %w", err)
+	}
+	if s.Path == "" || len(s.Args) == 0 {
+		return s, fmt.Errorf("decode launch spec: no command")
+	}
+	return s, nil
+}
+
+// IsChild reports whether this process was started by the launcher to
+// apply restrictions (Init will not return).
+func IsChild() bool { return os.Getenv(envSpec) != "" }
+
+// Init must be called first thing in main (and in TestMain of tests that
+// launch commands). In a process started by the launcher it applies
+// no_new_privs, the Landlock ruleset and the seccomp filters and execs the
+// target; it never returns there. Anywhere else it returns at once.
+func Init() {
+	v := os.Getenv(envSpec)
+	if v == "" {
+		return
+	}
+	os.Unsetenv(envSpec)
+	report := os.NewFile(reportFD, "launch-report")
+	fail := func(code int, applied Applied, err error) {
+		applied.Error = err.Error()
+		if report != nil {
+			json.NewEncoder(report).Encode(applied)
+		}
+		fmt.Fprintf(os.Stderr, "watcher launch: %v\n", err)
+		os.Exit(code)
+	}
+	spec, err := decodeSpec(v)
+	if err != nil {
+		fail(ExitRestrictFailed, Applied{}, err)
+	}
+	// Everything below happens on this one thread, which then execs:
+	// no_new_privs, the Landlock domain and seccomp filters are per
+	// thread and pass across execve to the target and its descendants.
+	runtime.LockOSThread()
+	applied, err := applyRestrictions(spec.Restrictions)
+	if err != nil {
+		fail(ExitRestrictFailed, applied, err)
+	}
+	if err := json.NewEncoder(report).Encode(applied); err != nil {
+		fail(ExitRestrictFailed, applied, fmt.Errorf("report: %w", err))
+	}
+	unix.Close(reportFD)
+	// Wait until the launcher has moved this process into the sandbox's
+	// leaf cgroup. This binary's package initialisers ran before Init
+	// (cilium/ebpf probes bpf(), for one); they must not run inside the
+	// sandbox, where the kill backstop would take them for the command.
+	var b [1]byte
+	if n, _ := unix.Read(goFD, b[:]); n != 1 {
+		os.Exit(ExitRestrictFailed) // the launcher gave up
+	}
+	unix.Close(goFD)
+	err = syscall.Exec(spec.Path, spec.Args, os.Environ())
+	// The report already went out; say why on stderr and exit.
+	fmt.Fprintf(os.Stderr, "watcher launch: exec %s: %v\n", spec.Path, err)
+	os.Exit(ExitExecFailed)
+}
+
+// applyRestrictions puts the restrictions in force on the calling
+// (locked) thread.
+func applyRestrictions(r Restrictions) (Applied, error) {
+	var applied Applied
+	filters, denied, err := seccompFilters(r.Seccomp)
+	if err != nil {
+		return applied, err
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return applied, fmt.Errorf("set no_new_privs: %w", err)
+	}
+	applied.NoNewPrivs = true
+	if r.Files != nil {
+		if err := restrictLandlock(r.Files, &applied); err != nil {
+			return applied, err
+		}
+	} else {
+		applied.LandlockABI = LandlockABI()
+	}
+	// seccomp last: the filter refuses nothing Landlock setup needs, but
+	// keeping it last means a failure above leaves no half-applied filter
+	// in an error path.
+	if err := loadSeccomp(filters); err != nil {
+		return applied, err
+	}
+	applied.SeccompDenied = denied
+	applied.ArchGuard = true
+	return applied, nil
+}
+
+// specEnv returns env without any launcher variable, plus the spec.
+func specEnv(env []string, spec string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, e := range env {
+		if !strings.HasPrefix(e, envSpec+"=") {
+			out = append(out, e)
+		}
+	}
+	return append(out, envSpec+"="+spec)
+}

@@ -1,0 +1,127 @@
+package launch
+
+import (
+	"fmt"
+	"sort"
+
+	seccomp "github.com/elastic/go-seccomp-bpf"
+	"github.com/elastic/go-seccomp-bpf/arch"
+	"golang.org/x/sys/unix"
+)
+
+// alwaysDenied are refused with EPERM whatever the policy.
+var alwaysDenied = []string{
+	"ptrace",
+	"mount", "umount2", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree",
+	"open_tree_attr", "mount_setattr", "pivot_root", "chroot",
+	"init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+	"bpf", "perf_event_open",
+	"keyctl", "add_key", "request_key",
+	"open_by_handle_at", "name_to_handle_at",
+	"process_vm_readv", "process_vm_writev", "pidfd_getfd",
+	"reboot",
+}
+
+var ioUring = []string{"io_uring_setup", "io_uring_enter", "io_uring_register"}
+
+// actionENOSYS makes clone3 look unimplemented, so libc falls back to
+// clone, whose flags the filter can read.
+const actionENOSYS = seccomp.Action(unix.SECCOMP_RET_ERRNO | unix.ENOSYS)
+
+// seccompFilters builds the filters for p: the policy filter for the native
+// ABI, and an arch guard that refuses syscalls of any other ABI (an amd64
+// process can enter the i386 table with int 0x80, where the policy
+// filter's numbers mean other syscalls). It returns the filters and the
+// names of the refused syscalls.
+func seccompFilters(p SeccompPolicy) ([]seccomp.Filter, []string, error) {
+	native, err := arch.GetInfo("")
+	if err != nil {
+		return nil, nil, fmt.Errorf("seccomp: %w", err)
+	}
+	var names []string
+	for _, n := range alwaysDenied {
+		// Syscalls newer than the library's table (open_tree_attr on an
+		// old table) are skipped; the arch guard refuses unknown numbers.
+		if _, ok := native.SyscallNames[n]; ok {
+			names = append(names, n)
+		}
+	}
+	if !p.AllowIOUring {
+		names = append(names, ioUring...)
+	}
+	groups := []seccomp.SyscallGroup{{Names: names, Action: seccomp.ActionErrno}}
+	denied := append([]string{}, names...)
+
+	forbidden := AllNamespaces &^ p.AllowedNamespaces
+	if forbidden != 0 {
+		cond := func(arg uint32) []seccomp.Condition {
+			return []seccomp.Condition{{Argument: arg, Operation: seccomp.BitsSet, Value: forbidden}}
+		}
+		nc := []seccomp.NameWithConditions{
+			{Name: "clone", Conditions: cond(0)},
+			{Name: "unshare", Conditions: cond(0)},
+			{Name: "setns", Conditions: cond(1)},
+			// nstype 0 lets the fd decide the namespace type.
+			{Name: "setns", Conditions: []seccomp.Condition{{Argument: 1, Operation: seccomp.Equal, Value: 0}}},
+		}
+		groups = append(groups,
+			seccomp.SyscallGroup{NamesWithCondtions: nc, Action: seccomp.ActionErrno},
+			seccomp.SyscallGroup{Names: []string{"clone3"}, Action: actionENOSYS})
+		denied = append(denied, "clone(CLONE_NEW*)", "unshare(CLONE_NEW*)", "setns", "clone3(ENOSYS)")
+	}
+
+	var sock []seccomp.NameWithConditions
+	for _, fam := range p.DeniedSocketFamilies {
+		sock = append(sock, seccomp.NameWithConditions{Name: "socket", Conditions: []seccomp.Condition{
+			{Argument: 0, Operation: seccomp.Equal, Value: uint64(fam)}}})
+		denied = append(denied, fmt.Sprintf("socket(family %d)", fam))
+	}
+	for _, proto := range p.DeniedNetlinkProtocols {
+		sock = append(sock, seccomp.NameWithConditions{Name: "socket", Conditions: []seccomp.Condition{
+			{Argument: 0, Operation: seccomp.Equal, Value: unix.AF_NETLINK},
+			{Argument: 2, Operation: seccomp.Equal, Value: uint64(proto)}}})
+	}
+	if len(p.DeniedNetlinkProtocols) > 0 {
+		denied = append(denied, fmt.Sprintf("socket(netlink, %d protocols)", len(p.DeniedNetlinkProtocols)))
+	}
+	if len(sock) > 0 {
+		groups = append(groups, seccomp.SyscallGroup{NamesWithCondtions: sock, Action: seccomp.ActionErrno})
+	}
+
+	policy := seccomp.Filter{
+		NoNewPrivs: true,
+		Policy:     seccomp.Policy{DefaultAction: seccomp.ActionAllow, Syscalls: groups},
+	}
+	if _, err := policy.Policy.Assemble(); err != nil {
+		return nil, nil, fmt.Errorf("seccomp policy: %w", err)
+	}
+
+	// The guard allows every syscall of the native table and refuses
+	// everything else: other ABIs, and native numbers newer than the
+	// library's table (EPERM instead of ENOSYS for those).
+	all := make([]string, 0, len(native.SyscallNames))
+	for n := range native.SyscallNames {
+		all = append(all, n)
+	}
+	sort.Strings(all)
+	guard := seccomp.Filter{
+		NoNewPrivs: true,
+		Policy: seccomp.Policy{DefaultAction: seccomp.ActionErrno,
+			Syscalls: []seccomp.SyscallGroup{{Names: all, Action: seccomp.ActionAllow}}},
+	}
+	if _, err := guard.Policy.Assemble(); err != nil {
+		return nil, nil, fmt.Errorf("seccomp arch guard: %w", err)
+	}
+	return []seccomp.Filter{guard, policy}, denied, nil
+}
+
+// loadSeccomp installs the filters on the calling thread (which then
+// execs: the filters pass to the new program and all its descendants).
+func loadSeccomp(filters []seccomp.Filter) error {
+	for _, f := range filters {
+		if err := seccomp.LoadFilter(f); err != nil {
+			return fmt.Errorf("load seccomp filter: %w", err)
+		}
+	}
+	return nil
+}
