@@ -11,7 +11,7 @@ packages=(
 	clang llvm libbpf-dev bpftool          # bpf2go and vmlinux.h
 	qemu-system-x86 busybox-static cpio    # make test-vm (stock kernel under qemu)
 	unbound dnsmasq-base dnsutils          # DNS proxy tests against real resolvers, dig
-	iproute2 openssh-client xxd python3     # egress tests and the Atomic Red Team rows they adapt
+	iproute2 openssh-client xxd python3 ed procps kmod util-linux binutils  # egress and Atomic Red Team tests
 	prometheus                             # promtool test rules
 	make git ca-certificates
 )

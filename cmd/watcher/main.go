@@ -11,6 +11,8 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/watcherhq/watcher/internal/launch"
 )
 
 // command is one `watcher` subcommand. Each lives in its own cmd_*.go file
@@ -42,6 +44,10 @@ func (e *exitError) Error() string { return e.Err.Error() }
 func (e *exitError) Unwrap() error { return e.Err }
 
 func main() {
+	// In a process re-executed by `watcher exec`, apply the sandbox's
+	// seccomp and Landlock restrictions and exec the command; never returns
+	// there. Elsewhere it returns at once.
+	launch.Init()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
