@@ -1,0 +1,523 @@
+// Package policy defines watcher's policy file: agent settings and the
+// sandboxes it cages, each with its enforcement rules, DNS and egress
+// policy, audit depth, timeouts and escape watch.
+//
+// A policy is YAML decoded strictly: unknown fields and bad values are
+// errors naming the file, line and field. Sandboxes usually start from one of
+// four presets (read-only, restricted, dev, ops; see presets/*.yaml), all
+// built on the baseline that blocks the dangerous operations (a sandbox
+// without a preset gets the baseline), and override fields: scalars and nested settings given in the sandbox replace
+// the preset's, rule lists (files, exec rules, capability rules, DNS
+// allow/deny, high-cardinality domains, egress allow and loopback) extend
+// the preset's, and for file rules a later rule on the same path wins.
+//
+//	version: 1
+//	agent:
+//	  ledger_dir: /var/lib/watcher/ledger
+//	sandboxes:
+//	  - name: agents
+//	    select:
+//	      globs: ["/kubepods.slice/**/cri-containerd-*.scope"]
+//	    preset: restricted
+//	    workspace: [/srv/agent]
+//	    dns:
+//	      allow: ["pypi.org", "*.pypi.org"]
+package policy
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Version is the policy file format this package reads.
+const Version = 1
+
+// Policy is a whole policy file.
+type Policy struct {
+	// Version of the policy format; must be 1.
+	Version int `yaml:"version"`
+	// Agent holds settings of the watcher agent itself.
+	Agent Agent `yaml:"agent"`
+	// Sandboxes lists the cgroups watcher cages and how. A cgroup selected
+	// by several sandboxes belongs to the first.
+	Sandboxes []Sandbox `yaml:"sandboxes"`
+
+	// Source is the file the policy was read from ("" when built in code or
+	// the built-in default). Not part of the YAML.
+	Source string `yaml:"-"`
+	// Hash is the SHA-256 of the bytes the policy was read from, hex.
+	Hash string `yaml:"-"`
+}
+
+// Agent configures the agent process.
+type Agent struct {
+	// LedgerDir is where the hash-chained ledger is written.
+	LedgerDir string `yaml:"ledger_dir"`
+	// SocketDir holds the live-event socket (root-only, 0600).
+	SocketDir string `yaml:"socket_dir"`
+	// PinDir is the bpffs directory where programs, links and maps are
+	// pinned so enforcement outlives agent restarts.
+	PinDir string `yaml:"pin_dir"`
+	// MetricsAddr is the host:port of the Prometheus endpoint. Loopback by
+	// default; "" disables the endpoint.
+	MetricsAddr string `yaml:"metrics_addr"`
+	// ExecCgroup is the cgroup (relative to the cgroup2 root) under which
+	// `watcher exec` creates one leaf per command.
+	ExecCgroup string `yaml:"exec_cgroup"`
+	// RequireLSM refuses to start when a blocking rule has no BPF LSM
+	// program to enforce it, instead of falling back to weaker layers.
+	RequireLSM bool `yaml:"require_lsm"`
+	// Sampling sets the default sampling of routine events.
+	Sampling Sampling `yaml:"sampling"`
+	// DNS configures the DNS proxy shared by all sandboxes.
+	DNS AgentDNS `yaml:"dns"`
+}
+
+// Sampling decides how many routine (non-alert) events travel to the
+// ledger. Alerts (denials, kills, losses) are never sampled.
+type Sampling struct {
+	// Rate is the fraction of routine events kept, in (0, 1]. Exact counts
+	// per sandbox and kind are always kept in summaries.
+	Rate float64 `yaml:"rate"`
+	// SummaryInterval is how often counts of seen and kept events are
+	// written as a sample_summary event.
+	SummaryInterval Duration `yaml:"summary_interval"`
+}
+
+// AgentDNS configures the DNS proxy.
+type AgentDNS struct {
+	// Listen is the proxy's host:port; sandbox DNS traffic is redirected to
+	// it in the kernel.
+	Listen string `yaml:"listen"`
+	// Upstreams are the resolvers (host:port) allowed names are forwarded
+	// to. Empty means the nameservers in /etc/resolv.conf.
+	Upstreams []string `yaml:"upstreams"`
+}
+
+// Mode says whether a sandbox's blocking rules block.
+type Mode string
+
+// Sandbox modes.
+const (
+	// ModeEnforce blocks (or kills) what the rules say.
+	ModeEnforce Mode = "enforce"
+	// ModeRecord lets everything happen and records what enforce mode would
+	// have refused, to try a policy before enforcing it.
+	ModeRecord Mode = "record"
+)
+
+// Action is what to do when a rule matches.
+type Action string
+
+// Rule actions, in increasing severity.
+const (
+	// ActionAllow lets the operation happen without recording it specially.
+	ActionAllow Action = "allow"
+	// ActionRecord lets it happen and records an event.
+	ActionRecord Action = "record"
+	// ActionBlock refuses it with EPERM before it happens.
+	ActionBlock Action = "block"
+	// ActionKill kills the process (used where no hook can refuse, or as a
+	// harsher response).
+	ActionKill Action = "kill"
+)
+
+// Sandbox is one set of cgroups and the policy applied to them.
+type Sandbox struct {
+	// Name identifies the sandbox in events, metrics and the ledger.
+	// Letters, digits, '-', '_' and '.', at most 63 characters.
+	Name string `yaml:"name"`
+	// Select says which cgroups belong to the sandbox (each with its
+	// descendants).
+	Select Selector `yaml:"select"`
+	// Preset names the preset the sandbox starts from: read-only,
+	// restricted, dev or ops. Empty means baseline, which blocks the
+	// dangerous operations and restricts nothing else.
+	Preset string `yaml:"preset"`
+	// Mode is enforce or record.
+	Mode Mode `yaml:"mode"`
+	// Workspace lists the directories the sandboxed agent works in. File
+	// rules whose path is "$workspace" (or starts with "$workspace/") apply
+	// to each of them; without a workspace such rules are dropped.
+	Workspace []string `yaml:"workspace"`
+	// Files are path rules judged on the resolved path of every open.
+	Files []FileRule `yaml:"files"`
+	// Operations sets the actions for dangerous operations.
+	Operations Operations `yaml:"operations"`
+	// Exec rules the commands the sandbox may execute and the timeouts of
+	// commands run with `watcher exec`.
+	Exec Exec `yaml:"exec"`
+	// DNS is the sandbox's name policy, enforced by the DNS proxy.
+	DNS DNS `yaml:"dns"`
+	// Egress rules the connections the sandbox may make.
+	Egress Egress `yaml:"egress"`
+	// Audit sets how much routine activity is recorded.
+	Audit Audit `yaml:"audit"`
+	// Escape configures the escape watch.
+	Escape Escape `yaml:"escape"`
+}
+
+// Selector picks cgroups. A sandbox may combine several kinds; a cgroup
+// matching any of them belongs to the sandbox.
+type Selector struct {
+	// Cgroups are exact cgroup paths relative to the cgroup2 root
+	// ("/watcher/exec").
+	Cgroups []string `yaml:"cgroups"`
+	// Globs are cgroup path patterns ("/kubepods.slice/**/crio-*.scope"):
+	// "*" within a component, "**" across components. Cgroups created later
+	// that match are picked up without restart.
+	Globs []string `yaml:"globs"`
+	// Containers are runtime-qualified container ids (docker://ID,
+	// containerd://ID, cri-o://ID; 12 to 64 hex digits) or pod://UID.
+	Containers []string `yaml:"containers"`
+}
+
+// Match says how a file rule's path is compared with the resolved path.
+type Match string
+
+// File rule matching.
+const (
+	// MatchExact matches the path only.
+	MatchExact Match = "exact"
+	// MatchPrefix matches the path and everything below it; a path not
+	// ending in "/" also matches names that extend it ("/etc/sudoers"
+	// covers /etc/sudoers.d/x).
+	MatchPrefix Match = "prefix"
+)
+
+// Access says which opens a file rule applies to.
+type Access string
+
+// File accesses.
+const (
+	AccessRead  Access = "read"
+	AccessWrite Access = "write"
+	AccessAny   Access = "any"
+)
+
+// FileRule judges opens of a path. Among the rules matching an open, the
+// most specific path wins (exact beats prefix, longer beats shorter); on a
+// tie the later rule wins, so a sandbox's own rules override its preset's.
+type FileRule struct {
+	// Path is absolute. A component that is exactly "*" matches any one
+	// component ("/proc/*/mem"); "$workspace" stands for each workspace
+	// directory.
+	Path string `yaml:"path"`
+	// Match is exact or prefix.
+	Match Match `yaml:"match"`
+	// Access is read, write or any (write includes create and truncate).
+	Access Access `yaml:"access"`
+	// Action is allow, record, block or kill.
+	Action Action `yaml:"action"`
+	// Name labels the rule in events; defaults to "file:<path>".
+	Name string `yaml:"name"`
+}
+
+// Operations holds the actions for operations other than file opens.
+type Operations struct {
+	// Ptrace covers ptrace, process_vm_readv/writev, pidfd_getfd and
+	// /proc/PID/mem access to other processes.
+	Ptrace Action `yaml:"ptrace"`
+	// Mount covers mount, umount, move_mount, pivot_root, fsopen/fsmount and
+	// chroot.
+	Mount Action `yaml:"mount"`
+	// Module covers loading kernel code: init_module, finit_module,
+	// kexec_load and firmware loads.
+	Module Action `yaml:"module"`
+	// BPF covers the bpf() syscall.
+	BPF Action `yaml:"bpf"`
+	// KillAgent covers signals and ptrace aimed at the agent's processes.
+	KillAgent Action `yaml:"kill_agent"`
+	// AgentFiles covers opens of the agent's own files (ledger, socket and
+	// pin directories, the policy file).
+	AgentFiles Action `yaml:"agent_files"`
+	// CgroupWrite covers write-opens in the cgroup filesystem, through which
+	// a process could move itself out of its sandbox.
+	CgroupWrite Action `yaml:"cgroup_write"`
+	// IOUring covers io_uring_setup (its operations bypass syscall-based
+	// checks in the fallback layers).
+	IOUring Action `yaml:"io_uring"`
+	// RawSockets covers AF_PACKET and SOCK_RAW sockets.
+	RawSockets Action `yaml:"raw_sockets"`
+	// Devices covers opening block devices and /dev/mem, /dev/kmem,
+	// /dev/port, /dev/kmsg.
+	Devices Action `yaml:"devices"`
+	// Capabilities rules the use of capabilities.
+	Capabilities Capabilities `yaml:"capabilities"`
+}
+
+// Capabilities rules capability use (the capable hook).
+type Capabilities struct {
+	// Default applies to capabilities without a rule.
+	Default Action `yaml:"default"`
+	// Rules set the action per capability.
+	Rules []CapabilityRule `yaml:"rules"`
+}
+
+// CapabilityRule sets the action for one capability.
+type CapabilityRule struct {
+	// Cap is the capability name, e.g. CAP_SYS_ADMIN (the CAP_ prefix and
+	// case are optional).
+	Cap string `yaml:"cap"`
+	// Action is allow, record, block or kill.
+	Action Action `yaml:"action"`
+}
+
+// Exec rules command execution.
+type Exec struct {
+	// Default applies to executables no rule matches.
+	Default Action `yaml:"default"`
+	// Rules judge the resolved path of each executed file, like file rules
+	// (access is ignored).
+	Rules []FileRule `yaml:"rules"`
+	// Timeouts are the graded timeouts of `watcher exec`.
+	Timeouts Timeouts `yaml:"timeouts"`
+	// CircuitBreaker refuses further runs in the sandbox after this many
+	// consecutive hard timeouts (kills at Timeouts.Kill); 0 disables it.
+	CircuitBreaker int `yaml:"circuit_breaker"`
+}
+
+// Timeouts grade how a long-running command is stopped. Zero disables a
+// stage; the enabled stages must be increasing.
+type Timeouts struct {
+	// Warn records a warning event.
+	Warn Duration `yaml:"warn"`
+	// Term sends SIGTERM to the command.
+	Term Duration `yaml:"term"`
+	// Kill kills the whole cgroup (cgroup.kill).
+	Kill Duration `yaml:"kill"`
+}
+
+// DNSDefault is what happens to names on neither list.
+type DNSDefault string
+
+// DNS defaults.
+const (
+	DNSAllow DNSDefault = "allow"
+	DNSDeny  DNSDefault = "deny"
+)
+
+// DNS is a sandbox's name policy.
+type DNS struct {
+	// Default applies to names on neither list: allow or deny.
+	Default DNSDefault `yaml:"default"`
+	// Allow lists names: "example.com" (exactly), "*.example.com" (names
+	// below it), ".example.com" (the name and below).
+	Allow []string `yaml:"allow"`
+	// Deny lists names in the same syntax; deny wins over allow.
+	Deny []string `yaml:"deny"`
+	// Detection configures the encoded-name and tunnel detection.
+	Detection Detection `yaml:"detection"`
+}
+
+// Detection configures encoded-name detection in the DNS proxy.
+type Detection struct {
+	// Enabled turns detection on; it applies to allowed names too.
+	Enabled bool `yaml:"enabled"`
+	// Action is block (NXDOMAIN) or record.
+	Action Action `yaml:"action"`
+	// HighCardinality lists registrable domains (CDNs, clouds) that
+	// legitimately have many distinct machine-made names, so the
+	// per-domain distinct-name limit does not apply to them.
+	HighCardinality []string `yaml:"high_cardinality"`
+	// Window is the sliding window of the per-domain state.
+	Window Duration `yaml:"window"`
+	// MaxDistinctNames per registrable domain and window before the domain
+	// is blocked for the sandbox.
+	MaxDistinctNames int `yaml:"max_distinct_names"`
+	// RateLimit is the sandbox's query budget in queries per second; 0
+	// means unlimited.
+	RateLimit int `yaml:"rate_limit"`
+}
+
+// EgressDefault is what happens to connections no rule covers.
+type EgressDefault string
+
+// Egress defaults.
+const (
+	// EgressResolved allows only addresses the DNS proxy answered for an
+	// allowed name (for their TTL plus GraceSeconds) and the listed rules.
+	EgressResolved EgressDefault = "resolved"
+	// EgressDeny allows only the listed rules.
+	EgressDeny EgressDefault = "deny"
+	// EgressAllow allows every connection (still recorded per Audit).
+	EgressAllow EgressDefault = "allow"
+)
+
+// Egress rules outgoing connections and datagrams.
+type Egress struct {
+	// Default is resolved, deny or allow.
+	Default EgressDefault `yaml:"default"`
+	// GraceSeconds keeps a resolved address allowed this long after its
+	// DNS TTL expires (clients cache a little past the TTL).
+	GraceSeconds int `yaml:"grace_seconds"`
+	// Allow lists networks and ports always allowed.
+	Allow []EgressRule `yaml:"allow"`
+	// Loopback lists local services (on 127.0.0.0/8 and ::1) the sandbox
+	// may reach; other loopback ports are refused.
+	Loopback []LoopbackService `yaml:"loopback"`
+}
+
+// Protocol names a transport protocol.
+type Protocol string
+
+// Protocols.
+const (
+	ProtoTCP Protocol = "tcp"
+	ProtoUDP Protocol = "udp"
+	ProtoAny Protocol = "any"
+)
+
+// EgressRule allows a network.
+type EgressRule struct {
+	// CIDR is an IPv4 or IPv6 network ("10.0.0.0/8", "2001:db8::/32"); a
+	// bare address means that host.
+	CIDR string `yaml:"cidr"`
+	// Ports are ports ("443") or inclusive ranges ("8000-8100"), 1-65535.
+	// Empty means all ports.
+	Ports []PortRange `yaml:"ports"`
+	// Protocol is tcp, udp or any (default any).
+	Protocol Protocol `yaml:"protocol"`
+}
+
+// LoopbackService is a local service a sandbox may reach.
+type LoopbackService struct {
+	// Name describes the service (for events).
+	Name string `yaml:"name"`
+	// Port is the service's port, 1-65535.
+	Port int `yaml:"port"`
+	// Protocol is tcp, udp or any (default tcp).
+	Protocol Protocol `yaml:"protocol"`
+}
+
+// FileOpens says which routine file opens are recorded.
+type FileOpens string
+
+// File-open recording levels.
+const (
+	FileOpensNone   FileOpens = "none"
+	FileOpensWrites FileOpens = "writes"
+	FileOpensAll    FileOpens = "all"
+)
+
+// Audit sets the depth of routine recording (alerts are always recorded).
+type Audit struct {
+	// SampleRate is the fraction of routine events kept, in (0, 1]; 0 means
+	// the agent's default.
+	SampleRate float64 `yaml:"sample_rate"`
+	// FileOpens is none, writes or all.
+	FileOpens FileOpens `yaml:"file_opens"`
+	// Exec records every exec with its arguments.
+	Exec bool `yaml:"exec"`
+	// Connections records every connection, allowed or not.
+	Connections bool `yaml:"connections"`
+	// Syscalls turns on the sampled stream of all syscalls.
+	Syscalls bool `yaml:"syscalls"`
+}
+
+// EscapeAction is what the escape watch does over the threshold.
+type EscapeAction string
+
+// Escape actions.
+const (
+	// EscapeFreeze freezes the sandbox (cgroup.freeze) until an operator
+	// thaws or kills it, and raises an alert.
+	EscapeFreeze EscapeAction = "freeze"
+	// EscapeAlert only raises the alert.
+	EscapeAlert EscapeAction = "alert"
+)
+
+// Escape configures the escape watch for a sandbox.
+type Escape struct {
+	// Enabled turns the escape watch on.
+	Enabled bool `yaml:"enabled"`
+	// Threshold is the score that triggers the action (see
+	// internal/escape for the weights).
+	Threshold float64 `yaml:"threshold"`
+	// Window is how far back signals count.
+	Window Duration `yaml:"window"`
+	// Action is freeze or alert.
+	Action EscapeAction `yaml:"action"`
+}
+
+// Duration is a time span written as "30s", "5m", "1h30m", or a number of
+// seconds.
+type Duration struct {
+	time.Duration
+	// invalid holds text that did not parse; Validate reports it with its
+	// line (go-yaml's own duration errors carry no position).
+	invalid string
+}
+
+// D returns a Duration of d.
+func D(d time.Duration) Duration { return Duration{Duration: d} }
+
+// UnmarshalYAML accepts a duration string or a number of seconds.
+func (d *Duration) UnmarshalYAML(unmarshal func(any) error) error {
+	var v any
+	if err := unmarshal(&v); err != nil {
+		return err
+	}
+	*d = Duration{}
+	switch x := v.(type) {
+	case string:
+		t, err := time.ParseDuration(strings.TrimSpace(x))
+		if err != nil {
+			d.invalid = fmt.Sprintf("%q is not a duration (want e.g. 30s, 5m, 1h30m)", x)
+			return nil
+		}
+		d.Duration = t
+	case uint64:
+		d.Duration = time.Duration(x) * time.Second
+	case int64:
+		d.Duration = time.Duration(x) * time.Second
+	case int:
+		d.Duration = time.Duration(x) * time.Second
+	case float64:
+		d.Duration = time.Duration(x * float64(time.Second))
+	case nil:
+	default:
+		d.invalid = fmt.Sprintf("%v is not a duration (want e.g. 30s, 5m, 1h30m)", v)
+	}
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return d.Duration.String(), nil }
+
+// PortRange is a port ("443") or an inclusive range ("8000-8100"). YAML
+// integers are accepted too.
+type PortRange string
+
+// Bounds parses the range.
+func (r PortRange) Bounds() (lo, hi uint16, err error) {
+	s := strings.TrimSpace(string(r))
+	a, b, isRange := strings.Cut(s, "-")
+	l, err := parsePort(a)
+	if err != nil {
+		return 0, 0, fmt.Errorf("port range %q: %w", s, err)
+	}
+	h := l
+	if isRange {
+		if h, err = parsePort(b); err != nil {
+			return 0, 0, fmt.Errorf("port range %q: %w", s, err)
+		}
+		if h < l {
+			return 0, 0, fmt.Errorf("port range %q: start above end", s)
+		}
+	}
+	return l, h, nil
+}
+
+func parsePort(s string) (uint16, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a port number", s)
+	}
+	if n < 1 || n > 65535 {
+		return 0, fmt.Errorf("port %d out of range 1-65535", n)
+	}
+	return uint16(n), nil
+}

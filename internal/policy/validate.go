@@ -1,0 +1,411 @@
+package policy
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/containers"
+)
+
+// Validate checks the whole policy and returns Errors listing every problem
+// (each naming its field), or nil. A policy read with Load or Parse has
+// already been validated and its errors carry file and line.
+func (p *Policy) Validate() error {
+	var c checker
+	if p.Version != Version {
+		c.add(path{"version"}, "unsupported policy version %d (want %d)", p.Version, Version)
+	}
+	c.agent(path{"agent"}, &p.Agent)
+	names := map[string]int{}
+	for i := range p.Sandboxes {
+		at := path{"sandboxes", i}
+		sb := &p.Sandboxes[i]
+		c.sandboxValues(at, sb)
+		c.sandboxRequired(at, sb)
+		if j, dup := names[sb.Name]; dup && sb.Name != "" {
+			c.add(at.key("name"), "sandbox name %q already used by sandboxes[%d]", sb.Name, j)
+		} else {
+			names[sb.Name] = i
+		}
+	}
+	if len(c.errs) == 0 {
+		return nil
+	}
+	return Errors(c.errs)
+}
+
+type checker struct {
+	errs []*FieldError
+}
+
+func (c *checker) add(at path, format string, args ...any) {
+	c.errs = append(c.errs, &FieldError{Field: at.String(), Msg: fmt.Sprintf(format, args...)})
+}
+
+func (c *checker) absPath(at path, p string, required bool) {
+	switch {
+	case p == "":
+		if required {
+			c.add(at, "required")
+		}
+	case !filepath.IsAbs(p):
+		c.add(at, "%q must be an absolute path", p)
+	case filepath.Clean(p) != p && filepath.Clean(p)+"/" != p:
+		c.add(at, "%q is not a clean path (want %q)", p, filepath.Clean(p))
+	}
+}
+
+func (c *checker) hostPort(at path, s string, wantIP bool) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		c.add(at, "%q: want host:port: %v", s, err)
+		return
+	}
+	if _, err := parsePort(port); err != nil {
+		c.add(at, "%q: %v", s, err)
+	}
+	if wantIP {
+		if _, err := netip.ParseAddr(host); err != nil {
+			c.add(at, "%q: host must be an IP address", s)
+		}
+	}
+}
+
+func (c *checker) duration(at path, d Duration) {
+	if d.invalid != "" {
+		c.add(at, "%s", d.invalid)
+	} else if d.Duration < 0 {
+		c.add(at, "must not be negative")
+	}
+}
+
+func (c *checker) agent(at path, a *Agent) {
+	c.absPath(at.key("ledger_dir"), a.LedgerDir, true)
+	c.absPath(at.key("socket_dir"), a.SocketDir, true)
+	c.absPath(at.key("pin_dir"), a.PinDir, true)
+	c.absPath(at.key("exec_cgroup"), a.ExecCgroup, true)
+	if a.MetricsAddr != "" {
+		c.hostPort(at.key("metrics_addr"), a.MetricsAddr, false)
+	}
+	s := at.key("sampling")
+	if a.Sampling.Rate <= 0 || a.Sampling.Rate > 1 {
+		c.add(s.key("rate"), "%v out of range (0, 1]", a.Sampling.Rate)
+	}
+	c.duration(s.key("summary_interval"), a.Sampling.SummaryInterval)
+	if a.Sampling.SummaryInterval.Duration < time.Second && a.Sampling.SummaryInterval.invalid == "" {
+		c.add(s.key("summary_interval"), "%v is below the minimum of 1s", a.Sampling.SummaryInterval.Duration)
+	}
+	d := at.key("dns")
+	if a.DNS.Listen == "" {
+		c.add(d.key("listen"), "required")
+	} else {
+		c.hostPort(d.key("listen"), a.DNS.Listen, true)
+	}
+	for i, u := range a.DNS.Upstreams {
+		c.hostPort(d.key("upstreams").idx(i), u, true)
+	}
+}
+
+var sandboxName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// sandboxValues checks every value present in a sandbox (empty values are
+// allowed here: a sandbox as written may rely on its preset).
+func (c *checker) sandboxValues(at path, sb *Sandbox) {
+	if sb.Name != "" && !sandboxName.MatchString(sb.Name) {
+		c.add(at.key("name"), "%q: use letters, digits, '.', '_' and '-' (at most 63, starting with a letter or digit)", sb.Name)
+	}
+	sel := at.key("select")
+	for i, cg := range sb.Select.Cgroups {
+		c.absPath(sel.key("cgroups").idx(i), cg, true)
+	}
+	for i, g := range sb.Select.Globs {
+		if _, err := containers.CompileGlob(g); err != nil {
+			c.add(sel.key("globs").idx(i), "%v", err)
+		}
+	}
+	for i, ref := range sb.Select.Containers {
+		if _, err := containers.ParseRef(ref); err != nil {
+			c.add(sel.key("containers").idx(i), "%v", err)
+		}
+	}
+	if sb.Preset != "" && !isPreset(sb.Preset) {
+		c.add(at.key("preset"), "unknown preset %q (want one of %s)", sb.Preset, strings.Join(PresetNames(), ", "))
+	}
+	if sb.Mode != "" && sb.Mode != ModeEnforce && sb.Mode != ModeRecord {
+		c.add(at.key("mode"), "%q: want enforce or record", sb.Mode)
+	}
+	for i, w := range sb.Workspace {
+		c.absPath(at.key("workspace").idx(i), w, true)
+	}
+	for i := range sb.Files {
+		c.fileRule(at.key("files").idx(i), &sb.Files[i], true)
+	}
+	ops := at.key("operations")
+	o := &sb.Operations
+	for _, f := range []struct {
+		name string
+		a    Action
+	}{
+		{"ptrace", o.Ptrace}, {"mount", o.Mount}, {"module", o.Module}, {"bpf", o.BPF},
+		{"kill_agent", o.KillAgent}, {"agent_files", o.AgentFiles}, {"cgroup_write", o.CgroupWrite},
+		{"io_uring", o.IOUring}, {"raw_sockets", o.RawSockets}, {"devices", o.Devices},
+	} {
+		c.action(ops.key(f.name), f.a, false)
+	}
+	caps := ops.key("capabilities")
+	c.action(caps.key("default"), o.Capabilities.Default, false)
+	for i, r := range o.Capabilities.Rules {
+		rp := caps.key("rules").idx(i)
+		if _, ok := CapabilityNumber(r.Cap); !ok {
+			c.add(rp.key("cap"), "unknown capability %q", r.Cap)
+		}
+		c.action(rp.key("action"), r.Action, true)
+	}
+	ex := at.key("exec")
+	c.action(ex.key("default"), sb.Exec.Default, false)
+	for i := range sb.Exec.Rules {
+		c.fileRule(ex.key("rules").idx(i), &sb.Exec.Rules[i], false)
+	}
+	to := ex.key("timeouts")
+	c.duration(to.key("warn"), sb.Exec.Timeouts.Warn)
+	c.duration(to.key("term"), sb.Exec.Timeouts.Term)
+	c.duration(to.key("kill"), sb.Exec.Timeouts.Kill)
+	if sb.Exec.CircuitBreaker < 0 {
+		c.add(ex.key("circuit_breaker"), "must not be negative")
+	}
+	dns := at.key("dns")
+	if d := sb.DNS.Default; d != "" && d != DNSAllow && d != DNSDeny {
+		c.add(dns.key("default"), "%q: want allow or deny", d)
+	}
+	for i, n := range sb.DNS.Allow {
+		c.namePattern(dns.key("allow").idx(i), n)
+	}
+	for i, n := range sb.DNS.Deny {
+		c.namePattern(dns.key("deny").idx(i), n)
+	}
+	det := dns.key("detection")
+	if a := sb.DNS.Detection.Action; a != "" && a != ActionBlock && a != ActionRecord {
+		c.add(det.key("action"), "%q: want block or record", a)
+	}
+	for i, n := range sb.DNS.Detection.HighCardinality {
+		if strings.HasPrefix(n, "*") || strings.HasPrefix(n, ".") {
+			c.add(det.key("high_cardinality").idx(i), "%q: give the domain itself (it covers the names below it)", n)
+			continue
+		}
+		c.namePattern(det.key("high_cardinality").idx(i), n)
+	}
+	c.duration(det.key("window"), sb.DNS.Detection.Window)
+	if sb.DNS.Detection.MaxDistinctNames < 0 {
+		c.add(det.key("max_distinct_names"), "must not be negative")
+	}
+	if sb.DNS.Detection.RateLimit < 0 {
+		c.add(det.key("rate_limit"), "must not be negative")
+	}
+	eg := at.key("egress")
+	if d := sb.Egress.Default; d != "" && d != EgressResolved && d != EgressDeny && d != EgressAllow {
+		c.add(eg.key("default"), "%q: want resolved, deny or allow", d)
+	}
+	if g := sb.Egress.GraceSeconds; g < 0 || g > 86400 {
+		c.add(eg.key("grace_seconds"), "%d out of range 0-86400", g)
+	}
+	for i, r := range sb.Egress.Allow {
+		rp := eg.key("allow").idx(i)
+		if r.CIDR == "" {
+			c.add(rp.key("cidr"), "required")
+		} else if _, err := ParseCIDR(r.CIDR); err != nil {
+			c.add(rp.key("cidr"), "%v", err)
+		}
+		for j, pr := range r.Ports {
+			if _, _, err := pr.Bounds(); err != nil {
+				c.add(rp.key("ports").idx(j), "%v", err)
+			}
+		}
+		c.protocol(rp.key("protocol"), r.Protocol)
+	}
+	for i, l := range sb.Egress.Loopback {
+		lp := eg.key("loopback").idx(i)
+		if l.Port < 1 || l.Port > 65535 {
+			c.add(lp.key("port"), "port %d out of range 1-65535", l.Port)
+		}
+		c.protocol(lp.key("protocol"), l.Protocol)
+	}
+	au := at.key("audit")
+	if r := sb.Audit.SampleRate; r < 0 || r > 1 {
+		c.add(au.key("sample_rate"), "%v out of range [0, 1] (0 = agent default)", r)
+	}
+	if f := sb.Audit.FileOpens; f != "" && f != FileOpensNone && f != FileOpensWrites && f != FileOpensAll {
+		c.add(au.key("file_opens"), "%q: want none, writes or all", f)
+	}
+	es := at.key("escape")
+	if sb.Escape.Threshold < 0 {
+		c.add(es.key("threshold"), "must not be negative")
+	}
+	c.duration(es.key("window"), sb.Escape.Window)
+	if a := sb.Escape.Action; a != "" && a != EscapeFreeze && a != EscapeAlert {
+		c.add(es.key("action"), "%q: want freeze or alert", a)
+	}
+}
+
+// sandboxRequired checks what an effective (preset-merged) sandbox must
+// have, and relations between fields.
+func (c *checker) sandboxRequired(at path, sb *Sandbox) {
+	if sb.Name == "" {
+		c.add(at.key("name"), "required")
+	}
+	if len(sb.Select.Cgroups)+len(sb.Select.Globs)+len(sb.Select.Containers) == 0 {
+		c.add(at.key("select"), "select at least one cgroup, glob or container")
+	}
+	if sb.Mode == "" {
+		c.add(at.key("mode"), "required (enforce or record)")
+	}
+	if sb.DNS.Default == "" {
+		c.add(at.key("dns", "default"), "required (allow or deny)")
+	}
+	if sb.Egress.Default == "" {
+		c.add(at.key("egress", "default"), "required (resolved, deny or allow)")
+	}
+	to := sb.Exec.Timeouts
+	stages := []struct {
+		name string
+		d    time.Duration
+	}{{"warn", to.Warn.Duration}, {"term", to.Term.Duration}, {"kill", to.Kill.Duration}}
+	prev := -1
+	for i, s := range stages {
+		if s.d == 0 {
+			continue
+		}
+		if prev >= 0 && s.d <= stages[prev].d {
+			c.add(at.key("exec", "timeouts", s.name), "%v must be later than %s (%v)", s.d, stages[prev].name, stages[prev].d)
+		}
+		prev = i
+	}
+	if sb.Exec.CircuitBreaker > 0 && to.Kill.Duration == 0 {
+		c.add(at.key("exec", "circuit_breaker"), "counts hard timeouts, so exec.timeouts.kill must be set")
+	}
+	if sb.DNS.Detection.Enabled {
+		det := at.key("dns", "detection")
+		if sb.DNS.Detection.Window.Duration <= 0 {
+			c.add(det.key("window"), "required when detection is enabled")
+		}
+		if sb.DNS.Detection.Action == "" {
+			c.add(det.key("action"), "required when detection is enabled (block or record)")
+		}
+	}
+	if sb.Escape.Enabled {
+		es := at.key("escape")
+		if sb.Escape.Threshold <= 0 {
+			c.add(es.key("threshold"), "must be positive when the escape watch is enabled")
+		}
+		if sb.Escape.Window.Duration <= 0 {
+			c.add(es.key("window"), "must be positive when the escape watch is enabled")
+		}
+		if sb.Escape.Action == "" {
+			c.add(es.key("action"), "required when the escape watch is enabled (freeze or alert)")
+		}
+	}
+}
+
+func (c *checker) action(at path, a Action, required bool) {
+	switch a {
+	case ActionAllow, ActionRecord, ActionBlock, ActionKill:
+	case "":
+		if required {
+			c.add(at, "required (allow, record, block or kill)")
+		}
+	default:
+		c.add(at, "%q: want allow, record, block or kill", a)
+	}
+}
+
+func (c *checker) protocol(at path, p Protocol) {
+	switch p {
+	case "", ProtoTCP, ProtoUDP, ProtoAny:
+	default:
+		c.add(at, "%q: want tcp, udp or any", p)
+	}
+}
+
+func (c *checker) fileRule(at path, r *FileRule, withAccess bool) {
+	switch {
+	case r.Path == "":
+		c.add(at.key("path"), "required")
+	case r.Path == workspaceVar || strings.HasPrefix(r.Path, workspaceVar+"/"):
+		if rest := strings.TrimPrefix(r.Path, workspaceVar); rest != "" && filepath.Clean(rest) != strings.TrimSuffix(rest, "/") {
+			c.add(at.key("path"), "%q is not a clean path", r.Path)
+		}
+	default:
+		c.absPath(at.key("path"), r.Path, true)
+		for _, comp := range strings.Split(r.Path, "/") {
+			if strings.Contains(comp, "*") && comp != "*" {
+				c.add(at.key("path"), "%q: '*' must be a whole path component", r.Path)
+				break
+			}
+		}
+	}
+	switch r.Match {
+	case MatchExact, MatchPrefix:
+	case "":
+		c.add(at.key("match"), "required (exact or prefix)")
+	default:
+		c.add(at.key("match"), "%q: want exact or prefix", r.Match)
+	}
+	if withAccess {
+		switch r.Access {
+		case AccessRead, AccessWrite, AccessAny:
+		case "":
+			c.add(at.key("access"), "required (read, write or any)")
+		default:
+			c.add(at.key("access"), "%q: want read, write or any", r.Access)
+		}
+	} else if r.Access != "" {
+		c.add(at.key("access"), "exec rules have no access")
+	}
+	c.action(at.key("action"), r.Action, true)
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$`)
+
+// namePattern checks "example.com", "*.example.com" or ".example.com".
+func (c *checker) namePattern(at path, n string) {
+	name := strings.TrimSuffix(strings.ToLower(n), ".")
+	name = strings.TrimPrefix(strings.TrimPrefix(name, "*."), ".")
+	if name == "" || len(name) > 253 {
+		c.add(at, "%q is not a domain name", n)
+		return
+	}
+	for _, l := range strings.Split(name, ".") {
+		if !dnsLabel.MatchString(l) {
+			c.add(at, "%q: label %q is not a valid DNS label", n, l)
+			return
+		}
+	}
+}
+
+// ParseCIDR parses an egress network: a prefix ("10.0.0.0/8") or a bare
+// address (one host). Host bits must be zero.
+func ParseCIDR(s string) (netip.Prefix, error) {
+	if !strings.Contains(s, "/") {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not an IP address or CIDR", s)
+		}
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		msg := err.Error()
+		if i := strings.LastIndex(msg, ": "); i >= 0 {
+			msg = msg[i+2:]
+		}
+		return netip.Prefix{}, fmt.Errorf("%q is not a valid CIDR (%s)", s, msg)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %s?)", s, p.Masked())
+	}
+	return p, nil
+}
