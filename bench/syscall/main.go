@@ -1,0 +1,290 @@
+// Command syscall measures what watcher's tracepoint programs cost on a
+// syscall loop (openat+close, stat, getpid): bare, inside a sandbox with the
+// kill backstop (default rules) and the recording programs attached, and
+// outside any sandbox while they are attached; plus each attach mechanism
+// alone (empty tp_btf, raw_tp and per-syscall tracepoint programs). All
+// configurations are measured in the same run, interleaved over several
+// rounds; the median per configuration is compared with bare.
+//
+// Run as root: go run ./bench/syscall [-rounds 5] [-iters 200000]
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/trace"
+)
+
+var ops = []string{"openat+close", "stat", "getpid"}
+
+var loopBin string
+
+type config struct {
+	name   string
+	where  string // "bare", "inside", "outside"
+	attach func() ([]link.Link, error)
+}
+
+func main() {
+	rounds := flag.Int("rounds", 5, "interleaved rounds per configuration (median reported)")
+	iters := flag.Int("iters", 200000, "iterations per op per run")
+	flag.StringVar(&loopBin, "loop", "", "the loop binary (go build ./bench/syscall/loop); it must not link cilium/ebpf, whose init calls bpf(2), which the backstop kills in a sandbox")
+	flag.Parse()
+	if loopBin == "" {
+		fmt.Fprintln(os.Stderr, "bench: -loop is required (bench/syscall/run.sh builds it)")
+		os.Exit(2)
+	}
+	if err := run(*rounds, *iters); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(rounds, iters int) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (loads BPF programs, creates cgroups)")
+	}
+	if err := enforce.EnsureBPFFS("/sys/fs/bpf"); err != nil {
+		return err
+	}
+	pinDir := fmt.Sprintf("/sys/fs/bpf/watcher-bench-%d", os.Getpid())
+	eng, err := enforce.Open(enforce.Options{PinDir: pinDir})
+	if err != nil {
+		return err
+	}
+	defer enforce.Unpin(pinDir)
+	defer eng.Close()
+
+	root, err := cgroupfs.Mountpoint()
+	if err != nil {
+		return err
+	}
+	base := filepath.Join(root, fmt.Sprintf("watcher-bench-%d", os.Getpid()))
+	sandbox, outside := filepath.Join(base, "sandbox"), filepath.Join(base, "outside")
+	for _, p := range []string{sandbox, outside} {
+		if err := cgroupfs.Create(p); err != nil {
+			return err
+		}
+	}
+	defer cgroupfs.Remove(base)
+	if _, err := eng.AddSandbox(sandbox, 1, 0); err != nil {
+		return err
+	}
+
+	file := filepath.Join(os.TempDir(), fmt.Sprintf("watcher-bench-%d", os.Getpid()))
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(file)
+
+	bs, err := backstop.Load(eng)
+	if err != nil {
+		return err
+	}
+	defer bs.Close()
+	if err := bs.SetRules(backstop.DefaultRules()); err != nil {
+		return err
+	}
+	tr, err := trace.Load(eng)
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	if err := tr.SetConfig(trace.Config{ModuleAlerts: true}); err != nil {
+		return err
+	}
+	var probes probesObjects
+	if err := loadProbesObjects(&probes, eng.CollectionOptions()); err != nil {
+		return err
+	}
+	defer probes.Close()
+
+	tracing := func(progs ...*ebpf.Program) func() ([]link.Link, error) {
+		return func() ([]link.Link, error) {
+			var ls []link.Link
+			for _, p := range progs {
+				l, err := link.AttachTracing(link.TracingOptions{Program: p})
+				if err != nil {
+					closeAll(ls)
+					return nil, err
+				}
+				ls = append(ls, l)
+			}
+			return ls, nil
+		}
+	}
+	rawTP := func() ([]link.Link, error) {
+		var ls []link.Link
+		for name, p := range map[string]*ebpf.Program{"sys_enter": probes.EmptyRawTpEnter, "sys_exit": probes.EmptyRawTpExit} {
+			l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: name, Program: p})
+			if err != nil {
+				closeAll(ls)
+				return nil, err
+			}
+			ls = append(ls, l)
+		}
+		return ls, nil
+	}
+	perSyscall := func() ([]link.Link, error) {
+		var ls []link.Link
+		for name, p := range map[string]*ebpf.Program{"sys_enter_openat": probes.EmptyTpOpenatEnter, "sys_exit_openat": probes.EmptyTpOpenatExit} {
+			l, err := link.Tracepoint("syscalls", name, p, nil)
+			if err != nil {
+				closeAll(ls)
+				return nil, fmt.Errorf("%w (is tracefs mounted at /sys/kernel/tracing?)", err)
+			}
+			ls = append(ls, l)
+		}
+		return ls, nil
+	}
+	full := tracing(bs.Program(backstop.ProgSysEnter), bs.Program(backstop.ProgSysExit),
+		bs.Program(backstop.ProgPrepareExec), bs.Program(backstop.ProgIOUringSubmit),
+		bs.Program(backstop.ProgFork), bs.Program(backstop.ProgCgroupAttach))
+	fullWithTrace := func() ([]link.Link, error) {
+		ls, err := full()
+		if err != nil {
+			return nil, err
+		}
+		more, err := tr.AttachLinks()
+		if err != nil {
+			closeAll(ls)
+			return nil, err
+		}
+		return append(ls, more...), nil
+	}
+	configs := []config{
+		{"bare", "bare", nil},
+		{"empty tp_btf sys_enter+exit", "outside", tracing(probes.EmptyTpBtfEnter, probes.EmptyTpBtfExit)},
+		{"empty raw_tp sys_enter+exit", "outside", rawTP},
+		{"empty tracepoint sys_{enter,exit}_openat", "outside", perSyscall},
+		{"backstop, outside", "outside", full},
+		{"backstop, inside", "inside", full},
+		{"backstop+trace, outside", "outside", fullWithTrace},
+		{"backstop+trace, inside", "inside", fullWithTrace},
+	}
+	results := map[string]map[string][]float64{}
+	skipped := map[string]error{}
+	for r := 0; r < rounds; r++ {
+		for _, c := range configs {
+			if skipped[c.name] != nil {
+				continue
+			}
+			var ls []link.Link
+			if c.attach != nil {
+				if ls, err = c.attach(); err != nil {
+					skipped[c.name] = err
+					continue
+				}
+			}
+			cg := ""
+			switch c.where {
+			case "inside":
+				cg = sandbox
+			case "outside":
+				cg = outside
+			}
+			res, err := runLoop(cg, iters, file)
+			closeAll(ls)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			if results[c.name] == nil {
+				results[c.name] = map[string][]float64{}
+			}
+			for op, v := range res {
+				results[c.name][op] = append(results[c.name][op], v)
+			}
+		}
+	}
+	fmt.Printf("kernel %s, %d rounds x %d iterations, median ns/op and ratio to bare (same run)\n\n", kernel(), rounds, iters)
+	fmt.Printf("%-42s", "configuration")
+	for _, op := range ops {
+		fmt.Printf(" %22s", op)
+	}
+	fmt.Println()
+	bare := results["bare"]
+	for _, c := range configs {
+		if err := skipped[c.name]; err != nil {
+			fmt.Printf("%-42s skipped: %v\n", c.name, err)
+			continue
+		}
+		fmt.Printf("%-42s", c.name)
+		for _, op := range ops {
+			m, b := median(results[c.name][op]), median(bare[op])
+			fmt.Printf(" %12.0f ns %6.3fx", m, m/b)
+		}
+		fmt.Println()
+	}
+	return nil
+}
+
+// runLoop runs the loop in a child started directly in cgroup cg ("" for
+// the bench's own cgroup).
+func runLoop(cg string, iters int, file string) (map[string]float64, error) {
+	cmd := exec.Command(loopBin, fmt.Sprint(iters), file)
+	if cg != "" {
+		// A fresh leaf per run (cgroup.kill quirk, and clean accounting).
+		leaf := filepath.Join(cg, fmt.Sprintf("run-%d", time.Now().UnixNano()))
+		if err := cgroupfs.Create(leaf); err != nil {
+			return nil, err
+		}
+		defer cgroupfs.Remove(leaf)
+		fd, err := os.Open(leaf)
+		if err != nil {
+			return nil, err
+		}
+		defer fd.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("loop: %w", err)
+	}
+	res := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if err := json.Unmarshal(sc.Bytes(), &res); err == nil {
+			return res, nil
+		}
+	}
+	return nil, fmt.Errorf("loop output %q", out)
+}
+
+func closeAll(ls []link.Link) {
+	for _, l := range ls {
+		l.Close()
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func kernel() string {
+	var u unix.Utsname
+	unix.Uname(&u)
+	return unix.ByteSliceToString(u.Release[:])
+}

@@ -1,0 +1,230 @@
+// Package backstop is the kill backstop: where no blocking hook can load
+// (BPF LSM refused or absent), tracepoint programs decide and send SIGKILL to
+// the sandboxed process performing a dangerous operation.
+//
+// The operation may already have happened when the process dies (a mount
+// stays mounted), so events carry VerdictKilled and the syscall's return
+// value, and UndoMount reverts mounts in the sandbox's mount namespace.
+//
+// Holes closed here, each with a reproducer test:
+//   - a partner sharing the file table (clone CLONE_FILES without
+//     CLONE_THREAD) could read a descriptor after the opener is killed:
+//     such clones are refused in sandboxes (the cloner is killed at
+//     sys_enter, and a pending SIGKILL makes clone fail, so the partner is
+//     never created);
+//   - io_uring fixed-file opens never return a descriptor: io_uring_setup
+//     is refused in sandboxes, and when a policy allows io_uring, open
+//     requests are killed at submission (io_uring_submit_req);
+//   - a root process writing its pid to a parent cgroup's cgroup.procs:
+//     write-opens of cgroupfs files are killed, and any move of a sandbox
+//     task out of its sandbox (cgroup_attach_task) is an alert;
+//   - process_vm_readv/writev, pidfd_getfd and /proc/PID/mem, besides ptrace.
+//
+// Residual window: a file opened by the killed process exists between the
+// open's return in the kernel and the kill's delivery; a thread of the same
+// process can use it in that window (a few microseconds), its partners in
+// other processes cannot (refused clones, killed pidfd_getfd). Only BPF LSM
+// closes that window.
+package backstop
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+// Group is the name of this hook group (link pin directory, mechanism).
+const Group = "backstop"
+
+// Program names, as in bpf/backstop.c.
+const (
+	ProgSysEnter      = "backstop_sys_enter"
+	ProgSysExit       = "backstop_sys_exit"
+	ProgPrepareExec   = "backstop_prepare_exec"
+	ProgIOUringSubmit = "backstop_io_uring_submit"
+	ProgFork          = "backstop_fork"
+	ProgCgroupAttach  = "backstop_cgroup_attach"
+)
+
+// optionalPrograms need tracepoints that older kernels lack (6.1 has
+// neither sched_prepare_exec nor this io_uring_submit_req signature).
+var optionalPrograms = map[string]string{
+	ProgPrepareExec:   "sched_prepare_exec",
+	ProgIOUringSubmit: "io_uring_submit_req",
+}
+
+// Backstop holds the loaded programs and their rule maps.
+type Backstop struct {
+	pinDir  string
+	coll    *ebpf.Collection
+	links   []link.Link
+	missing map[string]error
+}
+
+// Load loads the programs (not yet attached) with the engine's shared maps.
+// Programs on tracepoints this kernel lacks are left out; Missing says which.
+func Load(eng *enforce.Engine) (*Backstop, error) {
+	spec, err := loadBackstop()
+	if err != nil {
+		return nil, fmt.Errorf("load backstop spec: %w", err)
+	}
+	missing := dropMissingTracepoints(spec)
+	coll, err := ebpf.NewCollectionWithOptions(spec, *eng.CollectionOptions())
+	if err != nil {
+		return nil, fmt.Errorf("load backstop programs: %w", err)
+	}
+	return &Backstop{pinDir: eng.PinDir(), coll: coll, missing: missing}, nil
+}
+
+// dropMissingTracepoints removes optional programs whose tracepoint is not in
+// the kernel's BTF and returns why.
+func dropMissingTracepoints(spec *ebpf.CollectionSpec) map[string]error {
+	missing := map[string]error{}
+	kspec, err := btf.LoadKernelSpec()
+	for prog, tp := range optionalPrograms {
+		if err != nil {
+			missing[prog] = fmt.Errorf("kernel BTF: %w", err)
+			delete(spec.Programs, prog)
+			continue
+		}
+		var td *btf.Typedef
+		if e := kspec.TypeByName("btf_trace_"+tp, &td); e != nil {
+			missing[prog] = fmt.Errorf("tracepoint %s not in this kernel", tp)
+			delete(spec.Programs, prog)
+		}
+	}
+	return missing
+}
+
+// Missing lists the optional programs this kernel cannot run, with the reason.
+func (b *Backstop) Missing() map[string]error { return b.missing }
+
+// Probe loads each program on its own and reports the error (nil: it loads
+// here), so the agent can say which mechanism enforces each rule.
+func Probe(eng *enforce.Engine) map[string]error {
+	spec, err := loadBackstop()
+	out := map[string]error{}
+	if err != nil {
+		for name := range optionalPrograms {
+			out[name] = err
+		}
+		return out
+	}
+	missing := dropMissingTracepoints(spec)
+	for name, e := range missing {
+		out[name] = e
+	}
+	for name := range spec.Programs {
+		one := spec.Copy()
+		for other := range one.Programs {
+			if other != name {
+				delete(one.Programs, other)
+			}
+		}
+		coll, err := ebpf.NewCollectionWithOptions(one, *eng.CollectionOptions())
+		if err == nil {
+			coll.Close()
+		}
+		out[name] = err
+	}
+	return out
+}
+
+// Attach attaches every loaded program and pins its link under
+// enforce.LinkPinDir(pinDir, "backstop"). Links pinned by a previous agent
+// are replaced only after the new ones are attached: the two overlap, there
+// is no window without enforcement. Set the rules before attaching (the rule
+// maps are pinned by name, so an adopted set is already in force).
+func (b *Backstop) Attach() error {
+	dir := enforce.LinkPinDir(b.pinDir, Group)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("backstop link dir: %w", err)
+	}
+	for name, prog := range b.coll.Programs {
+		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+		if err != nil {
+			return fmt.Errorf("attach %s: %w", name, err)
+		}
+		if err := replacePin(l, filepath.Join(dir, name)); err != nil {
+			l.Close()
+			return fmt.Errorf("pin %s: %w", name, err)
+		}
+		b.links = append(b.links, l)
+	}
+	return nil
+}
+
+// replacePin pins l at path; an older link pinned there stays attached until
+// the new one is pinned.
+func replacePin(l link.Link, path string) error {
+	old, err := link.LoadPinnedLink(path, nil)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Not a link (stale file): remove it.
+		if rmErr := os.Remove(path); rmErr != nil {
+			return fmt.Errorf("replace %s: %w", path, err)
+		}
+		old = nil
+	}
+	if old != nil {
+		defer old.Close()
+		if err := old.Unpin(); err != nil {
+			return fmt.Errorf("unpin old link: %w", err)
+		}
+	}
+	return l.Pin(path)
+}
+
+// Detach removes this group's pinned links: the backstop stops.
+func Detach(pinDir string) error {
+	if err := os.RemoveAll(enforce.LinkPinDir(pinDir, Group)); err != nil {
+		return fmt.Errorf("detach backstop: %w", err)
+	}
+	return nil
+}
+
+// Close releases file descriptors; pinned links keep enforcing.
+func (b *Backstop) Close() error {
+	for _, l := range b.links {
+		l.Close()
+	}
+	b.links = nil
+	b.coll.Close()
+	return nil
+}
+
+// Attached lists the attached program names.
+func (b *Backstop) Attached() []string {
+	var out []string
+	for name := range b.coll.Programs {
+		out = append(out, name)
+	}
+	return out
+}
+
+// Program returns a loaded program by name (benchmarks attach selectively).
+func (b *Backstop) Program(name string) *ebpf.Program { return b.coll.Programs[name] }
+
+func (b *Backstop) maps(name string) *ebpf.Map { return b.coll.Maps[name] }
+
+// devOf converts a stat device number to the kernel's internal dev_t.
+func devOf(dev uint64) uint32 { return unix.Major(dev)<<20 | unix.Minor(dev) }
+
+func cstr(b []int8) string {
+	var sb strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		sb.WriteByte(byte(c))
+	}
+	return sb.String()
+}

@@ -1,0 +1,524 @@
+package backstop_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+)
+
+// decoy starts a process outside every sandbox, as a target for ptrace,
+// process_vm_*, pidfd_getfd, /proc/PID/mem and signals.
+func decoy(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "300")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd.Process.Pid
+}
+
+func isMounted(t *testing.T, pid int, dir string) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+func wantKind(k audit.Kind) func(audit.Event) error {
+	return func(ev audit.Event) error {
+		if ev.Kind != k {
+			return fmt.Errorf("kind %s, want %s", ev.Kind, k)
+		}
+		return nil
+	}
+}
+
+func all(checks ...func(audit.Event) error) func(audit.Event) error {
+	return func(ev audit.Event) error {
+		for _, c := range checks {
+			if err := c(ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func wantTarget(pid int) func(audit.Event) error {
+	return func(ev audit.Event) error {
+		if ev.Target == nil || int(ev.Target.PID) != pid {
+			return fmt.Errorf("target %+v, want pid %d", ev.Target, pid)
+		}
+		return nil
+	}
+}
+
+func wantPath(p string) func(audit.Event) error {
+	return func(ev audit.Event) error {
+		if ev.File == nil || ev.File.Path != p {
+			return fmt.Errorf("file %+v, want path %s", ev.File, p)
+		}
+		return nil
+	}
+}
+
+func wantSyscall(name string) func(audit.Event) error {
+	return func(ev audit.Event) error {
+		if ev.Syscall == nil || ev.Syscall.Name != name {
+			return fmt.Errorf("syscall %+v, want %s", ev.Syscall, name)
+		}
+		return nil
+	}
+}
+
+func wantMessage(sub string) func(audit.Event) error {
+	return func(ev audit.Event) error {
+		if !strings.Contains(ev.Message, sub) {
+			return fmt.Errorf("message %q lacks %q", ev.Message, sub)
+		}
+		return nil
+	}
+}
+
+// TestOperationsKilled runs every dangerous operation in a sandbox cgroup,
+// in a cgroup below it, and outside: killed with a `killed` event inside,
+// unharmed outside.
+func TestOperationsKilled(t *testing.T) {
+	f := newFixture(t, nil)
+	target := decoy(t)
+	if err := f.eng.SetAgentPID(target); err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	outsideProcs := filepath.Join(f.outside, "cgroup.procs")
+	self := helperBin
+	tg := strconv.Itoa(target)
+	cases := []struct {
+		name, op string
+		args     []string
+		check    func(audit.Event) error
+	}{
+		{"shadow", "open", []string{"/etc/shadow"}, all(wantKind(audit.KindFileOpen), wantPath("/etc/shadow"))},
+		{"secret", "open", []string{f.secret}, all(wantPath(f.secret), func(ev audit.Event) error {
+			if ev.Rule != "rule-77" {
+				return fmt.Errorf("rule %q", ev.Rule)
+			}
+			return nil
+		})},
+		{"ptrace", "ptrace", []string{tg}, all(wantKind(audit.KindPtrace), wantSyscall("ptrace"), wantTarget(target))},
+		{"process_vm_readv", "vmread", []string{tg}, all(wantKind(audit.KindPtrace), wantTarget(target))},
+		{"process_vm_writev", "vmwrite", []string{tg}, all(wantKind(audit.KindPtrace), wantTarget(target))},
+		{"pidfd_getfd", "pidfd_getfd", []string{tg}, all(wantKind(audit.KindPtrace), wantSyscall("pidfd_getfd"), wantTarget(target))},
+		{"proc_mem", "procmem", []string{tg}, all(wantKind(audit.KindFileOpen), wantPath("/proc/"+tg+"/mem"), wantMessage("category=proc_mem"))},
+		{"mount", "mount", []string{mnt}, all(wantKind(audit.KindMount), func(ev audit.Event) error {
+			if ev.Mount == nil || ev.Mount.Op != "mount" || ev.Mount.Target != mnt || ev.Mount.FSType != "tmpfs" {
+				return fmt.Errorf("mount %+v", ev.Mount)
+			}
+			return nil
+		})},
+		{"umount", "umount", []string{mnt}, all(wantKind(audit.KindMount), wantSyscall("umount2"))},
+		{"fsopen", "fsopen", nil, all(wantKind(audit.KindMount), wantSyscall("fsopen"))},
+		{"chroot", "chroot", nil, all(wantKind(audit.KindMount), wantSyscall("chroot"))},
+		{"pivot_root", "pivot_root", nil, all(wantKind(audit.KindMount), wantSyscall("pivot_root"))},
+		{"bpf", "bpf", nil, all(wantKind(audit.KindBPF), wantSyscall("bpf"))},
+		{"init_module", "init_module", nil, all(wantKind(audit.KindModule), wantSyscall("init_module"))},
+		{"finit_module", "finit_module", nil, all(wantKind(audit.KindModule), wantMessage("path="+self))},
+		{"kexec_load", "kexec_load", nil, all(wantKind(audit.KindModule), wantSyscall("kexec_load"))},
+		{"kexec_file_load", "kexec_file_load", nil, all(wantKind(audit.KindModule), wantSyscall("kexec_file_load"))},
+		{"cgroup_write", "openwrite", []string{outsideProcs}, all(wantPath(outsideProcs), wantMessage("category=cgroup_write"))},
+		{"kill_agent", "killagent", []string{tg}, all(wantKind(audit.KindSignal), wantTarget(target))},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, where := range []string{"sandbox", "nested"} {
+				parent := f.sandbox
+				if where == "nested" {
+					parent = f.nested
+				}
+				r := f.run(t, parent, c.op, c.args...)
+				f.expectKilled(t, r, c.check)
+				if c.op == "mount" {
+					// The mount happened before the kill landed: undo it.
+					mk := f.lastMount(t, r.pid)
+					if mk.Ret != 0 || !mk.Killed {
+						t.Fatalf("mount record %+v", mk)
+					}
+					if !isMounted(t, os.Getpid(), mnt) {
+						t.Fatalf("%s: the killed mount did not happen (nothing to undo?)", where)
+					}
+					if err := backstop.UndoMount(mk); err != nil {
+						t.Fatal(err)
+					}
+					if isMounted(t, os.Getpid(), mnt) {
+						t.Fatal("still mounted after UndoMount")
+					}
+				}
+			}
+			r := f.run(t, f.outside, c.op, c.args...)
+			expectSurvived(t, r)
+			if c.op == "mount" {
+				unix.Unmount(mnt, 0)
+			}
+			if evs := f.eventsOf(r.pid); len(evs) != 0 {
+				t.Errorf("events for an unsandboxed process: %+v", evs)
+			}
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", target)); err != nil {
+				t.Fatalf("decoy died: %v", err)
+			}
+		})
+	}
+}
+
+func (f *fixture) lastMount(t *testing.T, pid int) backstop.MountKill {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		f.mu.Lock()
+		for i := len(f.mounts) - 1; i >= 0; i-- {
+			if int(f.mounts[i].TGID) == pid {
+				mk := f.mounts[i]
+				f.mu.Unlock()
+				return mk
+			}
+		}
+		f.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no mount record for pid %d", pid)
+	return backstop.MountKill{}
+}
+
+// TestPathResolution opens protected files by other names: each is judged
+// on the file the kernel opened, so each is killed and the event carries
+// the resolved path.
+func TestPathResolution(t *testing.T) {
+	f := newFixture(t, nil)
+	dir := t.TempDir()
+	sub := filepath.Join(filepath.Dir(f.secret), "sub")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "symlink")
+	if err := os.Symlink(f.secret, link); err != nil {
+		t.Fatal(err)
+	}
+	hard := filepath.Join(dir, "hardlink")
+	if err := os.Link(f.secret, hard); err != nil {
+		t.Fatal(err)
+	}
+	shadowLink := filepath.Join(dir, "shadow-symlink")
+	if err := os.Symlink("/etc/shadow", shadowLink); err != nil {
+		t.Fatal(err)
+	}
+	type tc struct {
+		name, op, path, want string
+	}
+	cases := []tc{
+		{"direct", "open", f.secret, f.secret},
+		{"symlink", "open", link, f.secret},
+		// A hard link is the same inode under another name: the name
+		// opened is reported, the inode rule matches.
+		{"hardlink", "open", hard, hard},
+		{"dotdot", "open", sub + "/../secret", f.secret},
+		{"proc_self_root", "open", "/proc/self/root" + f.secret, f.secret},
+		{"opath_reopen", "opath", f.secret, f.secret},
+		{"openat2", "openat2", f.secret, f.secret},
+		{"shadow", "open", "/etc/shadow", "/etc/shadow"},
+		{"shadow_symlink", "open", shadowLink, "/etc/shadow"},
+		{"shadow_dotdot", "open", "/etc/../etc/./shadow", "/etc/shadow"},
+		{"shadow_proc_root", "open", "/proc/self/root/etc/shadow", "/etc/shadow"},
+		{"shadow_opath", "opath", "/etc/shadow", "/etc/shadow"},
+		{"shadow_openat2", "openat2", "/etc/shadow", "/etc/shadow"},
+	}
+	// A hard link to /etc/shadow needs a directory on its filesystem.
+	var etc, tmp syscall.Stat_t
+	shadowHard := filepath.Join(os.TempDir(), fmt.Sprintf("watcher-shadow-link-%d", os.Getpid()))
+	if syscall.Stat("/etc/shadow", &etc) == nil && syscall.Stat(os.TempDir(), &tmp) == nil && etc.Dev == tmp.Dev {
+		if err := os.Link("/etc/shadow", shadowHard); err == nil {
+			t.Cleanup(func() { os.Remove(shadowHard) })
+			cases = append(cases, tc{"shadow_hardlink", "open", shadowHard, shadowHard})
+		}
+	} else {
+		t.Logf("no hard link to /etc/shadow: %s is on another filesystem", os.TempDir())
+	}
+	// The rules were set before the links existed: the inode rule is keyed
+	// by the file, so it needs no refresh.
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := f.run(t, f.sandbox, c.op, c.path)
+			f.expectKilled(t, r, all(wantKind(audit.KindFileOpen), wantPath(c.want)))
+			if c.op == "opath" && !strings.Contains(r.out, "O_PATH open survived") {
+				t.Errorf("O_PATH open itself was judged (it grants no access): %s", r.out)
+			}
+		})
+	}
+	t.Run("outside", func(t *testing.T) {
+		for _, p := range []string{f.secret, link, hard, "/etc/shadow"} {
+			r := f.run(t, f.outside, "open", p)
+			expectSurvived(t, r)
+			if !strings.Contains(r.out, "result: <nil>") {
+				t.Errorf("open %s outside: %s", p, r.out)
+			}
+		}
+	})
+}
+
+// TestHoleCloneFiles: a partner sharing the file table reads the descriptor
+// of a killed opener. Without the fix (clone allowed) the secret leaks;
+// with it the cloner dies at clone and no partner exists.
+func TestHoleCloneFiles(t *testing.T) {
+	t.Run("without_fix_leaks", func(t *testing.T) {
+		f := newFixture(t, func(r *backstop.Rules) { r.CloneFiles = backstop.Rule{} })
+		r := f.run(t, f.sandbox, "clonefiles", f.secret)
+		f.expectKilled(t, r, wantPath(f.secret))
+		if !strings.Contains(r.out, "SECRET") {
+			t.Fatalf("reproducer did not reproduce: the partner did not read the secret:\n%s", r.out)
+		}
+	})
+	t.Run("fixed", func(t *testing.T) {
+		f := newFixture(t, nil)
+		for _, parent := range []string{f.sandbox, f.nested} {
+			r := f.run(t, parent, "clonefiles", f.secret)
+			f.expectKilled(t, r, all(wantSyscall("clone"), wantMessage("category=clone_files")))
+			if strings.Contains(r.out, "SECRET") || strings.Contains(r.out, "partner") {
+				t.Fatalf("partner exists or leaked:\n%s", r.out)
+			}
+		}
+		r := f.run(t, f.outside, "clonefiles", f.secret)
+		expectSurvived(t, r)
+		if !strings.Contains(r.out, "SECRET") {
+			t.Fatalf("outside, the partner should read the shared descriptor:\n%s", r.out)
+		}
+	})
+}
+
+var uringVariants = []string{"plain", "async", "sqpoll", "fixed"}
+
+// TestHoleIOUring: opens through io_uring, fixed-file ones included, never
+// return a descriptor to judge. io_uring_setup is refused by default; when
+// a policy allows rings, open requests are killed at submission.
+func TestHoleIOUring(t *testing.T) {
+	t.Run("without_fix_leaks", func(t *testing.T) {
+		f := newFixture(t, func(r *backstop.Rules) { r.IOUring, r.IOUringOpen = backstop.Rule{}, backstop.Rule{} })
+		r := f.run(t, f.sandbox, "uring", "fixed", f.secret)
+		if r.killed || !strings.Contains(r.out, "SECRET") {
+			t.Fatalf("reproducer did not reproduce: killed=%v\n%s", r.killed, r.out)
+		}
+	})
+	t.Run("setup_refused", func(t *testing.T) {
+		f := newFixture(t, nil)
+		for _, v := range uringVariants {
+			for _, parent := range []string{f.sandbox, f.nested} {
+				r := f.run(t, parent, "uring", v, f.secret)
+				f.expectKilled(t, r, all(wantSyscall("io_uring_setup"), wantMessage("category=io_uring")))
+				if strings.Contains(r.out, "SECRET") {
+					t.Fatalf("%s leaked:\n%s", v, r.out)
+				}
+			}
+			r := f.run(t, f.outside, "uring", v, f.secret)
+			expectSurvived(t, r)
+			if !strings.Contains(r.out, "SECRET") {
+				t.Fatalf("%s outside did not read the file:\n%s", v, r.out)
+			}
+		}
+	})
+	t.Run("rings_allowed_opens_killed", func(t *testing.T) {
+		if _, ok := backstopMissing(t)[backstop.ProgIOUringSubmit]; ok {
+			t.Skip("io_uring_submit_req tracepoint missing on this kernel")
+		}
+		f := newFixture(t, func(r *backstop.Rules) { r.IOUring = backstop.Rule{} })
+		for _, v := range uringVariants {
+			r := f.run(t, f.sandbox, "uring", v, f.secret)
+			f.expectKilled(t, r, all(wantKind(audit.KindFileOpen), wantMessage("category=io_uring_open")))
+			if strings.Contains(r.out, "SECRET") {
+				t.Fatalf("%s leaked:\n%s", v, r.out)
+			}
+		}
+	})
+}
+
+func backstopMissing(t *testing.T) map[string]error {
+	eng := enforcetest.Engine(t)
+	b, err := backstop.Load(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	return b.Missing()
+}
+
+// TestHoleCgroupEscape: a descriptor to an outside cgroup.procs opened
+// before entering the sandbox escapes the write-open check; the move itself
+// is caught (cgroup_attach_task) and the mover killed.
+func TestHoleCgroupEscape(t *testing.T) {
+	f := newFixture(t, nil)
+	dst := f.leaf(t, f.outside)
+	procs, err := os.OpenFile(filepath.Join(dst, "cgroup.procs"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer procs.Close()
+	leaf := f.leaf(t, f.sandbox)
+	cmd := enforcetest.Command(t, leaf, helperBin, "escape", "3")
+	cmd.ExtraFiles = []*os.File{procs}
+	out, _ := cmd.CombinedOutput()
+	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("escaped process not killed: %v\n%s", cmd.ProcessState, out)
+	}
+	pid := cmd.Process.Pid
+	ev, ok := f.waitEvent(t, pid, func(ev audit.Event) bool { return ev.Kind == audit.KindEscape })
+	if !ok {
+		t.Fatalf("no escape event; events %+v", f.eventsOf(pid))
+	}
+	dstID, _ := cgroupfs.ID(dst)
+	if ev.Verdict != audit.VerdictKilled || ev.Sandbox.CgroupID != f.sbID || ev.Target == nil || int(ev.Target.PID) != pid ||
+		!strings.Contains(ev.Message, fmt.Sprintf("to cgroup %d", dstID)) {
+		t.Fatalf("escape event %+v", ev)
+	}
+}
+
+// TestUndoMountInNamespace: a sandboxed process in its own mount namespace
+// mounts and is killed; the mount stays in that namespace (another process
+// lives there) until UndoMount enters the namespace and detaches it.
+func TestUndoMountInNamespace(t *testing.T) {
+	f := newFixture(t, nil)
+	if exe("unshare") == "" || exe("sh") == "" {
+		t.Skip("needs unshare(1) and sh")
+	}
+	dir := t.TempDir()
+	leaf := f.leaf(t, f.sandbox)
+	script := fmt.Sprintf(`echo $$ > %s/cgroup.procs || exit 9
+%s mount %s
+echo mounter-exit=$?
+exec sleep 30`, leaf, helperBin, dir)
+	// The namespace is made private outside the sandbox (unshare mounts
+	// to set propagation); the shell then moves itself in.
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c", script)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	shell := cmd.Process.Pid
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var mk backstop.MountKill
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && mk.Op == "" {
+		f.mu.Lock()
+		for _, m := range f.mounts {
+			if m.Target == dir {
+				mk = m
+			}
+		}
+		f.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	if mk.Op != "mount" || mk.Ret != 0 || !mk.Killed {
+		t.Fatalf("mount record %+v; output:\n%s", mk, out.String())
+	}
+	for time.Now().Before(deadline) && !strings.Contains(out.String(), "mounter-exit=137") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(out.String(), "mounter-exit=137") {
+		t.Fatalf("mounter not killed:\n%s", out.String())
+	}
+	if isMounted(t, os.Getpid(), dir) {
+		t.Fatal("mount leaked into the host namespace")
+	}
+	if !isMounted(t, shell, dir) {
+		t.Fatal("the killed mount is not in the sandbox namespace: nothing to undo")
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", mk.TGID)); err == nil {
+		t.Log("mounter still visible (zombie)")
+	}
+	if err := backstop.UndoMount(mk); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(t, shell, dir) {
+		t.Fatal("still mounted in the sandbox namespace after UndoMount")
+	}
+	// A failed mount is not undone.
+	failed := mk
+	failed.Ret = -int64(unix.EPERM)
+	if err := backstop.UndoMount(failed); err == nil {
+		t.Fatal("undo of a failed mount succeeded")
+	}
+}
+
+// TestProbeAndAdoption: every program loads on this kernel; a second agent
+// replaces the pinned links without a gap and enforcement continues.
+func TestProbeAndAdoption(t *testing.T) {
+	f := newFixture(t, nil)
+	for name, err := range backstop.Probe(f.eng) {
+		if err != nil {
+			t.Errorf("%s does not load here: %v", name, err)
+		}
+	}
+	// A restarted agent: load and attach again on the same pins; the rule
+	// maps are adopted (pinned by name), links replaced after attaching.
+	again, err := enforce.Open(enforce.Options{PinDir: f.eng.PinDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	b2, err := backstop.Load(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Attach(); err != nil {
+		t.Fatal(err)
+	}
+	b2.Close()
+	f.bs.Close() // the first agent's descriptors go away
+	r := f.run(t, f.sandbox, "open", f.secret)
+	f.expectKilled(t, r, wantPath(f.secret))
+	pins, _ := os.ReadDir(enforce.LinkPinDir(f.eng.PinDir(), backstop.Group))
+	if len(pins) != 6 {
+		t.Errorf("pinned links %d, want 6", len(pins))
+	}
+}
+
+func TestRulesValidation(t *testing.T) {
+	eng := enforcetest.Engine(t)
+	b, err := backstop.Load(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, r := range []backstop.Rules{
+		{Syscalls: []backstop.SyscallRule{{Name: "no_such_call", Rule: backstop.Rule{Action: enforce.ActionKill}}}},
+		{Syscalls: []backstop.SyscallRule{{Name: "clone", Rule: backstop.Rule{Action: enforce.ActionKill}}}},
+		{Paths: []backstop.PathRule{{Path: "relative", Ops: backstop.OpRead, Rule: backstop.Rule{Action: enforce.ActionKill}}}},
+		{Paths: []backstop.PathRule{{Path: "/x", Rule: backstop.Rule{Action: enforce.ActionKill}}}},
+		{Paths: []backstop.PathRule{{Path: "/" + strings.Repeat("a", 300), Ops: backstop.OpRead}}},
+		{ProcMem: backstop.Rule{Action: 9}},
+	} {
+		if err := b.SetRules(r); err == nil {
+			t.Errorf("rules %+v accepted", r)
+		}
+	}
+}

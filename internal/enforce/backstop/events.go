@@ -1,0 +1,213 @@
+package backstop
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+// Kernel event kinds of this group (enum event_kind_backstop in common.h).
+const (
+	EvKillFile    uint32 = 32
+	EvKillSyscall uint32 = 33
+	EvKillCgroup  uint32 = 34
+)
+
+// Mechanism is the audit mechanism name of the backstop's events.
+const Mechanism = "kill"
+
+// RetUnknown is the return value of an event whose syscall never returned
+// (RET_UNKNOWN in bpf/backstop.c).
+const RetUnknown = -(int64(1) << 62)
+
+// FileEvent, SyscallEvent and CgroupEvent are the kernel's event structs.
+type (
+	FileEvent    = backstopFileEvent
+	SyscallEvent = backstopSyscallEvent
+	CgroupEvent  = backstopCgroupEvent
+)
+
+// MountKill describes a mount-family syscall of a killed (or recorded)
+// process, for the agent to undo (see UndoMount).
+type MountKill struct {
+	Op     string // mount, move_mount, ...
+	PID    uint32 // thread id of the caller
+	TGID   uint32
+	MntNS  uint64 // mount namespace inode of the caller
+	Target string // absolute mount point as seen in that namespace
+	Ret    int64  // syscall return value (RetUnknown if not seen)
+	Killed bool
+	// SandboxCgroup and CgroupID identify where the caller ran.
+	SandboxCgroup, CgroupID uint64
+}
+
+// Hooks let the agent act on backstop events. They run on the reader's
+// goroutine: they must not block (hand the work to another goroutine).
+type Hooks struct {
+	// OnMount is called for every mount-family event.
+	OnMount func(MountKill)
+}
+
+// Register registers the backstop's decoders with r.
+func Register(r *enforce.Reader) { RegisterHooks(r, Hooks{}) }
+
+// RegisterHooks registers the decoders and the agent's hooks.
+func RegisterHooks(r *enforce.Reader, h Hooks) {
+	r.Register(EvKillFile, audit.KindFileOpen, Mechanism, decodeFile)
+	r.Register(EvKillSyscall, audit.KindSyscall, Mechanism, func(raw []byte, ev *audit.Event) error {
+		return decodeSyscall(raw, ev, h)
+	})
+	r.Register(EvKillCgroup, audit.KindEscape, Mechanism, decodeCgroup)
+}
+
+func decodeFile(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[FileEvent](raw)
+	if err != nil {
+		return err
+	}
+	ev.File = &audit.FileDetail{
+		Path:  cstr(e.Path[:]),
+		Flags: e.F_flags,
+		Mode:  e.I_mode,
+		Dev:   e.Dev,
+		Write: e.F_mode&2 != 0,
+	}
+	var notes []string
+	if c := categoryNames[e.Category]; c != "" {
+		notes = append(notes, "category="+c)
+	}
+	if e.Nr == 59 {
+		notes = append(notes, "op=exec")
+	} else if name := openNames[e.Nr]; name != "" {
+		notes = append(notes, "op="+name)
+	}
+	if e.TargetPid != 0 {
+		ev.Target = &audit.TargetDetail{PID: e.TargetPid}
+		notes = append(notes, fmt.Sprintf("target_pid=%d", e.TargetPid))
+	}
+	if e.PathFlags&1 != 0 {
+		notes = append(notes, "path_truncated")
+	}
+	if e.PathFlags&2 != 0 {
+		notes = append(notes, "path_outside_root")
+	}
+	notes = append(notes, fmt.Sprintf("ino=%d", e.Ino))
+	ev.Message = strings.Join(notes, " ")
+	return nil
+}
+
+var openNames = map[int64]string{2: "open", 85: "creat", 257: "openat", 304: "open_by_handle_at", 437: "openat2"}
+
+var mountOps = map[int64]string{
+	165: "mount", 166: "umount", 429: "move_mount", 155: "pivot_root", 161: "chroot",
+	430: "fsopen", 431: "fsconfig", 432: "fsmount", 433: "fspick", 428: "open_tree", 442: "mount_setattr",
+}
+
+var syscallKinds = map[int64]audit.Kind{
+	101: audit.KindPtrace, 310: audit.KindPtrace, 311: audit.KindPtrace, 438: audit.KindPtrace,
+	175: audit.KindModule, 176: audit.KindModule, 313: audit.KindModule, 246: audit.KindModule,
+	320: audit.KindModule, 321: audit.KindBPF,
+	62: audit.KindSignal, 200: audit.KindSignal, 234: audit.KindSignal, 129: audit.KindSignal,
+	297: audit.KindSignal, 424: audit.KindSignal,
+}
+
+func decodeSyscall(raw []byte, ev *audit.Event, h Hooks) error {
+	e, err := enforce.Cast[SyscallEvent](raw)
+	if err != nil {
+		return err
+	}
+	str, aux, fstype := cstr(e.Str[:]), cstr(e.Aux[:]), cstr(e.Fstype[:])
+	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: SyscallName(e.Nr), Ret: e.Ret}
+	if e.Ret == RetUnknown {
+		ev.Syscall.Ret = 0
+	}
+	notes := []string{}
+	if c := categoryNames[e.Category]; c != "" {
+		notes = append(notes, "category="+c)
+	}
+	if e.Ret == RetUnknown {
+		notes = append(notes, "ret=unknown")
+	} else {
+		notes = append(notes, fmt.Sprintf("ret=%d", e.Ret))
+	}
+	switch {
+	case e.Category == catIOUringOpen:
+		ev.Kind = audit.KindFileOpen
+		notes = append(notes, fmt.Sprintf("io_uring_opcode=%d", e.Args[0]))
+	case mountOps[e.Nr] != "":
+		ev.Kind = audit.KindMount
+		op := mountOps[e.Nr]
+		target := str
+		if target != "" && !strings.HasPrefix(target, "/") && aux != "" {
+			target = strings.TrimSuffix(aux, "/") + "/" + target
+		}
+		ev.Mount = &audit.MountDetail{Op: op, Target: target, FSType: fstype}
+		if e.Nr == 165 {
+			ev.Mount.Source = aux
+			ev.Mount.Flags = e.Args[3]
+		} else if e.Nr == 166 {
+			ev.Mount.Flags = e.Args[1]
+		} else if e.Nr == 429 {
+			ev.Mount.Source = aux
+			ev.Mount.Flags = e.Args[4]
+		}
+		if h.OnMount != nil {
+			h.OnMount(MountKill{
+				Op: op, PID: e.Hdr.Pid, TGID: e.Hdr.Tgid, MntNS: e.MntNs, Target: target, Ret: e.Ret,
+				Killed: e.Hdr.Verdict == 3, SandboxCgroup: e.Hdr.SandboxCg, CgroupID: e.Hdr.CgroupId,
+			})
+		}
+	default:
+		if k, ok := syscallKinds[e.Nr]; ok {
+			ev.Kind = k
+		}
+		if e.TargetPid != 0 {
+			ev.Target = &audit.TargetDetail{PID: e.TargetPid}
+			if ev.Kind == audit.KindSignal {
+				ev.Target.Mode = uint32(signalArg(e))
+			}
+		}
+		if str != "" {
+			notes = append(notes, "path="+str)
+		}
+		if aux != "" {
+			notes = append(notes, "params="+aux)
+		}
+		if e.Nr == 321 {
+			notes = append(notes, fmt.Sprintf("bpf_cmd=%d", e.Args[0]))
+		}
+		if e.Category == catCloneFiles {
+			notes = append(notes, fmt.Sprintf("clone_flags=%#x", e.Args[0]))
+		}
+	}
+	ev.Message = strings.Join(notes, " ")
+	return nil
+}
+
+// signalArg returns the signal number argument of a kill-family syscall.
+func signalArg(e *SyscallEvent) uint64 {
+	switch e.Nr {
+	case 62, 200, 129: // kill(pid, sig), tkill(tid, sig), rt_sigqueueinfo(tgid, sig, info)
+		return e.Args[1]
+	case 234, 297, 424: // tgkill(tgid, tid, sig), rt_tgsigqueueinfo(...), pidfd_send_signal(fd, sig, ...)
+		if e.Nr == 424 {
+			return e.Args[1]
+		}
+		return e.Args[2]
+	}
+	return 0
+}
+
+func decodeCgroup(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[CgroupEvent](raw)
+	if err != nil {
+		return err
+	}
+	ev.Target = &audit.TargetDetail{PID: e.MovedPid, Comm: enforce.CString(e.MovedComm[:])}
+	ev.Message = fmt.Sprintf("task %d moved out of sandbox cgroup %d to cgroup %d (%s) by pid %d",
+		e.MovedPid, e.FromSandbox, e.DstCgroup, cstr(e.DstPath[:]), e.MoverPid)
+	ev.Severity = audit.SeverityAlert
+	return nil
+}

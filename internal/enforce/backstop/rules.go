@@ -1,0 +1,351 @@
+package backstop
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+// Op is the set of file operations a path rule applies to.
+type Op uint32
+
+// File operations (OP_* in bpf/backstop.c).
+const (
+	OpRead  Op = 1
+	OpWrite Op = 2
+	OpExec  Op = 4
+)
+
+// Rule is an action with the policy rule id reported in events.
+type Rule struct {
+	// Action is enforce.ActionAllow, ActionRecord or ActionKill
+	// (ActionBlock is carried out as a kill: the backstop cannot block).
+	Action uint32
+	// ID is the policy rule id reported in events (0: none).
+	ID uint32
+}
+
+// SyscallRule applies an action to every call of a syscall in a sandbox.
+type SyscallRule struct {
+	// Name is the syscall's name (x86_64), e.g. "mount".
+	Name string
+	Rule
+}
+
+// PathRule matches opens (and execs) by resolved path.
+type PathRule struct {
+	// Path is absolute; with Prefix it matches everything starting with it
+	// (give "/etc/sudoers.d/" for a directory's contents).
+	Path string
+	// Prefix selects prefix matching instead of exact matching.
+	Prefix bool
+	// Ops are the operations the rule applies to (OpRead|OpWrite for both).
+	Ops Op
+	// SandboxID limits the rule to one sandbox; 0 applies to every sandbox.
+	SandboxID uint32
+	Rule
+}
+
+// Rules is the backstop's whole rule set.
+type Rules struct {
+	// Syscalls lists syscalls killed or recorded whatever their arguments.
+	Syscalls []SyscallRule
+	// Paths lists path rules. Exact rules on existing files also match the
+	// file's inode, so hard links match; call SetRules again when such a
+	// file is replaced (a new inode).
+	Paths []PathRule
+	// CgroupWrite applies to write-opens of cgroupfs files (cgroup.procs of
+	// a parent: leaving the sandbox).
+	CgroupWrite Rule
+	// ProcMem applies to opens of another process's /proc/PID/mem.
+	ProcMem Rule
+	// CloneFiles applies to clone/clone3 sharing the file table with a new
+	// process (CLONE_FILES without CLONE_THREAD).
+	CloneFiles Rule
+	// IOUring applies to io_uring_setup.
+	IOUring Rule
+	// IOUringOpen applies to open requests submitted to an io_uring (only
+	// reachable when IOUring allows rings).
+	IOUringOpen Rule
+	// SignalAgent applies to kill-family syscalls aimed at the agent (the
+	// signal itself is still delivered: only an LSM can refuse it).
+	SignalAgent Rule
+	// CgroupEscape applies when a sandbox task is moved out of its sandbox
+	// (always at least recorded).
+	CgroupEscape Rule
+}
+
+// Categories (enum bs_category in bpf/backstop.c).
+const (
+	catCgroupWrite  = 1
+	catProcMem      = 2
+	catCloneFiles   = 3
+	catIOUring      = 4
+	catIOUringOpen  = 5
+	catSignalAgent  = 6
+	catCgroupEscape = 7
+	catPath         = 8
+	catMax          = 9
+)
+
+var categoryNames = map[uint32]string{
+	catCgroupWrite: "cgroup_write", catProcMem: "proc_mem", catCloneFiles: "clone_files",
+	catIOUring: "io_uring", catIOUringOpen: "io_uring_open", catSignalAgent: "signal_agent",
+	catCgroupEscape: "cgroup_escape", catPath: "path",
+}
+
+// Syscalls is the x86_64 syscall table for the names rules may use.
+var Syscalls = map[string]int{
+	"getpid": 39, "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "kill": 62,
+	"ptrace": 101, "rt_sigqueueinfo": 129, "pivot_root": 155, "chroot": 161,
+	"mount": 165, "umount2": 166, "init_module": 175, "delete_module": 176,
+	"tkill": 200, "tgkill": 234, "kexec_load": 246, "rt_tgsigqueueinfo": 297,
+	"perf_event_open": 298, "open_by_handle_at": 304, "process_vm_readv": 310,
+	"process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
+	"userfaultfd": 323, "pidfd_send_signal": 424, "io_uring_setup": 425,
+	"io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+	"fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
+	"pidfd_getfd": 438, "mount_setattr": 442, "keyctl": 250, "add_key": 248,
+	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169,
+}
+
+// SyscallName returns the name of nr, or "" when not in Syscalls.
+func SyscallName(nr int64) string {
+	for name, n := range Syscalls {
+		if int64(n) == nr {
+			return name
+		}
+	}
+	return ""
+}
+
+// categorySyscalls are checked by argument; their action is the category's.
+var categorySyscalls = map[string]uint32{
+	"clone": catCloneFiles, "clone3": catCloneFiles, "io_uring_setup": catIOUring,
+	"kill": catSignalAgent, "tkill": catSignalAgent, "tgkill": catSignalAgent,
+	"rt_sigqueueinfo": catSignalAgent, "rt_tgsigqueueinfo": catSignalAgent,
+	"pidfd_send_signal": catSignalAgent,
+}
+
+// DefaultRules is the backstop for the dangerous operations watcher refuses
+// with BPF LSM where it can: everything killed.
+func DefaultRules() Rules {
+	kill := Rule{Action: enforce.ActionKill}
+	var r Rules
+	for _, name := range []string{
+		"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",
+		"mount", "umount2", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+		"mount_setattr", "pivot_root", "chroot",
+		"bpf", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+	} {
+		r.Syscalls = append(r.Syscalls, SyscallRule{Name: name, Rule: kill})
+	}
+	rw := OpRead | OpWrite
+	for _, p := range []PathRule{
+		{Path: "/etc/shadow", Ops: rw}, {Path: "/etc/gshadow", Ops: rw},
+		{Path: "/etc/shadow-", Ops: rw}, {Path: "/etc/gshadow-", Ops: rw},
+		{Path: "/etc/sudoers", Ops: rw}, {Path: "/etc/sudoers.d/", Prefix: true, Ops: rw},
+		{Path: "/etc/ssh/ssh_host_", Prefix: true, Ops: rw},
+		{Path: "/root/.ssh/", Prefix: true, Ops: rw},
+		{Path: "/dev/mem", Ops: rw}, {Path: "/dev/kmem", Ops: rw}, {Path: "/dev/port", Ops: rw},
+		{Path: "/proc/kcore", Ops: rw},
+		{Path: "/proc/sys/", Prefix: true, Ops: OpWrite},
+		{Path: "/sys/", Prefix: true, Ops: OpWrite},
+		{Path: "/sys/fs/bpf/", Prefix: true, Ops: rw},
+	} {
+		p.Rule = kill
+		r.Paths = append(r.Paths, p)
+	}
+	r.CgroupWrite, r.ProcMem, r.CloneFiles = kill, kill, kill
+	r.IOUring, r.IOUringOpen, r.SignalAgent, r.CgroupEscape = kill, kill, kill, kill
+	return r
+}
+
+// SetRules replaces the rule maps' contents with r. New entries are written
+// before stale ones are removed, so rules present in both sets never lapse.
+func (b *Backstop) SetRules(r Rules) error {
+	if err := b.setSyscalls(r); err != nil {
+		return err
+	}
+	if err := b.setPaths(r.Paths); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (b *Backstop) setSyscalls(r Rules) error {
+	table := make([]backstopSyscallRule, maxSyscalls)
+	for _, sr := range r.Syscalls {
+		nr, ok := Syscalls[sr.Name]
+		if !ok {
+			return fmt.Errorf("backstop rule: unknown syscall %q", sr.Name)
+		}
+		if _, isCat := categorySyscalls[sr.Name]; isCat {
+			return fmt.Errorf("backstop rule: syscall %q is argument-checked: use its category rule", sr.Name)
+		}
+		if err := checkAction(sr.Action); err != nil {
+			return fmt.Errorf("backstop rule for %s: %w", sr.Name, err)
+		}
+		table[nr] = backstopSyscallRule{Action: sr.Action, RuleId: sr.ID}
+	}
+	cats := map[uint32]Rule{
+		catCgroupWrite: r.CgroupWrite, catProcMem: r.ProcMem, catCloneFiles: r.CloneFiles,
+		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
+		catCgroupEscape: r.CgroupEscape,
+	}
+	for cat, rule := range cats {
+		if err := checkAction(rule.Action); err != nil {
+			return fmt.Errorf("backstop %s rule: %w", categoryNames[cat], err)
+		}
+	}
+	for name, cat := range categorySyscalls {
+		if cats[cat].Action != enforce.ActionAllow {
+			table[Syscalls[name]].Category = cat
+		}
+	}
+	catTable := make([]backstopCategoryRule, catMax)
+	for cat, rule := range cats {
+		catTable[cat] = backstopCategoryRule{Action: rule.Action, RuleId: rule.ID}
+	}
+	// Categories first: a syscall entry pointing at a category must find
+	// the category's action already there.
+	keys := make([]uint32, catMax)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := b.maps("bs_categories").BatchUpdate(keys, catTable, nil); err != nil {
+		return fmt.Errorf("set backstop categories: %w", err)
+	}
+	skeys := make([]uint32, maxSyscalls)
+	for i := range skeys {
+		skeys[i] = uint32(i)
+	}
+	if _, err := b.maps("bs_syscall_rules").BatchUpdate(skeys, table, nil); err != nil {
+		return fmt.Errorf("set backstop syscall rules: %w", err)
+	}
+	return nil
+}
+
+const maxSyscalls = 512
+
+func checkAction(a uint32) error {
+	if a > enforce.ActionKill {
+		return fmt.Errorf("invalid action %d", a)
+	}
+	return nil
+}
+
+// ruleOpsLimit is the longest path a rule can hold (LPM data is 256 bytes,
+// 4 of them the sandbox id).
+const rulePathLen = 252
+
+func pathKey(p PathRule) (backstopPathKey, error) {
+	if len(p.Path) == 0 || p.Path[0] != '/' {
+		return backstopPathKey{}, fmt.Errorf("backstop path rule %q: not absolute", p.Path)
+	}
+	n := len(p.Path)
+	if !p.Prefix {
+		n++ // the NUL makes the match exact
+	}
+	if n > rulePathLen {
+		return backstopPathKey{}, fmt.Errorf("backstop path rule %q: longer than %d bytes", p.Path, rulePathLen-1)
+	}
+	k := backstopPathKey{Prefixlen: uint32(4+n) * 8, SandboxId: p.SandboxID}
+	for i := 0; i < len(p.Path); i++ {
+		k.Path[i] = int8(p.Path[i])
+	}
+	return k, nil
+}
+
+func (b *Backstop) setPaths(rules []PathRule) error {
+	lpm := b.maps("bs_path_rules")
+	inodes := b.maps("bs_inode_rules")
+	wantPaths := map[backstopPathKey]bool{}
+	wantInodes := map[backstopInodeKey]bool{}
+	for _, p := range rules {
+		if err := checkAction(p.Action); err != nil {
+			return fmt.Errorf("backstop path rule %q: %w", p.Path, err)
+		}
+		if p.Ops == 0 || p.Ops&^(OpRead|OpWrite|OpExec) != 0 {
+			return fmt.Errorf("backstop path rule %q: invalid ops %#x", p.Path, p.Ops)
+		}
+		k, err := pathKey(p)
+		if err != nil {
+			return err
+		}
+		v := backstopPathRule{Action: p.Action, RuleId: p.ID, Ops: uint32(p.Ops)}
+		if err := lpm.Put(k, v); err != nil {
+			return fmt.Errorf("set backstop path rule %q: %w", p.Path, err)
+		}
+		wantPaths[k] = true
+		if p.Prefix {
+			continue
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(p.Path, &st); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // nothing to hard-link to (yet)
+			}
+			return fmt.Errorf("backstop path rule %q: %w", p.Path, err)
+		}
+		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			continue
+		}
+		ik := backstopInodeKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: p.SandboxID}
+		if err := inodes.Put(ik, v); err != nil {
+			return fmt.Errorf("set backstop inode rule %q: %w", p.Path, err)
+		}
+		wantInodes[ik] = true
+	}
+	// Remove stale entries.
+	var pk backstopPathKey
+	var stalePaths []backstopPathKey
+	it := lpm.Iterate()
+	var pv backstopPathRule
+	for it.Next(&pk, &pv) {
+		if !wantPaths[pk] {
+			stalePaths = append(stalePaths, pk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list backstop path rules: %w", err)
+	}
+	for _, k := range stalePaths {
+		if err := lpm.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove backstop path rule: %w", err)
+		}
+	}
+	var ik backstopInodeKey
+	var staleInodes []backstopInodeKey
+	iit := inodes.Iterate()
+	for iit.Next(&ik, &pv) {
+		if !wantInodes[ik] {
+			staleInodes = append(staleInodes, ik)
+		}
+	}
+	if err := iit.Err(); err != nil {
+		return fmt.Errorf("list backstop inode rules: %w", err)
+	}
+	for _, k := range staleInodes {
+		if err := inodes.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove backstop inode rule: %w", err)
+		}
+	}
+	return nil
+}
+
+// SyscallNames lists the known syscall names, sorted.
+func SyscallNames() []string {
+	out := make([]string, 0, len(Syscalls))
+	for n := range Syscalls {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
