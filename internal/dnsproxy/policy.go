@@ -1,0 +1,353 @@
+package dnsproxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+)
+
+// Policy is the DNS policy of every sandbox served by one proxy.
+//
+// Example:
+//
+//	sandboxes:
+//	  build:
+//	    allow: [pypi.org, "*.pythonhosted.org", .github.com]
+//	    deny: [gist.github.com]
+//	    high_cardinality: [githubusercontent.com]
+//	    rate_limit: {qps: 200, burst: 400}
+type Policy struct {
+	// Sandboxes maps a sandbox name to its DNS policy.
+	Sandboxes map[string]*SandboxPolicy `yaml:"sandboxes"`
+	// NegativeTTL is the TTL (and SOA minimum) of blocked answers, so that
+	// a stub does not ask again at once nor remember the block for long.
+	// Default 30s.
+	NegativeTTL Duration `yaml:"negative_ttl,omitempty"`
+}
+
+// SandboxPolicy is the DNS policy of one sandbox.
+type SandboxPolicy struct {
+	// Allow lists the names the sandbox may resolve. "pypi.org" matches that
+	// name only, "*.pypi.org" the names strictly below it, and ".pypi.org"
+	// the name and everything below it.
+	Allow []string `yaml:"allow"`
+	// Deny lists names that are refused even when Allow matches them; same
+	// syntax as Allow.
+	Deny []string `yaml:"deny"`
+	// Default is what happens to names neither list matches: "deny" (the
+	// default) or "allow". Encoded-name detection applies either way.
+	Default string `yaml:"default,omitempty"`
+	// HighCardinality lists domains (they and everything below) that
+	// legitimately use many distinct, machine-made names, such as CDNs: the
+	// per-domain distinct-name, data and randomness limits are multiplied by
+	// HighCardinalityFactor for them. Per-name detection still applies.
+	HighCardinality []string `yaml:"high_cardinality"`
+	// RateLimit bounds the queries per second of this sandbox.
+	RateLimit RateLimit `yaml:"rate_limit,omitempty"`
+	// Detection tunes the encoded-name and stream detection.
+	Detection Detection `yaml:"detection,omitempty"`
+}
+
+// RateLimit is a token bucket.
+type RateLimit struct {
+	// QPS is the sustained rate; 0 means unlimited.
+	QPS float64 `yaml:"qps"`
+	// Burst is the bucket size; default 2*QPS (at least 1).
+	Burst float64 `yaml:"burst,omitempty"`
+}
+
+// Detection tunes detection for one sandbox. Zero values take the
+// documented defaults (see the package documentation for the model).
+type Detection struct {
+	// Mode is "enforce" (default: block), "record" (allow, but record an
+	// alert event for what enforce would have blocked) or "off".
+	Mode string `yaml:"mode,omitempty"`
+	// Window is the length of the per-domain counting window. Default 5m.
+	Window Duration `yaml:"window,omitempty"`
+	// BlockFor is how long a domain stays cut off once a stream limit is
+	// reached. Default 30m.
+	BlockFor Duration `yaml:"block_for,omitempty"`
+	// MaxDistinctNames is the number of distinct names under one domain per
+	// window above which the domain is cut off. Default 16.
+	MaxDistinctNames int `yaml:"max_distinct_names,omitempty"`
+	// MaxUniqueBytes caps the bytes of distinct name heads (the labels left
+	// of the domain) per window. Default 600.
+	MaxUniqueBytes int `yaml:"max_unique_bytes,omitempty"`
+	// MaxEncodedNames is the number of names judged encoded under one domain
+	// per window that cuts the domain off. Default 2.
+	MaxEncodedNames int `yaml:"max_encoded_names,omitempty"`
+	// MaxRandomBits caps the summed randomness evidence (bits) of distinct
+	// names under one domain per window. Default 120.
+	MaxRandomBits float64 `yaml:"max_random_bits,omitempty"`
+	// HighCardinalityFactor multiplies the limits above for domains listed
+	// in HighCardinality. Default 16.
+	HighCardinalityFactor int `yaml:"high_cardinality_factor,omitempty"`
+}
+
+// Duration is a time.Duration written as "30s", "5m" in YAML.
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil || v < 0 {
+		return &valueError{value: string(b), msg: "not a non-negative duration such as 30s or 5m"}
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// valueError is a bad scalar value found by an unmarshaler.
+type valueError struct{ value, msg string }
+
+func (e *valueError) Error() string { return fmt.Sprintf("%q: %s", e.value, e.msg) }
+
+// LoadPolicyFile reads and validates a policy file.
+func LoadPolicyFile(path string) (*Policy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("dns policy: %w", err)
+	}
+	p, err := ParsePolicy(b)
+	if err != nil {
+		return nil, fmt.Errorf("dns policy %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ParsePolicy decodes and validates a YAML policy. Unknown fields are
+// errors; every error names the line at fault.
+func ParsePolicy(b []byte) (*Policy, error) {
+	var p Policy
+	dec := yaml.NewDecoder(bytes.NewReader(b), yaml.Strict())
+	if err := dec.Decode(&p); err != nil {
+		var ve *valueError
+		if errors.As(err, &ve) {
+			// Errors from our own unmarshalers carry no position: find it.
+			return nil, fmt.Errorf("line %d: %q: %s", lineOf(b, ve.value), ve.value, ve.msg)
+		}
+		return nil, errors.New(yaml.FormatError(err, false, false))
+	}
+	if err := p.validate(b); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// validate checks semantics the decoder cannot, reporting the line of the
+// offending value when it can find it in src.
+func (p *Policy) validate(src []byte) error {
+	if len(p.Sandboxes) == 0 {
+		return errors.New("no sandboxes defined")
+	}
+	for name, sp := range p.Sandboxes {
+		if sp == nil {
+			return fmt.Errorf("line %d: sandbox %q has no policy", lineOf(src, name+":"), name)
+		}
+		for _, list := range [][]string{sp.Allow, sp.Deny, sp.HighCardinality} {
+			for _, e := range list {
+				if err := checkPattern(e); err != nil {
+					return fmt.Errorf("line %d: sandbox %q: %w", lineOf(src, e), name, err)
+				}
+			}
+		}
+		switch sp.Default {
+		case "", "deny", "allow":
+		default:
+			return fmt.Errorf("line %d: sandbox %q: default must be allow or deny, not %q",
+				lineOf(src, "default:"), name, sp.Default)
+		}
+		switch sp.Detection.Mode {
+		case "", "enforce", "record", "off":
+		default:
+			return fmt.Errorf("line %d: sandbox %q: detection mode must be enforce, record or off, not %q",
+				lineOf(src, "mode:"), name, sp.Detection.Mode)
+		}
+		if sp.RateLimit.QPS < 0 || sp.RateLimit.Burst < 0 {
+			return fmt.Errorf("line %d: sandbox %q: negative rate limit", lineOf(src, "rate_limit:"), name)
+		}
+		if sp.Detection.MaxDistinctNames < 0 || sp.Detection.MaxUniqueBytes < 0 ||
+			sp.Detection.MaxEncodedNames < 0 || sp.Detection.MaxRandomBits < 0 || sp.Detection.HighCardinalityFactor < 0 {
+			return fmt.Errorf("line %d: sandbox %q: negative detection limit", lineOf(src, "detection:"), name)
+		}
+	}
+	return nil
+}
+
+// lineOf returns the 1-based line of the first occurrence of s in src, or 0.
+func lineOf(src []byte, s string) int {
+	i := bytes.Index(src, []byte(s))
+	if i < 0 {
+		return 0
+	}
+	return bytes.Count(src[:i], []byte("\n")) + 1
+}
+
+// checkPattern validates one allow/deny/high-cardinality entry.
+func checkPattern(e string) error {
+	name := strings.TrimPrefix(strings.TrimPrefix(e, "*."), ".")
+	name = strings.TrimSuffix(name, ".")
+	if name == "" || len(name) > 253 {
+		return fmt.Errorf("bad name pattern %q", e)
+	}
+	for label := range strings.SplitSeq(name, ".") {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("bad name pattern %q: empty or over-long label", e)
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i] | 0x20
+			if !(c >= 'a' && c <= 'z' || label[i] >= '0' && label[i] <= '9' || label[i] == '-' || label[i] == '_') {
+				return fmt.Errorf("bad name pattern %q: only letters, digits, '-' and '_' may appear, and '*.' or '.' only in front", e)
+			}
+		}
+	}
+	return nil
+}
+
+// compiledPolicy is a Policy prepared for lookups.
+type compiledPolicy struct {
+	sandboxes   map[string]*compiledSandbox
+	negativeTTL uint32
+}
+
+type compiledSandbox struct {
+	name            string
+	allow, deny     nameSet
+	highCardinality nameSet
+	defaultAllow    bool
+	rate            RateLimit
+	mode            string // enforce, record, off
+	limits          streamLimits
+}
+
+// streamLimits are the per-domain stream limits with defaults applied.
+type streamLimits struct {
+	window, blockFor time.Duration
+	distinct         int
+	uniqueBytes      int
+	encoded          int
+	randomBits       float64
+	hcFactor         int
+}
+
+// nameSet matches names against exact, below-only and name-and-below entries.
+type nameSet struct {
+	exact, below, andBelow map[string]bool
+}
+
+func newNameSet(entries []string) nameSet {
+	s := nameSet{exact: map[string]bool{}, below: map[string]bool{}, andBelow: map[string]bool{}}
+	for _, e := range entries {
+		e = strings.ToLower(strings.TrimSuffix(e, "."))
+		switch {
+		case strings.HasPrefix(e, "*."):
+			s.below[e[2:]] = true
+		case strings.HasPrefix(e, "."):
+			s.andBelow[e[1:]] = true
+		default:
+			s.exact[e] = true
+		}
+	}
+	return s
+}
+
+// match reports whether name (lower case, no trailing dot) matches.
+func (s *nameSet) match(name string) bool {
+	if s.exact[name] || s.andBelow[name] {
+		return true
+	}
+	if len(s.below) == 0 && len(s.andBelow) == 0 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] == '.' {
+			suffix := name[i+1:]
+			if s.below[suffix] || s.andBelow[suffix] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// matchTree reports whether name is one of the entries or below one, treating
+// every entry as "and below" (for high-cardinality domains).
+func (s *nameSet) matchTree(name string) bool {
+	if s.exact[name] || s.andBelow[name] || s.below[name] {
+		return true
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] == '.' {
+			suffix := name[i+1:]
+			if s.exact[suffix] || s.below[suffix] || s.andBelow[suffix] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func compilePolicy(p *Policy) *compiledPolicy {
+	cp := &compiledPolicy{sandboxes: map[string]*compiledSandbox{}, negativeTTL: 30}
+	if p.NegativeTTL > 0 {
+		cp.negativeTTL = uint32(time.Duration(p.NegativeTTL) / time.Second)
+	}
+	for name, sp := range p.Sandboxes {
+		d := sp.Detection
+		cs := &compiledSandbox{
+			name:            name,
+			allow:           newNameSet(sp.Allow),
+			deny:            newNameSet(sp.Deny),
+			highCardinality: newNameSet(sp.HighCardinality),
+			defaultAllow:    sp.Default == "allow",
+			rate:            sp.RateLimit,
+			mode:            d.Mode,
+			limits: streamLimits{
+				window:      orDuration(d.Window, 5*time.Minute),
+				blockFor:    orDuration(d.BlockFor, 30*time.Minute),
+				distinct:    orInt(d.MaxDistinctNames, 16),
+				uniqueBytes: orInt(d.MaxUniqueBytes, 600),
+				encoded:     orInt(d.MaxEncodedNames, 2),
+				randomBits:  orFloat(d.MaxRandomBits, 120),
+				hcFactor:    orInt(d.HighCardinalityFactor, 16),
+			},
+		}
+		if cs.mode == "" {
+			cs.mode = "enforce"
+		}
+		if cs.rate.QPS > 0 && cs.rate.Burst == 0 {
+			cs.rate.Burst = max(2*cs.rate.QPS, 1)
+		}
+		cp.sandboxes[name] = cs
+	}
+	return cp
+}
+
+func orDuration(d Duration, def time.Duration) time.Duration {
+	if d > 0 {
+		return time.Duration(d)
+	}
+	return def
+}
+
+func orInt(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func orFloat(v, def float64) float64 {
+	if v > 0 {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,29 @@
+package dnsproxy
+
+// Reasons a query is blocked or refused. They are the text of the RFC 8914
+// Extended DNS Error and of the audit event's DNSDetail.Reason; reasons about
+// a domain's stream end in " under <domain>".
+const (
+	ReasonNotAllowed   = "not on allowlist"
+	ReasonDenied       = "on denylist"
+	ReasonEncoded      = "encoded label"
+	ReasonOversized    = "oversized name"
+	ReasonBadTLD       = "invalid top-level domain"
+	ReasonInvalidBytes = "invalid bytes in name"
+	ReasonRateLimited  = "rate limited"
+	ReasonNoSandbox    = "unknown client"
+	ReasonMalformed    = "malformed query"
+	ReasonQType        = "query type not served"
+	ReasonClass        = "query class not served"
+	ReasonOpcode       = "opcode not implemented"
+	ReasonEDNSVersion  = "unsupported EDNS version"
+	ReasonUpstream     = "upstream failure"
+
+	// Stream reasons, suffixed with " under <domain>".
+	ReasonTooManyNames  = "too many distinct names"
+	ReasonTooMuchData   = "too much data in names"
+	ReasonEncodedStream = "encoded labels"
+	ReasonRandomStream  = "random-looking names"
+	ReasonNXStream      = "mostly nonexistent names"
+	ReasonTunnelTypes   = "tunnel record types"
+)
