@@ -1,0 +1,800 @@
+//go:build ignore
+
+/* BPF LSM hooks: refuse dangerous operations from sandbox cgroups with a
+ * real EPERM before they happen, or record them, per rule.
+ *
+ * The programs are global (lsm/...); each one first asks current_sandbox()
+ * whether the task's cgroup or any ancestor is a sandbox root, so tasks
+ * outside every sandbox pay one cached lookup. Rules live in pinned maps
+ * keyed by sandbox id; sandbox id 0 holds defaults used when the sandbox's
+ * own tables have no match. Every decision that is not a plain allow emits
+ * an event on the alert ring.
+ *
+ * file_open judges the file the kernel actually opened: its path comes from
+ * bpf_d_path() on the struct file (so symlinks, "..", /proc/self/root,
+ * O_PATH re-opens through /proc/self/fd, openat2 and io_uring all arrive
+ * resolved), its identity from the inode (hard links), its device number
+ * and its filesystem type.
+ */
+#include "common.h"
+#include "pathwalk.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define SIGKILL 9
+
+/* From include/linux/fs.h and uapi headers (macros are not in BTF). */
+#define FMODE_WRITE 0x2
+#define O_ACCMODE 00000003
+#define O_TRUNC 00001000
+#define O_APPEND 00002000
+#define S_IFMT 00170000
+#define S_IFBLK 0060000
+#define S_IFCHR 0020000
+#define PTRACE_MODE_READ 0x01
+#define PTRACE_MODE_ATTACH 0x02
+#define PROC_SUPER_MAGIC 0x9fa0
+#define MINORBITS 20
+#define MINORMASK ((1U << MINORBITS) - 1)
+
+/* Operations judged as a whole (not by path), per sandbox. */
+enum lsm_op {
+	LSM_OP_PTRACE_ATTACH = 1,    /* ptrace attach, /proc/PID/mem, process_vm_*, pidfd_getfd */
+	LSM_OP_PTRACE_READ = 2,      /* read-mode access checks: /proc/PID/environ, maps, kcmp */
+	LSM_OP_PTRACE_TRACEME = 3,   /* PTRACE_TRACEME: offering oneself to the parent */
+	LSM_OP_MOUNT = 4,            /* mount(2), including remount, bind, move, propagation */
+	LSM_OP_UMOUNT = 5,
+	LSM_OP_MOVE_MOUNT = 6,       /* move_mount(2), which attaches fsmount(2) results */
+	LSM_OP_PIVOT_ROOT = 7,
+	LSM_OP_CHROOT = 8,
+	LSM_OP_FSCONFIG = 9,         /* new mount API: fsconfig(2) parameters */
+	LSM_OP_KERNEL_READ_FILE = 10, /* finit_module, kexec_file_load, firmware, policy */
+	LSM_OP_KERNEL_LOAD_DATA = 11, /* init_module, kexec_load from a buffer */
+	LSM_OP_BPF = 12,             /* the bpf(2) syscall */
+	LSM_OP_PROC_MEM = 13,        /* opening /proc/PID/mem, any PID including self */
+	LSM_OP_AGENT_SIGNAL = 14,    /* signals to the agent: blocked unless a rule says otherwise */
+	LSM_OP_AGENT_PTRACE = 15,    /* ptrace access to the agent: likewise */
+	LSM_OP_MAX = 16,
+};
+
+/* Which table decided a file_open. */
+enum file_match {
+	MATCH_NONE = 0,
+	MATCH_PATH = 1,
+	MATCH_INODE = 2,
+	MATCH_FS = 3,
+	MATCH_DEVICE = 4,
+	MATCH_PROC_MEM = 5,
+};
+
+#define ANY 0xffffffffu
+#define DEV_BLOCK 1
+#define DEV_CHAR 2
+
+/* Path rules: longest prefix match on {sandbox id, path bytes}. An exact
+ * rule includes the terminating NUL in its prefix, so it matches only that
+ * path while the same lookup still finds an enclosing prefix rule. */
+#define LSM_PATH_LEN 252 /* LPM data is at most 256 bytes: 4 for the id */
+
+struct path_key {
+	__u32 prefixlen; /* bits after this field: 32 + 8 * bytes of path */
+	__u32 sandbox_id;
+	char path[LSM_PATH_LEN];
+};
+
+struct ino_key {
+	__u32 sandbox_id;
+	__u32 dev; /* kernel dev_t of the filesystem: MAJOR << 20 | MINOR */
+	__u64 ino;
+};
+
+struct fs_key {
+	__u32 sandbox_id;
+	__u32 pad;
+	__u64 magic; /* super_block.s_magic: CGROUP2_SUPER_MAGIC, SYSFS_MAGIC... */
+};
+
+struct dev_key {
+	__u32 sandbox_id;
+	__u32 type;  /* DEV_BLOCK or DEV_CHAR */
+	__u32 major; /* or ANY */
+	__u32 minor; /* or ANY */
+};
+
+/* What a file rule does to reads and to writes (write: FMODE_WRITE,
+ * O_TRUNC or O_APPEND). */
+struct access_rule {
+	__u32 read_action;
+	__u32 read_rule;
+	__u32 write_action;
+	__u32 write_rule;
+};
+
+struct op_key {
+	__u32 sandbox_id;
+	__u32 op; /* enum lsm_op */
+};
+
+struct decision {
+	__u32 action;  /* enum action */
+	__u32 rule_id;
+};
+
+/* Capabilities: one bit per CAP_* (cap < 64). Block wins over record. */
+struct cap_rules {
+	__u64 record;
+	__u64 block;
+	__u32 rule_id[64];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct path_key);
+	__type(value, struct access_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_path_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct ino_key);
+	__type(value, struct access_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_ino_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct fs_key);
+	__type(value, struct access_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_fs_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct dev_key);
+	__type(value, struct access_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_dev_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES * LSM_OP_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct op_key);
+	__type(value, struct decision);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_op_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct cap_rules);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_cap_rules SEC(".maps");
+
+/* Per-CPU scratch: the path key and the path walk are too big for the
+ * 512-byte stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct path_key);
+} lsm_key_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pathwalk);
+} lsm_pw_scratch SEC(".maps");
+
+/* --- events --------------------------------------------------------------- */
+
+#define FILE_F_WRITE 1
+#define FILE_F_TRUNCATED 2 /* the path is a prefix of the real one */
+
+struct file_event {
+	struct event_hdr hdr;
+	__u64 ino;
+	__u32 flags;   /* open flags (f_flags) */
+	__u32 fmode;   /* f_mode */
+	__u32 i_mode;  /* inode mode: type and permission bits */
+	__u32 dev;     /* filesystem dev_t, MAJOR << 20 | MINOR */
+	__u32 rdev;    /* device nodes: the device's dev_t */
+	__u32 match;   /* enum file_match */
+	__u32 fflags;  /* FILE_F_* */
+	__u32 pad;
+	__u64 magic;   /* filesystem magic */
+	char path[PATH_MAX_LEN];
+};
+
+/* ptrace, signals, capabilities and bpf(2). */
+struct task_event {
+	struct event_hdr hdr;
+	__u32 op;          /* enum lsm_op, 0 for capabilities */
+	__u32 target_pid;  /* target's tgid (ptrace, signal) */
+	__u32 mode;        /* ptrace mode, signal number or bpf command */
+	__s32 cap;         /* capability number, -1 when not a capability */
+	__u8 target_comm[TASK_COMM_LEN];
+};
+
+#define MOUNT_SRC_LEN 128
+#define MOUNT_FSTYPE_LEN 32
+
+struct mount_event {
+	struct event_hdr hdr;
+	__u32 op;    /* enum lsm_op */
+	__u32 pad;
+	__u64 flags; /* mount flags (MS_*) or umount flags */
+	char source[MOUNT_SRC_LEN];
+	char fstype[MOUNT_FSTYPE_LEN];
+	char target[PATH_MAX_LEN];
+};
+
+struct module_event {
+	struct event_hdr hdr;
+	__u32 op; /* LSM_OP_KERNEL_READ_FILE or LSM_OP_KERNEL_LOAD_DATA */
+	__u32 id; /* enum kernel_read_file_id / kernel_load_data_id */
+	char path[PATH_MAX_LEN];
+};
+
+const struct file_event *unused_file_event __attribute__((unused));
+const struct task_event *unused_task_event __attribute__((unused));
+const struct mount_event *unused_mount_event __attribute__((unused));
+const struct module_event *unused_module_event __attribute__((unused));
+const struct path_key *unused_path_key __attribute__((unused));
+const struct ino_key *unused_ino_key __attribute__((unused));
+const struct fs_key *unused_fs_key __attribute__((unused));
+const struct dev_key *unused_dev_key __attribute__((unused));
+const struct access_rule *unused_access_rule __attribute__((unused));
+const struct op_key *unused_op_key __attribute__((unused));
+const struct decision *unused_decision __attribute__((unused));
+const struct cap_rules *unused_cap_rules __attribute__((unused));
+
+/* --- decisions ------------------------------------------------------------ */
+
+/* op_decision returns the sandbox's rule for op, else the default
+ * (sandbox 0), else dflt. */
+static __always_inline struct decision op_decision(__u32 sid, __u32 op, __u32 dflt)
+{
+	struct op_key k = { .sandbox_id = sid, .op = op };
+	struct decision *d = bpf_map_lookup_elem(&lsm_op_rules, &k);
+	if (!d) {
+		k.sandbox_id = 0;
+		d = bpf_map_lookup_elem(&lsm_op_rules, &k);
+	}
+	if (d)
+		return *d;
+	struct decision def = { .action = dflt };
+	return def;
+}
+
+/* conclude turns an action into the hook's return value: -EPERM for a
+ * denial, SIGKILL plus -EPERM for a kill. */
+static __always_inline int conclude(__u32 verdict)
+{
+	if (verdict == VERDICT_KILLED) {
+		bpf_send_signal(SIGKILL);
+		return -EPERM;
+	}
+	return verdict == VERDICT_DENIED ? -EPERM : 0;
+}
+
+static __always_inline int judge_task(__u32 op, __u32 kind, struct decision d, struct sandbox *sb,
+				      __u64 root, struct task_struct *target, __u32 mode, __s32 cap)
+{
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict = effective_verdict(sb, d.action);
+	struct task_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->hdr, kind, verdict, d.rule_id, root, sb);
+		e->op = op;
+		e->mode = mode;
+		e->cap = cap;
+		if (target) {
+			e->target_pid = BPF_CORE_READ(target, tgid);
+			BPF_CORE_READ_STR_INTO(&e->target_comm, target, comm);
+		} else {
+			e->target_pid = 0;
+			e->target_comm[0] = 0;
+		}
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+/* --- ptrace, signals, capabilities, bpf ----------------------------------- */
+
+SEC("lsm/ptrace_access_check")
+int BPF_PROG(ptrace_access_check, struct task_struct *child, unsigned int mode, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 op;
+	struct decision d;
+	if (is_agent(BPF_CORE_READ(child, tgid))) {
+		op = LSM_OP_AGENT_PTRACE;
+		d = op_decision(sb->id, op, ACTION_BLOCK);
+	} else {
+		op = (mode & PTRACE_MODE_ATTACH) ? LSM_OP_PTRACE_ATTACH : LSM_OP_PTRACE_READ;
+		d = op_decision(sb->id, op, ACTION_ALLOW);
+	}
+	return judge_task(op, EV_PTRACE, d, sb, root, child, mode, -1);
+}
+
+SEC("lsm/ptrace_traceme")
+int BPF_PROG(ptrace_traceme, struct task_struct *parent, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 op = LSM_OP_PTRACE_TRACEME;
+	struct decision d;
+	if (is_agent(BPF_CORE_READ(parent, tgid))) {
+		op = LSM_OP_AGENT_PTRACE;
+		d = op_decision(sb->id, op, ACTION_BLOCK);
+	} else {
+		d = op_decision(sb->id, op, ACTION_ALLOW);
+	}
+	return judge_task(op, EV_PTRACE, d, sb, root, parent, 0, -1);
+}
+
+SEC("lsm/task_kill")
+int BPF_PROG(task_kill, struct task_struct *p, struct kernel_siginfo *info, int sig,
+	     const struct cred *cred, int ret)
+{
+	if (ret)
+		return ret;
+	if (!is_agent(BPF_CORE_READ(p, tgid)))
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_AGENT_SIGNAL, ACTION_BLOCK);
+	return judge_task(LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, p, (__u32)sig, -1);
+}
+
+SEC("lsm/capable")
+int BPF_PROG(capable, const struct cred *cred, struct user_namespace *ns, int cap,
+	     unsigned int opts, int ret)
+{
+	if (ret)
+		return ret;
+	if (cap < 0 || cap >= 64)
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 sid = sb->id;
+	struct cap_rules *r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
+	if (!r) {
+		sid = 0;
+		r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
+		if (!r)
+			return 0;
+	}
+	__u64 bit = 1ULL << cap;
+	struct decision d = { .action = ACTION_ALLOW };
+	if (r->block & bit)
+		d.action = ACTION_BLOCK;
+	else if (r->record & bit)
+		d.action = ACTION_RECORD;
+	else
+		return 0;
+	d.rule_id = r->rule_id[cap & 63];
+	return judge_task(0, EV_CAPABILITY, d, sb, root, NULL, opts, cap);
+}
+
+SEC("lsm/bpf")
+int BPF_PROG(bpf_cmd, int cmd, union bpf_attr *attr, unsigned int size, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_BPF, ACTION_ALLOW);
+	return judge_task(LSM_OP_BPF, EV_BPF, d, sb, root, NULL, (__u32)cmd, -1);
+}
+
+/* --- kernel code: modules, kexec, firmware -------------------------------- */
+
+static __always_inline int judge_module(__u32 op, struct decision d, struct sandbox *sb, __u64 root,
+					struct file *file, __u32 id)
+{
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict = effective_verdict(sb, d.action);
+	struct module_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->hdr, EV_MODULE, verdict, d.rule_id, root, sb);
+		e->op = op;
+		e->id = id;
+		e->path[0] = 0;
+		if (file && bpf_d_path((struct path *)&file->f_path, e->path, sizeof(e->path)) < 0)
+			e->path[0] = 0;
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+SEC("lsm/kernel_read_file")
+int BPF_PROG(kernel_read_file, struct file *file, enum kernel_read_file_id id, bool contents, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_READ_FILE, ACTION_ALLOW);
+	return judge_module(LSM_OP_KERNEL_READ_FILE, d, sb, root, file, (__u32)id);
+}
+
+SEC("lsm/kernel_load_data")
+int BPF_PROG(kernel_load_data, enum kernel_load_data_id id, bool contents, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_LOAD_DATA, ACTION_ALLOW);
+	return judge_module(LSM_OP_KERNEL_LOAD_DATA, d, sb, root, NULL, (__u32)id);
+}
+
+/* --- mount family ---------------------------------------------------------- */
+
+/* walk_path writes p's path relative to the current task's root into dst
+ * (size bytes, NUL-terminated) using the per-CPU path walk. */
+static __always_inline void walk_path(struct path *p, char *dst, __u32 size)
+{
+	__u32 zero = 0;
+	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
+	dst[0] = 0;
+	if (!pw || !p)
+		return;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct path root = BPF_CORE_READ(task, fs, root);
+	pw_resolve(pw, p, &root);
+	bpf_probe_read_kernel_str(dst, size, pw->buf);
+}
+
+/* mount_begin reserves a mount event when the decision needs one. */
+static __always_inline struct mount_event *mount_begin(__u32 op, struct decision d, struct sandbox *sb,
+							__u64 root, __u32 *verdict)
+{
+	*verdict = effective_verdict(sb, d.action);
+	struct mount_event *e = reserve_event(sizeof(*e), true);
+	if (!e)
+		return NULL;
+	fill_hdr(&e->hdr, EV_MOUNT, *verdict, d.rule_id, root, sb);
+	e->op = op;
+	e->flags = 0;
+	e->source[0] = 0;
+	e->fstype[0] = 0;
+	e->target[0] = 0;
+	return e;
+}
+
+SEC("lsm/sb_mount")
+int BPF_PROG(sb_mount, const char *dev_name, const struct path *path, const char *type,
+	     unsigned long flags, void *data, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_MOUNT, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict;
+	struct mount_event *e = mount_begin(LSM_OP_MOUNT, d, sb, root, &verdict);
+	if (e) {
+		e->flags = flags;
+		if (dev_name)
+			bpf_probe_read_kernel_str(e->source, sizeof(e->source), dev_name);
+		if (type)
+			bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype), type);
+		if (bpf_d_path((struct path *)path, e->target, sizeof(e->target)) < 0)
+			e->target[0] = 0;
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+SEC("lsm/sb_umount")
+int BPF_PROG(sb_umount, struct vfsmount *mnt, int flags, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_UMOUNT, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict;
+	struct mount_event *e = mount_begin(LSM_OP_UMOUNT, d, sb, root, &verdict);
+	if (e) {
+		struct path p = { .mnt = mnt, .dentry = BPF_CORE_READ(mnt, mnt_root) };
+		e->flags = (__u32)flags;
+		walk_path(&p, e->target, sizeof(e->target));
+		bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype),
+					  BPF_CORE_READ(mnt, mnt_sb, s_type, name));
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+SEC("lsm/move_mount")
+int BPF_PROG(move_mount, const struct path *from_path, const struct path *to_path, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_MOVE_MOUNT, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict;
+	struct mount_event *e = mount_begin(LSM_OP_MOVE_MOUNT, d, sb, root, &verdict);
+	if (e) {
+		struct path from = { .mnt = BPF_CORE_READ(from_path, mnt), .dentry = BPF_CORE_READ(from_path, dentry) };
+		struct path to = { .mnt = BPF_CORE_READ(to_path, mnt), .dentry = BPF_CORE_READ(to_path, dentry) };
+		walk_path(&from, e->source, sizeof(e->source));
+		walk_path(&to, e->target, sizeof(e->target));
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+SEC("lsm/sb_pivotroot")
+int BPF_PROG(sb_pivotroot, const struct path *old_path, const struct path *new_path, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_PIVOT_ROOT, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict;
+	struct mount_event *e = mount_begin(LSM_OP_PIVOT_ROOT, d, sb, root, &verdict);
+	if (e) {
+		struct path old = { .mnt = BPF_CORE_READ(old_path, mnt), .dentry = BPF_CORE_READ(old_path, dentry) };
+		struct path nw = { .mnt = BPF_CORE_READ(new_path, mnt), .dentry = BPF_CORE_READ(new_path, dentry) };
+		walk_path(&old, e->source, sizeof(e->source));
+		walk_path(&nw, e->target, sizeof(e->target));
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+SEC("lsm/path_chroot")
+int BPF_PROG(path_chroot, const struct path *path, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_CHROOT, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict;
+	struct mount_event *e = mount_begin(LSM_OP_CHROOT, d, sb, root, &verdict);
+	if (e) {
+		struct path p = { .mnt = BPF_CORE_READ(path, mnt), .dentry = BPF_CORE_READ(path, dentry) };
+		walk_path(&p, e->target, sizeof(e->target));
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+/* The new mount API: fsopen(2) has no hook, but every fsconfig(2)
+ * parameter passes here, and move_mount(2) (above) is the only way to
+ * attach what fsmount(2) returns. */
+SEC("lsm/fs_context_parse_param")
+int BPF_PROG(fs_context_parse_param, struct fs_context *fc, struct fs_parameter *param, int ret)
+{
+	/* -ENOPARAM from an earlier LSM means "not mine": keep judging. */
+	if (ret && ret != -519)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return ret;
+	struct decision d = op_decision(sb->id, LSM_OP_FSCONFIG, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return ret;
+	__u32 verdict;
+	struct mount_event *e = mount_begin(LSM_OP_FSCONFIG, d, sb, root, &verdict);
+	if (e) {
+		bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype), BPF_CORE_READ(fc, fs_type, name));
+		bpf_probe_read_kernel_str(e->source, sizeof(e->source), BPF_CORE_READ(param, key));
+		if (BPF_CORE_READ_BITFIELD_PROBED(param, type) == fs_value_is_string)
+			bpf_probe_read_kernel_str(e->target, sizeof(e->target), BPF_CORE_READ(param, string));
+		submit_event(e, true);
+	}
+	int r = conclude(verdict);
+	return r ? r : ret;
+}
+
+/* --- file_open --------------------------------------------------------------- */
+
+struct file_verdict {
+	__u32 action;
+	__u32 rule_id;
+	__u32 match;
+};
+
+static __always_inline void consider(struct file_verdict *v, struct access_rule *r, bool write, __u32 match)
+{
+	if (!r)
+		return;
+	__u32 action = write ? r->write_action : r->read_action;
+	__u32 rule = write ? r->write_rule : r->read_rule;
+	/* Strictest wins; a match that allows still counts as a match so the
+	 * defaults of sandbox 0 are not consulted. */
+	if (v->match == MATCH_NONE || action > v->action) {
+		v->action = action;
+		v->rule_id = rule;
+		v->match = match;
+	}
+}
+
+/* judge_file_tables checks every file table of one sandbox id. */
+static __always_inline void judge_file_tables(struct file_verdict *v, __u32 sid, struct path_key *key,
+					      __u32 dev, __u64 ino, __u64 magic, __u32 mode, __u32 rdev,
+					      bool write)
+{
+	struct ino_key ik = { .sandbox_id = sid, .dev = dev, .ino = ino };
+	consider(v, bpf_map_lookup_elem(&lsm_ino_rules, &ik), write, MATCH_INODE);
+
+	struct fs_key fk = { .sandbox_id = sid, .magic = magic };
+	consider(v, bpf_map_lookup_elem(&lsm_fs_rules, &fk), write, MATCH_FS);
+
+	__u32 ftype = mode & S_IFMT;
+	if (ftype == S_IFBLK || ftype == S_IFCHR) {
+		struct dev_key dk = {
+			.sandbox_id = sid,
+			.type = ftype == S_IFBLK ? DEV_BLOCK : DEV_CHAR,
+			.major = rdev >> MINORBITS,
+			.minor = rdev & MINORMASK,
+		};
+		struct access_rule *r = bpf_map_lookup_elem(&lsm_dev_rules, &dk);
+		if (!r) {
+			dk.minor = ANY;
+			r = bpf_map_lookup_elem(&lsm_dev_rules, &dk);
+		}
+		if (!r) {
+			dk.major = ANY;
+			r = bpf_map_lookup_elem(&lsm_dev_rules, &dk);
+		}
+		consider(v, r, write, MATCH_DEVICE);
+	}
+
+	key->sandbox_id = sid;
+	consider(v, bpf_map_lookup_elem(&lsm_path_rules, key), write, MATCH_PATH);
+}
+
+SEC("lsm/file_open")
+int BPF_PROG(file_open, struct file *file, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 zero = 0;
+	struct path_key *key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
+	if (!key)
+		return 0;
+
+	__u32 fmode = BPF_CORE_READ(file, f_mode);
+	__u32 fflags = BPF_CORE_READ(file, f_flags);
+	bool write = (fmode & FMODE_WRITE) || (fflags & (O_TRUNC | O_APPEND));
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	__u32 mode = BPF_CORE_READ(inode, i_mode);
+	__u64 ino = BPF_CORE_READ(inode, i_ino);
+	__u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	__u32 rdev = BPF_CORE_READ(inode, i_rdev);
+	__u64 magic = BPF_CORE_READ(inode, i_sb, s_magic);
+
+	/* The path as the kernel opened it, relative to the task's root. */
+	__u32 truncated = 0;
+	long n = bpf_d_path((struct path *)&file->f_path, key->path, sizeof(key->path));
+	if (n <= 0) {
+		/* Longer than the key: the walk keeps the first bytes, which
+		 * is all a prefix rule needs. */
+		struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
+		n = 0;
+		if (pw) {
+			pw_resolve_file(pw, file);
+			n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
+		}
+		truncated = 1;
+		if (n <= 0) {
+			key->path[0] = 0;
+			n = 1;
+		}
+	}
+	/* n counts the NUL: include it (exact rules match) unless the path
+	 * was cut, when only prefix rules may match. */
+	if (n > LSM_PATH_LEN)
+		n = LSM_PATH_LEN;
+	if (truncated)
+		n--;
+	key->prefixlen = 32 + 8 * (__u32)n;
+
+	struct file_verdict v = {};
+	judge_file_tables(&v, sb->id, key, dev, ino, magic, mode, rdev, write);
+	if (v.match == MATCH_NONE)
+		judge_file_tables(&v, 0, key, dev, ino, magic, mode, rdev, write);
+
+	/* /proc/PID/mem (and /proc/PID/task/TID/mem), any PID. */
+	if (magic == PROC_SUPER_MAGIC) {
+		char name[4] = {};
+		bpf_probe_read_kernel(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
+		if (name[0] == 'm' && name[1] == 'e' && name[2] == 'm' && name[3] == 0) {
+			struct decision d = op_decision(sb->id, LSM_OP_PROC_MEM, ACTION_ALLOW);
+			if (d.action > v.action) {
+				v.action = d.action;
+				v.rule_id = d.rule_id;
+				v.match = MATCH_PROC_MEM;
+			}
+		}
+	}
+
+	if (v.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict = effective_verdict(sb, v.action);
+	struct file_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->hdr, EV_FILE_OPEN, verdict, v.rule_id, root, sb);
+		e->ino = ino;
+		e->flags = fflags;
+		e->fmode = fmode;
+		e->i_mode = mode;
+		e->dev = dev;
+		e->rdev = rdev;
+		e->match = v.match;
+		e->fflags = (write ? FILE_F_WRITE : 0) | (truncated ? FILE_F_TRUNCATED : 0);
+		e->pad = 0;
+		e->magic = magic;
+		bpf_probe_read_kernel_str(e->path, sizeof(e->path), key->path);
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}

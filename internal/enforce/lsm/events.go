@@ -1,0 +1,162 @@
+package lsm
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+// Mechanism names this group in events.
+const Mechanism = "lsm"
+
+// Register sets the reader's decoders for the event kinds this group
+// emits: file_open, ptrace, signal, capability, bpf, mount and module.
+func Register(r *enforce.Reader) {
+	r.Register(enforce.EvFileOpen, audit.KindFileOpen, Mechanism, decodeFile)
+	r.Register(enforce.EvPtrace, audit.KindPtrace, Mechanism, decodeTask)
+	r.Register(enforce.EvSignal, audit.KindSignal, Mechanism, decodeTask)
+	r.Register(enforce.EvCapability, audit.KindCapability, Mechanism, decodeTask)
+	r.Register(enforce.EvBPF, audit.KindBPF, Mechanism, decodeTask)
+	r.Register(enforce.EvMount, audit.KindMount, Mechanism, decodeMount)
+	r.Register(enforce.EvModule, audit.KindModule, Mechanism, decodeModule)
+}
+
+// cstr converts a NUL-terminated C char array (int8 in Go) to a string.
+func cstr(b []int8) string {
+	return enforce.CString(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b)))
+}
+
+// File match tables (enum file_match).
+var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem"}
+
+const (
+	sIFMT  = 0o170000
+	sIFBLK = 0o060000
+	sIFCHR = 0o020000
+)
+
+func decodeFile(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[lsmFileEvent](raw)
+	if err != nil {
+		return err
+	}
+	d := &audit.FileDetail{
+		Path:  cstr(e.Path[:]),
+		Flags: e.Flags,
+		Mode:  e.I_mode,
+		Dev:   e.Dev,
+		Write: e.Fflags&1 != 0,
+	}
+	// A device node is judged (and reported) by the device it names.
+	if t := e.I_mode & sIFMT; t == sIFBLK || t == sIFCHR {
+		d.Dev = e.Rdev
+	}
+	ev.File = d
+	match := "unknown"
+	if int(e.Match) < len(matchNames) {
+		match = matchNames[e.Match]
+	}
+	ev.Message = "matched by " + match + " rule"
+	if e.Fflags&2 != 0 {
+		ev.Message += "; path truncated"
+	}
+	return nil
+}
+
+var capNames = [...]string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+	"CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK",
+	"CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
+	"CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE", "CAP_SYS_RESOURCE",
+	"CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE",
+	"CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG",
+	"CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF",
+	"CAP_CHECKPOINT_RESTORE",
+}
+
+// CapName returns the CAP_* name of a capability number.
+func CapName(c int) string {
+	if c >= 0 && c < len(capNames) {
+		return capNames[c]
+	}
+	return fmt.Sprintf("CAP_%d", c)
+}
+
+var bpfCmds = [...]string{
+	"BPF_MAP_CREATE", "BPF_MAP_LOOKUP_ELEM", "BPF_MAP_UPDATE_ELEM", "BPF_MAP_DELETE_ELEM",
+	"BPF_MAP_GET_NEXT_KEY", "BPF_PROG_LOAD", "BPF_OBJ_PIN", "BPF_OBJ_GET", "BPF_PROG_ATTACH",
+	"BPF_PROG_DETACH", "BPF_PROG_TEST_RUN", "BPF_PROG_GET_NEXT_ID", "BPF_MAP_GET_NEXT_ID",
+	"BPF_PROG_GET_FD_BY_ID", "BPF_MAP_GET_FD_BY_ID", "BPF_OBJ_GET_INFO_BY_FD", "BPF_PROG_QUERY",
+	"BPF_RAW_TRACEPOINT_OPEN", "BPF_BTF_LOAD", "BPF_BTF_GET_FD_BY_ID", "BPF_TASK_FD_QUERY",
+	"BPF_MAP_LOOKUP_AND_DELETE_ELEM", "BPF_MAP_FREEZE", "BPF_BTF_GET_NEXT_ID",
+	"BPF_MAP_LOOKUP_BATCH", "BPF_MAP_LOOKUP_AND_DELETE_BATCH", "BPF_MAP_UPDATE_BATCH",
+	"BPF_MAP_DELETE_BATCH", "BPF_LINK_CREATE", "BPF_LINK_UPDATE", "BPF_LINK_GET_FD_BY_ID",
+	"BPF_LINK_GET_NEXT_ID", "BPF_ENABLE_STATS", "BPF_ITER_CREATE", "BPF_LINK_DETACH",
+	"BPF_PROG_BIND_MAP",
+}
+
+func decodeTask(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[lsmTaskEvent](raw)
+	if err != nil {
+		return err
+	}
+	t := &audit.TargetDetail{
+		PID:  e.TargetPid,
+		Comm: enforce.CString(e.TargetComm[:]),
+		Mode: e.Mode,
+	}
+	switch e.Hdr.Kind {
+	case enforce.EvCapability:
+		t.Capability = e.Cap
+		ev.Message = CapName(int(e.Cap))
+	case enforce.EvBPF:
+		if int(e.Mode) < len(bpfCmds) {
+			ev.Message = "bpf(" + bpfCmds[e.Mode] + ")"
+		} else {
+			ev.Message = fmt.Sprintf("bpf(%d)", e.Mode)
+		}
+	case enforce.EvSignal:
+		ev.Message = fmt.Sprintf("signal %d to the agent", e.Mode)
+	default:
+		ev.Message = Op(e.Op).String()
+	}
+	ev.Target = t
+	return nil
+}
+
+func decodeMount(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[lsmMountEvent](raw)
+	if err != nil {
+		return err
+	}
+	ev.Mount = &audit.MountDetail{
+		Op:     Op(e.Op).String(),
+		Source: cstr(e.Source[:]),
+		Target: cstr(e.Target[:]),
+		FSType: cstr(e.Fstype[:]),
+		Flags:  e.Flags,
+	}
+	return nil
+}
+
+// kernel_read_file_id and kernel_load_data_id share their order.
+var kernelFileIDs = [...]string{"unknown", "firmware", "module", "kexec_image", "kexec_initramfs", "policy", "x509_certificate"}
+
+func decodeModule(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[lsmModuleEvent](raw)
+	if err != nil {
+		return err
+	}
+	what := fmt.Sprintf("id %d", e.Id)
+	if int(e.Id) < len(kernelFileIDs) {
+		what = kernelFileIDs[e.Id]
+	}
+	ev.Message = Op(e.Op).String() + ": " + what
+	if p := cstr(e.Path[:]); p != "" {
+		ev.File = &audit.FileDetail{Path: p}
+	}
+	return nil
+}

@@ -1,0 +1,481 @@
+package lsm
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/enforce"
+)
+
+// Op is an operation judged as a whole, not by path (enum lsm_op in
+// bpf/lsm.c).
+type Op uint32
+
+// Operations.
+const (
+	// OpPtraceAttach: ptrace attach and everything that needs the same
+	// access to another process's memory: /proc/PID/mem of another
+	// process, process_vm_readv/writev, pidfd_getfd.
+	OpPtraceAttach Op = 1
+	// OpPtraceRead: read-mode access checks on another process
+	// (/proc/PID/environ, maps, kcmp). Denials of the kernel's silent
+	// probes (e.g. ps reading /proc/PID/stat) hide fields, not files.
+	OpPtraceRead Op = 2
+	// OpPtraceTraceme: PTRACE_TRACEME, offering oneself to the parent.
+	OpPtraceTraceme Op = 3
+	// OpMount: mount(2), including remount, bind, MS_MOVE, propagation.
+	OpMount Op = 4
+	// OpUmount: umount(2).
+	OpUmount Op = 5
+	// OpMoveMount: move_mount(2), the only way to attach an fsmount(2) result.
+	OpMoveMount Op = 6
+	// OpPivotRoot: pivot_root(2).
+	OpPivotRoot Op = 7
+	// OpChroot: chroot(2).
+	OpChroot Op = 8
+	// OpFSConfig: new mount API, every fsconfig(2) parameter (fsopen itself
+	// has no LSM hook).
+	OpFSConfig Op = 9
+	// OpKernelReadFile: the kernel reading a file as code or policy:
+	// finit_module, kexec_file_load, firmware.
+	OpKernelReadFile Op = 10
+	// OpKernelLoadData: init_module and kexec_load from a buffer.
+	OpKernelLoadData Op = 11
+	// OpBPF: the bpf(2) syscall, any command.
+	OpBPF Op = 12
+	// OpProcMem: opening /proc/PID/mem for any PID, including self.
+	OpProcMem Op = 13
+	// OpAgentSignal: any signal to the agent's process. Blocked when no
+	// rule says otherwise.
+	OpAgentSignal Op = 14
+	// OpAgentPtrace: any ptrace access check on the agent (attach and
+	// read modes). Blocked when no rule says otherwise.
+	OpAgentPtrace Op = 15
+	opMax         Op = 16
+)
+
+var opNames = map[Op]string{
+	OpPtraceAttach: "ptrace_attach", OpPtraceRead: "ptrace_read", OpPtraceTraceme: "ptrace_traceme",
+	OpMount: "mount", OpUmount: "umount", OpMoveMount: "move_mount", OpPivotRoot: "pivot_root",
+	OpChroot: "chroot", OpFSConfig: "fsconfig", OpKernelReadFile: "kernel_read_file",
+	OpKernelLoadData: "kernel_load_data", OpBPF: "bpf", OpProcMem: "proc_mem",
+	OpAgentSignal: "agent_signal", OpAgentPtrace: "agent_ptrace",
+}
+
+func (o Op) String() string {
+	if n, ok := opNames[o]; ok {
+		return n
+	}
+	return fmt.Sprintf("op(%d)", uint32(o))
+}
+
+// Decision is what a rule does (enforce.ActionAllow/Record/Block/Kill) and
+// the policy rule id reported in events.
+type Decision struct {
+	Action uint32
+	RuleID uint32
+}
+
+// Access selects which opens a file rule applies to.
+type Access uint8
+
+// Access bits; zero means both.
+const (
+	AccessRead  Access = 1
+	AccessWrite Access = 2 // FMODE_WRITE, O_TRUNC or O_APPEND
+	AccessAll   Access = AccessRead | AccessWrite
+)
+
+// PathRule judges opens by the path the kernel resolved (bpf_d_path of the
+// opened file, relative to the opening task's root).
+type PathRule struct {
+	// Path is absolute, at most 251 bytes.
+	Path string
+	// Prefix matches every path that starts with Path byte for byte
+	// ("/etc/sudoers" covers /etc/sudoers.d/x). A Path ending in "/" also
+	// matches the directory itself. False: exactly Path; an exact rule
+	// also matches the file's inode (as it is when the rules are set), so
+	// hard links to it are judged the same.
+	Prefix bool
+	// Access is what the rule judges; the other access inherits from the
+	// longest enclosing prefix rule. Zero means both.
+	Access Access
+	// Decision for the matched access.
+	Decision
+}
+
+// FSRule judges every open on a filesystem type, by superblock magic
+// (unix.CGROUP2_SUPER_MAGIC, unix.SYSFS_MAGIC, unix.BPF_FS_MAGIC...).
+type FSRule struct {
+	Magic  uint64
+	Access Access // zero: both
+	Decision
+}
+
+// AnyDevice is a wildcard for DeviceRule.Major and Minor.
+const AnyDevice = ^uint32(0)
+
+// DeviceRule judges opens of device nodes by type and number (the node's
+// i_rdev), wherever the node lives (/dev/mem is char 1:1; a copy made
+// with mknod elsewhere is the same device).
+type DeviceRule struct {
+	Block        bool   // block device; false: character device
+	Major, Minor uint32 // or AnyDevice
+	Access       Access // zero: both
+	Decision
+}
+
+// CapRule records or blocks the use of one capability (CAP_*), as
+// checked by the capable LSM hook after the capability module granted it.
+type CapRule struct {
+	Cap int
+	Decision
+}
+
+// Rules are one sandbox's LSM rules. File tables are all consulted and the
+// strictest match wins; when none of the sandbox's file tables match, the
+// defaults (sandbox id 0) are consulted. Ops missing here fall back to the
+// defaults, then to allow (block for OpAgentSignal and OpAgentPtrace).
+type Rules struct {
+	Ops     map[Op]Decision
+	Paths   []PathRule
+	FS      []FSRule
+	Devices []DeviceRule
+	Caps    []CapRule
+}
+
+const pathKeyLen = len(lsmPathKey{}.Path)
+
+// kernelDev converts a stat st_dev to the kernel's internal dev_t.
+func kernelDev(dev uint64) uint32 {
+	return unix.Major(dev)<<20 | unix.Minor(dev)
+}
+
+func checkDecision(d Decision) error {
+	if d.Action > enforce.ActionKill {
+		return fmt.Errorf("action %d out of range", d.Action)
+	}
+	return nil
+}
+
+func accessOrAll(a Access) Access {
+	if a == 0 {
+		return AccessAll
+	}
+	return a
+}
+
+// merge applies d to the accesses in a, keeping the stricter decision.
+func merge(r *lsmAccessRule, set *Access, a Access, d Decision) {
+	if a&AccessRead != 0 && (*set&AccessRead == 0 || d.Action > r.ReadAction) {
+		r.ReadAction, r.ReadRule = d.Action, d.RuleID
+	}
+	if a&AccessWrite != 0 && (*set&AccessWrite == 0 || d.Action > r.WriteAction) {
+		r.WriteAction, r.WriteRule = d.Action, d.RuleID
+	}
+	*set |= a
+}
+
+type pathEntry struct {
+	key  string // path bytes, with a trailing NUL for exact rules
+	rule lsmAccessRule
+	set  Access
+}
+
+// buildPaths turns path rules into LPM entries, filling each entry's
+// unspecified access from the longest enclosing prefix entry.
+func buildPaths(rules []PathRule) (map[string]*pathEntry, error) {
+	entries := map[string]*pathEntry{}
+	add := func(key string, a Access, d Decision) {
+		e := entries[key]
+		if e == nil {
+			e = &pathEntry{key: key}
+			entries[key] = e
+		}
+		merge(&e.rule, &e.set, a, d)
+	}
+	for _, r := range rules {
+		if !strings.HasPrefix(r.Path, "/") {
+			return nil, fmt.Errorf("path rule %q: not absolute", r.Path)
+		}
+		if strings.IndexByte(r.Path, 0) >= 0 {
+			return nil, fmt.Errorf("path rule %q: contains NUL", r.Path)
+		}
+		if len(r.Path)+1 > pathKeyLen {
+			return nil, fmt.Errorf("path rule %q: longer than %d bytes", r.Path, pathKeyLen-1)
+		}
+		if err := checkDecision(r.Decision); err != nil {
+			return nil, fmt.Errorf("path rule %q: %w", r.Path, err)
+		}
+		a := accessOrAll(r.Access)
+		if !r.Prefix {
+			add(r.Path+"\x00", a, r.Decision)
+			continue
+		}
+		add(r.Path, a, r.Decision)
+		if len(r.Path) > 1 && strings.HasSuffix(r.Path, "/") {
+			add(strings.TrimSuffix(r.Path, "/")+"\x00", a, r.Decision)
+		}
+	}
+	// Inherit, longest enclosing first: process keys by length so each
+	// enclosing entry is complete before its children read it.
+	keys := make([]string, 0, len(entries))
+	for k := range entries {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return len(keys[i]) < len(keys[j]) })
+	for _, k := range keys {
+		e := entries[k]
+		if e.set == AccessAll {
+			continue
+		}
+		var parent *pathEntry
+		for _, pk := range keys {
+			if len(pk) >= len(k) {
+				break
+			}
+			if !strings.HasSuffix(pk, "\x00") && strings.HasPrefix(k, pk) {
+				parent = entries[pk] // keys are sorted: the last hit is the longest
+			}
+		}
+		if parent == nil {
+			continue
+		}
+		if e.set&AccessRead == 0 {
+			e.rule.ReadAction, e.rule.ReadRule = parent.rule.ReadAction, parent.rule.ReadRule
+		}
+		if e.set&AccessWrite == 0 {
+			e.rule.WriteAction, e.rule.WriteRule = parent.rule.WriteAction, parent.rule.WriteRule
+		}
+		e.set = AccessAll
+	}
+	return entries, nil
+}
+
+func pathKey(sid uint32, key string) lsmPathKey {
+	k := lsmPathKey{SandboxId: sid, Prefixlen: uint32(32 + 8*len(key))}
+	for i := 0; i < len(key); i++ {
+		k.Path[i] = int8(key[i])
+	}
+	return k
+}
+
+// SetRules replaces the rules of sandbox id sid (0: the defaults). New
+// entries are written before stale ones are removed, so a rule present in
+// both the old and the new set is never absent.
+func (l *LSM) SetRules(sid uint32, r Rules) error {
+	if err := l.setRules(sid, r); err != nil {
+		return fmt.Errorf("set lsm rules for sandbox %d: %w", sid, err)
+	}
+	return nil
+}
+
+func (l *LSM) setRules(sid uint32, r Rules) error {
+	m := l.maps.Maps
+	// Build everything first: invalid rules change nothing.
+	ops := map[lsmOpKey]lsmDecision{}
+	for op, d := range r.Ops {
+		if op == 0 || op >= opMax {
+			return fmt.Errorf("unknown op %d", op)
+		}
+		if err := checkDecision(d); err != nil {
+			return fmt.Errorf("op %s: %w", op, err)
+		}
+		ops[lsmOpKey{SandboxId: sid, Op: uint32(op)}] = lsmDecision{Action: d.Action, RuleId: d.RuleID}
+	}
+	entries, err := buildPaths(r.Paths)
+	if err != nil {
+		return err
+	}
+	paths := map[lsmPathKey]lsmAccessRule{}
+	inodes := map[lsmInoKey]lsmAccessRule{}
+	for key, e := range entries {
+		paths[pathKey(sid, key)] = e.rule
+		if !strings.HasSuffix(key, "\x00") {
+			continue
+		}
+		// Exact rules also match the file's identity (hard links).
+		var st unix.Stat_t
+		if err := unix.Stat(strings.TrimSuffix(key, "\x00"), &st); err != nil {
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EACCES) {
+				continue
+			}
+			return fmt.Errorf("stat %q: %w", strings.TrimSuffix(key, "\x00"), err)
+		}
+		ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(st.Dev), Ino: st.Ino}
+		if old, ok := inodes[ik]; ok {
+			// Two exact paths naming one file: keep the stricter per access.
+			set := AccessAll
+			merge(&old, &set, AccessRead, Decision{e.rule.ReadAction, e.rule.ReadRule})
+			merge(&old, &set, AccessWrite, Decision{e.rule.WriteAction, e.rule.WriteRule})
+			inodes[ik] = old
+			continue
+		}
+		inodes[ik] = e.rule
+	}
+	fs := map[lsmFsKey]lsmAccessRule{}
+	fsSet := map[lsmFsKey]Access{}
+	for _, f := range r.FS {
+		if err := checkDecision(f.Decision); err != nil {
+			return fmt.Errorf("fs rule %#x: %w", f.Magic, err)
+		}
+		k := lsmFsKey{SandboxId: sid, Magic: f.Magic}
+		rule, set := fs[k], fsSet[k]
+		merge(&rule, &set, accessOrAll(f.Access), f.Decision)
+		fs[k], fsSet[k] = rule, set
+	}
+	devs := map[lsmDevKey]lsmAccessRule{}
+	devSet := map[lsmDevKey]Access{}
+	for _, d := range r.Devices {
+		if err := checkDecision(d.Decision); err != nil {
+			return fmt.Errorf("device rule %d:%d: %w", d.Major, d.Minor, err)
+		}
+		if d.Major == AnyDevice && d.Minor != AnyDevice {
+			return fmt.Errorf("device rule *:%d: a minor needs a major", d.Minor)
+		}
+		typ := uint32(2)
+		if d.Block {
+			typ = 1
+		}
+		k := lsmDevKey{SandboxId: sid, Type: typ, Major: d.Major, Minor: d.Minor}
+		rule, set := devs[k], devSet[k]
+		merge(&rule, &set, accessOrAll(d.Access), d.Decision)
+		devs[k], devSet[k] = rule, set
+	}
+	var caps lsmCapRules
+	for _, c := range r.Caps {
+		if c.Cap < 0 || c.Cap >= 64 {
+			return fmt.Errorf("capability %d out of range", c.Cap)
+		}
+		if err := checkDecision(c.Decision); err != nil {
+			return fmt.Errorf("capability %d: %w", c.Cap, err)
+		}
+		bit := uint64(1) << c.Cap
+		switch c.Action {
+		case enforce.ActionAllow:
+			continue
+		case enforce.ActionRecord:
+			if caps.Block&bit == 0 {
+				caps.Record |= bit
+				caps.RuleId[c.Cap] = c.RuleID
+			}
+		default: // block; kill is treated as block for capabilities
+			caps.Block |= bit
+			caps.RuleId[c.Cap] = c.RuleID
+		}
+	}
+
+	// Write, then prune.
+	if err := putAll(m["lsm_op_rules"], ops); err != nil {
+		return err
+	}
+	if err := putAll(m["lsm_path_rules"], paths); err != nil {
+		return err
+	}
+	if err := putAll(m["lsm_ino_rules"], inodes); err != nil {
+		return err
+	}
+	if err := putAll(m["lsm_fs_rules"], fs); err != nil {
+		return err
+	}
+	if err := putAll(m["lsm_dev_rules"], devs); err != nil {
+		return err
+	}
+	capMap := m["lsm_cap_rules"]
+	if caps.Record|caps.Block != 0 {
+		if err := capMap.Put(sid, caps); err != nil {
+			return fmt.Errorf("lsm_cap_rules: %w", err)
+		}
+	} else if err := capMap.Delete(sid); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("lsm_cap_rules: %w", err)
+	}
+	if err := prune(m["lsm_op_rules"], func(k lsmOpKey) bool { _, keep := ops[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
+	if err := prune(m["lsm_path_rules"], func(k lsmPathKey) bool { _, keep := paths[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
+	if err := prune(m["lsm_ino_rules"], func(k lsmInoKey) bool { _, keep := inodes[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
+	if err := prune(m["lsm_fs_rules"], func(k lsmFsKey) bool { _, keep := fs[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
+	return prune(m["lsm_dev_rules"], func(k lsmDevKey) bool { _, keep := devs[k]; return k.SandboxId != sid || keep })
+}
+
+// ClearRules removes every rule of sandbox sid.
+func (l *LSM) ClearRules(sid uint32) error { return l.SetRules(sid, Rules{}) }
+
+func putAll[K comparable, V any](m *ebpf.Map, entries map[K]V) error {
+	for k, v := range entries {
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// prune deletes the keys keep rejects. Keys are collected first: deleting
+// while iterating can restart the iteration.
+func prune[K comparable](m *ebpf.Map, keep func(K) bool) error {
+	var stale []K
+	var k K
+	var v []byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if !keep(k) {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("%s: iterate: %w", m, err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("%s: delete: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// ProtectAgentFiles returns prefix rules refusing every open (read and
+// write) of the given agent paths (ledger directory, key files, the bpffs
+// pin directory): directories should end in "/".
+func ProtectAgentFiles(ruleID uint32, paths ...string) []PathRule {
+	out := make([]PathRule, 0, len(paths))
+	for _, p := range paths {
+		out = append(out, PathRule{Path: p, Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: ruleID}})
+	}
+	return out
+}
+
+// statDev is used by tests and callers building DeviceRules from a node.
+func statDev(path string) (block bool, major, minor uint32, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return false, 0, 0, err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFBLK:
+		block = true
+	case unix.S_IFCHR:
+	default:
+		return false, 0, 0, fmt.Errorf("%s is not a device node", path)
+	}
+	return block, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), nil
+}
+
+// DeviceRuleFor builds a rule for the device node at path.
+func DeviceRuleFor(path string, access Access, d Decision) (DeviceRule, error) {
+	block, major, minor, err := statDev(path)
+	if err != nil {
+		return DeviceRule{}, fmt.Errorf("device rule for %s: %w", path, err)
+	}
+	return DeviceRule{Block: block, Major: major, Minor: minor, Access: access, Decision: d}, nil
+}
