@@ -6,11 +6,23 @@
  *   without module support) but the attempt is what counts; and an optional
  *   sampled stream of all syscalls, counted exactly per sandbox and syscall
  *   in a per-CPU map while only 1 in N travels to user space.
+ * - sys_exit: refusals by the launcher's seccomp filter and Landlock
+ *   ruleset (`watcher exec`), which act before any LSM or sys_enter program
+ *   sees the operation. A seccomp SECCOMP_RET_ERRNO skips the syscall and
+ *   the sys_enter tracepoint, but sys_exit still fires with the syscall
+ *   number and -EPERM (seen on 6.18). sys_enter marks the watched syscalls
+ *   it does see, so an EPERM at exit with no mark is seccomp's, not the
+ *   kernel's or a cgroup program's. Landlock refuses opens and execs inside
+ *   the syscall with EACCES; the record carries the path string the caller
+ *   passed (read from the argument registers, which hold the arguments
+ *   until the return to user space), not the resolved file Landlock judged.
  * - sched_process_exec / sched_process_exit: exec (exe path, argv, parent
  *   chain) and process exit, so every event can be tied to a command line.
  *
- * Outside sandboxes sys_enter costs a config lookup and a compare unless
- * sampling is on (then a membership cache lookup per syscall).
+ * Outside sandboxes sys_enter costs a config lookup and a compare (plus a
+ * lookup in the small watch array when denials are recorded) unless
+ * sampling is on (then a membership cache lookup per syscall); sys_exit
+ * costs a compare of the return value, then the watch array lookup.
  */
 #include "common.h"
 #include "pathwalk.h"
@@ -21,6 +33,50 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NR_kexec_load 246
 #define NR_finit_module 313
 #define NR_kexec_file_load 320
+/* The open family (x86_64 numbers): where the path and flags are. */
+#define NR_open 2
+#define NR_execve 59
+#define NR_creat 85
+#define NR_openat 257
+#define NR_execveat 322
+#define NR_openat2 437
+
+#define EACCES 13
+#define O_WRONLY 01
+#define O_CREAT 0100
+#define O_TRUNC 01000
+
+#define TS_COMPAT 0x0002       /* x86 thread_info.status: i386 syscall (int 0x80) */
+#define SECCOMP_MODE_FILTER 2
+#define PFA_NO_NEW_PRIVS 0     /* bit in task->atomic_flags */
+#define CAP_DAC_OVERRIDE 1
+
+/* Size of the denial watch array: x86_64 syscall numbers are below it. */
+#define WATCH_NRS 512
+
+/* Values of tr_denial_watch, per x86_64 syscall number (bits). */
+enum denial_watch {
+	DW_SECCOMP = 1, /* record EPERM returned without sys_enter (seccomp) */
+	DW_OPEN = 2,    /* record EACCES/EPERM with the path argument (Landlock) */
+};
+
+/* syscall_event.denial */
+enum denial {
+	DENIAL_NONE = 0,
+	DENIAL_SECCOMP = 1,
+	DENIAL_OPEN = 2,
+};
+
+/* syscall_event.flags of denials (bits) */
+enum deny_flag {
+	DENY_F_IA32 = 1,            /* i386 syscall (int 0x80): nr is in the i386 table */
+	DENY_F_PATH_TRUNCATED = 2,  /* the path string was longer than path[] */
+	DENY_F_PATH_UNREADABLE = 4, /* the path pointer could not be read */
+	DENY_F_DAC_OVERRIDE = 8,    /* the task had CAP_DAC_OVERRIDE: file modes did not refuse */
+};
+
+/* Marks in tr_syscall_entered: nr + 1, with this bit for i386 syscalls. */
+#define ENTERED_IA32 0x80000000u
 
 #define ANCESTORS 4
 #define ARGS_LEN 256
@@ -29,7 +85,7 @@ struct trace_config {
 	__u32 sample_every;   /* 0: no syscall stream; N: 1 in N per CPU */
 	__u32 module_alerts;  /* record kernel-code loading attempts */
 	__u32 module_rule_id;
-	__u32 pad;
+	__u32 record_denials; /* mark watched syscalls at sys_enter (see sys_exit) */
 };
 
 struct count_key {
@@ -66,7 +122,14 @@ struct syscall_event {
 	__s64 nr;
 	__u64 count; /* syscalls this sample stands for */
 	__u64 args[6];
-	char path[PW_HALF]; /* module/kexec file */
+	__s64 ret;          /* denials: the return value (-EPERM, -EACCES) */
+	__u64 open_flags;   /* DENIAL_OPEN: open flags (openat2: how->flags) */
+	__u32 denial;       /* enum denial; DENIAL_NONE for samples and module alerts */
+	__u32 flags;        /* DENY_F_* */
+	/* module/kexec: the resolved file; DENIAL_OPEN: the path string as
+	 * the caller passed it (relative, unresolved, possibly rewritten by
+	 * another thread since the kernel read it) */
+	char path[PW_HALF];
 };
 
 const struct exec_event *unused_exec_event __attribute__((unused));
@@ -74,6 +137,9 @@ const struct exit_event *unused_exit_event __attribute__((unused));
 const struct syscall_event *unused_syscall_event __attribute__((unused));
 const struct trace_config *unused_trace_config __attribute__((unused));
 const struct count_key *unused_count_key __attribute__((unused));
+const enum denial *unused_denial __attribute__((unused));
+const enum denial_watch *unused_denial_watch __attribute__((unused));
+const enum deny_flag *unused_deny_flag __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -99,10 +165,53 @@ struct {
 	__type(value, struct pathwalk);
 } tr_scratch SEC(".maps");
 
+/* Denial watch set, filled from Go: DW_* per x86_64 syscall number; all
+ * zero when denials are not recorded. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, WATCH_NRS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tr_denial_watch SEC(".maps");
+
+/* Per task: the watched syscall sys_enter saw last (nr + 1, 0: none),
+ * cleared at sys_exit. Pinned, so the programs of an old and a new agent
+ * share it while their links overlap. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tr_syscall_entered SEC(".maps");
+
 static __always_inline bool is_module_nr(long nr)
 {
 	return nr == NR_init_module || nr == NR_finit_module || nr == NR_kexec_load ||
 	       nr == NR_kexec_file_load;
+}
+
+static __always_inline __u32 watch_flags(long nr)
+{
+	if (nr < 0 || nr >= WATCH_NRS)
+		return 0;
+	__u32 k = nr;
+	__u32 *w = bpf_map_lookup_elem(&tr_denial_watch, &k);
+	return w ? *w : 0;
+}
+
+static __always_inline bool in_ia32_syscall(struct task_struct *task)
+{
+	return BPF_CORE_READ(task, thread_info.status) & TS_COMPAT;
+}
+
+/* mark_entered records that sys_enter saw syscall nr (see trace_sys_exit). */
+static __always_inline void mark_entered(struct task_struct *task, long nr, bool ia32)
+{
+	__u32 *m = bpf_task_storage_get(&tr_syscall_entered, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (m)
+		*m = ((__u32)nr + 1) | (ia32 ? ENTERED_IA32 : 0);
 }
 
 SEC("tp_btf/sys_enter")
@@ -114,12 +223,23 @@ int BPF_PROG(trace_sys_enter, struct pt_regs *regs, long id)
 		return 0;
 	bool module = cfg->module_alerts && is_module_nr(id);
 	__u32 every = cfg->sample_every;
-	if (!every && !module)
+	/* Every i386 syscall is watched: the launcher's arch guard refuses
+	 * them all, and their numbers mean other syscalls in the watch set. */
+	struct task_struct *task = NULL;
+	bool ia32 = false, mark = false;
+	if (cfg->record_denials) {
+		task = bpf_get_current_task_btf();
+		ia32 = in_ia32_syscall(task);
+		mark = ia32 || (watch_flags(id) & DW_SECCOMP);
+	}
+	if (!every && !module && !mark)
 		return 0;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
 		return 0;
+	if (mark)
+		mark_entered(task, id, ia32);
 
 	__u64 count = 0;
 	bool sample = false;
@@ -151,6 +271,10 @@ int BPF_PROG(trace_sys_enter, struct pt_regs *regs, long id)
 	e->args[3] = BPF_CORE_READ(regs, r10);
 	e->args[4] = BPF_CORE_READ(regs, r8);
 	e->args[5] = BPF_CORE_READ(regs, r9);
+	e->ret = 0;
+	e->open_flags = 0;
+	e->denial = DENIAL_NONE;
+	e->flags = 0;
 	e->path[0] = 0;
 	if (module && (id == NR_finit_module || id == NR_kexec_file_load)) {
 		struct file *f = pw_fd_file(e->args[0]);
@@ -161,6 +285,128 @@ int BPF_PROG(trace_sys_enter, struct pt_regs *regs, long id)
 		}
 	}
 	submit_event(e, module);
+	return 0;
+}
+
+/* Where the open family keeps its path argument, and its open flags. */
+static __always_inline int open_path_arg(long nr)
+{
+	return (nr == NR_openat || nr == NR_openat2 || nr == NR_execveat) ? 1 : 0;
+}
+
+static __always_inline __u64 open_flags_of(long nr, struct pt_regs *regs)
+{
+	switch (nr) {
+	case NR_open:
+		return BPF_CORE_READ(regs, si);
+	case NR_openat:
+		return BPF_CORE_READ(regs, dx);
+	case NR_creat:
+		return O_CREAT | O_WRONLY | O_TRUNC;
+	case NR_openat2: {
+		__u64 f = 0;
+		bpf_probe_read_user(&f, sizeof(f), (void *)BPF_CORE_READ(regs, dx));
+		return f;
+	}
+	}
+	return 0;
+}
+
+/* Refusals the launcher's seccomp filter and Landlock ruleset made, for
+ * tasks that run under them (a seccomp filter and no_new_privs: what
+ * `watcher exec` applies; other tasks' refusals are not attributed). */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(trace_sys_exit, struct pt_regs *regs, long ret)
+{
+	long nr = BPF_CORE_READ(regs, orig_ax);
+	struct task_struct *task = bpf_get_current_task_btf();
+	bool ia32 = in_ia32_syscall(task);
+	__u32 w = 0;
+	if (ia32) {
+		/* Rare: worth the config lookup the common path avoids. */
+		__u32 zero = 0;
+		struct trace_config *cfg = bpf_map_lookup_elem(&tr_config, &zero);
+		if (cfg && cfg->record_denials)
+			w = DW_SECCOMP;
+	} else {
+		w = watch_flags(nr);
+	}
+	if (!w)
+		return 0;
+	bool refused = ret == -EPERM || ret == -EACCES;
+	/* A seccomp-watched syscall's mark must be cleared whatever the
+	 * result; other watched syscalls only matter when refused. */
+	if (!refused && !(w & DW_SECCOMP))
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+
+	__u32 denial = DENIAL_NONE;
+	if (w & DW_SECCOMP) {
+		__u32 *m = bpf_task_storage_get(&tr_syscall_entered, task, 0, 0);
+		__u32 want = ((__u32)nr + 1) | (ia32 ? ENTERED_IA32 : 0);
+		bool entered = m && *m == want;
+		if (m)
+			*m = 0;
+		if (ret == -EPERM && !entered)
+			denial = DENIAL_SECCOMP;
+	}
+	if (denial == DENIAL_NONE && (w & DW_OPEN) && refused && !ia32)
+		denial = DENIAL_OPEN;
+	if (denial == DENIAL_NONE)
+		return 0;
+	if (BPF_CORE_READ(task, seccomp.mode) != SECCOMP_MODE_FILTER ||
+	    !(BPF_CORE_READ(task, atomic_flags) & (1UL << PFA_NO_NEW_PRIVS)))
+		return 0;
+
+	struct syscall_event *e = reserve_event(sizeof(*e), true);
+	if (!e)
+		return 0;
+	/* The kernel refused: DENIED even in record-only sandboxes. */
+	fill_hdr(&e->hdr, EV_SYSCALL, VERDICT_DENIED, 0, root, sb);
+	e->nr = nr;
+	e->count = 1;
+	e->args[0] = BPF_CORE_READ(regs, di);
+	e->args[1] = BPF_CORE_READ(regs, si);
+	e->args[2] = BPF_CORE_READ(regs, dx);
+	e->args[3] = BPF_CORE_READ(regs, r10);
+	e->args[4] = BPF_CORE_READ(regs, r8);
+	e->args[5] = BPF_CORE_READ(regs, r9);
+	if (ia32) {
+		/* i386 argument registers: ebx, ecx, edx, esi, edi, ebp. */
+		e->args[0] = BPF_CORE_READ(regs, bx);
+		e->args[1] = BPF_CORE_READ(regs, cx);
+		e->args[2] = BPF_CORE_READ(regs, dx);
+		e->args[3] = BPF_CORE_READ(regs, si);
+		e->args[4] = BPF_CORE_READ(regs, di);
+		e->args[5] = BPF_CORE_READ(regs, bp);
+	}
+	e->ret = ret;
+	e->denial = denial;
+	e->flags = ia32 ? DENY_F_IA32 : 0;
+	e->open_flags = 0;
+	e->path[0] = 0;
+	/* kernel_cap_t is a u64 since 6.3 and was two u32 before: the low
+	 * 32 bits are at the start either way (little endian). */
+	const struct cred *cred = BPF_CORE_READ(task, cred);
+	__u32 caps = 0;
+	bpf_probe_read_kernel(&caps, sizeof(caps), __builtin_preserve_access_index(&cred->cap_effective));
+	if (caps & (1U << CAP_DAC_OVERRIDE))
+		e->flags |= DENY_F_DAC_OVERRIDE;
+	if (denial == DENIAL_OPEN) {
+		e->open_flags = open_flags_of(nr, regs);
+		void *p = (void *)e->args[open_path_arg(nr) & 1];
+		long n = bpf_probe_read_user_str(e->path, sizeof(e->path), p);
+		if (n < 0) {
+			e->path[0] = 0;
+			e->flags |= DENY_F_PATH_UNREADABLE;
+		} else if (n == sizeof(e->path)) {
+			e->flags |= DENY_F_PATH_TRUNCATED;
+		}
+	}
+	submit_event(e, true);
 	return 0;
 }
 

@@ -25,6 +25,8 @@ type Status struct {
 	PID     int       `json:"pid"`
 	Started time.Time `json:"started"`
 	Version string    `json:"version"`
+	// Policy is the policy file in force ("" for the built-in default).
+	Policy string `json:"policy,omitempty"`
 	// Kernel lists the kernel features found.
 	Kernel KernelStatus `json:"kernel"`
 	// Layers says which mechanism enforces each rule on this kernel.

@@ -1,7 +1,10 @@
 // Package trace records what sandboxed processes do with tracepoints (which
 // load on every kernel watcher supports, BPF LSM or not): exec and exit
-// events with the parent chain, attempts to load kernel code, and an
-// optional sampled stream of all syscalls with exact per-sandbox totals.
+// events with the parent chain, attempts to load kernel code, an optional
+// sampled stream of all syscalls with exact per-sandbox totals, and the
+// refusals of the seccomp filter and Landlock ruleset that `watcher exec`
+// applies (which act before any LSM hook or sys_enter program sees the
+// operation, so nothing else records them).
 package trace
 
 import (
@@ -13,6 +16,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/elastic/go-seccomp-bpf/arch"
+	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -24,9 +29,16 @@ const Group = "trace"
 // Mechanism is the audit mechanism of the events.
 const Mechanism = "tracepoint"
 
+// Mechanisms of the recorded refusals.
+const (
+	MechanismSeccomp  = "seccomp"
+	MechanismLandlock = "landlock"
+)
+
 // Program names, as in bpf/trace.c.
 const (
 	ProgSysEnter = "trace_sys_enter"
+	ProgSysExit  = "trace_sys_exit"
 	ProgExec     = "trace_exec"
 	ProgExit     = "trace_exit"
 )
@@ -42,6 +54,70 @@ type Config struct {
 	ModuleAlerts bool
 	// ModuleRuleID is the policy rule id reported with module alerts.
 	ModuleRuleID uint32
+	// RecordDenials records, for sandboxed tasks running under a seccomp
+	// filter with no_new_privs (what `watcher exec` applies), the watched
+	// syscalls that returned EPERM without reaching sys_enter (refused by
+	// seccomp), every i386 syscall refused that way (the launcher's arch
+	// guard), and opens and execs refused with EACCES (Landlock) or
+	// EPERM, as DENIED alerts. Needs AttachOptions.Denials.
+	RecordDenials bool
+	// SeccompSyscalls are the syscalls watched for seccomp refusals; nil
+	// means DefaultSeccompSyscalls.
+	SeccompSyscalls []string
+}
+
+// DefaultSeccompSyscalls are the syscalls the launcher's seccomp filter
+// refuses (always, or for some arguments): internal/launch's list.
+var DefaultSeccompSyscalls = []string{
+	"ptrace",
+	"mount", "umount2", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree",
+	"open_tree_attr", "mount_setattr", "pivot_root", "chroot",
+	"init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+	"bpf", "perf_event_open",
+	"io_uring_setup", "io_uring_enter", "io_uring_register",
+	"keyctl", "add_key", "request_key",
+	"open_by_handle_at", "name_to_handle_at",
+	"process_vm_readv", "process_vm_writev", "pidfd_getfd",
+	"unshare", "setns", "clone",
+	"reboot", "socket",
+}
+
+// OpenSyscalls are the syscalls whose EACCES/EPERM is recorded with the
+// path argument (bpf/trace.c knows where each keeps its path and flags).
+var OpenSyscalls = []string{"open", "openat", "openat2", "creat", "execve", "execveat"}
+
+// watchSize is WATCH_NRS in bpf/trace.c.
+const watchSize = 512
+
+// denialWatch builds the per-syscall watch array.
+func denialWatch(c Config) ([watchSize]uint32, error) {
+	var w [watchSize]uint32
+	if !c.RecordDenials {
+		return w, nil
+	}
+	names := c.SeccompSyscalls
+	if names == nil {
+		names = DefaultSeccompSyscalls
+	}
+	set := func(name string, bit traceDenialWatch) error {
+		nr, ok := arch.X86_64.SyscallNames[name]
+		if !ok || nr < 0 || nr >= watchSize {
+			return fmt.Errorf("unknown x86_64 syscall %q", name)
+		}
+		w[nr] |= uint32(bit)
+		return nil
+	}
+	for _, n := range names {
+		if err := set(n, traceDenialWatchDW_SECCOMP); err != nil {
+			return w, err
+		}
+	}
+	for _, n := range OpenSyscalls {
+		if err := set(n, traceDenialWatchDW_OPEN); err != nil {
+			return w, err
+		}
+	}
+	return w, nil
 }
 
 // Tracer holds the loaded recording programs.
@@ -65,7 +141,7 @@ func Probe(eng *enforce.Engine) map[string]error {
 	out := map[string]error{}
 	spec, err := loadTrace()
 	if err != nil {
-		return map[string]error{ProgSysEnter: err, ProgExec: err, ProgExit: err}
+		return map[string]error{ProgSysEnter: err, ProgSysExit: err, ProgExec: err, ProgExit: err}
 	}
 	for name := range spec.Programs {
 		one := spec.Copy()
@@ -85,22 +161,56 @@ func Probe(eng *enforce.Engine) map[string]error {
 
 // SetConfig sets what is recorded (pinned: it survives agent restarts).
 func (t *Tracer) SetConfig(c Config) error {
+	watch, err := denialWatch(c)
+	if err != nil {
+		return fmt.Errorf("set trace config: denial watch: %w", err)
+	}
 	v := traceTraceConfig{SampleEvery: c.SampleEvery, ModuleRuleId: c.ModuleRuleID}
 	if c.ModuleAlerts {
 		v.ModuleAlerts = 1
 	}
+	if c.RecordDenials {
+		v.RecordDenials = 1
+	}
+	putWatch := func() error {
+		for nr, bits := range watch {
+			if err := t.objs.TrDenialWatch.Put(uint32(nr), bits); err != nil {
+				return fmt.Errorf("set trace config: denial watch: %w", err)
+			}
+		}
+		return nil
+	}
+	// sys_enter marks watched syscalls only while record_denials is set:
+	// fill the watch array before turning marks on, clear it after
+	// turning them off, so sys_exit never sees a watched syscall whose
+	// entry was not marked.
+	if c.RecordDenials {
+		if err := putWatch(); err != nil {
+			return err
+		}
+	}
 	if err := t.objs.TrConfig.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("set trace config: %w", err)
+	}
+	if !c.RecordDenials {
+		return putWatch()
 	}
 	return nil
 }
 
-// AttachOptions choose the programs to attach.
+// AttachOptions choose the programs to attach. sched_process_exec and
+// sched_process_exit are always attached; sys_enter when Syscalls or
+// Denials is set; sys_exit when Denials is set.
 type AttachOptions struct {
 	// Syscalls attaches sys_enter (module alerts, the syscall stream).
 	// Any syscall tracepoint puts every task of the host on the kernel's
 	// syscall slow path (see bench/syscall), so it is optional.
 	Syscalls bool
+	// Denials attaches sys_exit, where seccomp and Landlock refusals are
+	// recorded (Config.RecordDenials), and sys_enter, whose marks tell a
+	// seccomp refusal (the syscall never entered) from an EPERM the
+	// kernel returned itself.
+	Denials bool
 }
 
 // Attach attaches and pins the programs under enforce.LinkPinDir(pinDir,
@@ -112,12 +222,29 @@ func (t *Tracer) Attach(opts AttachOptions) error {
 		return fmt.Errorf("trace link dir: %w", err)
 	}
 	progs := map[string]*ebpf.Program{ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit}
-	if opts.Syscalls {
-		progs[ProgSysEnter] = t.objs.TraceSysEnter
-	} else if err := os.Remove(filepath.Join(dir, ProgSysEnter)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("detach %s: %w", ProgSysEnter, err)
+	optional := []struct {
+		name string
+		prog *ebpf.Program
+		on   bool
+	}{
+		{ProgSysEnter, t.objs.TraceSysEnter, opts.Syscalls || opts.Denials},
+		{ProgSysExit, t.objs.TraceSysExit, opts.Denials},
 	}
-	for name, prog := range progs {
+	for _, o := range optional {
+		if o.on {
+			progs[o.name] = o.prog
+		} else if err := os.Remove(filepath.Join(dir, o.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("detach %s: %w", o.name, err)
+		}
+	}
+	// sys_enter before sys_exit: a sys_exit without the marks of
+	// sys_enter would take the kernel's own EPERMs for seccomp's.
+	order := []string{ProgExec, ProgExit, ProgSysEnter, ProgSysExit}
+	for _, name := range order {
+		prog, ok := progs[name]
+		if !ok {
+			continue
+		}
 		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", name, err)
@@ -276,6 +403,14 @@ func decodeSyscall(raw []byte, ev *audit.Event) error {
 	if err != nil {
 		return err
 	}
+	switch traceDenial(e.Denial) {
+	case traceDenialDENIAL_SECCOMP:
+		decodeSeccompDenial(e, ev)
+		return nil
+	case traceDenialDENIAL_OPEN:
+		decodeOpenDenial(e, ev)
+		return nil
+	}
 	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: moduleNames[e.Nr], Count: e.Count}
 	if name, ok := moduleNames[e.Nr]; ok && ev.Verdict != audit.VerdictAllowed {
 		ev.Kind = audit.KindModule
@@ -286,6 +421,87 @@ func decodeSyscall(raw []byte, ev *audit.Event) error {
 		ev.Message = name + " attempt"
 	}
 	return nil
+}
+
+func has(flags uint32, f traceDenyFlag) bool { return flags&uint32(f) != 0 }
+
+// syscallName names nr in the x86_64 table, or in the i386 one.
+func syscallName(nr int64, ia32 bool) string {
+	table := arch.X86_64
+	if ia32 {
+		table = arch.I386
+	}
+	if n, ok := table.SyscallNumbers[int(nr)]; ok {
+		return n
+	}
+	return fmt.Sprintf("syscall_%d", nr)
+}
+
+func errnoName(ret int64) string {
+	if ret < 0 {
+		if n := unix.ErrnoName(unix.Errno(-ret)); n != "" {
+			return n
+		}
+	}
+	return fmt.Sprint(ret)
+}
+
+func decodeSeccompDenial(e *SyscallEvent, ev *audit.Event) {
+	ia32 := has(e.Flags, traceDenyFlagDENY_F_IA32)
+	name := syscallName(e.Nr, ia32)
+	ev.Mechanism = MechanismSeccomp
+	ev.Kind = audit.KindSyscall
+	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: name, Ret: e.Ret, Count: 1}
+	what := name
+	switch {
+	case ia32:
+		what = fmt.Sprintf("i386 syscall %d (%s, through int 0x80)", e.Nr, name)
+	case name == "socket":
+		what = fmt.Sprintf("socket(family %d, type %#x, protocol %d)", e.Args[0], e.Args[1], e.Args[2])
+	case name == "clone" || name == "unshare":
+		what = fmt.Sprintf("%s(flags %#x)", name, e.Args[0])
+	case name == "setns":
+		what = fmt.Sprintf("setns(fd %d, nstype %#x)", int32(e.Args[0]), e.Args[1])
+	}
+	ev.Message = fmt.Sprintf("%s refused by the seccomp filter (%s)", what, errnoName(e.Ret))
+}
+
+func decodeOpenDenial(e *SyscallEvent, ev *audit.Event) {
+	name := syscallName(e.Nr, false)
+	ev.Kind = audit.KindFileOpen
+	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: name, Ret: e.Ret, Count: 1}
+	flags := e.OpenFlags
+	write := flags&unix.O_ACCMODE != unix.O_RDONLY || flags&(unix.O_CREAT|unix.O_TRUNC) != 0
+	ev.File = &audit.FileDetail{Path: cstr(e.Path[:]), Flags: uint32(flags), Write: write}
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s refused with %s", name, errnoName(e.Ret))
+	if e.Ret == -int64(unix.EACCES) {
+		// Landlock answers EACCES; so do file modes, unless the task
+		// had CAP_DAC_OVERRIDE.
+		ev.Mechanism = MechanismLandlock
+		b.WriteString(" under the Landlock ruleset")
+		if !has(e.Flags, traceDenyFlagDENY_F_DAC_OVERRIDE) {
+			b.WriteString(" (the task lacked CAP_DAC_OVERRIDE: file permissions may have refused it instead)")
+		}
+	} else {
+		// Landlock never answers EPERM: another LSM or the kernel did.
+		ev.Mechanism = Mechanism
+		b.WriteString(" (not Landlock, which answers EACCES)")
+	}
+	b.WriteString("; path is the string the caller passed, not the resolved file")
+	if name == "openat" || name == "openat2" || name == "execveat" {
+		if dirfd := int32(e.Args[0]); dirfd != unix.AT_FDCWD {
+			fmt.Fprintf(&b, " (relative to dirfd %d)", dirfd)
+		}
+	}
+	switch {
+	case has(e.Flags, traceDenyFlagDENY_F_PATH_UNREADABLE):
+		b.WriteString("; the path could not be read")
+	case has(e.Flags, traceDenyFlagDENY_F_PATH_TRUNCATED):
+		fmt.Fprintf(&b, "; path truncated to %d bytes", len(e.Path)-1)
+	}
+	ev.Message = b.String()
 }
 
 func cstr(b []int8) string {
@@ -303,7 +519,7 @@ func cstr(b []int8) string {
 // (benchmarks attach and detach repeatedly).
 func (t *Tracer) AttachLinks() ([]link.Link, error) {
 	var out []link.Link
-	for _, p := range []*ebpf.Program{t.objs.TraceSysEnter, t.objs.TraceExec, t.objs.TraceExit} {
+	for _, p := range []*ebpf.Program{t.objs.TraceSysEnter, t.objs.TraceSysExit, t.objs.TraceExec, t.objs.TraceExit} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: p})
 		if err != nil {
 			for _, l := range out {

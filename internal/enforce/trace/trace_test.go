@@ -18,11 +18,17 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/launch"
 )
 
 var helperBin string
 
-func TestMain(m *testing.M) { os.Exit(runTests(m)) }
+func TestMain(m *testing.M) {
+	// The denial tests start commands with internal/launch, which
+	// re-executes this binary to apply the restrictions.
+	launch.Init()
+	os.Exit(runTests(m))
+}
 
 func runTests(m *testing.M) int {
 	dir, err := os.MkdirTemp("", "trhelper")
@@ -76,6 +82,11 @@ func (c *collector) count(pred func(audit.Event) bool) int {
 
 func setup(t *testing.T, cfg trace.Config) (*enforce.Engine, *trace.Tracer, *collector, string, uint64) {
 	t.Helper()
+	return setupWith(t, cfg, trace.AttachOptions{Syscalls: true})
+}
+
+func setupWith(t *testing.T, cfg trace.Config, opts trace.AttachOptions) (*enforce.Engine, *trace.Tracer, *collector, string, uint64) {
+	t.Helper()
 	eng := enforcetest.Engine(t)
 	sb := enforcetest.Cgroup(t, "sb")
 	sbID, err := eng.AddSandbox(sb, 1, 0)
@@ -90,7 +101,7 @@ func setup(t *testing.T, cfg trace.Config) (*enforce.Engine, *trace.Tracer, *col
 	if err := tr.SetConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Attach(trace.AttachOptions{Syscalls: true}); err != nil {
+	if err := tr.Attach(opts); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { trace.Detach(eng.PinDir()) })

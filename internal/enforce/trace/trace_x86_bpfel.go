@@ -20,6 +20,30 @@ type traceCountKey struct {
 	Pad       uint32
 }
 
+type traceDenial uint32
+
+const (
+	traceDenialDENIAL_NONE    traceDenial = 0
+	traceDenialDENIAL_SECCOMP traceDenial = 1
+	traceDenialDENIAL_OPEN    traceDenial = 2
+)
+
+type traceDenialWatch uint32
+
+const (
+	traceDenialWatchDW_SECCOMP traceDenialWatch = 1
+	traceDenialWatchDW_OPEN    traceDenialWatch = 2
+)
+
+type traceDenyFlag uint32
+
+const (
+	traceDenyFlagDENY_F_IA32            traceDenyFlag = 1
+	traceDenyFlagDENY_F_PATH_TRUNCATED  traceDenyFlag = 2
+	traceDenyFlagDENY_F_PATH_UNREADABLE traceDenyFlag = 4
+	traceDenyFlagDENY_F_DAC_OVERRIDE    traceDenyFlag = 8
+)
+
 type traceExecEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -114,18 +138,22 @@ type traceSyscallEvent struct {
 		SandboxId uint32
 		Comm      [16]uint8
 	}
-	Nr    int64
-	Count uint64
-	Args  [6]uint64
-	Path  [256]int8
+	Nr        int64
+	Count     uint64
+	Args      [6]uint64
+	Ret       int64
+	OpenFlags uint64
+	Denial    uint32
+	Flags     uint32
+	Path      [256]int8
 }
 
 type traceTraceConfig struct {
-	_            structs.HostLayout
-	SampleEvery  uint32
-	ModuleAlerts uint32
-	ModuleRuleId uint32
-	Pad          uint32
+	_             structs.HostLayout
+	SampleEvery   uint32
+	ModuleAlerts  uint32
+	ModuleRuleId  uint32
+	RecordDenials uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -140,12 +168,18 @@ const (
 	traceMapSandboxGen         = "sandbox_gen"
 	traceMapSandboxes          = "sandboxes"
 	traceMapTrConfig           = "tr_config"
+	traceMapTrDenialWatch      = "tr_denial_watch"
 	traceMapTrScratch          = "tr_scratch"
 	traceMapTrSyscallCounts    = "tr_syscall_counts"
+	traceMapTrSyscallEntered   = "tr_syscall_entered"
 	traceProgTraceExec         = "trace_exec"
 	traceProgTraceExit         = "trace_exit"
 	traceProgTraceSysEnter     = "trace_sys_enter"
+	traceProgTraceSysExit      = "trace_sys_exit"
 	traceVarUnusedCountKey     = "unused_count_key"
+	traceVarUnusedDenial       = "unused_denial"
+	traceVarUnusedDenialWatch  = "unused_denial_watch"
+	traceVarUnusedDenyFlag     = "unused_deny_flag"
 	traceVarUnusedEventHdr     = "unused_event_hdr"
 	traceVarUnusedExecEvent    = "unused_exec_event"
 	traceVarUnusedExitEvent    = "unused_exit_event"
@@ -199,22 +233,25 @@ type traceProgramSpecs struct {
 	TraceExec     *ebpf.ProgramSpec `ebpf:"trace_exec"`
 	TraceExit     *ebpf.ProgramSpec `ebpf:"trace_exit"`
 	TraceSysEnter *ebpf.ProgramSpec `ebpf:"trace_sys_enter"`
+	TraceSysExit  *ebpf.ProgramSpec `ebpf:"trace_sys_exit"`
 }
 
 // traceMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type traceMapSpecs struct {
-	AgentTgid       *ebpf.MapSpec `ebpf:"agent_tgid"`
-	AlertEvents     *ebpf.MapSpec `ebpf:"alert_events"`
-	MembershipCache *ebpf.MapSpec `ebpf:"membership_cache"`
-	RingbufDrops    *ebpf.MapSpec `ebpf:"ringbuf_drops"`
-	RoutineEvents   *ebpf.MapSpec `ebpf:"routine_events"`
-	SandboxGen      *ebpf.MapSpec `ebpf:"sandbox_gen"`
-	Sandboxes       *ebpf.MapSpec `ebpf:"sandboxes"`
-	TrConfig        *ebpf.MapSpec `ebpf:"tr_config"`
-	TrScratch       *ebpf.MapSpec `ebpf:"tr_scratch"`
-	TrSyscallCounts *ebpf.MapSpec `ebpf:"tr_syscall_counts"`
+	AgentTgid        *ebpf.MapSpec `ebpf:"agent_tgid"`
+	AlertEvents      *ebpf.MapSpec `ebpf:"alert_events"`
+	MembershipCache  *ebpf.MapSpec `ebpf:"membership_cache"`
+	RingbufDrops     *ebpf.MapSpec `ebpf:"ringbuf_drops"`
+	RoutineEvents    *ebpf.MapSpec `ebpf:"routine_events"`
+	SandboxGen       *ebpf.MapSpec `ebpf:"sandbox_gen"`
+	Sandboxes        *ebpf.MapSpec `ebpf:"sandboxes"`
+	TrConfig         *ebpf.MapSpec `ebpf:"tr_config"`
+	TrDenialWatch    *ebpf.MapSpec `ebpf:"tr_denial_watch"`
+	TrScratch        *ebpf.MapSpec `ebpf:"tr_scratch"`
+	TrSyscallCounts  *ebpf.MapSpec `ebpf:"tr_syscall_counts"`
+	TrSyscallEntered *ebpf.MapSpec `ebpf:"tr_syscall_entered"`
 }
 
 // traceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -222,6 +259,9 @@ type traceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type traceVariableSpecs struct {
 	UnusedCountKey     *ebpf.VariableSpec `ebpf:"unused_count_key"`
+	UnusedDenial       *ebpf.VariableSpec `ebpf:"unused_denial"`
+	UnusedDenialWatch  *ebpf.VariableSpec `ebpf:"unused_denial_watch"`
+	UnusedDenyFlag     *ebpf.VariableSpec `ebpf:"unused_deny_flag"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
 	UnusedExecEvent    *ebpf.VariableSpec `ebpf:"unused_exec_event"`
 	UnusedExitEvent    *ebpf.VariableSpec `ebpf:"unused_exit_event"`
@@ -250,16 +290,18 @@ func (o *traceObjects) Close() error {
 //
 // It can be passed to loadTraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type traceMaps struct {
-	AgentTgid       *ebpf.Map `ebpf:"agent_tgid"`
-	AlertEvents     *ebpf.Map `ebpf:"alert_events"`
-	MembershipCache *ebpf.Map `ebpf:"membership_cache"`
-	RingbufDrops    *ebpf.Map `ebpf:"ringbuf_drops"`
-	RoutineEvents   *ebpf.Map `ebpf:"routine_events"`
-	SandboxGen      *ebpf.Map `ebpf:"sandbox_gen"`
-	Sandboxes       *ebpf.Map `ebpf:"sandboxes"`
-	TrConfig        *ebpf.Map `ebpf:"tr_config"`
-	TrScratch       *ebpf.Map `ebpf:"tr_scratch"`
-	TrSyscallCounts *ebpf.Map `ebpf:"tr_syscall_counts"`
+	AgentTgid        *ebpf.Map `ebpf:"agent_tgid"`
+	AlertEvents      *ebpf.Map `ebpf:"alert_events"`
+	MembershipCache  *ebpf.Map `ebpf:"membership_cache"`
+	RingbufDrops     *ebpf.Map `ebpf:"ringbuf_drops"`
+	RoutineEvents    *ebpf.Map `ebpf:"routine_events"`
+	SandboxGen       *ebpf.Map `ebpf:"sandbox_gen"`
+	Sandboxes        *ebpf.Map `ebpf:"sandboxes"`
+	TrConfig         *ebpf.Map `ebpf:"tr_config"`
+	TrDenialWatch    *ebpf.Map `ebpf:"tr_denial_watch"`
+	TrScratch        *ebpf.Map `ebpf:"tr_scratch"`
+	TrSyscallCounts  *ebpf.Map `ebpf:"tr_syscall_counts"`
+	TrSyscallEntered *ebpf.Map `ebpf:"tr_syscall_entered"`
 }
 
 func (m *traceMaps) Close() error {
@@ -272,8 +314,10 @@ func (m *traceMaps) Close() error {
 		m.SandboxGen,
 		m.Sandboxes,
 		m.TrConfig,
+		m.TrDenialWatch,
 		m.TrScratch,
 		m.TrSyscallCounts,
+		m.TrSyscallEntered,
 	)
 }
 
@@ -282,6 +326,9 @@ func (m *traceMaps) Close() error {
 // It can be passed to loadTraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type traceVariables struct {
 	UnusedCountKey     *ebpf.Variable `ebpf:"unused_count_key"`
+	UnusedDenial       *ebpf.Variable `ebpf:"unused_denial"`
+	UnusedDenialWatch  *ebpf.Variable `ebpf:"unused_denial_watch"`
+	UnusedDenyFlag     *ebpf.Variable `ebpf:"unused_deny_flag"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
 	UnusedExecEvent    *ebpf.Variable `ebpf:"unused_exec_event"`
 	UnusedExitEvent    *ebpf.Variable `ebpf:"unused_exit_event"`
@@ -297,6 +344,7 @@ type tracePrograms struct {
 	TraceExec     *ebpf.Program `ebpf:"trace_exec"`
 	TraceExit     *ebpf.Program `ebpf:"trace_exit"`
 	TraceSysEnter *ebpf.Program `ebpf:"trace_sys_enter"`
+	TraceSysExit  *ebpf.Program `ebpf:"trace_sys_exit"`
 }
 
 func (p *tracePrograms) Close() error {
@@ -304,6 +352,7 @@ func (p *tracePrograms) Close() error {
 		p.TraceExec,
 		p.TraceExit,
 		p.TraceSysEnter,
+		p.TraceSysExit,
 	)
 }
 

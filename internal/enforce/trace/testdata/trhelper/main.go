@@ -1,18 +1,22 @@
 // Command trhelper generates syscalls for the trace tests and benchmarks:
-// trhelper getpid N | init_module | finit_module.
+// trhelper getpid N | init_module | finit_module | deny SECRET PROG.
 package main
 
 import (
 	"fmt"
 	"os"
 	"strconv"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: trhelper getpid N | init_module | finit_module")
+		fmt.Fprintln(os.Stderr, "usage: trhelper getpid N | init_module | finit_module | deny SECRET PROG")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -31,7 +35,52 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println("finit_module:", unix.FinitModule(int(f.Fd()), "", 0))
+	case "deny":
+		deny(os.Args[2], os.Args[3])
 	default:
 		os.Exit(2)
 	}
+}
+
+func cstr(s string) uintptr {
+	p, _ := unix.BytePtrFromString(s)
+	return uintptr(unsafe.Pointer(p))
+}
+
+// deny makes operations the launcher's seccomp filter and Landlock ruleset
+// refuse, printing name=errno for each, with arguments that change nothing
+// where they are allowed. The last one is refused by the kernel itself,
+// after dropping root: seccomp allows it.
+func deny(secret, prog string) {
+	report := func(name string, e syscall.Errno) { fmt.Printf("%s=%d\n", name, int(e)) }
+	_, _, e := unix.Syscall6(unix.SYS_MOUNT, cstr("none"), cstr("/nonexistent-watcher"), cstr("tmpfs"), 0, 0, 0)
+	report("mount", e)
+	_, _, e = unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_PEEKDATA, uintptr(os.Getppid()), 0, 0, 0, 0)
+	report("ptrace", e)
+	if ia32.Supported {
+		// i386 ptrace (26) through int 0x80.
+		report("ia32_ptrace", syscall.Errno(-ia32.Syscall(26, unix.PTRACE_PEEKDATA, uintptr(os.Getppid()), 0)))
+	}
+	fd, _, e := unix.Syscall(unix.SYS_SOCKET, unix.AF_PACKET, unix.SOCK_RAW, 0)
+	if e == 0 {
+		unix.Close(int(fd))
+	}
+	report("socket_packet", e)
+	cwd := unix.AT_FDCWD
+	fd, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(cwd), cstr(secret), unix.O_RDONLY, 0, 0, 0)
+	if e == 0 {
+		unix.Close(int(fd))
+	}
+	report("open", e)
+	_, _, e = unix.Syscall(unix.SYS_EXECVE, cstr(prog), uintptr(unsafe.Pointer(&[2]uintptr{cstr(prog), 0})), uintptr(unsafe.Pointer(&[1]uintptr{0})))
+	report("execve", e)
+	if err := syscall.Setuid(65534); err != nil {
+		fmt.Println("setuid:", err)
+		return
+	}
+	fd, _, e = unix.Syscall(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
+	if e == 0 {
+		unix.Close(int(fd))
+	}
+	report("socket_raw_unprivileged", e)
 }

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/watcherhq/watcher/internal/agent"
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/control"
+)
+
+func init() {
+	register("run", command{Summary: "run the agent: enforce the policy, resolve DNS, write the ledger", Run: runAgent})
+}
+
+func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	policyPath := fs.String("policy", "", "policy file (YAML); empty: the built-in default policy")
+	requireLSM := fs.Bool("require-lsm", false, "refuse to start when a blocking rule has no BPF LSM program to enforce it")
+	logJSON := fs.Bool("log-json", false, "log as JSON instead of text")
+	quiet := fs.Bool("quiet", false, "do not log every alert, only agent events")
+	if err := parseFlags(fs, args, stderr, `Usage: watcher run [flags]
+
+Runs the agent in the foreground until SIGTERM or SIGINT. It mounts bpffs,
+securityfs and tracefs when missing, loads and pins the BPF programs (or
+adopts the pins of a previous agent, with no gap in enforcement), registers
+the sandbox cgroups of the policy (and new ones matching its globs or
+container ids as they appear), starts the DNS proxy, the ledger, the live
+event socket, the control socket and the metrics endpoint, and prints which
+layer enforces each rule on this kernel. SIGHUP reloads the policy; a bad
+policy is refused and the old one stays.`); err != nil {
+		return helpOK(err)
+	}
+	var h slog.Handler = slog.NewTextHandler(stderr, nil)
+	if *logJSON {
+		h = slog.NewJSONHandler(stderr, nil)
+	}
+	log := slog.New(h)
+	a, err := agent.Start(ctx, agent.Options{
+		PolicyPath: *policyPath, RequireLSM: *requireLSM,
+		OnEvent: func(e audit.Event) { logEvent(log, &e, *quiet) },
+	})
+	if err != nil {
+		return err
+	}
+	printLayers(stdout, a.Layers())
+	log.Info("agent running", "pid", os.Getpid(), "dns", a.DNSAddr().String(),
+		"ledger", a.Policy().Agent.LedgerDir, "socket_dir", a.Policy().Agent.SocketDir,
+		"metrics", a.Policy().Agent.MetricsAddr)
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping: programs stay pinned and keep enforcing")
+			return a.Stop()
+		case <-hup:
+			if err := a.Reload(); err != nil {
+				log.Error("reload", "err", err)
+			}
+		}
+	}
+}
+
+func printLayers(w io.Writer, layers []control.Layer) {
+	fmt.Fprintln(w, "Enforcement on this kernel:")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  RULE\tLAYER\tNOTE")
+	for _, l := range layers {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", l.Rule, l.Mechanism, l.Note)
+	}
+	tw.Flush()
+}
+
+// logEvent logs agent events always, and alerts unless quiet.
+func logEvent(log *slog.Logger, e *audit.Event, quiet bool) {
+	switch {
+	case e.Kind == audit.KindAgent || e.Kind == audit.KindLoss || e.Kind == audit.KindEscape:
+		log.Warn(string(e.Kind), "sandbox", e.Sandbox.Name, "msg", e.Message, "loss", e.Loss)
+	case !quiet && e.IsAlert():
+		log.Info("alert", "sandbox", e.Sandbox.Name, "kind", e.Kind, "verdict", e.Verdict,
+			"pid", e.Process.TGID, "comm", e.Process.Comm, "what", detailText(e), "rule", e.Rule, "by", e.Mechanism)
+	}
+}

@@ -1,0 +1,953 @@
+// Package agent ties watcher's parts into the running agent: it compiles the
+// policy into each enforcement layer, loads and pins the BPF programs (or
+// adopts a previous agent's pins), registers the sandbox cgroups (including
+// ones that appear later), runs the DNS proxy, and fans every event out to
+// the ledger, the live tail, Prometheus and the escape watch.
+//
+// The package never logs: what an operator must see becomes an event of
+// kind "agent" (which reaches the ledger and the tail), and Start returns the
+// enforcement layers so the command can print them.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/containers"
+	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/dnsproxy"
+	"github.com/watcherhq/watcher/internal/egress"
+	"github.com/watcherhq/watcher/internal/egress/dnsbind"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/escape"
+	"github.com/watcherhq/watcher/internal/ledger"
+	"github.com/watcherhq/watcher/internal/metrics"
+	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/tail"
+)
+
+// Version is reported in status and the agent's start record.
+var Version = "dev"
+
+// Options configure an agent beyond its policy.
+type Options struct {
+	// PolicyPath is the policy file; empty means the built-in default.
+	PolicyPath string
+	// Policy, when set, is used instead of reading PolicyPath (tests, demo).
+	Policy *policy.Policy
+	// RequireLSM refuses to start when a blocking rule has no BPF LSM
+	// program to enforce it (also settable in the policy).
+	RequireLSM bool
+	// OnEvent, when set, sees every event after the fan-out (the command
+	// logs agent events with it).
+	OnEvent func(audit.Event)
+}
+
+// Agent is a running watcher agent.
+type Agent struct {
+	opts    Options
+	started time.Time
+
+	mu     sync.Mutex // guards policy, plan, sandboxes
+	pol    *policy.Policy
+	plan   *Plan
+	rules  *RuleTable
+	roots  map[uint64]*root // registered sandbox roots by cgroup id
+	labels sync.Map         // cgroup id -> leaf label (watcher exec)
+
+	eng      *enforce.Engine
+	reader   *enforce.Reader
+	lsm      *lsm.LSM
+	lsmErr   error
+	backstop *backstop.Backstop
+	tracer   *trace.Tracer
+	cgroups  *cgroupbpf.Hooks
+	egress   *egress.Egress
+	dirs     *dnsbind.Directory
+	dns      *dnsproxy.Server
+	dnsAddr  netip.AddrPort
+	dnsAddr6 netip.AddrPort
+
+	ledger  *ledger.Ledger
+	fan     *audit.Fanout
+	tail    *tail.Server
+	metrics *metrics.Metrics
+	httpSrv *http.Server
+	control *control.Server
+	escape  *escape.Scorer
+	watcher *containers.Watcher
+
+	counts   sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
+	frozen   sync.Map // sandbox name -> bool
+	losses   sync.Map // stage -> *atomic.Uint64
+	layers   []control.Layer
+	missing  []string
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	stopErr  error
+}
+
+type root struct {
+	sandbox string
+	id      uint32
+	path    string
+}
+
+// Start brings the agent up. On error everything started is stopped again;
+// pins of a previous agent are left in place (enforcement continues).
+func Start(ctx context.Context, opts Options) (a *Agent, err error) {
+	pol := opts.Policy
+	if pol == nil {
+		if opts.PolicyPath == "" {
+			pol = policy.Default()
+		} else if pol, err = policy.Load(opts.PolicyPath); err != nil {
+			return nil, err
+		}
+	}
+	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: NewRuleTable(), roots: map[uint64]*root{}}
+	ctx, a.cancel = context.WithCancel(ctx)
+	defer func() {
+		if err != nil {
+			a.Stop()
+			a = nil
+		}
+	}()
+	if _, err := MountPseudoFS(); err != nil {
+		return a, err
+	}
+	if err := CheckCapabilities(); err != nil {
+		return a, err
+	}
+	ag := pol.Agent
+
+	// Sinks first, so nothing the layers report is lost.
+	a.fan = audit.NewFanout()
+	a.fan.OnRemove = func(name string, err error) {
+		a.emit(audit.Event{Kind: audit.KindLoss, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Loss: &audit.LossDetail{Stage: "sink:" + name}, Message: "sink removed after an error: " + err.Error()})
+	}
+	if a.ledger, err = ledger.Open(ag.LedgerDir, ledgerOptions(pol)); err != nil {
+		return a, fmt.Errorf("open ledger: %w", err)
+	}
+	a.fan.Add("ledger", a.ledger)
+	a.metrics = metrics.New()
+	a.fan.Add("metrics", a.metrics)
+	if ag.MetricsAddr != "" {
+		if a.httpSrv, _, err = a.metrics.Serve(ag.MetricsAddr); err != nil {
+			return a, err
+		}
+	}
+	if a.tail, err = tail.Listen(filepath.Join(ag.SocketDir, "events.sock"), 4096); err != nil {
+		return a, err
+	}
+	a.fan.Add("tail", a.tail)
+	a.escape = escape.New(escape.Config{Limits: a.escapeLimits})
+
+	// The kernel side.
+	if a.eng, err = enforce.Open(enforce.Options{PinDir: ag.PinDir}); err != nil {
+		return a, err
+	}
+	if err := a.eng.SetAgentPID(os.Getpid()); err != nil {
+		return a, err
+	}
+	a.reader = a.eng.NewReader(enforce.ReaderOptions{SandboxName: a.sandboxName, RuleName: a.rules.Name})
+	lsmStatus := lsm.Probe()
+	if anyLoaded(lsmStatus) {
+		if a.lsm, a.lsmErr = lsm.Load(a.eng); a.lsmErr == nil {
+			lsmStatus = a.lsm.Status()
+		}
+	}
+	lsm.Register(a.reader)
+	if a.cgroups, err = cgroupbpf.Load(a.eng); err != nil {
+		return a, fmt.Errorf("cgroup hooks: %w", err)
+	}
+	cgroupbpf.Register(a.reader)
+
+	// Exec and exit records (sched tracepoints: no syscall slow path); the
+	// sampled syscall stream only when a sandbox asks for it, since any
+	// syscall tracepoint slows every task on the host.
+	if a.tracer, err = trace.Load(a.eng); err != nil {
+		return a, fmt.Errorf("tracepoints: %w", err)
+	}
+	trace.Register(a.reader)
+
+	// The DNS proxy starts refusing everything, so its real addresses (port
+	// 0 picks one) are known before the policy is compiled with them.
+	if err := a.startDNS(); err != nil {
+		return a, err
+	}
+	env := Env{LSM: lsmStatus, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
+		RequireLSM: opts.RequireLSM || ag.RequireLSM}
+	if a.plan, err = Compile(pol, env, a.rules); err != nil {
+		return a, err
+	}
+	a.layers, a.missing = a.plan.Layers, a.plan.Missing
+	if env.RequireLSM && len(a.missing) > 0 {
+		return a, fmt.Errorf("--require-lsm: no BPF LSM program can block %s (%s)",
+			strings.Join(a.missing, ", "), bpfLSMReason(Kernel().LSMList, firstErr(lsmStatus)))
+	}
+	a.dirs = dnsbind.NewDirectory()
+	if a.egress, err = egress.Load(a.eng, egress.Options{Notify: a.emit, Grace: a.plan.GraceMax}); err != nil {
+		return a, fmt.Errorf("egress: %w", err)
+	}
+	egress.Register(a.reader)
+	if needsBackstop(a.plan) {
+		if a.backstop, err = backstop.Load(a.eng); err != nil {
+			return a, fmt.Errorf("kill backstop: %w", err)
+		}
+		backstop.RegisterHooks(a.reader, backstop.Hooks{})
+	}
+	if err := a.applyPlan(); err != nil {
+		return a, err
+	}
+	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream}); err != nil {
+		return a, fmt.Errorf("tracepoints: %w", err)
+	}
+	if a.backstop != nil {
+		if err := a.backstop.Attach(); err != nil {
+			return a, fmt.Errorf("kill backstop: %w", err)
+		}
+	}
+	if err := a.dns.SetPolicy(a.plan.DNS); err != nil {
+		return a, fmt.Errorf("dns policy: %w", err)
+	}
+
+	// Sandbox cgroups: existing ones now, later ones as they appear.
+	if err := a.registerSandboxes(); err != nil {
+		return a, err
+	}
+	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup}); err != nil {
+		return a, err
+	}
+	a.wg.Add(3)
+	go func() { defer a.wg.Done(); a.watcher.Run(ctx) }()
+	go func() { defer a.wg.Done(); a.egress.Run(ctx, 0) }()
+	go func() { defer a.wg.Done(); a.pump() }()
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.reader.Run(ctx); err != nil {
+			a.emit(audit.Event{Kind: audit.KindAgent, Severity: audit.SeverityAlert, Verdict: audit.VerdictRecorded,
+				Message: "kernel event reader stopped: " + err.Error()})
+		}
+	}()
+	if a.control, err = control.Listen(filepath.Join(ag.SocketDir, "control.sock"), a); err != nil {
+		return a, err
+	}
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.periodic(ctx) }()
+
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Message: fmt.Sprintf("agent %s started, pid %d, policy %s (%s); %s", Version, os.Getpid(),
+			policyName(opts.PolicyPath), short(pol.Hash), layerSummary(a.layers))})
+	return a, nil
+}
+
+// startDNS starts the proxy on the policy's address and on [::1] (for
+// sandbox DNS over IPv6), refusing every query until the policy is set.
+func (a *Agent) startDNS() error {
+	ag := a.pol.Agent
+	addr, err := netip.ParseAddrPort(ag.DNS.Listen)
+	if err != nil {
+		return fmt.Errorf("dns listen address %q: %w", ag.DNS.Listen, err)
+	}
+	upstreams := ag.DNS.Upstreams
+	if len(upstreams) == 0 {
+		upstreams = resolvConfServers()
+	}
+	cfg := dnsproxy.Config{
+		Listeners: []dnsproxy.Listener{{Addr: addr.String()}, {Addr: netip.AddrPortFrom(netip.IPv6Loopback(), addr.Port()).String()}},
+		Upstreams: upstreams,
+		Policy:    denyAllDNS(a.pol),
+		Sandboxes: dnsproxy.SandboxResolverFunc(a.dnsSandbox),
+		Events:    sinkFunc(a.emitErr),
+		OnAnswer:  a.onAnswer,
+	}
+	if a.dns, err = dnsproxy.New(cfg); err == nil {
+		err = a.dns.Start()
+	}
+	if err != nil {
+		// No IPv6 loopback: IPv6 DNS from sandboxes then fails (EPERM).
+		cfg.Listeners = cfg.Listeners[:1]
+		if a.dns, err = dnsproxy.New(cfg); err == nil {
+			err = a.dns.Start()
+		}
+		if err != nil {
+			return fmt.Errorf("dns proxy: %w", err)
+		}
+	}
+	for _, s := range a.dns.Addrs() {
+		s = strings.TrimPrefix(strings.TrimPrefix(s, "udp:"), "tcp:")
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil {
+			continue
+		}
+		if ap.Addr().Is4() && !a.dnsAddr.IsValid() {
+			a.dnsAddr = ap
+		} else if ap.Addr().Is6() && !a.dnsAddr6.IsValid() {
+			a.dnsAddr6 = ap
+		}
+	}
+	if !a.dnsAddr.IsValid() {
+		return fmt.Errorf("dns proxy: no IPv4 address among %v", a.dns.Addrs())
+	}
+	return nil
+}
+
+// denyAllDNS is the proxy's policy until the real one is compiled: every
+// sandbox refused everything.
+func denyAllDNS(p *policy.Policy) *dnsproxy.Policy {
+	dp := &dnsproxy.Policy{Sandboxes: map[string]*dnsproxy.SandboxPolicy{}}
+	for _, sb := range p.Sandboxes {
+		dp.Sandboxes[sb.Name] = &dnsproxy.SandboxPolicy{Default: "deny"}
+	}
+	return dp
+}
+
+// dnsSandbox maps a query's source to its sandbox through the kernel's
+// record of DNS client sockets.
+func (a *Agent) dnsSandbox(src dnsproxy.QuerySource) (string, bool) {
+	if a.egress == nil {
+		return "", false
+	}
+	return dnsbind.Resolver{Egress: a.egress, Directory: a.dirs}.Sandbox(src)
+}
+
+// onAnswer admits answered addresses to the sandbox's egress allowlist,
+// for sandboxes whose egress default is "resolved" only.
+func (a *Agent) onAnswer(ans dnsproxy.Answer) {
+	a.mu.Lock()
+	_, resolved := a.plan.ResolvedEgress[ans.Sandbox]
+	a.mu.Unlock()
+	if !resolved || a.egress == nil {
+		return
+	}
+	id, ok := a.dirs.ID(ans.Sandbox)
+	if !ok {
+		return
+	}
+	if err := a.egress.Allow(id, ans.Addrs, time.Duration(ans.TTL)*time.Second); err != nil {
+		a.emit(audit.Event{Kind: audit.KindNet, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
+			Message: "answered addresses not admitted (connections to them will be refused): " + err.Error()})
+	}
+}
+
+// Layers says which mechanism enforces each rule on this host.
+func (a *Agent) Layers() []control.Layer { return a.layers }
+
+// DNSAddr is where the DNS proxy listens.
+func (a *Agent) DNSAddr() netip.AddrPort { return a.dnsAddr }
+
+// Policy returns the policy in force.
+func (a *Agent) Policy() *policy.Policy {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pol
+}
+
+// Plan returns the compiled policy in force.
+func (a *Agent) Plan() *Plan {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.plan
+}
+
+// applyPlan writes the compiled rules into every layer. New rules are
+// written before old ones are removed by each layer, so a reload leaves no
+// gap.
+func (a *Agent) applyPlan() error {
+	p := a.plan
+	if a.lsm != nil {
+		for id, r := range p.LSM {
+			if err := a.lsm.SetRules(id, r); err != nil {
+				return fmt.Errorf("lsm rules: %w", err)
+			}
+		}
+	}
+	if err := a.tracer.SetConfig(p.Trace); err != nil {
+		return fmt.Errorf("trace config: %w", err)
+	}
+	if a.backstop != nil {
+		if err := a.backstop.SetRules(p.Backstop); err != nil {
+			return fmt.Errorf("backstop rules: %w", err)
+		}
+	}
+	if err := a.cgroups.SetDeviceRules(p.Devices); err != nil {
+		return fmt.Errorf("device rules: %w", err)
+	}
+	if err := a.cgroups.SetSysctlRules(p.Sysctl); err != nil {
+		return fmt.Errorf("sysctl rules: %w", err)
+	}
+	if err := a.cgroups.SetSocketRules(p.Sockets); err != nil {
+		return fmt.Errorf("socket rules: %w", err)
+	}
+	for name, id := range p.SandboxIDs {
+		a.dirs.Set(name, id)
+		if cfg, ok := p.Egress[id]; ok {
+			if err := a.egress.SetSandbox(id, cfg); err != nil {
+				return fmt.Errorf("egress rules: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// registerSandboxes registers every cgroup the policy names exactly, and
+// the exec parent of each sandbox (created if missing).
+func (a *Agent) registerSandboxes() error {
+	for _, sb := range a.pol.Sandboxes {
+		for _, cg := range ExecParents(a.pol, &sb) {
+			abs, err := cgroupfs.Abs(cg)
+			if err != nil {
+				return err
+			}
+			if err := cgroupfs.Create(abs); err != nil {
+				return err
+			}
+			if err := a.addRoot(sb.Name, abs); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ExecParents returns the cgroups under which `watcher exec` creates leaves
+// for a sandbox: its exact cgroups, or ExecCgroup/NAME when it has none.
+func ExecParents(p *policy.Policy, sb *policy.Sandbox) []string {
+	if len(sb.Select.Cgroups) > 0 {
+		return sb.Select.Cgroups
+	}
+	return []string{filepath.Join(p.Agent.ExecCgroup, sb.Name)}
+}
+
+// addRoot registers the cgroup at abs as a root of the named sandbox and
+// attaches the per-cgroup programs.
+func (a *Agent) addRoot(sandbox, abs string) error {
+	a.mu.Lock()
+	id, ok := a.plan.SandboxIDs[sandbox]
+	flags := a.plan.Flags[id]
+	a.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("unknown sandbox %q", sandbox)
+	}
+	cg, err := a.eng.AddSandbox(abs, id, flags)
+	if err != nil {
+		return err
+	}
+	if _, err := a.cgroups.Attach(abs); err != nil {
+		return fmt.Errorf("sandbox %s: %w", sandbox, err)
+	}
+	if err := a.egress.Attach(abs); err != nil {
+		return fmt.Errorf("sandbox %s: %w", sandbox, err)
+	}
+	a.mu.Lock()
+	a.roots[cg] = &root{sandbox: sandbox, id: id, path: abs}
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *Agent) removeRoot(abs string) {
+	a.mu.Lock()
+	var cg uint64
+	for id, r := range a.roots {
+		if r.path == abs {
+			cg = id
+		}
+	}
+	delete(a.roots, cg)
+	a.mu.Unlock()
+	if cg != 0 {
+		a.eng.RemoveSandbox(cg)
+		a.cgroups.Detach(cg)
+	}
+}
+
+// watchTargets turns the policy's globs and container ids into watcher
+// targets named after their sandbox.
+func (a *Agent) watchTargets() []containers.Target {
+	var ts []containers.Target
+	for _, sb := range a.pol.Sandboxes {
+		for _, g := range sb.Select.Globs {
+			if cg, err := containers.CompileGlob(g); err == nil {
+				ts = append(ts, containers.Target{Name: sb.Name, Glob: cg})
+			}
+		}
+		for _, ref := range sb.Select.Refs() {
+			ts = append(ts, containers.Target{Name: sb.Name, Ref: &ref})
+		}
+	}
+	return ts
+}
+
+func (a *Agent) onCgroup(ev containers.Event) {
+	switch ev.Op {
+	case containers.Appeared:
+		err := a.addRoot(ev.Target, ev.Abs)
+		msg := fmt.Sprintf("cgroup %s joined sandbox %s", ev.Path, ev.Target)
+		if err != nil {
+			msg = fmt.Sprintf("cgroup %s matched sandbox %s but could not be registered: %v", ev.Path, ev.Target, err)
+		}
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Sandbox: audit.Sandbox{Name: ev.Target}, Message: msg})
+	case containers.Gone:
+		a.removeRoot(ev.Abs)
+	}
+}
+
+// pump moves kernel events to the fan-out.
+func (a *Agent) pump() {
+	for ev := range a.reader.Events() {
+		a.emit(ev)
+	}
+}
+
+// emit enriches an event and hands it to every sink and the escape watch.
+func (a *Agent) emit(ev audit.Event) {
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	if ev.Severity == "" {
+		ev.Severity = audit.SeverityRoutine
+		if ev.IsAlert() {
+			ev.Severity = audit.SeverityAlert
+		}
+	}
+	if ev.Kind == audit.KindAgent && ev.Mechanism == "" {
+		ev.Mechanism = "agent"
+	}
+	if ev.Sandbox.Name == "" && ev.Sandbox.CgroupID != 0 {
+		a.mu.Lock()
+		if r := a.roots[ev.Sandbox.CgroupID]; r != nil {
+			ev.Sandbox.Name = r.sandbox
+		}
+		a.mu.Unlock()
+	}
+	if label := a.labelOf(ev.Process.CgroupID); label != "" {
+		ev.Sandbox.Labels = map[string]string{"label": label}
+	}
+	if ev.Sandbox.Name != "" {
+		a.count(ev.Sandbox.Name, ev.Verdict)
+	}
+	if ev.Kind == audit.KindLoss && ev.Loss != nil {
+		v, _ := a.losses.LoadOrStore(ev.Loss.Stage, new(atomic.Uint64))
+		v.(*atomic.Uint64).Add(ev.Loss.Count)
+	}
+	a.fan.Notify(ev)
+	if a.opts.OnEvent != nil {
+		a.opts.OnEvent(ev)
+	}
+	if d := a.escape.Observe(ev); d != nil {
+		a.escaped(d)
+	}
+}
+
+func (a *Agent) emitErr(ev audit.Event) error { a.emit(ev); return nil }
+
+type sinkFunc func(audit.Event) error
+
+func (f sinkFunc) Notify(e audit.Event) error { return f(e) }
+
+// labelOf returns the `watcher exec` label of a leaf cgroup, from its name
+// (exec-LABEL-RANDOM), looked up once per cgroup.
+func (a *Agent) labelOf(cg uint64) string {
+	if cg == 0 {
+		return ""
+	}
+	if v, ok := a.labels.Load(cg); ok {
+		return v.(string)
+	}
+	label := ""
+	a.mu.Lock()
+	var parents []string
+	for _, r := range a.roots {
+		parents = append(parents, r.path)
+	}
+	a.mu.Unlock()
+	for _, p := range parents {
+		entries, _ := os.ReadDir(p)
+		for _, e := range entries {
+			if !e.IsDir() || !strings.HasPrefix(e.Name(), "exec-") {
+				continue
+			}
+			if id, err := cgroupfs.ID(filepath.Join(p, e.Name())); err == nil && id == cg {
+				name := strings.TrimPrefix(e.Name(), "exec-")
+				if i := strings.LastIndexByte(name, '-'); i > 0 {
+					name = name[:i]
+				}
+				label = name
+			}
+		}
+	}
+	a.labels.Store(cg, label)
+	return label
+}
+
+func (a *Agent) count(sandbox string, v audit.Verdict) {
+	c, _ := a.counts.LoadOrStore(sandbox, new([4]atomic.Uint64))
+	idx := map[audit.Verdict]int{audit.VerdictAllowed: 0, audit.VerdictRecorded: 1, audit.VerdictDenied: 2, audit.VerdictKilled: 3}[v]
+	c.(*[4]atomic.Uint64)[idx].Add(1)
+}
+
+// escaped acts on an escape-watch decision: freeze the sandbox's cgroups
+// (when its policy says so) and raise an alert with the evidence.
+func (a *Agent) escaped(d *escape.Decision) {
+	sb := a.Policy().Sandbox(d.Sandbox)
+	action := policy.EscapeFreeze
+	if sb != nil && sb.Escape.Action != "" {
+		action = sb.Escape.Action
+	}
+	msg := d.Summary()
+	if action == policy.EscapeFreeze {
+		var froze []string
+		for _, r := range a.rootsOf(d.Sandbox) {
+			if err := cgroupfs.Freeze(r.path, true); err == nil {
+				froze = append(froze, r.path)
+			}
+		}
+		a.frozen.Store(d.Sandbox, true)
+		a.metrics.Frozen.WithLabelValues(d.Sandbox).Set(1)
+		msg += "; frozen: " + strings.Join(froze, ", ") + " (watcher thaw " + d.Sandbox + ")"
+	}
+	a.emit(audit.Event{Kind: audit.KindEscape, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Sandbox: audit.Sandbox{Name: d.Sandbox, CgroupID: d.CgroupID}, Mechanism: "escape_watch", Message: msg})
+}
+
+func (a *Agent) rootsOf(sandbox string) []root {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []root
+	for _, r := range a.roots {
+		if r.sandbox == sandbox {
+			out = append(out, *r)
+		}
+	}
+	return out
+}
+
+func (a *Agent) escapeLimits(sandbox string) (float64, time.Duration, bool) {
+	sb := a.Policy().Sandbox(sandbox)
+	if sb == nil || !sb.Escape.Enabled {
+		return 0, 0, false
+	}
+	return sb.Escape.Threshold, sb.Escape.Window.Duration, true
+}
+
+// Thaw thaws a frozen sandbox (control.Handler).
+func (a *Agent) Thaw(sandbox string) error {
+	roots := a.rootsOf(sandbox)
+	if len(roots) == 0 {
+		return fmt.Errorf("no sandbox %q", sandbox)
+	}
+	for _, r := range roots {
+		if err := cgroupfs.Freeze(r.path, false); err != nil {
+			return err
+		}
+	}
+	a.escape.Reset(sandbox)
+	a.frozen.Delete(sandbox)
+	a.metrics.Frozen.WithLabelValues(sandbox).Set(0)
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Sandbox: audit.Sandbox{Name: sandbox}, Message: "sandbox thawed by an operator"})
+	return nil
+}
+
+// Reload rereads the policy file. A policy that does not load or compile is
+// refused and the one in force stays (control.Handler, SIGHUP).
+func (a *Agent) Reload() error {
+	if a.opts.PolicyPath == "" {
+		return errors.New("no policy file to reload (running on the built-in default)")
+	}
+	pol, err := policy.Load(a.opts.PolicyPath)
+	if err == nil {
+		var plan *Plan
+		env := Env{LSM: a.lsmStatus(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
+			RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM}
+		if plan, err = Compile(pol, env, a.rules); err == nil {
+			a.mu.Lock()
+			old := a.plan
+			a.pol, a.plan, a.layers, a.missing = pol, plan, plan.Layers, plan.Missing
+			a.mu.Unlock()
+			if err = a.applyPlan(); err == nil {
+				err = a.dns.SetPolicy(plan.DNS)
+			}
+			if err == nil {
+				err = a.registerSandboxes()
+			}
+			if err == nil {
+				a.watcher.SetTargets(a.watchTargets())
+			} else {
+				a.mu.Lock()
+				a.plan = old
+				a.mu.Unlock()
+				a.applyPlan()
+			}
+		}
+	}
+	if err != nil {
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Message: "policy reload refused, the previous policy stays: " + err.Error()})
+		return fmt.Errorf("reload refused, previous policy stays: %w", err)
+	}
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Message: fmt.Sprintf("policy reloaded from %s (%s)", a.opts.PolicyPath, short(pol.Hash))})
+	return nil
+}
+
+func (a *Agent) lsmStatus() map[string]error {
+	if a.lsm != nil {
+		return a.lsm.Status()
+	}
+	return lsm.Probe()
+}
+
+// periodic feeds the ledger's counters to Prometheus.
+func (a *Agent) periodic(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var last ledger.Stats
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st := a.ledger.Stats()
+		a.metrics.LedgerRecords.Add(float64(st.Records - last.Records))
+		a.metrics.LedgerBytes.Add(float64(st.Bytes - last.Bytes))
+		last = st
+		if cp := a.ledger.LastCheckpoint(); cp != nil {
+			a.metrics.LedgerCheckpoint.Set(float64(cp.Time.Unix()))
+		}
+		for sb, s := range a.escape.Scores() {
+			a.metrics.EscapeScore.WithLabelValues(sb).Set(s)
+		}
+	}
+}
+
+// Status reports the agent's health (control.Handler).
+func (a *Agent) Status() control.Status {
+	ks := Kernel()
+	st := a.lsmStatus()
+	ks.BPFLSM = a.lsm != nil && anyLoaded(st)
+	if !ks.BPFLSM {
+		ks.BPFLSMWhy = bpfLSMReason(ks.LSMList, firstErr(st))
+	} else {
+		ks.BPFLSMWhy = ""
+	}
+	s := control.Status{PID: os.Getpid(), Started: a.started, Version: Version, Kernel: ks,
+		Losses: map[string]uint64{}, Policy: a.opts.PolicyPath}
+	a.mu.Lock()
+	s.Layers, s.Missing = a.layers, a.missing
+	for cg, r := range a.roots {
+		ss := control.SandboxStatus{Name: r.sandbox, CgroupID: cg, Path: r.path, Mode: "enforce", Events: map[string]uint64{}}
+		if sb := a.pol.Sandbox(r.sandbox); sb != nil && sb.Mode != "" {
+			ss.Mode = string(sb.Mode)
+		}
+		if c, ok := a.counts.Load(r.sandbox); ok {
+			for i, v := range []string{"allowed", "recorded", "denied", "killed"} {
+				ss.Events[v] = c.(*[4]atomic.Uint64)[i].Load()
+			}
+		}
+		_, ss.Frozen = a.frozen.Load(r.sandbox)
+		ss.Escape = a.escape.Score(r.sandbox)
+		s.Sandboxes = append(s.Sandboxes, ss)
+	}
+	dir := a.pol.Agent.LedgerDir
+	a.mu.Unlock()
+	a.losses.Range(func(k, v any) bool { s.Losses[k.(string)] = v.(*atomic.Uint64).Load(); return true })
+	ls := a.ledger.Stats()
+	seq, hash := a.ledger.Head()
+	s.Ledger = control.LedgerStatus{Dir: dir, Records: ls.Records, HeadSeq: seq, HeadHash: hash.String(), WriteFailures: ls.WriteFailures}
+	if cp := a.ledger.LastCheckpoint(); cp != nil {
+		s.Ledger.LastCheckpoint = cp.Time
+	}
+	return s
+}
+
+// Stop shuts the agent down gracefully: the programs stay pinned (and
+// enforcing) for the next agent; the ledger gets a final checkpoint.
+func (a *Agent) Stop() error {
+	a.stopOnce.Do(func() {
+		if a.ledger != nil && a.fan != nil {
+			a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+				Message: "agent stopping; pinned programs keep enforcing"})
+		}
+		if a.control != nil {
+			a.control.Close()
+		}
+		if a.dns != nil {
+			a.dns.Close()
+		}
+		if a.cancel != nil {
+			a.cancel()
+		}
+		a.wg.Wait()
+		var errs []error
+		for _, c := range []interface{ Close() error }{a.lsmCloser(), a.backstopCloser(), a.tracerCloser(), a.cgroupsCloser(), a.egressCloser()} {
+			if c != nil {
+				if err := c.Close(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		if a.eng != nil {
+			a.eng.Close()
+		}
+		if a.httpSrv != nil {
+			a.httpSrv.Close()
+		}
+		if a.fan != nil {
+			errs = append(errs, a.fan.Close()) // closes the ledger (final checkpoint) and the tail
+		}
+		a.stopErr = errors.Join(errs...)
+	})
+	return a.stopErr
+}
+
+func (a *Agent) lsmCloser() interface{ Close() error } {
+	if a.lsm == nil {
+		return nil
+	}
+	return a.lsm
+}
+func (a *Agent) backstopCloser() interface{ Close() error } {
+	if a.backstop == nil {
+		return nil
+	}
+	return a.backstop
+}
+func (a *Agent) tracerCloser() interface{ Close() error } {
+	if a.tracer == nil {
+		return nil
+	}
+	return a.tracer
+}
+func (a *Agent) cgroupsCloser() interface{ Close() error } {
+	if a.cgroups == nil {
+		return nil
+	}
+	return a.cgroups
+}
+func (a *Agent) egressCloser() interface{ Close() error } {
+	if a.egress == nil {
+		return nil
+	}
+	return a.egress
+}
+
+func (a *Agent) sandboxName(id uint32) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name, sid := range a.plan.SandboxIDs {
+		if sid == id {
+			return name
+		}
+	}
+	return ""
+}
+
+func ledgerOptions(p *policy.Policy) ledger.Options {
+	o := ledger.Options{SummaryInterval: p.Agent.Sampling.SummaryInterval.Duration, Compress: true}
+	if r := p.Agent.Sampling.Rate; r > 0 && r < 1 {
+		o.SampleEvery = uint64(1/r + 0.5)
+	}
+	return o
+}
+
+func agentFiles(p *policy.Policy, policyPath string) []string {
+	files := []string{p.Agent.LedgerDir, p.Agent.SocketDir, p.Agent.PinDir}
+	if policyPath != "" {
+		if abs, err := filepath.Abs(policyPath); err == nil {
+			files = append(files, abs)
+		}
+	}
+	return files
+}
+
+func anyLoaded(st map[string]error) bool {
+	for _, err := range st {
+		if err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func firstErr(st map[string]error) error {
+	for _, err := range st {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func needsBackstop(p *Plan) bool {
+	b := p.Backstop
+	return len(b.Syscalls) > 0 || len(b.Paths) > 0 || b.CgroupWrite.Action != 0 || b.ProcMem.Action != 0 ||
+		b.CloneFiles.Action != 0 || b.IOUring.Action != 0 || b.SignalAgent.Action != 0 || b.CgroupEscape.Action != 0
+}
+
+func policyName(path string) string {
+	if path == "" {
+		return "built-in default"
+	}
+	return path
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+func layerSummary(ls []control.Layer) string {
+	count := map[string]int{}
+	for _, l := range ls {
+		count[l.Mechanism]++
+	}
+	var parts []string
+	for _, m := range []string{"lsm", "cgroup_bpf", "kill", "seccomp+landlock", "record", "none"} {
+		if count[m] > 0 {
+			parts = append(parts, m+"="+strconv.Itoa(count[m]))
+		}
+	}
+	return "rules by layer: " + strings.Join(parts, " ")
+}
+
+// resolvConfServers reads the host's nameservers for upstreams.
+func resolvConfServers() []string {
+	data, err := os.ReadFile("/etc/resolv.conf")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if ip, err := netip.ParseAddr(f[1]); err == nil {
+				out = append(out, netip.AddrPortFrom(ip, 53).String())
+			}
+		}
+	}
+	return out
+}

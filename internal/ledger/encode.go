@@ -1,0 +1,568 @@
+package ledger
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// Record framing. A record is one line:
+//
+//	{"seq":N,"prev":"<64 hex>",<event fields>,"hash":"<64 hex>"}\n
+//
+// The hash is tlog.RecordHash of the line up to (not including) the
+// `,"hash":"` suffix, so it is at once the chain link and the Merkle leaf.
+const (
+	seqPrefix   = `{"seq":`
+	prevPrefix  = `,"prev":"`
+	hashPrefix  = `,"hash":"`
+	hexHashLen  = 2 * tlog.HashSize
+	suffixLen   = len(hashPrefix) + hexHashLen + len(`"}`) + 1
+	minFrameLen = len(seqPrefix) + 1 + len(prevPrefix) + hexHashLen + len(`",`) + suffixLen
+
+	// MaxRecordBytes bounds one record line. Longer events have their
+	// arguments and message cut (see fitEvent); readers treat longer lines
+	// as corrupt, which keeps their memory bounded.
+	MaxRecordBytes = 1 << 20
+)
+
+const hexDigits = "0123456789abcdef"
+
+// leafHasher computes tlog record hashes without allocating.
+type leafHasher struct {
+	d   hash.Hash
+	sum [sha256.Size]byte
+}
+
+func newLeafHasher() *leafHasher { return &leafHasher{d: sha256.New()} }
+
+var zeroByte = []byte{0}
+
+// hash returns tlog.RecordHash(data): SHA-256(0x00 || data).
+func (h *leafHasher) hash(data []byte) tlog.Hash {
+	h.d.Reset()
+	h.d.Write(zeroByte)
+	h.d.Write(data)
+	var out tlog.Hash
+	copy(out[:], h.d.Sum(h.sum[:0]))
+	return out
+}
+
+func appendHex(b []byte, h tlog.Hash) []byte {
+	for _, c := range h {
+		b = append(b, hexDigits[c>>4], hexDigits[c&0xf])
+	}
+	return b
+}
+
+// appendRecord appends the framed record for e to b and returns the new
+// buffer and the record's hash.
+func appendRecord(b []byte, lh *leafHasher, seq uint64, prev tlog.Hash, e *audit.Event) ([]byte, tlog.Hash) {
+	start := len(b)
+	b = append(b, seqPrefix...)
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, prevPrefix...)
+	b = appendHex(b, prev)
+	b = append(b, '"', ',')
+	b = appendEventFields(b, e)
+	h := lh.hash(b[start:])
+	b = append(b, hashPrefix...)
+	b = appendHex(b, h)
+	b = append(b, '"', '}', '\n')
+	return b, h
+}
+
+// frame is the chain-relevant part of a record line, parsed without
+// decoding the event.
+type frame struct {
+	seq     uint64
+	prevHex []byte
+	body    []byte // hashed bytes
+	hashHex []byte
+}
+
+// errFrame describes why a line is not a well-formed record.
+type errFrame string
+
+func (e errFrame) Error() string { return string(e) }
+
+// parseFrame checks the fixed layout of a record line (which must end in
+// '\n') and returns its parts.
+func parseFrame(line []byte) (frame, error) {
+	var f frame
+	if len(line) == 0 || line[len(line)-1] != '\n' {
+		return f, errFrame("incomplete record (no terminating newline)")
+	}
+	if len(line) < minFrameLen {
+		return f, errFrame("record too short")
+	}
+	if len(line) > MaxRecordBytes {
+		return f, errFrame("record longer than MaxRecordBytes")
+	}
+	if !bytes.HasPrefix(line, []byte(seqPrefix)) {
+		return f, errFrame(`record does not start with {"seq":`)
+	}
+	i := len(seqPrefix)
+	j := i
+	for j < len(line) && j-i <= 20 && line[j] >= '0' && line[j] <= '9' {
+		j++
+	}
+	if j == i || j-i > 20 || (line[i] == '0' && j-i > 1) {
+		return f, errFrame("malformed sequence number")
+	}
+	seq, err := strconv.ParseUint(string(line[i:j]), 10, 64)
+	if err != nil {
+		return f, errFrame("malformed sequence number")
+	}
+	f.seq = seq
+	if !bytes.HasPrefix(line[j:], []byte(prevPrefix)) {
+		return f, errFrame(`missing "prev" after "seq"`)
+	}
+	j += len(prevPrefix)
+	// The hex digits themselves are checked by comparison with the hash
+	// they must equal (hexEqual), or by hexDecode.
+	if len(line)-j < hexHashLen+2+suffixLen || line[j+hexHashLen] != '"' || line[j+hexHashLen+1] != ',' {
+		return f, errFrame(`malformed "prev" hash`)
+	}
+	f.prevHex = line[j : j+hexHashLen]
+	s := len(line) - suffixLen
+	if !bytes.HasPrefix(line[s:], []byte(hashPrefix)) || !bytes.HasSuffix(line, []byte("\"}\n")) {
+		return f, errFrame(`malformed "hash" suffix`)
+	}
+	f.body = line[:s]
+	f.hashHex = line[s+len(hashPrefix) : len(line)-3]
+	return f, nil
+}
+
+func isLowerHex(b []byte) bool {
+	for _, c := range b {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// hexEqual reports whether hx is the lower-case hex encoding of h.
+func hexEqual(hx []byte, h tlog.Hash) bool {
+	if len(hx) != hexHashLen {
+		return false
+	}
+	for i, c := range h {
+		if hx[2*i] != hexDigits[c>>4] || hx[2*i+1] != hexDigits[c&0xf] {
+			return false
+		}
+	}
+	return true
+}
+
+// Record is one decoded ledger record.
+type Record struct {
+	// Seq is the record's sequence number (its Merkle leaf index).
+	Seq uint64
+	// Prev and Hash are the chain links as stored.
+	Prev, Hash tlog.Hash
+	// Event is the decoded event.
+	Event audit.Event
+	// File and Offset locate the record (offsets in compressed segments
+	// count decompressed bytes).
+	File   string
+	Offset int64
+	// Raw is the record line including its newline.
+	Raw []byte
+}
+
+// wireRecord is the JSON shape of a record line.
+type wireRecord struct {
+	Seq  *uint64 `json:"seq"`
+	Prev string  `json:"prev"`
+	Hash string  `json:"hash"`
+	audit.Event
+}
+
+// DecodeRecord parses one record line (with or without its newline),
+// checks its framing and that its stored hash matches its content, and
+// decodes the event. It does not check the link to the previous record.
+func DecodeRecord(line []byte) (Record, error) {
+	var r Record
+	if len(line) == 0 || line[len(line)-1] != '\n' {
+		line = append(line[:len(line):len(line)], '\n')
+	}
+	f, err := parseFrame(line)
+	if err != nil {
+		return r, err
+	}
+	h := newLeafHasher().hash(f.body)
+	if !hexEqual(f.hashHex, h) {
+		return r, errFrame("record hash does not match its content")
+	}
+	var w wireRecord
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
+		return r, fmt.Errorf("decode record: %w", err)
+	}
+	if w.Seq == nil || *w.Seq != f.seq {
+		return r, errFrame("record seq field disagrees with its frame")
+	}
+	r.Seq = f.seq
+	r.Hash = h
+	if _, err := hexDecode(f.prevHex, r.Prev[:]); err != nil {
+		return r, err
+	}
+	r.Event = w.Event
+	r.Raw = line
+	return r, nil
+}
+
+func hexDecode(src []byte, dst []byte) (int, error) {
+	if len(src) != 2*len(dst) || !isLowerHex(src) {
+		return 0, errors.New("malformed hex hash")
+	}
+	for i := range dst {
+		dst[i] = unhex(src[2*i])<<4 | unhex(src[2*i+1])
+	}
+	return len(dst), nil
+}
+
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c - 'a' + 10
+}
+
+// appendEventFields appends the canonical JSON members of e, without the
+// enclosing braces. The output is what encoding/json would produce for e
+// (HTML escaping off, time in UTC) except that an empty Sandbox or Process
+// is always omitted and invalid UTF-8 becomes a literal U+FFFD, which makes
+// the encoding stable under decode and re-encode. A test compares the two
+// for every field of audit.Event.
+func appendEventFields(b []byte, e *audit.Event) []byte {
+	b = append(b, `"time":"`...)
+	b = e.Time.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","kind":`...)
+	b = appendString(b, string(e.Kind))
+	b = append(b, `,"verdict":`...)
+	b = appendString(b, string(e.Verdict))
+	b = append(b, `,"severity":`...)
+	b = appendString(b, string(e.Severity))
+	b = strField(b, "rule", e.Rule, true)
+	b = strField(b, "mechanism", e.Mechanism, true)
+	if sb := &e.Sandbox; sb.CgroupID != 0 || sb.Name != "" || len(sb.Labels) > 0 {
+		b = append(b, `,"sandbox":{`...)
+		n := len(b)
+		b = uintField(b, "cgroup_id", sb.CgroupID, true)
+		b = strField(b, "name", sb.Name, true)
+		if len(sb.Labels) > 0 {
+			b = append(b, `,"labels":{`...)
+			keys := make([]string, 0, len(sb.Labels))
+			for k := range sb.Labels {
+				keys = append(keys, k)
+			}
+			// Sort as a decoder will see the keys: invalid UTF-8 turns
+			// into U+FFFD.
+			slices.SortFunc(keys, func(a, b string) int { return strings.Compare(validUTF8(a), validUTF8(b)) })
+			for i, k := range keys {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = appendString(b, k)
+				b = append(b, ':')
+				b = appendString(b, sb.Labels[k])
+			}
+			b = append(b, '}')
+		}
+		b = closeObject(b, n)
+	}
+	if p := &e.Process; p.PID != 0 || p.TGID != 0 || p.PPID != 0 || p.UID != 0 || p.Comm != "" ||
+		p.Exe != "" || len(p.Args) > 0 || p.CgroupID != 0 {
+		b = append(b, `,"process":{`...)
+		n := len(b)
+		b = uintField(b, "pid", uint64(p.PID), true)
+		b = uintField(b, "tgid", uint64(p.TGID), true)
+		b = uintField(b, "ppid", uint64(p.PPID), true)
+		b = uintField(b, "uid", uint64(p.UID), false)
+		b = strField(b, "comm", p.Comm, true)
+		b = strField(b, "exe", p.Exe, true)
+		b = strsField(b, "args", p.Args, true)
+		b = uintField(b, "cgroup_id", p.CgroupID, true)
+		b = closeObject(b, n)
+	}
+	if f := e.File; f != nil {
+		b = append(b, `,"file":{`...)
+		n := len(b)
+		b = strField(b, "path", f.Path, false)
+		b = uintField(b, "flags", uint64(f.Flags), true)
+		b = uintField(b, "mode", uint64(f.Mode), true)
+		b = uintField(b, "dev", uint64(f.Dev), true)
+		b = boolField(b, "write", f.Write, true)
+		b = closeObject(b, n)
+	}
+	if t := e.Target; t != nil {
+		b = append(b, `,"target":{`...)
+		n := len(b)
+		b = uintField(b, "pid", uint64(t.PID), true)
+		b = strField(b, "comm", t.Comm, true)
+		b = uintField(b, "mode", uint64(t.Mode), true)
+		b = intField(b, "capability", int64(t.Capability), true)
+		b = closeObject(b, n)
+	}
+	if m := e.Mount; m != nil {
+		b = append(b, `,"mount":{`...)
+		n := len(b)
+		b = strField(b, "op", m.Op, false)
+		b = strField(b, "source", m.Source, true)
+		b = strField(b, "target", m.Target, true)
+		b = strField(b, "fstype", m.FSType, true)
+		b = uintField(b, "flags", m.Flags, true)
+		b = closeObject(b, n)
+	}
+	if s := e.Syscall; s != nil {
+		b = append(b, `,"syscall":{`...)
+		n := len(b)
+		b = intField(b, "nr", s.Nr, false)
+		b = strField(b, "name", s.Name, true)
+		b = intField(b, "ret", s.Ret, true)
+		b = uintField(b, "count", s.Count, true)
+		b = closeObject(b, n)
+	}
+	if d := e.DNS; d != nil {
+		b = append(b, `,"dns":{`...)
+		n := len(b)
+		b = strField(b, "name", d.Name, false)
+		b = strField(b, "qtype", d.QType, true)
+		b = strField(b, "rcode", d.Rcode, true)
+		b = strField(b, "reason", d.Reason, true)
+		b = strsField(b, "answers", d.Answers, true)
+		b = strField(b, "client", d.Client, true)
+		b = closeObject(b, n)
+	}
+	if nd := e.Net; nd != nil {
+		b = append(b, `,"net":{`...)
+		n := len(b)
+		b = strField(b, "op", nd.Op, false)
+		b = uintField(b, "family", uint64(nd.Family), true)
+		b = uintField(b, "type", uint64(nd.Type), true)
+		b = uintField(b, "protocol", uint64(nd.Protocol), true)
+		b = strField(b, "addr", nd.Addr, true)
+		b = uintField(b, "port", uint64(nd.Port), true)
+		b = strField(b, "reason", nd.Reason, true)
+		b = closeObject(b, n)
+	}
+	if l := e.Loss; l != nil {
+		b = append(b, `,"loss":{`...)
+		n := len(b)
+		b = strField(b, "stage", l.Stage, false)
+		b = uintField(b, "count", l.Count, false)
+		b = closeObject(b, n)
+	}
+	if s := e.Summary; s != nil {
+		b = append(b, `,"summary":{"rows":`...)
+		if s.Rows == nil {
+			b = append(b, "null"...)
+		} else {
+			b = append(b, '[')
+			for i, r := range s.Rows {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, `{"sandbox":`...)
+				b = appendString(b, r.Sandbox)
+				b = append(b, `,"kind":`...)
+				b = appendString(b, string(r.Kind))
+				b = append(b, `,"seen":`...)
+				b = strconv.AppendUint(b, r.Seen, 10)
+				b = append(b, `,"kept":`...)
+				b = strconv.AppendUint(b, r.Kept, 10)
+				b = append(b, '}')
+			}
+			b = append(b, ']')
+		}
+		b = append(b, '}')
+	}
+	b = strField(b, "message", e.Message, true)
+	b = strsField(b, "redacted", e.Redacted, true)
+	return b
+}
+
+// Field helpers write `,"name":value`; closeObject removes the comma after
+// the opening brace at n (if any member was written) and closes it.
+func closeObject(b []byte, n int) []byte {
+	if len(b) > n && b[n] == ',' {
+		b = append(b[:n], b[n+1:]...)
+	}
+	return append(b, '}')
+}
+
+func fieldName(b []byte, name string) []byte {
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	return append(b, '"', ':')
+}
+
+func strField(b []byte, name, v string, omitEmpty bool) []byte {
+	if omitEmpty && v == "" {
+		return b
+	}
+	return appendString(fieldName(b, name), v)
+}
+
+func strsField(b []byte, name string, v []string, omitEmpty bool) []byte {
+	if omitEmpty && len(v) == 0 {
+		return b
+	}
+	b = fieldName(b, name)
+	if v == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, s := range v {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, s)
+	}
+	return append(b, ']')
+}
+
+func uintField(b []byte, name string, v uint64, omitEmpty bool) []byte {
+	if omitEmpty && v == 0 {
+		return b
+	}
+	return strconv.AppendUint(fieldName(b, name), v, 10)
+}
+
+func intField(b []byte, name string, v int64, omitEmpty bool) []byte {
+	if omitEmpty && v == 0 {
+		return b
+	}
+	return strconv.AppendInt(fieldName(b, name), v, 10)
+}
+
+func boolField(b []byte, name string, v bool, omitEmpty bool) []byte {
+	if omitEmpty && !v {
+		return b
+	}
+	return strconv.AppendBool(fieldName(b, name), v)
+}
+
+// appendString appends s as a JSON string as encoding/json does with HTML
+// escaping off (U+2028 and U+2029 escaped), except that each invalid UTF-8
+// byte becomes a literal U+FFFD rather than the escape \ufffd.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			// Written as the character, not as the \ufffd escape, so
+			// that re-encoding a decoded record gives the same bytes.
+			b = append(b, s[start:i]...)
+			b = append(b, "\uFFFD"...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// validUTF8 replaces each invalid byte of s with U+FFFD, as appendString
+// does.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteString("\uFFFD")
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// fitEvent shortens an event whose record would exceed MaxRecordBytes:
+// arguments are cut to 4 KiB each and the message to 64 KiB, and the event
+// says so in Redacted. Only the caller's copy is changed.
+func fitEvent(e *audit.Event) {
+	const argMax, msgMax = 4 << 10, 64 << 10
+	cut := false
+	if len(e.Process.Args) > 0 {
+		args := make([]string, 0, min(len(e.Process.Args), 128))
+		for i, a := range e.Process.Args {
+			if i == 128 {
+				cut = true
+				break
+			}
+			if len(a) > argMax {
+				a, cut = a[:argMax], true
+			}
+			args = append(args, a)
+		}
+		e.Process.Args = args
+	}
+	if len(e.Message) > msgMax {
+		e.Message, cut = e.Message[:msgMax], true
+	}
+	if e.DNS != nil && len(e.DNS.Answers) > 64 {
+		d := *e.DNS
+		d.Answers = d.Answers[:64]
+		e.DNS, cut = &d, true
+	}
+	if cut {
+		e.Redacted = append(e.Redacted, "truncated")
+	}
+}

@@ -1,0 +1,220 @@
+package ledger
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// fillRandom sets every field reachable from v (structs, pointers, slices,
+// maps, strings, numbers) to random non-zero values, so a field added to
+// audit.Event later shows up here.
+func fillRandom(r *rand.Rand, v reflect.Value, depth int) {
+	switch v.Kind() {
+	case reflect.Struct:
+		if v.Type() == reflect.TypeOf(time.Time{}) {
+			v.Set(reflect.ValueOf(time.Unix(r.Int64N(4e9), r.Int64N(1e9)).UTC()))
+			return
+		}
+		for i := 0; i < v.NumField(); i++ {
+			if v.Type().Field(i).IsExported() {
+				fillRandom(r, v.Field(i), depth+1)
+			}
+		}
+	case reflect.Pointer:
+		if r.IntN(4) == 0 {
+			return // leave some nil
+		}
+		p := reflect.New(v.Type().Elem())
+		fillRandom(r, p.Elem(), depth+1)
+		v.Set(p)
+	case reflect.Slice:
+		n := r.IntN(4)
+		s := reflect.MakeSlice(v.Type(), n, n)
+		for i := 0; i < n; i++ {
+			fillRandom(r, s.Index(i), depth+1)
+		}
+		if n > 0 || r.IntN(2) == 0 {
+			v.Set(s)
+		}
+	case reflect.Map:
+		n := r.IntN(4)
+		if n == 0 {
+			return
+		}
+		m := reflect.MakeMap(v.Type())
+		for i := 0; i < n; i++ {
+			k := reflect.New(v.Type().Key()).Elem()
+			fillRandom(r, k, depth+1)
+			e := reflect.New(v.Type().Elem()).Elem()
+			fillRandom(r, e, depth+1)
+			m.SetMapIndex(k, e)
+		}
+		v.Set(m)
+	case reflect.String:
+		if r.IntN(5) == 0 {
+			return
+		}
+		v.SetString(randString(r))
+	case reflect.Bool:
+		v.SetBool(r.IntN(2) == 0)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		if r.IntN(5) > 0 {
+			v.SetInt(int64(r.Uint64()) >> (64 - v.Type().Bits()))
+		}
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if r.IntN(5) > 0 {
+			v.SetUint(r.Uint64() >> (64 - v.Type().Bits()))
+		}
+	default:
+		panic("fillRandom: unhandled kind " + v.Kind().String() + " in " + v.Type().String())
+	}
+}
+
+func randString(r *rand.Rand) string {
+	pieces := []string{"a", "Z", "/", " ", "\"", "\\", "\n", "\t", "\x00", "\x1f", "\x7f", "<", ">", "&",
+		"é", "日本", "\u2028", "\u2029", "\xff", "\xc3", "😀", "\ufffd", "=", "'", "\b", "\f", "\r"}
+	var b strings.Builder
+	for n := r.IntN(12) + 1; n > 0; n-- {
+		b.WriteString(pieces[r.IntN(len(pieces))])
+	}
+	return b.String()
+}
+
+// normalise applies the two documented differences from encoding/json:
+// time in UTC, and an empty Sandbox or Process omitted.
+func normalise(e *audit.Event) {
+	e.Time = e.Time.UTC()
+	if e.Sandbox.CgroupID == 0 && e.Sandbox.Name == "" && len(e.Sandbox.Labels) == 0 {
+		e.Sandbox = audit.Sandbox{}
+	}
+	p := e.Process
+	if p.PID == 0 && p.TGID == 0 && p.PPID == 0 && p.UID == 0 && p.Comm == "" && p.Exe == "" && len(p.Args) == 0 && p.CgroupID == 0 {
+		e.Process = audit.Process{}
+	}
+}
+
+func TestEncoderMatchesEncodingJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 5000; i++ {
+		var e audit.Event
+		fillRandom(r, reflect.ValueOf(&e).Elem(), 0)
+		normalise(&e)
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(&e); err != nil {
+			t.Fatal(err)
+		}
+		// Invalid UTF-8: encoding/json escapes the replacement character.
+		wantB := bytes.ReplaceAll(want.Bytes(), []byte(`\ufffd`), []byte("\uFFFD"))
+		got := append([]byte{'{'}, appendEventFields(nil, &e)...)
+		got = append(got, '}', '\n')
+		invalidKey := false
+		for k := range e.Sandbox.Labels {
+			invalidKey = invalidKey || !utf8.ValidString(k)
+		}
+		// encoding/json sorts map keys before replacing invalid UTF-8; the
+		// ledger sorts after, so that decoding and re-encoding is stable.
+		if !invalidKey && !bytes.Equal(got, wantB) {
+			t.Fatalf("event %d:\n got %s\nwant %s", i, got, wantB)
+		}
+		// Stable under decode and re-encode.
+		rec, h := appendRecord(nil, newLeafHasher(), uint64(i), tlog.Hash{1}, &e)
+		dec, err := DecodeRecord(rec)
+		if err != nil {
+			t.Fatalf("event %d: decode: %v\n%s", i, err, rec)
+		}
+		if dec.Hash != h || dec.Seq != uint64(i) || dec.Prev != (tlog.Hash{1}) {
+			t.Fatalf("event %d: frame fields differ", i)
+		}
+		again, _ := appendRecord(nil, newLeafHasher(), uint64(i), tlog.Hash{1}, &dec.Event)
+		if !bytes.Equal(again, rec) {
+			t.Fatalf("event %d: not canonical:\n%s\n%s", i, rec, again)
+		}
+	}
+}
+
+func TestLeafHashIsTlogRecordHash(t *testing.T) {
+	lh := newLeafHasher()
+	for _, s := range []string{"", "x", strings.Repeat("abc", 1000)} {
+		if lh.hash([]byte(s)) != tlog.RecordHash([]byte(s)) {
+			t.Fatalf("leaf hash of %q differs from tlog.RecordHash", s)
+		}
+	}
+}
+
+func TestFrontierMatchesTlog(t *testing.T) {
+	var stored []tlog.Hash
+	reader := tlog.HashReaderFunc(func(idx []int64) ([]tlog.Hash, error) {
+		out := make([]tlog.Hash, len(idx))
+		for i, x := range idx {
+			out[i] = stored[x]
+		}
+		return out, nil
+	})
+	var fr frontier
+	seen := map[int64]tlog.Hash{}
+	for n := int64(0); n < 300; n++ {
+		data := []byte{byte(n), byte(n >> 8)}
+		hs, err := tlog.StoredHashes(n, data, reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, hs...)
+		fr.add(tlog.RecordHash(data), func(level int, index int64, h tlog.Hash) {
+			seen[tlog.StoredHashIndex(level, index)] = h
+		})
+		want, err := tlog.TreeHash(n+1, reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fr.root() != want {
+			t.Fatalf("root at size %d differs from tlog.TreeHash", n+1)
+		}
+		if !validFrontier(fr.n, fr.h) {
+			t.Fatalf("frontier at %d has %d hashes", fr.n, len(fr.h))
+		}
+	}
+	for idx, h := range seen {
+		if stored[idx] != h {
+			t.Fatalf("stored hash %d differs", idx)
+		}
+	}
+	if int64(len(seen)) != int64(len(stored)) {
+		t.Fatalf("frontier reported %d subtrees, tlog stores %d", len(seen), len(stored))
+	}
+}
+
+func TestParseFrameRejects(t *testing.T) {
+	var e audit.Event
+	e.Time = time.Unix(1, 0)
+	rec, _ := appendRecord(nil, newLeafHasher(), 7, tlog.Hash{}, &e)
+	if _, err := parseFrame(rec); err != nil {
+		t.Fatal(err)
+	}
+	upper := bytes.Replace(rec, []byte(`"prev":"00`), []byte(`"prev":"0A`), 1)
+	cases := map[string][]byte{
+		"no newline":   rec[:len(rec)-1],
+		"leading zero": bytes.Replace(rec, []byte(`"seq":7`), []byte(`"seq":07`), 1),
+		"empty":        nil,
+		"short":        []byte("{}\n"),
+	}
+	for name, b := range cases {
+		if _, err := parseFrame(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// Hex digits are checked against the hash they must equal.
+	if _, err := DecodeRecord(upper); err == nil {
+		t.Error("upper-case hex accepted")
+	}
+}
