@@ -80,6 +80,16 @@ ledger. Needs root. Leaves nothing behind (pins, cgroups, sockets).`); err != ni
 	pol.Agent.ExecCgroup = "/watcher-demo-" + id
 	pol.Sandboxes[0].Select.Cgroups = []string{"/watcher-demo-" + id}
 	pol.Sandboxes[0].Workspace = []string{ws}
+	// The demo is a scripted escape attempt: let the escape watch raise its
+	// alert without freezing the sandbox, so every step still runs.
+	pol.Sandboxes[0].Escape.Action = policy.EscapeAlert
+	sbRoot, err := cgroupfs.Abs(pol.Sandboxes[0].Select.Cgroups[0])
+	if err != nil {
+		return err
+	}
+	// Whatever happens, leave no pins or cgroups behind.
+	defer enforce.Unpin(pol.Agent.PinDir)
+	defer cgroupfs.Remove(sbRoot)
 
 	var mu sync.Mutex
 	var events []audit.Event
@@ -103,14 +113,10 @@ ledger. Needs root. Leaves nothing behind (pins, cgroups, sockets).`); err != ni
 		}
 	}
 	defer stop()
-	printLayers(stdout, a.Layers())
+	printLayerSummary(stdout, a.Layers())
 	fmt.Fprintf(stdout, "\nSandbox %q (preset restricted), workspace %s, DNS proxy %s\n\n", pol.Sandboxes[0].Name, ws, a.DNSAddr())
 
 	plan := a.Plan()
-	sbRoot, err := cgroupfs.Abs(pol.Sandboxes[0].Select.Cgroups[0])
-	if err != nil {
-		return err
-	}
 	fmt.Fprintln(stdout, "A process placed in the sandbox cgroup (as a container runtime would): kernel hooks only")
 	for i, step := range demoSteps {
 		err := demoStepRun(ctx, stdout, &mu, &events, i+1, step, func(out io.Writer) (string, error) {
@@ -173,6 +179,8 @@ func runInCgroup(ctx context.Context, cg, ws, script string, out io.Writer) (str
 		return "", err
 	}
 	defer cgroupfs.Remove(cg)
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
 	fd, err := os.Open(cg)
 	if err != nil {
 		return "", err

@@ -131,6 +131,9 @@ func compactLine(e *audit.Event, color bool) string {
 	if sb == "" && e.Sandbox.CgroupID != 0 {
 		sb = fmt.Sprint(e.Sandbox.CgroupID)
 	}
+	if l := e.Sandbox.Labels["label"]; l != "" {
+		sb += "/" + l
+	}
 	if sb != "" {
 		fmt.Fprintf(&b, " [%s]", sb)
 	}

@@ -217,7 +217,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.applyPlan(); err != nil {
 		return a, err
 	}
-	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream}); err != nil {
+	// Refusals by seccomp and Landlock (commands run with watcher exec)
+	// happen before any hook of ours sees them: sys_exit records them.
+	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: true}); err != nil {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}
 	if a.backstop != nil {
@@ -382,7 +384,9 @@ func (a *Agent) applyPlan() error {
 			}
 		}
 	}
-	if err := a.tracer.SetConfig(p.Trace); err != nil {
+	tc := p.Trace
+	tc.RecordDenials = true
+	if err := a.tracer.SetConfig(tc); err != nil {
 		return fmt.Errorf("trace config: %w", err)
 	}
 	if a.backstop != nil {
