@@ -498,11 +498,41 @@ func (a *Agent) watchTargets() []containers.Target {
 		for _, ref := range sb.Select.Refs() {
 			ts = append(ts, containers.Target{Name: sb.Name, Ref: &ref})
 		}
+		// The leaves `watcher exec` creates, to learn their labels while
+		// they exist: events are often read after the leaf is gone.
+		for _, parent := range ExecParents(a.pol, &sb) {
+			if cg, err := containers.CompileGlob(filepath.Join(parent, "exec-*")); err == nil {
+				ts = append(ts, containers.Target{Name: labelTarget + sb.Name, Glob: cg})
+			}
+		}
 	}
 	return ts
 }
 
+// labelTarget prefixes watcher targets that report exec leaves.
+const labelTarget = "label:"
+
+// leafLabel extracts LABEL from a leaf named exec-LABEL-RANDOM.
+func leafLabel(name string) string {
+	name = strings.TrimPrefix(name, "exec-")
+	if i := strings.LastIndexByte(name, '-'); i > 0 {
+		name = name[:i]
+	}
+	return name
+}
+
 func (a *Agent) onCgroup(ev containers.Event) {
+	if strings.HasPrefix(ev.Target, labelTarget) {
+		switch ev.Op {
+		case containers.Appeared:
+			a.labels.Store(ev.ID, leafLabel(filepath.Base(ev.Path)))
+		case containers.Gone:
+			// Events of the leaf may still be in the rings: forget later.
+			id := ev.ID
+			time.AfterFunc(time.Minute, func() { a.labels.Delete(id) })
+		}
+		return
+	}
 	switch ev.Op {
 	case containers.Appeared:
 		err := a.addRoot(ev.Target, ev.Abs)
@@ -592,11 +622,7 @@ func (a *Agent) labelOf(cg uint64) string {
 				continue
 			}
 			if id, err := cgroupfs.ID(filepath.Join(p, e.Name())); err == nil && id == cg {
-				name := strings.TrimPrefix(e.Name(), "exec-")
-				if i := strings.LastIndexByte(name, '-'); i > 0 {
-					name = name[:i]
-				}
-				label = name
+				label = leafLabel(e.Name())
 			}
 		}
 	}
@@ -771,11 +797,14 @@ func (a *Agent) Status() control.Status {
 			}
 		}
 		_, ss.Frozen = a.frozen.Load(r.sandbox)
-		ss.Escape = a.escape.Score(r.sandbox)
 		s.Sandboxes = append(s.Sandboxes, ss)
 	}
 	dir := a.pol.Agent.LedgerDir
 	a.mu.Unlock()
+	// The scorer calls back into the agent for limits: no lock held here.
+	for i := range s.Sandboxes {
+		s.Sandboxes[i].Escape = a.escape.Score(s.Sandboxes[i].Name)
+	}
 	a.losses.Range(func(k, v any) bool { s.Losses[k.(string)] = v.(*atomic.Uint64).Load(); return true })
 	ls := a.ledger.Stats()
 	seq, hash := a.ledger.Head()

@@ -1,0 +1,437 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/tail"
+)
+
+func TestMain(m *testing.M) {
+	launch.Init()
+	os.Exit(m.Run())
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// watcherBinary builds the real binary once: the end-to-end tests run it as
+// separate processes, exactly as an operator would.
+func watcherBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "watcher-e2e-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "watcher")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// testbed is one agent's private world: dirs, pins, cgroups, ports.
+type testbed struct {
+	t         *testing.T
+	bin       string
+	dir       string
+	policy    string
+	pinDir    string
+	cgroup    string // sandbox root, relative to the cgroup2 mount
+	cgAbs     string
+	ws        string
+	metrics   string
+	socketDir string
+	ledger    string
+	agent     *exec.Cmd
+	agentLog  *bytes.Buffer
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func newTestbed(t *testing.T, extraSandboxYAML string, escape string) *testbed {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end tests need root: the agent loads BPF programs")
+	}
+	if _, err := cgroupfs.Mountpoint(); err != nil {
+		t.Skipf("no cgroup v2 hierarchy: %v", err)
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	tb := &testbed{t: t, bin: watcherBinary(t), dir: t.TempDir()}
+	tb.pinDir = "/sys/fs/bpf/watcher-e2e-" + id
+	tb.cgroup = "/watcher-e2e-" + id
+	tb.cgAbs, _ = cgroupfs.Abs(tb.cgroup)
+	// Not under /tmp: the restricted preset kills execs from /tmp, and the
+	// benign workload runs what it builds in its workspace.
+	wsParent, err := os.MkdirTemp("/var/lib", "watcher-e2e-ws-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(wsParent) })
+	tb.ws = filepath.Join(wsParent, "ws")
+	tb.socketDir = filepath.Join(tb.dir, "run")
+	tb.ledger = filepath.Join(tb.dir, "ledger")
+	tb.metrics = "127.0.0.1:" + strconv.Itoa(freePort(t))
+	os.MkdirAll(tb.ws, 0o755)
+	pol := fmt.Sprintf(`version: 1
+agent:
+  ledger_dir: %s
+  socket_dir: %s
+  pin_dir: %s
+  metrics_addr: %s
+  exec_cgroup: %s
+  dns: {listen: "127.0.0.1:%d"}
+sandboxes:
+  - name: agents
+    select: {cgroups: [%s]}
+    preset: restricted
+    workspace: [%s]
+    escape: %s
+%s`, tb.ledger, tb.socketDir, tb.pinDir, tb.metrics, tb.cgroup+"-exec", freePort(t), tb.cgroup, tb.ws, escape, extraSandboxYAML)
+	tb.policy = filepath.Join(tb.dir, "policy.yaml")
+	if err := os.WriteFile(tb.policy, []byte(pol), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		tb.stopAgent(syscall.SIGTERM)
+		for _, cg := range []string{tb.cgAbs, tb.cgAbs + "-exec", tb.cgAbs + "-benign"} {
+			cgroupfs.Freeze(cg, false)
+			if err := cgroupfs.Remove(cg); err != nil {
+				t.Errorf("remove %s: %v", cg, err)
+			}
+		}
+		if err := enforce.Unpin(tb.pinDir); err != nil {
+			t.Errorf("unpin: %v", err)
+		}
+	})
+	return tb
+}
+
+func (tb *testbed) startAgent() {
+	t := tb.t
+	t.Helper()
+	tb.agentLog = &bytes.Buffer{}
+	cmd := exec.Command(tb.bin, "run", "--policy", tb.policy, "--quiet")
+	cmd.Stdout, cmd.Stderr = tb.agentLog, tb.agentLog
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tb.agent = cmd
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if err := exec.Command(tb.bin, "status", "--socket", filepath.Join(tb.socketDir, "control.sock")).Run(); err == nil {
+			return
+		}
+		if cmd.ProcessState != nil || time.Now().After(deadline) {
+			t.Fatalf("agent did not come up:\n%s", tb.agentLog)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (tb *testbed) stopAgent(sig syscall.Signal) {
+	if tb.agent == nil || tb.agent.Process == nil {
+		return
+	}
+	tb.agent.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { tb.agent.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		tb.agent.Process.Kill()
+		<-done
+		tb.t.Errorf("agent did not stop on %v:\n%s", sig, tb.agentLog)
+	}
+	tb.agent = nil
+}
+
+func (tb *testbed) watcher(args ...string) (string, int) {
+	cmd := exec.Command(tb.bin, args...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		tb.t.Fatalf("watcher %v: %v", args, err)
+	}
+	return string(out), code
+}
+
+// inSandbox runs a shell script in a fresh cgroup below cgAbs, as a
+// container runtime would start a process there (no seccomp/Landlock).
+func inSandbox(t *testing.T, cgAbs, name, script string, env ...string) *exec.Cmd {
+	t.Helper()
+	cg := filepath.Join(cgAbs, name)
+	if err := cgroupfs.Create(cg); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fd.Close() })
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append([]string{"PATH=/usr/local/go/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// TestEndToEnd: agent binary, watcher exec, watcher tail -o json, the
+// ledger and the metrics endpoint, checked from outside.
+func TestEndToEnd(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}")
+	tb.startAgent()
+
+	// A live tail client, filtered to denials.
+	tailCmd := exec.Command(tb.bin, "tail", "-o", "json", "--verdict", "denied,killed",
+		"--socket", filepath.Join(tb.socketDir, "events.sock"))
+	tailOut, _ := tailCmd.StdoutPipe()
+	if err := tailCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { tailCmd.Process.Kill(); tailCmd.Wait() }()
+	lines := make(chan audit.Event, 100)
+	go func() {
+		sc := bufio.NewScanner(tailOut)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e audit.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				lines <- e
+			}
+		}
+		close(lines)
+	}()
+	time.Sleep(300 * time.Millisecond) // the tail client registers its filter
+
+	out, code := tb.watcher("exec", "--socket", filepath.Join(tb.socketDir, "control.sock"), "--label", "call-42", "--", "cat", "/etc/shadow")
+	if code == 0 || strings.Contains(out, "root:") {
+		t.Fatalf("cat /etc/shadow in the sandbox: exit %d, output:\n%s", code, out)
+	}
+	if !strings.Contains(out, "label=call-42") {
+		t.Errorf("verdict line lacks the label:\n%s", out)
+	}
+
+	var got *audit.Event
+	timeout := time.After(10 * time.Second)
+	for got == nil {
+		select {
+		case e, ok := <-lines:
+			if !ok {
+				t.Fatal("tail ended early")
+			}
+			if e.File != nil && e.File.Path == "/etc/shadow" && e.Sandbox.Labels["label"] == "call-42" {
+				got = &e
+			}
+		case <-timeout:
+			t.Fatalf("no denial of /etc/shadow labelled call-42 reached watcher tail; agent log:\n%s", tb.agentLog)
+		}
+	}
+	if got.Sandbox.Name != "agents" || got.Process.Comm != "cat" || got.Verdict != audit.VerdictDenied {
+		t.Errorf("event %+v: want sandbox agents, comm cat, verdict denied", got)
+	}
+
+	// A process started in the sandbox by someone else (a container): the
+	// kernel hooks alone stop it.
+	cmd := inSandbox(t, tb.cgAbs, "c1", "cat /etc/shadow; echo 1 > /proc/sys/vm/overcommit_ratio")
+	cout, _ := cmd.CombinedOutput()
+	if strings.Contains(string(cout), "root:") {
+		t.Fatalf("container process read /etc/shadow:\n%s", cout)
+	}
+
+	// The metric moved.
+	resp, err := http.Get("http://" + tb.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`watcher_events_total\{kind="file_open",sandbox="agents",verdict="(denied|killed)"\} (\d+)`).FindSubmatch(body)
+	if m == nil || string(m[2]) == "0" {
+		t.Fatalf("watcher_events_total for denied file opens missing or zero:\n%s", grepLines(body, "watcher_events_total"))
+	}
+
+	// watcher status works as a readiness probe.
+	if out, code := tb.watcher("status", "--socket", filepath.Join(tb.socketDir, "control.sock")); code != 0 || !strings.Contains(out, "agents") {
+		t.Errorf("status exit %d:\n%s", code, out)
+	}
+
+	tb.stopAgent(syscall.SIGTERM)
+	if out, code := tb.watcher("verify", tb.ledger); code != 0 {
+		t.Fatalf("verify after a clean stop: exit %d\n%s", code, out)
+	}
+	out, code = tb.watcher("ledger", "cat", "--json", "--kind", "file_open", tb.ledger)
+	if code != 0 || !strings.Contains(out, `"/etc/shadow"`) || !strings.Contains(out, "call-42") {
+		t.Fatalf("ledger lacks the denial (exit %d):\n%s", code, out)
+	}
+	if _, code := tb.watcher("status", "--socket", filepath.Join(tb.socketDir, "control.sock")); code == 0 {
+		t.Error("status succeeded with the agent stopped")
+	}
+}
+
+func grepLines(b []byte, s string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestAgentKilledMidLoop: SIGKILL the agent during a loop of forbidden
+// operations and restart it: the pinned programs keep enforcing, no
+// forbidden operation succeeds, and the ledger verifies afterwards.
+func TestAgentKilledMidLoop(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}")
+	tb.startAgent()
+	loop := inSandbox(t, tb.cgAbs, "loop", `i=0; while [ $i -lt 150 ]; do cat /etc/shadow; i=$((i+1)); sleep 0.02; done; echo loop-done`)
+	var out bytes.Buffer
+	loop.Stdout, loop.Stderr = &out, &out
+	if err := loop.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond)
+	tb.stopAgent(syscall.SIGKILL)
+	time.Sleep(1 * time.Second) // no agent at all: only the pins enforce
+	tb.startAgent()
+	if err := loop.Wait(); err != nil {
+		t.Fatalf("loop: %v\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "root:") || !strings.Contains(out.String(), "loop-done") {
+		t.Fatalf("a forbidden read succeeded while the agent was down, or the loop did not finish:\n%s", out.String())
+	}
+	tb.stopAgent(syscall.SIGTERM)
+	if vout, code := tb.watcher("verify", tb.ledger); code != 0 {
+		t.Fatalf("verify after SIGKILL and restart: exit %d\n%s", code, vout)
+	}
+	cat, _ := tb.watcher("ledger", "cat", "--json", "--kind", "file_open", tb.ledger)
+	if n := strings.Count(cat, `"/etc/shadow"`); n < 100 {
+		t.Errorf("ledger holds %d of the ~150 refused reads (events during the gap are read from the pinned ring by the next agent)", n)
+	}
+}
+
+// TestEscapeWatchFreezes: a scripted escape sequence freezes its sandbox;
+// a benign workload (a Go build, a Python script, git) in another sandbox
+// is untouched.
+func TestEscapeWatchFreezes(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git not installed")
+	}
+	benign := fmt.Sprintf(`  - name: benign
+    select: {cgroups: [%s-benign]}
+    preset: restricted
+    workspace: [%s]
+    escape: {enabled: true, threshold: 100, window: 60s, action: freeze}
+`, "CGROUP", "WS")
+	tb := newTestbed(t, benign, "{enabled: true, threshold: 100, window: 60s, action: freeze}")
+	pol, _ := os.ReadFile(tb.policy)
+	pol = bytes.ReplaceAll(pol, []byte("CGROUP"), []byte(tb.cgroup))
+	pol = bytes.ReplaceAll(pol, []byte("WS"), []byte(tb.ws))
+	os.WriteFile(tb.policy, pol, 0o600)
+	tb.startAgent()
+
+	// The benign workload first, in its own sandbox.
+	ws := tb.ws
+	os.WriteFile(filepath.Join(ws, "main.go"), []byte("package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"hello\") }\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, "go.mod"), []byte("module hello\n\ngo 1.22\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, "script.py"), []byte("import json, hashlib\nprint(json.dumps({'h': hashlib.sha256(b'x').hexdigest()}))\n"), 0o644)
+	os.MkdirAll(filepath.Join(ws, ".tmp"), 0o755)
+	benignScript := `set -e; cd "$WS"
+go build -o "$WS/hello" . && "$WS/hello"
+python3 script.py
+git init -q . && git add . && git -c user.name=t -c user.email=t@e commit -qm init && git log --oneline | wc -l`
+	cmd := inSandbox(t, tb.cgAbs+"-benign", "work", benignScript, "WS="+ws, "HOME="+ws, "GOCACHE="+ws+"/.gocache",
+		"GOTMPDIR="+ws+"/.tmp", "TMPDIR="+ws+"/.tmp", "GOFLAGS=-mod=mod", "GOPROXY=off", "GOTOOLCHAIN=local")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "hello") {
+		led, _ := tb.watcher("ledger", "cat", tb.ledger)
+		t.Fatalf("benign workload failed in its sandbox: %v\n%s\nledger:\n%s", err, out, led)
+	}
+
+	// The scripted escape, each step refused or killed.
+	escapeScript := `cat /etc/shadow; cat /proc/1/environ; mount -t tmpfs none /mnt; echo 1 > /proc/sys/kernel/core_pattern;
+cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t 1 -m true; sleep 5`
+	esc := inSandbox(t, tb.cgAbs, "esc", escapeScript)
+	esc.Start()
+	defer func() { cgroupfs.Freeze(tb.cgAbs, false); esc.Process.Kill(); esc.Wait() }()
+
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		data, _ := os.ReadFile(filepath.Join(tb.cgAbs, "cgroup.freeze"))
+		if strings.TrimSpace(string(data)) == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			out, _ := tb.watcher("ledger", "cat", tb.ledger)
+			t.Fatalf("sandbox not frozen after the escape sequence; ledger:\n%s\nagent log:\n%s", out, tb.agentLog)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st, _ := tb.watcher("status", "--json", "--socket", filepath.Join(tb.socketDir, "control.sock"))
+	if !regexp.MustCompile(`"name": "agents",[^}]*"frozen": true`).MatchString(st) {
+		t.Errorf("status does not show agents frozen:\n%s", st)
+	}
+	if regexp.MustCompile(`"name": "benign",[^}]*"frozen": true`).MatchString(st) {
+		t.Errorf("benign sandbox frozen:\n%s", st)
+	}
+	if out, code := tb.watcher("thaw", "--socket", filepath.Join(tb.socketDir, "control.sock"), "agents"); code != 0 {
+		t.Fatalf("thaw: %d %s", code, out)
+	}
+	if data, _ := os.ReadFile(filepath.Join(tb.cgAbs, "cgroup.freeze")); strings.TrimSpace(string(data)) != "0" {
+		t.Fatal("sandbox still frozen after watcher thaw")
+	}
+	// The alert with its evidence is in the ledger.
+	tb.stopAgent(syscall.SIGTERM)
+	out, _ := tb.watcher("ledger", "cat", "--json", "--kind", "escape", tb.ledger)
+	if !strings.Contains(out, "frozen") {
+		t.Fatalf("no escape alert in the ledger:\n%s", out)
+	}
+}
+
+var _ = context.Background
+var _ = tail.DefaultSocket
