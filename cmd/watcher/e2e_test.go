@@ -435,3 +435,64 @@ cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t
 
 var _ = context.Background
 var _ = tail.DefaultSocket
+
+// TestReloadAndMountUndo: a bad policy edit is refused and enforcement
+// stays; a good edit (record mode) takes effect without a restart; a mount
+// the kill backstop could only kill after the fact is undone by the agent.
+func TestReloadAndMountUndo(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}")
+	tb.startAgent()
+	ctl := filepath.Join(tb.socketDir, "control.sock")
+	good, _ := os.ReadFile(tb.policy)
+
+	// The mount: killed, and (where it happened) undone.
+	mnt := filepath.Join(tb.ws, "mnt")
+	os.MkdirAll(mnt, 0o755)
+	out, _ := inSandbox(t, tb.cgAbs, "m", "mount -t tmpfs none "+mnt+" && echo after-mount").CombinedOutput()
+	if strings.Contains(string(out), "after-mount") {
+		t.Fatalf("mount in the sandbox was not stopped:\n%s", out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		if !strings.Contains(string(mi), " "+mnt+" ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			exec.Command("umount", "-l", mnt).Run()
+			t.Fatalf("the killed process's tmpfs is still mounted at %s", mnt)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// A broken edit: refused, the old policy stays in force.
+	os.WriteFile(tb.policy, append(append([]byte{}, good...), []byte("bogus_field: 1\n")...), 0o600)
+	if out, code := tb.watcher("reload", "--socket", ctl); code == 0 || !strings.Contains(out, "bogus_field") {
+		t.Fatalf("reload of a broken policy: exit %d\n%s", code, out)
+	}
+	if out, _ := inSandbox(t, tb.cgAbs, "r1", "cat /etc/shadow").CombinedOutput(); strings.Contains(string(out), "root:") {
+		t.Fatalf("enforcement lapsed after a refused reload:\n%s", out)
+	}
+
+	// A good edit (record mode), picked up from the file change alone.
+	rec := strings.Replace(string(good), "    preset: restricted\n", "    preset: restricted\n    mode: record\n", 1)
+	os.WriteFile(tb.policy, []byte(rec), 0o600)
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		out, _ := inSandbox(t, tb.cgAbs, fmt.Sprintf("r%d", time.Now().UnixNano()), "cat /etc/shadow").CombinedOutput()
+		if strings.Contains(string(out), "root:") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record mode not in force after editing the policy file:\n%s\n%s", out, tb.agentLog)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	tb.stopAgent(syscall.SIGTERM)
+	cat, _ := tb.watcher("ledger", "cat", "--json", tb.ledger)
+	for _, want := range []string{"undo_mount", "policy reload refused", "policy reloaded", `"verdict":"recorded"`} {
+		if !strings.Contains(cat, want) {
+			t.Errorf("ledger lacks %q", want)
+		}
+	}
+}

@@ -93,6 +93,9 @@ type Agent struct {
 	escape  *escape.Scorer
 	watcher *containers.Watcher
 
+	reloader *policy.Reloader
+	applyErr error // of the last policy applied by the reloader
+	lsmProbe map[string]error
 	counts   sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
 	frozen   sync.Map // sandbox name -> bool
 	losses   sync.Map // stage -> *atomic.Uint64
@@ -114,14 +117,18 @@ type root struct {
 // pins of a previous agent are left in place (enforcement continues).
 func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	pol := opts.Policy
+	var reloader *policy.Reloader
 	if pol == nil {
 		if opts.PolicyPath == "" {
 			pol = policy.Default()
-		} else if pol, err = policy.Load(opts.PolicyPath); err != nil {
-			return nil, err
+		} else {
+			if reloader, err = policy.NewReloader(opts.PolicyPath); err != nil {
+				return nil, err
+			}
+			pol = reloader.Current()
 		}
 	}
-	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: NewRuleTable(), roots: map[uint64]*root{}}
+	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader}
 	ctx, a.cancel = context.WithCancel(ctx)
 	defer func() {
 		if err != nil {
@@ -169,6 +176,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	a.reader = a.eng.NewReader(enforce.ReaderOptions{SandboxName: a.sandboxName, RuleName: a.rules.Name})
 	lsmStatus := lsm.Probe()
+	a.lsmProbe = lsmStatus
 	if anyLoaded(lsmStatus) {
 		if a.lsm, a.lsmErr = lsm.Load(a.eng); a.lsmErr == nil {
 			lsmStatus = a.lsm.Status()
@@ -212,7 +220,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		if a.backstop, err = backstop.Load(a.eng); err != nil {
 			return a, fmt.Errorf("kill backstop: %w", err)
 		}
-		backstop.RegisterHooks(a.reader, backstop.Hooks{})
+		backstop.RegisterHooks(a.reader, backstop.Hooks{OnMount: a.onMountKill})
 	}
 	if err := a.applyPlan(); err != nil {
 		return a, err
@@ -255,6 +263,14 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.periodic(ctx) }()
+	if a.reloader != nil {
+		// Edits of the policy file take effect without a signal; a bad
+		// edit is refused and the policy in force stays.
+		a.reloader.OnReload = func(_, pol *policy.Policy) { a.applyPolicy(pol) }
+		a.reloader.OnError = a.refused
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.reloader.Run(ctx) }()
+	}
 
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("agent %s started, pid %d, policy %s (%s); %s", Version, os.Getpid(),
@@ -350,6 +366,27 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
 			Message: "answered addresses not admitted (connections to them will be refused): " + err.Error()})
 	}
+}
+
+// onMountKill undoes what the kill backstop could not prevent: a mount made
+// by a process killed for it stays mounted, so the agent unmounts it in the
+// process's mount namespace and records the outcome.
+func (a *Agent) onMountKill(mk backstop.MountKill) {
+	if !mk.Killed || mk.Ret != 0 || (mk.Op != "mount" && mk.Op != "move_mount") {
+		return
+	}
+	go func() {
+		ev := audit.Event{Kind: audit.KindMount, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Mechanism: "agent", Sandbox: audit.Sandbox{CgroupID: mk.SandboxCgroup},
+			Process: audit.Process{PID: mk.PID, TGID: mk.TGID, CgroupID: mk.CgroupID},
+			Mount:   &audit.MountDetail{Op: "undo_" + mk.Op, Target: mk.Target}}
+		if err := backstop.UndoMount(mk); err != nil {
+			ev.Message = "the killed process's mount could not be undone: " + err.Error()
+		} else {
+			ev.Message = "the killed process's mount was undone (detached in its mount namespace)"
+		}
+		a.emit(ev)
+	}()
 }
 
 // Layers says which mechanism enforces each rule on this host.
@@ -700,52 +737,80 @@ func (a *Agent) Thaw(sandbox string) error {
 }
 
 // Reload rereads the policy file. A policy that does not load or compile is
-// refused and the one in force stays (control.Handler, SIGHUP).
+// refused and the one in force stays (control.Handler, SIGHUP; changes to
+// the file are picked up by the reloader on their own).
 func (a *Agent) Reload() error {
-	if a.opts.PolicyPath == "" {
+	if a.reloader == nil {
 		return errors.New("no policy file to reload (running on the built-in default)")
 	}
-	pol, err := policy.Load(a.opts.PolicyPath)
+	_, changed, err := a.reloader.Reload()
+	if err != nil {
+		a.refused(err)
+		return fmt.Errorf("reload refused, previous policy stays: %w", err)
+	}
+	if !changed {
+		return nil
+	}
+	a.mu.Lock()
+	err = a.applyErr
+	a.mu.Unlock()
+	return err
+}
+
+func (a *Agent) refused(err error) {
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Message: "policy reload refused, the previous policy stays: " + err.Error()})
+}
+
+// applyPolicy compiles pol and writes it into every layer; on failure the
+// previous policy is written back and stays in force.
+func (a *Agent) applyPolicy(pol *policy.Policy) {
+	env := Env{LSM: a.lsmStatus(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
+		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM}
+	plan, err := Compile(pol, env, a.rules)
+	if err == nil && env.RequireLSM && len(plan.Missing) > 0 {
+		err = fmt.Errorf("--require-lsm: no BPF LSM program can block %s", strings.Join(plan.Missing, ", "))
+	}
 	if err == nil {
-		var plan *Plan
-		env := Env{LSM: a.lsmStatus(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
-			RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM}
-		if plan, err = Compile(pol, env, a.rules); err == nil {
+		a.mu.Lock()
+		oldPol, oldPlan := a.pol, a.plan
+		a.pol, a.plan, a.layers, a.missing = pol, plan, plan.Layers, plan.Missing
+		a.mu.Unlock()
+		if err = a.applyPlan(); err == nil {
+			err = a.dns.SetPolicy(plan.DNS)
+		}
+		if err == nil {
+			err = a.registerSandboxes()
+		}
+		if err == nil {
+			err = a.watcher.SetTargets(a.watchTargets())
+		}
+		if err != nil {
 			a.mu.Lock()
-			old := a.plan
-			a.pol, a.plan, a.layers, a.missing = pol, plan, plan.Layers, plan.Missing
+			a.pol, a.plan, a.layers, a.missing = oldPol, oldPlan, oldPlan.Layers, oldPlan.Missing
 			a.mu.Unlock()
-			if err = a.applyPlan(); err == nil {
-				err = a.dns.SetPolicy(plan.DNS)
-			}
-			if err == nil {
-				err = a.registerSandboxes()
-			}
-			if err == nil {
-				a.watcher.SetTargets(a.watchTargets())
-			} else {
-				a.mu.Lock()
-				a.plan = old
-				a.mu.Unlock()
-				a.applyPlan()
-			}
+			a.applyPlan()
+			a.dns.SetPolicy(oldPlan.DNS)
 		}
 	}
+	a.mu.Lock()
+	a.applyErr = err
+	a.mu.Unlock()
 	if err != nil {
-		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-			Message: "policy reload refused, the previous policy stays: " + err.Error()})
-		return fmt.Errorf("reload refused, previous policy stays: %w", err)
+		a.refused(err)
+		return
 	}
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("policy reloaded from %s (%s)", a.opts.PolicyPath, short(pol.Hash))})
-	return nil
 }
 
+// lsmStatus is the LSM load status; without loaded LSM programs, the
+// probe made at start (probing loads programs: not on every status call).
 func (a *Agent) lsmStatus() map[string]error {
 	if a.lsm != nil {
 		return a.lsm.Status()
 	}
-	return lsm.Probe()
+	return a.lsmProbe
 }
 
 // periodic feeds the ledger's counters to Prometheus.
