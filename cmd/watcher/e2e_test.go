@@ -296,6 +296,10 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("watcher_events_total for denied file opens missing or zero:\n%s", grepLines(body, "watcher_events_total"))
 	}
 
+	if !regexp.MustCompile(`watcher_bpf_prog_runs_total\{prog="[a-z_]+"\} [1-9]`).Match(body) {
+		t.Errorf("no per-program BPF run counts:\n%s", grepLines(body, "watcher_bpf"))
+	}
+
 	// watcher status works as a readiness probe.
 	if out, code := tb.watcher("status", "--socket", filepath.Join(tb.socketDir, "control.sock")); code != 0 || !strings.Contains(out, "agents") {
 		t.Errorf("status exit %d:\n%s", code, out)

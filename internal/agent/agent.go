@@ -84,14 +84,15 @@ type Agent struct {
 	dnsAddr  netip.AddrPort
 	dnsAddr6 netip.AddrPort
 
-	ledger  *ledger.Ledger
-	fan     *audit.Fanout
-	tail    *tail.Server
-	metrics *metrics.Metrics
-	httpSrv *http.Server
-	control *control.Server
-	escape  *escape.Scorer
-	watcher *containers.Watcher
+	ledger   *ledger.Ledger
+	fan      *audit.Fanout
+	tail     *tail.Server
+	metrics  *metrics.Metrics
+	bpfStats *metrics.BPFStats
+	httpSrv  *http.Server
+	control  *control.Server
+	escape   *escape.Scorer
+	watcher  *containers.Watcher
 
 	reloader *policy.Reloader
 	applyErr error // of the last policy applied by the reloader
@@ -174,6 +175,11 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.eng.SetAgentPID(os.Getpid()); err != nil {
 		return a, err
 	}
+	// Per-program run time and count, from the kernel's BPF statistics.
+	if a.bpfStats, err = metrics.NewBPFStats(a.eng.SandboxMap()); err != nil {
+		return a, fmt.Errorf("bpf statistics: %w", err)
+	}
+	a.metrics.Registry.MustRegister(a.bpfStats)
 	a.reader = a.eng.NewReader(enforce.ReaderOptions{SandboxName: a.sandboxName, RuleName: a.rules.Name})
 	lsmStatus := lsm.Probe()
 	a.lsmProbe = lsmStatus
@@ -908,6 +914,9 @@ func (a *Agent) Stop() error {
 		}
 		if a.eng != nil {
 			a.eng.Close()
+		}
+		if a.bpfStats != nil {
+			a.bpfStats.Close()
 		}
 		if a.httpSrv != nil {
 			a.httpSrv.Close()

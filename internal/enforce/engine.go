@@ -94,6 +94,10 @@ func (e *Engine) CollectionOptions() *ebpf.CollectionOptions {
 func (e *Engine) AlertRing() *ebpf.Map   { return e.maps.AlertEvents }
 func (e *Engine) RoutineRing() *ebpf.Map { return e.maps.RoutineEvents }
 
+// SandboxMap is the shared sandbox set: every watcher program uses it, which
+// is how the agent tells its programs from others (BPF statistics).
+func (e *Engine) SandboxMap() *ebpf.Map { return e.maps.Sandboxes }
+
 // AddSandbox registers the cgroup at path (absolute, or relative to the
 // cgroup2 mount) and everything below it as sandbox id. It returns the
 // cgroup id.
