@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 
@@ -26,6 +27,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	requireLSM := fs.Bool("require-lsm", false, "refuse to start when a blocking rule has no BPF LSM program to enforce it")
 	logJSON := fs.Bool("log-json", false, "log as JSON instead of text")
 	quiet := fs.Bool("quiet", false, "do not log every alert, only agent events")
+	var containers listFlag
+	fs.Var(&containers, "container", "also cage this container in the policy's first sandbox (docker://ID, containerd://ID, cri-o://ID, pod://UID; repeatable)")
 	if err := parseFlags(fs, args, stderr, `Usage: watcher run [flags]
 
 Runs the agent in the foreground until SIGTERM or SIGINT. It mounts bpffs,
@@ -44,7 +47,7 @@ policy is refused and the old one stays.`); err != nil {
 	}
 	log := slog.New(h)
 	a, err := agent.Start(ctx, agent.Options{
-		PolicyPath: *policyPath, RequireLSM: *requireLSM,
+		PolicyPath: *policyPath, RequireLSM: *requireLSM, Containers: containers,
 		OnEvent: func(e audit.Event) { logEvent(log, &e, *quiet) },
 	})
 	if err != nil {
@@ -72,6 +75,12 @@ policy is refused and the old one stays.`); err != nil {
 }
 
 // printLayerSummary prints how many rules each layer enforces.
+// listFlag collects a repeatable flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
 func printLayerSummary(w io.Writer, layers []control.Layer) {
 	count := map[string]int{}
 	var order []string

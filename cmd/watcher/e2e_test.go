@@ -77,6 +77,7 @@ type testbed struct {
 	ledger    string
 	agent     *exec.Cmd
 	agentLog  *bytes.Buffer
+	agentArgs []string
 }
 
 func freePort(t *testing.T) int {
@@ -154,7 +155,7 @@ func (tb *testbed) startAgent() {
 	t := tb.t
 	t.Helper()
 	tb.agentLog = &bytes.Buffer{}
-	cmd := exec.Command(tb.bin, "run", "--policy", tb.policy, "--quiet")
+	cmd := exec.Command(tb.bin, append([]string{"run", "--policy", tb.policy, "--quiet"}, tb.agentArgs...)...)
 	cmd.Stdout, cmd.Stderr = tb.agentLog, tb.agentLog
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -498,5 +499,37 @@ func TestReloadAndMountUndo(t *testing.T) {
 		if !strings.Contains(cat, want) {
 			t.Errorf("ledger lacks %q", want)
 		}
+	}
+}
+
+// TestContainerFlag: `watcher run --container docker://ID` cages a Docker
+// container found by the runtime's cgroup naming, even one started after
+// the agent.
+func TestContainerFlag(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}")
+	b := make([]byte, 32)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	slice := filepath.Join(filepath.Dir(tb.cgAbs), "system.slice")
+	scope := filepath.Join(slice, "docker-"+id+".scope")
+	if _, err := os.Stat(slice); err != nil {
+		t.Cleanup(func() { cgroupfs.Remove(slice) }) // only when the test made it
+	}
+	t.Cleanup(func() { cgroupfs.Remove(scope) })
+	tb.agentArgs = []string{"--container", "docker://" + id[:12]}
+	tb.startAgent()
+	if err := cgroupfs.Create(scope); err != nil { // the container starts after the agent
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		out, _ := inSandbox(t, scope, fmt.Sprintf("p%d", time.Now().UnixNano()), "cat /etc/shadow && echo READ").CombinedOutput()
+		if !strings.Contains(string(out), "READ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the container's cgroup was never caged:\n%s", tb.agentLog)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

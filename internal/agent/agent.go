@@ -57,6 +57,11 @@ type Options struct {
 	// OnEvent, when set, sees every event after the fan-out (the command
 	// logs agent events with it).
 	OnEvent func(audit.Event)
+	// Containers are extra runtime-qualified container ids (docker://ID,
+	// containerd://ID, cri-o://ID, pod://UID) added to the first sandbox's
+	// selectors, so `watcher run --container ID` cages a container without
+	// editing the policy. They survive reloads.
+	Containers []string
 }
 
 // Agent is a running watcher agent.
@@ -128,6 +133,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 			}
 			pol = reloader.Current()
 		}
+	}
+	if pol, err = withContainers(pol, opts.Containers); err != nil {
+		return nil, err
 	}
 	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader}
 	ctx, a.cancel = context.WithCancel(ctx)
@@ -372,6 +380,25 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
 			Message: "answered addresses not admitted (connections to them will be refused): " + err.Error()})
 	}
+}
+
+// withContainers returns pol with extra container ids selected by its
+// first sandbox (a copy: the reloader's policy is not modified).
+func withContainers(pol *policy.Policy, ids []string) (*policy.Policy, error) {
+	if len(ids) == 0 {
+		return pol, nil
+	}
+	if len(pol.Sandboxes) == 0 {
+		return nil, errors.New("--container: the policy has no sandbox to put the container in")
+	}
+	cp := *pol
+	cp.Sandboxes = append([]policy.Sandbox(nil), pol.Sandboxes...)
+	sel := &cp.Sandboxes[0].Select
+	sel.Containers = append(append([]string(nil), sel.Containers...), ids...)
+	if err := cp.Validate(); err != nil {
+		return nil, fmt.Errorf("--container: %w", err)
+	}
+	return &cp, nil
 }
 
 // onMountKill undoes what the kill backstop could not prevent: a mount made
@@ -771,6 +798,11 @@ func (a *Agent) refused(err error) {
 // applyPolicy compiles pol and writes it into every layer; on failure the
 // previous policy is written back and stays in force.
 func (a *Agent) applyPolicy(pol *policy.Policy) {
+	pol, err := withContainers(pol, a.opts.Containers)
+	if err != nil {
+		a.refused(err)
+		return
+	}
 	env := Env{LSM: a.lsmStatus(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
 		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM}
 	plan, err := Compile(pol, env, a.rules)
