@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -97,6 +98,18 @@ type stormResult struct {
 	got      uint64        // events seen by the consumer
 	span     time.Duration // first sample read to last event seen
 	producer time.Duration // the storm process's run time
+	cpu      time.Duration // this process's CPU time (reader and consumer)
+}
+
+// selfCPU is the user and system CPU time of this process so far: the
+// reader's cost per event, which, unlike rates, does not depend on what
+// else runs on the machine.
+func selfCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (s stormResult) rate() float64 {
@@ -141,6 +154,7 @@ func benchStorm(b *testing.B, bin string, setup func(*enforce.Engine, *enforce.R
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
+	cpu0 := selfCPU()
 	var got atomic.Uint64
 	var first, last atomic.Int64
 	consumed := make(chan struct{})
@@ -164,6 +178,7 @@ func benchStorm(b *testing.B, bin string, setup func(*enforce.Engine, *enforce.R
 	cancel()
 	<-done
 	<-consumed
+	dec.cpu = selfCPU() - cpu0
 	dec.got = got.Load()
 	dec.span = time.Duration(last.Load() - first.Load())
 	st := r.Stats()
@@ -174,6 +189,8 @@ func benchStorm(b *testing.B, bin string, setup func(*enforce.Engine, *enforce.R
 		b.ReportMetric(dec.rate()/raw.rate(), "decoded/raw")
 	}
 	b.ReportMetric(float64(n)/dec.producer.Seconds(), "producer-events/s")
+	b.ReportMetric(float64(dec.cpu.Nanoseconds())/float64(n), "cpu-ns/event")
+	b.ReportMetric(float64(raw.cpu.Nanoseconds())/float64(n), "raw-cpu-ns/event")
 	b.ReportMetric(float64(st.RingAlert-ringA1), "alert-ring-lost")
 	b.ReportMetric(float64(st.RingRoutine-ringR1), "routine-ring-lost")
 	b.ReportMetric(float64(st.QueueDrops), "queue-lost")
@@ -194,6 +211,7 @@ func rawRead(b *testing.B, ring *ebpf.Map, n int, run func() time.Duration) stor
 	if err != nil {
 		b.Fatal(err)
 	}
+	cpu0 := selfCPU()
 	var got atomic.Uint64
 	var first, last atomic.Int64
 	var stop atomic.Bool
@@ -235,6 +253,7 @@ func rawRead(b *testing.B, ring *ebpf.Map, n int, run func() time.Duration) stor
 		b.Fatalf("raw read: %v", err)
 	}
 	rd.Close()
+	res.cpu = selfCPU() - cpu0
 	res.got = got.Load()
 	res.span = time.Duration(last.Load() - first.Load())
 	return res
