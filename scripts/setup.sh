@@ -21,11 +21,15 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]})); then
 	echo "== apt-get install ${missing[*]}"
+	# Packages such as prometheus and unbound start services on install: the
+	# tests start their own instances, so keep the package ones down.
+	prc=/usr/sbin/policy-rc.d
+	had_prc=0; [ -e "$prc" ] && had_prc=1
+	[ $had_prc = 1 ] || { printf '#!/bin/sh\nexit 101\n' > "$prc"; chmod +x "$prc"; }
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	[ $had_prc = 1 ] || rm -f "$prc"
 fi
-# Debian's prometheus package starts a server: the tests only need promtool.
-systemctl disable --now prometheus >/dev/null 2>&1 || true
 
 echo "== go mod download"
 go mod download
