@@ -289,6 +289,13 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("agent %s started, pid %d, policy %s (%s); %s", Version, os.Getpid(),
 			policyName(opts.PolicyPath), short(pol.Hash), layerSummary(a.layers))})
+	// Which layer enforces each rule on this kernel, in the record too.
+	var table strings.Builder
+	for _, l := range a.layers {
+		fmt.Fprintf(&table, "%s => %s (%s)\n", l.Rule, l.Mechanism, l.Note)
+	}
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Message: "enforcement layers on this kernel:\n" + table.String()})
 	return a, nil
 }
 
@@ -856,6 +863,7 @@ func (a *Agent) periodic(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var last ledger.Stats
+	var tailDrops uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -868,6 +876,13 @@ func (a *Agent) periodic(ctx context.Context) {
 		last = st
 		if cp := a.ledger.LastCheckpoint(); cp != nil {
 			a.metrics.LedgerCheckpoint.Set(float64(cp.Time.Unix()))
+		}
+		// A tail client dropped for falling behind lost events: say so.
+		if d := a.tail.DroppedClients(); d > tailDrops {
+			a.emit(audit.Event{Kind: audit.KindLoss, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+				Mechanism: "agent", Loss: &audit.LossDetail{Stage: "tail_client", Count: d - tailDrops},
+				Message: "live tail clients dropped for falling behind (the ledger is complete)"})
+			tailDrops = d
 		}
 		for sb, s := range a.escape.Scores() {
 			a.metrics.EscapeScore.WithLabelValues(sb).Set(s)
