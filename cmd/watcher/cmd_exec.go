@@ -137,12 +137,14 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 	if !*quiet {
 		fmt.Fprintln(stderr, v.String())
 	}
-	if runErr != nil {
-		return runErr
-	}
 	switch {
 	case v.Outcome == launch.OutcomeRefused || v.Outcome == launch.OutcomeFailed:
-		return &exitError{Code: 126, Err: fmt.Errorf("%s", v.Outcome)}
+		if runErr == nil {
+			runErr = fmt.Errorf("%s", v.Outcome)
+		}
+		return &exitError{Code: 126, Err: runErr}
+	case runErr != nil:
+		return runErr
 	case v.Signal != 0:
 		return &exitError{Code: 128 + int(v.Signal), Err: fmt.Errorf("command killed by signal %d", v.Signal)}
 	case v.ExitCode != 0:

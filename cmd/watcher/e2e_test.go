@@ -533,3 +533,28 @@ func TestContainerFlag(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestExecTimeoutsAndBreaker: graded timeouts end a hanging command with
+// cgroup.kill, and after circuit_breaker consecutive hard timeouts the
+// sandbox refuses further runs, across separate watcher exec invocations.
+func TestExecTimeoutsAndBreaker(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}\n    exec: {timeouts: {warn: 100ms, term: 200ms, kill: 400ms}, circuit_breaker: 2}")
+	tb.startAgent()
+	ctl := filepath.Join(tb.socketDir, "control.sock")
+	// A command that ignores SIGTERM: only the cgroup kill ends it.
+	hang := []string{"exec", "--socket", ctl, "--", "sh", "-c", "trap '' TERM; sleep 30"}
+	for i := 0; i < 2; i++ {
+		start := time.Now()
+		out, code := tb.watcher(hang...)
+		if code == 0 || !strings.Contains(out, "timeout-kill") {
+			t.Fatalf("run %d: exit %d, want a hard timeout:\n%s", i, code, out)
+		}
+		if d := time.Since(start); d > 20*time.Second {
+			t.Fatalf("run %d took %v: the kill timeout did not end it", i, d)
+		}
+	}
+	out, code := tb.watcher("exec", "--socket", ctl, "--", "sh", "-c", "printf %s%s RA N")
+	if code != 126 || strings.Contains(out, "RAN") || !strings.Contains(out, "refused") {
+		t.Fatalf("third run after 2 hard timeouts: exit %d, want 126 and nothing run:\n%s", code, out)
+	}
+}
