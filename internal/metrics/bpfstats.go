@@ -83,4 +83,3 @@ func (s *BPFStats) Collect(ch chan<- prometheus.Metric) {
 
 // Close turns the statistics off again (when no one else holds them on).
 func (s *BPFStats) Close() error { return s.stats.Close() }
-
