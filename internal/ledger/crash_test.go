@@ -78,7 +78,13 @@ func TestCrashWriterProcess(t *testing.T) {
 			f.Close()
 			fmt.Fprintf(out, "ack %s %d\ntorn\n", run, len(seqs))
 			out.Flush()
-			select {}
+			// Wait for SIGKILL. Not select{}: with syncMu held the
+			// committer blocks too, and the runtime would abort this
+			// process with "all goroutines are asleep - deadlock!" (on
+			// stderr, shared with the parent) if the kill came late.
+			for {
+				time.Sleep(time.Hour)
+			}
 		}
 	}
 }

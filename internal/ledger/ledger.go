@@ -718,7 +718,7 @@ func (l *Ledger) flushLocked() error {
 		err = io.ErrShortWrite
 	}
 	if err != nil {
-		err = fmt.Errorf("write %s: %w", filepath.Join(l.dir, l.segName), err)
+		err = l.segWriteErr(err)
 		l.failLocked(err, &l.written)
 		return err
 	}
@@ -750,6 +750,16 @@ func (l *Ledger) failLocked(err error, to *state) {
 	}
 	l.buf = l.buf[:0]
 	l.degraded = true
+}
+
+// segWriteErr names the segment in a failed write's error, once: errors
+// from os.File already say "write PATH".
+func (l *Ledger) segWriteErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return fmt.Errorf("write %s: %w", filepath.Join(l.dir, l.segName), err)
 }
 
 func (l *Ledger) loseLocked(n, alerts uint64) {
@@ -802,7 +812,7 @@ func (l *Ledger) recoverLocked() {
 	}
 	if err != nil {
 		l.stats.WriteFailures++
-		l.lastErr = fmt.Errorf("write %s: %w", l.segName, err)
+		l.lastErr = l.segWriteErr(err)
 		if terr := l.seg.Truncate(l.written.off); terr != nil {
 			l.truncFail = true
 		}
