@@ -146,6 +146,14 @@ struct syscall_event {
 
 #define RET_UNKNOWN (-(1LL << 62))
 
+/* Syscall events whose strings are all empty (most: ptrace, signals, bpf,
+ * recorded syscalls) travel without them: the record ends before str. The
+ * reader treats the missing bytes as zero. */
+#define SYSCALL_EVENT_COMPACT __builtin_offsetof(struct syscall_event, str)
+
+_Static_assert(sizeof(struct syscall_event) + 8 <= WAKEUP_WINDOW, "record longer than WAKEUP_WINDOW");
+_Static_assert(sizeof(struct file_event) + 8 <= WAKEUP_WINDOW, "record longer than WAKEUP_WINDOW");
+
 struct cgroup_event {
 	struct event_hdr hdr;
 	__u64 dst_cgroup;  /* cgroup id the task was moved to */
@@ -155,6 +163,8 @@ struct cgroup_event {
 	__u8 moved_comm[TASK_COMM_LEN];
 	char dst_path[PW_HALF];
 };
+
+_Static_assert(sizeof(struct cgroup_event) + 8 <= WAKEUP_WINDOW, "record longer than WAKEUP_WINDOW");
 
 const struct file_event *unused_file_event __attribute__((unused));
 const struct syscall_event *unused_syscall_event __attribute__((unused));
@@ -198,11 +208,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } bs_inode_rules SEC(".maps");
 
-/* Events decided at sys_enter, completed with the return value at sys_exit. */
+/* Events decided at sys_enter, completed with the return value at sys_exit,
+ * kept per task (thread): filled in place, no hash update and delete per
+ * syscall. hdr.kind is EV_KILL_SYSCALL while an event waits, 0 once sent. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct syscall_event);
 } bs_pending SEC(".maps");
 
@@ -350,9 +362,8 @@ static __always_inline __u64 current_mnt_ns(void)
 
 /* fill_strings records the paths and names a syscall's arguments point to,
  * as the caller passed them, plus the cwd when a path is relative. */
-static __always_inline void fill_strings(struct scratch *s, long nr, __u64 *a)
+static __always_inline void fill_strings(struct scratch *s, struct syscall_event *e, long nr, __u64 *a)
 {
-	struct syscall_event *e = &s->ev;
 	const char *target = NULL, *aux = NULL, *fstype = NULL;
 	long fd = -1;
 
@@ -425,6 +436,25 @@ static __always_inline __u32 target_of(long nr, __u64 *a)
 	return 0;
 }
 
+/* emit_syscall sends a syscall event, without its strings when all are
+ * empty (SYSCALL_EVENT_COMPACT). */
+static __always_inline void emit_syscall(struct syscall_event *e)
+{
+	if (e->str[0] || e->aux[0] || e->fstype[0]) {
+		struct syscall_event *out = reserve_event(sizeof(*out), true);
+		if (out) {
+			__builtin_memcpy(out, e, sizeof(*out));
+			submit_event(out, true);
+		}
+		return;
+	}
+	struct syscall_event *out = reserve_event(SYSCALL_EVENT_COMPACT, true);
+	if (out) {
+		__builtin_memcpy(out, e, SYSCALL_EVENT_COMPACT);
+		submit_event(out, true);
+	}
+}
+
 SEC("tp_btf/sys_enter")
 int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 {
@@ -457,7 +487,13 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 	struct scratch *s = get_scratch();
 	if (!s)
 		return 0;
-	struct syscall_event *e = &s->ev;
+	/* Filled in place in the task's pending slot; when there is none
+	 * (allocation failed), in the scratch, sent at once below. */
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct syscall_event *e = bpf_task_storage_get(&bs_pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	bool stashed = e != NULL;
+	if (!e)
+		e = &s->ev;
 	__builtin_memset(e, 0, sizeof(*e));
 	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, rule_id, root, sb);
 	e->nr = id;
@@ -471,20 +507,13 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 	e->category = cat;
 	e->mnt_ns = current_mnt_ns();
 	e->target_pid = target ? target : target_of(id, e->args);
-	fill_strings(s, id, e->args);
+	fill_strings(s, e, id, e->args);
 
 	if (verdict == VERDICT_KILLED)
 		bpf_send_signal(SIGKILL);
 
-	__u64 key = bpf_get_current_pid_tgid();
-	if (bpf_map_update_elem(&bs_pending, &key, e, BPF_ANY)) {
-		/* Cannot stash: send now, without the return value. */
-		struct syscall_event *out = reserve_event(sizeof(*out), true);
-		if (out) {
-			__builtin_memcpy(out, e, sizeof(*out));
-			submit_event(out, true);
-		}
-	}
+	if (!stashed)
+		emit_syscall(e); /* cannot stash: send now, without the return value */
 	return 0;
 }
 
@@ -633,17 +662,13 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 	struct syscall_rule *r = bpf_map_lookup_elem(&bs_syscall_rules, &n);
 	if (!r || (!r->action && !r->category))
 		return 0;
-	__u64 key = bpf_get_current_pid_tgid();
-	struct syscall_event *pending = bpf_map_lookup_elem(&bs_pending, &key);
-	if (!pending)
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct syscall_event *pending = bpf_task_storage_get(&bs_pending, task, 0, 0);
+	if (!pending || pending->hdr.kind != EV_KILL_SYSCALL || pending->nr != nr)
 		return 0;
-	struct syscall_event *out = reserve_event(sizeof(*out), true);
-	if (out) {
-		bpf_probe_read_kernel(out, sizeof(*out), pending);
-		out->ret = ret;
-		submit_event(out, true);
-	}
-	bpf_map_delete_elem(&bs_pending, &key);
+	pending->ret = ret;
+	emit_syscall(pending);
+	pending->hdr.kind = 0; /* sent (or its loss counted): never twice */
 	return 0;
 }
 
@@ -684,10 +709,11 @@ int BPF_PROG(backstop_io_uring_submit, struct io_kiocb *req)
 		return 0;
 	if (verdict == VERDICT_KILLED)
 		bpf_send_signal(SIGKILL);
-	struct syscall_event *e = reserve_event(sizeof(*e), true);
+	/* No strings: only the compact part is reserved and written. */
+	struct syscall_event *e = reserve_event(SYSCALL_EVENT_COMPACT, true);
 	if (!e)
 		return 0;
-	__builtin_memset(e, 0, sizeof(*e));
+	__builtin_memset(e, 0, SYSCALL_EVENT_COMPACT);
 	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, c->rule_id, root, sb);
 	e->nr = NR_io_uring_enter;
 	e->ret = RET_UNKNOWN;

@@ -132,6 +132,13 @@ struct syscall_event {
 	char path[PW_HALF];
 };
 
+/* Samples of the syscall stream carry no path: their records end before it
+ * (the reader treats the missing bytes as zero), a third of the full size. */
+#define SYSCALL_SAMPLE_SIZE __builtin_offsetof(struct syscall_event, path)
+
+_Static_assert(sizeof(struct exec_event) + 8 <= WAKEUP_WINDOW, "record longer than WAKEUP_WINDOW");
+_Static_assert(sizeof(struct syscall_event) + 8 <= WAKEUP_WINDOW, "record longer than WAKEUP_WINDOW");
+
 const struct exec_event *unused_exec_event __attribute__((unused));
 const struct exit_event *unused_exit_event __attribute__((unused));
 const struct syscall_event *unused_syscall_event __attribute__((unused));
@@ -214,6 +221,16 @@ static __always_inline void mark_entered(struct task_struct *task, long nr, bool
 		*m = ((__u32)nr + 1) | (ia32 ? ENTERED_IA32 : 0);
 }
 
+static __always_inline void fill_args(struct syscall_event *e, struct pt_regs *regs)
+{
+	e->args[0] = BPF_CORE_READ(regs, di);
+	e->args[1] = BPF_CORE_READ(regs, si);
+	e->args[2] = BPF_CORE_READ(regs, dx);
+	e->args[3] = BPF_CORE_READ(regs, r10);
+	e->args[4] = BPF_CORE_READ(regs, r8);
+	e->args[5] = BPF_CORE_READ(regs, r9);
+}
+
 SEC("tp_btf/sys_enter")
 int BPF_PROG(trace_sys_enter, struct pt_regs *regs, long id)
 {
@@ -258,25 +275,36 @@ int BPF_PROG(trace_sys_enter, struct pt_regs *regs, long id)
 	if (!module && !sample)
 		return 0;
 
-	struct syscall_event *e = reserve_event(sizeof(*e), module);
+	if (!module) {
+		/* A sample: the record ends before path (SYSCALL_SAMPLE_SIZE). */
+		struct syscall_event *e = reserve_event(SYSCALL_SAMPLE_SIZE, false);
+		if (!e)
+			return 0;
+		fill_hdr(&e->hdr, EV_SYSCALL, VERDICT_ALLOWED, 0, root, sb);
+		e->nr = id;
+		e->count = every;
+		fill_args(e, regs);
+		e->ret = 0;
+		e->open_flags = 0;
+		e->denial = DENIAL_NONE;
+		e->flags = 0;
+		submit_event(e, false);
+		return 0;
+	}
+
+	struct syscall_event *e = reserve_event(sizeof(*e), true);
 	if (!e)
 		return 0;
-	fill_hdr(&e->hdr, EV_SYSCALL, module ? effective_verdict(sb, ACTION_RECORD) : VERDICT_ALLOWED,
-		 module ? cfg->module_rule_id : 0, root, sb);
+	fill_hdr(&e->hdr, EV_SYSCALL, effective_verdict(sb, ACTION_RECORD), cfg->module_rule_id, root, sb);
 	e->nr = id;
-	e->count = module ? 1 : every;
-	e->args[0] = BPF_CORE_READ(regs, di);
-	e->args[1] = BPF_CORE_READ(regs, si);
-	e->args[2] = BPF_CORE_READ(regs, dx);
-	e->args[3] = BPF_CORE_READ(regs, r10);
-	e->args[4] = BPF_CORE_READ(regs, r8);
-	e->args[5] = BPF_CORE_READ(regs, r9);
+	e->count = 1;
+	fill_args(e, regs);
 	e->ret = 0;
 	e->open_flags = 0;
 	e->denial = DENIAL_NONE;
 	e->flags = 0;
 	e->path[0] = 0;
-	if (module && (id == NR_finit_module || id == NR_kexec_file_load)) {
+	if (id == NR_finit_module || id == NR_kexec_file_load) {
 		struct file *f = pw_fd_file(e->args[0]);
 		struct pathwalk *pw = bpf_map_lookup_elem(&tr_scratch, &zero);
 		if (f && pw) {
@@ -284,7 +312,7 @@ int BPF_PROG(trace_sys_enter, struct pt_regs *regs, long id)
 			bpf_probe_read_kernel_str(e->path, sizeof(e->path), pw->buf);
 		}
 	}
-	submit_event(e, module);
+	submit_event(e, true);
 	return 0;
 }
 

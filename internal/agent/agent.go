@@ -102,9 +102,10 @@ type Agent struct {
 	reloader *policy.Reloader
 	applyErr error // of the last policy applied by the reloader
 	lsmProbe map[string]error
-	counts   sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
-	frozen   sync.Map // sandbox name -> bool
-	losses   sync.Map // stage -> *atomic.Uint64
+	names    atomic.Pointer[map[uint32]string] // sandbox id -> name, per plan
+	counts   sync.Map                          // sandbox name -> *[4]atomic.Uint64 by verdict
+	frozen   sync.Map                          // sandbox name -> bool
+	losses   sync.Map                          // stage -> *atomic.Uint64
 	layers   []control.Layer
 	missing  []string
 	cancel   context.CancelFunc
@@ -454,6 +455,11 @@ func (a *Agent) Plan() *Plan {
 // gap.
 func (a *Agent) applyPlan() error {
 	p := a.plan
+	names := make(map[uint32]string, len(p.SandboxIDs))
+	for name, id := range p.SandboxIDs {
+		names[id] = name
+	}
+	a.names.Store(&names)
 	if a.lsm != nil {
 		for id, r := range p.LSM {
 			if err := a.lsm.SetRules(id, r); err != nil {
@@ -708,8 +714,19 @@ func (a *Agent) labelOf(cg uint64) string {
 }
 
 func (a *Agent) count(sandbox string, v audit.Verdict) {
-	c, _ := a.counts.LoadOrStore(sandbox, new([4]atomic.Uint64))
-	idx := map[audit.Verdict]int{audit.VerdictAllowed: 0, audit.VerdictRecorded: 1, audit.VerdictDenied: 2, audit.VerdictKilled: 3}[v]
+	c, ok := a.counts.Load(sandbox)
+	if !ok {
+		c, _ = a.counts.LoadOrStore(sandbox, new([4]atomic.Uint64))
+	}
+	idx := 0
+	switch v {
+	case audit.VerdictRecorded:
+		idx = 1
+	case audit.VerdictDenied:
+		idx = 2
+	case audit.VerdictKilled:
+		idx = 3
+	}
 	c.(*[4]atomic.Uint64)[idx].Add(1)
 }
 
@@ -1007,13 +1024,11 @@ func (a *Agent) egressCloser() interface{ Close() error } {
 	return a.egress
 }
 
+// sandboxName maps a kernel sandbox id to its name; it runs per event, so
+// it reads a snapshot rebuilt whenever a plan is applied.
 func (a *Agent) sandboxName(id uint32) string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for name, sid := range a.plan.SandboxIDs {
-		if sid == id {
-			return name
-		}
+	if names := a.names.Load(); names != nil {
+		return (*names)[id]
 	}
 	return ""
 }

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
+	"strconv"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -88,12 +88,27 @@ type Reader struct {
 	eng      *Engine
 	opts     ReaderOptions
 	decoders map[uint32]registered
+	byKind   [maxFastKind]registered // decoders of small kinds, without a map lookup
 	out      chan audit.Event
 	bootOff  time.Duration
 
 	read, delivered, queueDrops, decodeErrs atomic.Uint64
 	reported                                [3]uint64 // last reported: ring alert, ring routine, queue
+
+	// Owned by the reading goroutine.
+	ev    audit.Event         // decoded in place, then copied into the queue
+	comms map[[16]byte]string // interned process names
 }
+
+// maxFastKind bounds the kinds looked up in Reader.byKind.
+const maxFastKind = 64
+
+// maxComms bounds the interned process names (the map is cleared when full).
+const maxComms = 4096
+
+// routineBatch is how many routine events are read before the alert ring is
+// looked at again, so alerts never wait behind a flood of routine events.
+const routineBatch = 1024
 
 type registered struct {
 	kind      audit.Kind
@@ -116,6 +131,7 @@ func (e *Engine) NewReader(opts ReaderOptions) *Reader {
 		eng: e, opts: opts, decoders: map[uint32]registered{},
 		out:     make(chan audit.Event, opts.QueueSize),
 		bootOff: bootOffset(),
+		comms:   map[[16]byte]string{},
 	}
 }
 
@@ -126,9 +142,14 @@ func bootOffset() time.Duration {
 	return time.Duration(time.Now().UnixNano() - ts.Nano())
 }
 
-// Register sets the decoder for a kernel event kind.
+// Register sets the decoder for a kernel event kind. Register every
+// decoder before Run.
 func (r *Reader) Register(kind uint32, ak audit.Kind, mechanism string, dec Decoder) {
-	r.decoders[kind] = registered{kind: ak, mechanism: mechanism, dec: dec}
+	reg := registered{kind: ak, mechanism: mechanism, dec: dec}
+	r.decoders[kind] = reg
+	if kind < maxFastKind {
+		r.byKind[kind] = reg
+	}
 }
 
 // Events is the bounded queue of decoded events.
@@ -145,52 +166,50 @@ func (r *Reader) Stats() ReaderStats {
 }
 
 // Run reads until ctx ends. It closes the Events channel on return.
+//
+// One goroutine reads both rings. It sleeps in an edge-triggered epoll on
+// them, so it wakes when the kernel side's batched wakeup fires (once per
+// WAKEUP_BYTES produced, see submit_event in bpf/include/common.h) or when
+// PollInterval passes, then reads what is pending, alerts first. A
+// level-triggered wait (ringbuf.Reader's own) returns as soon as one event
+// is pending, which turns a steady stream into a system call per few
+// events.
 func (r *Reader) Run(ctx context.Context) error {
 	defer close(r.out)
-	var rings []*ringbuf.Reader
 	alertRd, err := ringbuf.NewReader(r.eng.AlertRing())
 	if err != nil {
 		return fmt.Errorf("open alert ring: %w", err)
 	}
+	defer alertRd.Close()
 	routineRd, err := ringbuf.NewReader(r.eng.RoutineRing())
 	if err != nil {
-		alertRd.Close()
 		return fmt.Errorf("open routine ring: %w", err)
 	}
-	rings = append(rings, alertRd, routineRd)
-	defer func() {
-		for _, rd := range rings {
-			rd.Close()
-		}
-	}()
-
-	var wg sync.WaitGroup
-	errc := make(chan error, len(rings))
-	for _, rd := range rings {
-		wg.Add(1)
-		go func(rd *ringbuf.Reader) {
-			defer wg.Done()
-			if err := r.readRing(ctx, rd); err != nil {
-				errc <- err
-			}
-		}(rd)
+	defer routineRd.Close()
+	// The readers never block: the wait is ours (ringWait). A deadline in
+	// the past makes ReadInto return os.ErrDeadlineExceeded once a ring is
+	// empty.
+	past := time.Unix(1, 0)
+	alertRd.SetDeadline(past)
+	routineRd.SetDeadline(past)
+	wait, err := newRingWait(r.eng.AlertRing().FD(), r.eng.RoutineRing().FD())
+	if err != nil {
+		return err
 	}
+	defer wait.close()
+	stopWake := context.AfterFunc(ctx, wait.wake)
+	defer stopWake()
+
+	errc := make(chan error, 1)
+	go func() { errc <- r.readRings(ctx, wait, alertRd, routineRd) }()
 	tick := time.NewTicker(r.opts.LossInterval)
 	defer tick.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			for _, rd := range rings {
-				rd.SetDeadline(time.Now())
-			}
-			wg.Wait()
-			r.reportLosses() // a final account, best effort
-			return nil
 		case err := <-errc:
-			for _, rd := range rings {
-				rd.Close()
+			if ctx.Err() != nil && err == nil {
+				r.reportLosses() // a final account, best effort
 			}
-			wg.Wait()
 			return err
 		case <-tick.C:
 			r.reportLosses()
@@ -198,26 +217,116 @@ func (r *Reader) Run(ctx context.Context) error {
 	}
 }
 
-func (r *Reader) readRing(ctx context.Context, rd *ringbuf.Reader) error {
+// readRings reads both rings until ctx ends (with a last read of what is
+// pending then) or a ring fails.
+func (r *Reader) readRings(ctx context.Context, wait *ringWait, alertRd, routineRd *ringbuf.Reader) error {
 	var rec ringbuf.Record
-	for ctx.Err() == nil {
-		rd.SetDeadline(time.Now().Add(r.opts.PollInterval))
+	timeout := int(max(r.opts.PollInterval/time.Millisecond, 1))
+	for {
 		for {
-			err := rd.ReadInto(&rec)
-			if err != nil {
-				if errors.Is(err, os.ErrDeadlineExceeded) {
-					break
-				}
-				if errors.Is(err, ringbuf.ErrClosed) {
-					return nil
-				}
-				return fmt.Errorf("read ring: %w", err)
+			if _, err := r.drain(alertRd, &rec, -1); err != nil {
+				return err
 			}
-			r.read.Add(1)
-			r.handle(rec.RawSample)
+			n, err := r.drain(routineRd, &rec, routineBatch)
+			if err != nil {
+				return err
+			}
+			if n < routineBatch {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := wait.wait(timeout); err != nil {
+			return err
 		}
 	}
-	return nil
+}
+
+// drain reads up to limit samples (all when limit < 0) from rd, stopping
+// when the ring was empty after a sample: more will come with the next
+// wakeup. It returns how many it read.
+func (r *Reader) drain(rd *ringbuf.Reader, rec *ringbuf.Record, limit int) (int, error) {
+	if rd.AvailableBytes() == 0 {
+		return 0, nil
+	}
+	n := 0
+	defer func() { r.read.Add(uint64(n)) }()
+	for limit < 0 || n < limit {
+		if err := rd.ReadInto(rec); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrClosed) {
+				return n, nil
+			}
+			return n, fmt.Errorf("read ring: %w", err)
+		}
+		n++
+		r.handle(rec.RawSample)
+		if rec.Remaining == 0 {
+			break
+		}
+	}
+	return n, nil
+}
+
+// ringWait is an edge-triggered epoll over the ring buffers plus an eventfd
+// that wakes it to stop.
+type ringWait struct {
+	epfd, stopfd int
+	events       [4]unix.EpollEvent
+}
+
+func newRingWait(ringFDs ...int) (*ringWait, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("ring epoll: %w", err)
+	}
+	stopfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("ring epoll eventfd: %w", err)
+	}
+	w := &ringWait{epfd: epfd, stopfd: stopfd}
+	add := func(fd int, flags uint32) error {
+		ev := unix.EpollEvent{Events: flags, Fd: int32(fd)}
+		return unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	}
+	for _, fd := range ringFDs {
+		if err := add(fd, unix.EPOLLIN|unix.EPOLLET); err != nil {
+			w.close()
+			return nil, fmt.Errorf("ring epoll add: %w", err)
+		}
+	}
+	if err := add(stopfd, unix.EPOLLIN); err != nil {
+		w.close()
+		return nil, fmt.Errorf("ring epoll add eventfd: %w", err)
+	}
+	return w, nil
+}
+
+// wait blocks until a ring's wakeup, wake, or timeout milliseconds.
+func (w *ringWait) wait(timeout int) error {
+	for {
+		_, err := unix.EpollWait(w.epfd, w.events[:], timeout)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("ring epoll wait: %w", err)
+		}
+		return nil
+	}
+}
+
+// wake makes wait return, now and from then on (the eventfd stays readable).
+func (w *ringWait) wake() {
+	var one = [8]byte{1}
+	unix.Write(w.stopfd, one[:])
+}
+
+func (w *ringWait) close() {
+	unix.Close(w.epfd)
+	unix.Close(w.stopfd)
 }
 
 func (r *Reader) handle(raw []byte) {
@@ -225,14 +334,19 @@ func (r *Reader) handle(raw []byte) {
 		r.decodeErrs.Add(1)
 		return
 	}
-	var hdr EventHeader
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&hdr)), EventHeaderSize), raw)
-	reg, ok := r.decoders[hdr.Kind]
-	if !ok {
+	hdr := (*EventHeader)(unsafe.Pointer(unsafe.SliceData(raw)))
+	var reg registered
+	if hdr.Kind < maxFastKind {
+		reg = r.byKind[hdr.Kind]
+	} else {
+		reg = r.decoders[hdr.Kind]
+	}
+	if reg.dec == nil {
 		r.decodeErrs.Add(1)
 		return
 	}
-	ev := audit.Event{
+	ev := &r.ev
+	*ev = audit.Event{
 		Time:      time.Unix(0, int64(hdr.TsNs)+int64(r.bootOff)),
 		Kind:      reg.kind,
 		Mechanism: reg.mechanism,
@@ -240,7 +354,7 @@ func (r *Reader) handle(raw []byte) {
 		Sandbox:   audit.Sandbox{CgroupID: hdr.SandboxCg},
 		Process: audit.Process{
 			PID: hdr.Pid, TGID: hdr.Tgid, PPID: hdr.Ppid, UID: hdr.Uid,
-			Comm: cString(hdr.Comm[:]), CgroupID: hdr.CgroupId,
+			Comm: r.comm(&hdr.Comm), CgroupID: hdr.CgroupId,
 		},
 	}
 	if int(hdr.Verdict) < len(verdicts) {
@@ -257,14 +371,28 @@ func (r *Reader) handle(raw []byte) {
 			ev.Rule = r.opts.RuleName(hdr.RuleId)
 		}
 		if ev.Rule == "" {
-			ev.Rule = fmt.Sprintf("rule-%d", hdr.RuleId)
+			ev.Rule = "rule-" + strconv.FormatUint(uint64(hdr.RuleId), 10)
 		}
 	}
-	if err := reg.dec(raw, &ev); err != nil {
+	if err := reg.dec(raw, ev); err != nil {
 		r.decodeErrs.Add(1)
 		return
 	}
-	r.deliver(ev)
+	r.deliver(*ev)
+}
+
+// comm returns the process name of a header, interned: a sandbox runs few
+// distinct commands, and each event would otherwise allocate its own.
+func (r *Reader) comm(c *[16]uint8) string {
+	if s, ok := r.comms[*c]; ok {
+		return s
+	}
+	if len(r.comms) >= maxComms {
+		clear(r.comms)
+	}
+	s := cString(c[:])
+	r.comms[*c] = s
+	return s
 }
 
 func (r *Reader) deliver(ev audit.Event) {
@@ -314,6 +442,23 @@ func cString(b []byte) string {
 
 // CString converts a NUL-terminated byte array from a kernel event.
 func CString(b []byte) string { return cString(b) }
+
+// CastPrefix is Cast for events whose trailing fields may be left out by
+// the kernel (a record that ends early, e.g. before strings that are all
+// empty): a whole T is viewed in place, a shorter record of at least min
+// bytes is copied into *buf with the missing bytes zero.
+func CastPrefix[T any](raw []byte, buf *T, min int) (*T, error) {
+	size := int(unsafe.Sizeof(*buf))
+	if len(raw) >= size {
+		return (*T)(unsafe.Pointer(&raw[0])), nil
+	}
+	if len(raw) < min {
+		return nil, fmt.Errorf("short event: %d bytes, want at least %d", len(raw), min)
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(buf)), size)
+	clear(b[copy(b, raw):])
+	return buf, nil
+}
 
 // Cast views raw as *T after checking its length; raw must stay alive and
 // unmodified while the result is used.

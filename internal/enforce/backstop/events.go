@@ -1,8 +1,12 @@
 package backstop
 
 import (
+	"bytes"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"unsafe"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -62,39 +66,75 @@ func RegisterHooks(r *enforce.Reader, h Hooks) {
 	r.Register(EvKillCgroup, audit.KindEscape, Mechanism, decodeCgroup)
 }
 
+// Messages are built with these appends, not fmt: decoders run once per
+// kernel event on the reader's goroutine. Each adds one space-separated note.
+
+func note(b []byte, parts ...string) []byte {
+	if len(b) > 0 {
+		b = append(b, ' ')
+	}
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	return b
+}
+
+func noteInt(b []byte, key string, v int64) []byte {
+	return strconv.AppendInt(note(b, key), v, 10)
+}
+
+// noteUint adds key and v in base 10, or 16 with a 0x prefix (like %#x).
+func noteUint(b []byte, key string, v uint64, base int) []byte {
+	b = note(b, key)
+	if base == 16 {
+		b = append(b, "0x"...)
+	}
+	return strconv.AppendUint(b, v, base)
+}
+
+// cText converts a NUL-terminated C char array.
+func cText(b []int8) string {
+	u := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b))
+	if i := bytes.IndexByte(u, 0); i >= 0 {
+		u = u[:i]
+	}
+	return string(u)
+}
+
 func decodeFile(raw []byte, ev *audit.Event) error {
 	e, err := enforce.Cast[FileEvent](raw)
 	if err != nil {
 		return err
 	}
 	ev.File = &audit.FileDetail{
-		Path:  cstr(e.Path[:]),
+		Path:  cText(e.Path[:]),
 		Flags: e.F_flags,
 		Mode:  e.I_mode,
 		Dev:   e.Dev,
 		Write: e.F_mode&2 != 0,
 	}
-	var notes []string
+	var buf [128]byte
+	n := buf[:0]
 	if c := categoryNames[e.Category]; c != "" {
-		notes = append(notes, "category="+c)
+		n = note(n, "category=", c)
 	}
 	if e.Nr == 59 {
-		notes = append(notes, "op=exec")
+		n = note(n, "op=exec")
 	} else if name := openNames[e.Nr]; name != "" {
-		notes = append(notes, "op="+name)
+		n = note(n, "op=", name)
 	}
 	if e.TargetPid != 0 {
 		ev.Target = &audit.TargetDetail{PID: e.TargetPid}
-		notes = append(notes, fmt.Sprintf("target_pid=%d", e.TargetPid))
+		n = noteUint(n, "target_pid=", uint64(e.TargetPid), 10)
 	}
 	if e.PathFlags&1 != 0 {
-		notes = append(notes, "path_truncated")
+		n = note(n, "path_truncated")
 	}
 	if e.PathFlags&2 != 0 {
-		notes = append(notes, "path_outside_root")
+		n = note(n, "path_outside_root")
 	}
-	notes = append(notes, fmt.Sprintf("ino=%d", e.Ino))
-	ev.Message = strings.Join(notes, " ")
+	n = noteUint(n, "ino=", e.Ino, 10)
+	ev.Message = string(n)
 	return nil
 }
 
@@ -113,29 +153,47 @@ var syscallKinds = map[int64]audit.Kind{
 	297: audit.KindSignal, 424: audit.KindSignal,
 }
 
+// syscallCompact is the length of a syscall event sent without its strings
+// (SYSCALL_EVENT_COMPACT in bpf/backstop.c).
+const syscallCompact = int(unsafe.Offsetof(SyscallEvent{}.Str))
+
+// syscallNames is Syscalls by number, for SyscallName without a map walk.
+var syscallNames = sync.OnceValue(func() map[int64]string {
+	m := make(map[int64]string, len(Syscalls))
+	for name, nr := range Syscalls {
+		m[int64(nr)] = name
+	}
+	return m
+})
+
 func decodeSyscall(raw []byte, ev *audit.Event, h Hooks) error {
-	e, err := enforce.Cast[SyscallEvent](raw)
+	var whole SyscallEvent
+	e, err := enforce.CastPrefix(raw, &whole, syscallCompact)
 	if err != nil {
 		return err
 	}
-	str, aux, fstype := cstr(e.Str[:]), cstr(e.Aux[:]), cstr(e.Fstype[:])
-	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: SyscallName(e.Nr), Ret: e.Ret}
+	var str, aux, fstype string
+	if len(raw) > syscallCompact {
+		str, aux, fstype = cText(e.Str[:]), cText(e.Aux[:]), cText(e.Fstype[:])
+	}
+	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: syscallNames()[e.Nr], Ret: e.Ret}
 	if e.Ret == RetUnknown {
 		ev.Syscall.Ret = 0
 	}
-	notes := []string{}
+	var buf [96]byte
+	notes := buf[:0]
 	if c := categoryNames[e.Category]; c != "" {
-		notes = append(notes, "category="+c)
+		notes = note(notes, "category=", c)
 	}
 	if e.Ret == RetUnknown {
-		notes = append(notes, "ret=unknown")
+		notes = note(notes, "ret=unknown")
 	} else {
-		notes = append(notes, fmt.Sprintf("ret=%d", e.Ret))
+		notes = noteInt(notes, "ret=", e.Ret)
 	}
 	switch {
 	case e.Category == catIOUringOpen:
 		ev.Kind = audit.KindFileOpen
-		notes = append(notes, fmt.Sprintf("io_uring_opcode=%d", e.Args[0]))
+		notes = noteUint(notes, "io_uring_opcode=", e.Args[0], 10)
 	case mountOps[e.Nr] != "":
 		ev.Kind = audit.KindMount
 		op := mountOps[e.Nr]
@@ -170,19 +228,19 @@ func decodeSyscall(raw []byte, ev *audit.Event, h Hooks) error {
 			}
 		}
 		if str != "" {
-			notes = append(notes, "path="+str)
+			notes = note(notes, "path=", str)
 		}
 		if aux != "" {
-			notes = append(notes, "params="+aux)
+			notes = note(notes, "params=", aux)
 		}
 		if e.Nr == 321 {
-			notes = append(notes, fmt.Sprintf("bpf_cmd=%d", e.Args[0]))
+			notes = noteUint(notes, "bpf_cmd=", e.Args[0], 10)
 		}
 		if e.Category == catCloneFiles {
-			notes = append(notes, fmt.Sprintf("clone_flags=%#x", e.Args[0]))
+			notes = noteUint(notes, "clone_flags=", e.Args[0], 16)
 		}
 	}
-	ev.Message = strings.Join(notes, " ")
+	ev.Message = string(notes)
 	return nil
 }
 

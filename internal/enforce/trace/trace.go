@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -398,8 +399,13 @@ func decodeExit(raw []byte, ev *audit.Event) error {
 
 var moduleNames = map[int64]string{175: "init_module", 313: "finit_module", 246: "kexec_load", 320: "kexec_file_load"}
 
+// syscallSampleSize is the length of a sample of the syscall stream, sent
+// without its path (SYSCALL_SAMPLE_SIZE in bpf/trace.c).
+const syscallSampleSize = int(unsafe.Offsetof(SyscallEvent{}.Path))
+
 func decodeSyscall(raw []byte, ev *audit.Event) error {
-	e, err := enforce.Cast[SyscallEvent](raw)
+	var whole SyscallEvent
+	e, err := enforce.CastPrefix(raw, &whole, syscallSampleSize)
 	if err != nil {
 		return err
 	}
