@@ -16,4 +16,4 @@ else
 	echo "internal/dnsproxy absent: skipping the DNS capture benchmark" >&2
 fi
 go test -run '^$' -bench "^($benches)\$" -benchtime=1x -count=1 ./internal/egress/ 2>&1 |
-	tee /dev/stderr | grep -E '^(egress overhead|dns capture)' || true
+	tee -a /dev/stderr | grep -E '^(egress overhead|dns capture)' || true

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -40,6 +41,11 @@ event socket, the control socket and the metrics endpoint, and prints which
 layer enforces each rule on this kernel. SIGHUP reloads the policy; a bad
 policy is refused and the old one stays.`); err != nil {
 		return helpOK(err)
+	}
+	// A soft memory limit keeps the agent's heap small on busy hosts (the
+	// GC works harder instead); GOMEMLIMIT in the environment overrides it.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(64 << 20)
 	}
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if *logJSON {
