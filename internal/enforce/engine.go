@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
@@ -204,6 +205,27 @@ func Unpin(pinDir string) error {
 		return fmt.Errorf("unpin %s: %w", pinDir, err)
 	}
 	return nil
+}
+
+// ReplacePin pins l at path, replacing a link pinned there by an earlier
+// agent: the old link stays attached until the new one is pinned, so the
+// hook is never left without a program (overlap, never a gap).
+func ReplacePin(l link.Link, path string) error {
+	old, err := link.LoadPinnedLink(path, nil)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Not a link (a stale file): remove it.
+		if rmErr := os.Remove(path); rmErr != nil {
+			return fmt.Errorf("replace %s: %w", path, err)
+		}
+		old = nil
+	}
+	if old != nil {
+		defer old.Close()
+		if err := old.Unpin(); err != nil {
+			return fmt.Errorf("unpin old link: %w", err)
+		}
+	}
+	return l.Pin(path)
 }
 
 // EnsureBPFFS mounts bpffs at dir (normally /sys/fs/bpf) when it is not

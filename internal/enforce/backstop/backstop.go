@@ -28,7 +28,6 @@
 package backstop
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -154,33 +153,13 @@ func (b *Backstop) Attach() error {
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", name, err)
 		}
-		if err := replacePin(l, filepath.Join(dir, name)); err != nil {
+		if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
 			l.Close()
 			return fmt.Errorf("pin %s: %w", name, err)
 		}
 		b.links = append(b.links, l)
 	}
 	return nil
-}
-
-// replacePin pins l at path; an older link pinned there stays attached until
-// the new one is pinned.
-func replacePin(l link.Link, path string) error {
-	old, err := link.LoadPinnedLink(path, nil)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		// Not a link (stale file): remove it.
-		if rmErr := os.Remove(path); rmErr != nil {
-			return fmt.Errorf("replace %s: %w", path, err)
-		}
-		old = nil
-	}
-	if old != nil {
-		defer old.Close()
-		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin old link: %w", err)
-		}
-	}
-	return l.Pin(path)
 }
 
 // Detach removes this group's pinned links: the backstop stops.

@@ -250,30 +250,13 @@ func (t *Tracer) Attach(opts AttachOptions) error {
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", name, err)
 		}
-		if err := replacePin(l, filepath.Join(dir, name)); err != nil {
+		if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
 			l.Close()
 			return fmt.Errorf("pin %s: %w", name, err)
 		}
 		t.links = append(t.links, l)
 	}
 	return nil
-}
-
-func replacePin(l link.Link, path string) error {
-	old, err := link.LoadPinnedLink(path, nil)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		if rmErr := os.Remove(path); rmErr != nil {
-			return fmt.Errorf("replace %s: %w", path, err)
-		}
-		old = nil
-	}
-	if old != nil {
-		defer old.Close()
-		if err := old.Unpin(); err != nil {
-			return fmt.Errorf("unpin old link: %w", err)
-		}
-	}
-	return l.Pin(path)
 }
 
 // Detach removes this group's pinned links.
