@@ -558,3 +558,26 @@ func TestExecTimeoutsAndBreaker(t *testing.T) {
 		t.Fatalf("third run after 2 hard timeouts: exit %d, want 126 and nothing run:\n%s", code, out)
 	}
 }
+
+// TestReloadDropsSandbox: a reload that removes a sandbox releases its
+// cgroup: processes there are no longer caged.
+func TestReloadDropsSandbox(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}")
+	tb.startAgent()
+	if out, _ := inSandbox(t, tb.cgAbs, "a", "cat /etc/shadow && echo READ").CombinedOutput(); strings.Contains(string(out), "READ") {
+		t.Fatalf("sandbox not enforced before the reload:\n%s", out)
+	}
+	// The same policy with the sandbox selecting another cgroup.
+	pol, _ := os.ReadFile(tb.policy)
+	moved := strings.Replace(string(pol), "select: {cgroups: ["+tb.cgroup+"]}", "select: {cgroups: ["+tb.cgroup+"-exec]}", 1)
+	os.WriteFile(tb.policy, []byte(moved), 0o600)
+	if out, code := tb.watcher("reload", "--socket", filepath.Join(tb.socketDir, "control.sock")); code != 0 {
+		t.Fatalf("reload: %d %s", code, out)
+	}
+	if out, _ := inSandbox(t, tb.cgAbs, "b", "cat /etc/shadow >/dev/null && echo READ").CombinedOutput(); !strings.Contains(string(out), "READ") {
+		t.Fatalf("the cgroup dropped from the policy is still caged:\n%s\n%s", out, tb.agentLog)
+	}
+	if out, _ := inSandbox(t, tb.cgAbs+"-exec", "c", "cat /etc/shadow && echo READ").CombinedOutput(); strings.Contains(string(out), "READ") {
+		t.Fatalf("the newly selected cgroup is not caged:\n%s", out)
+	}
+}

@@ -118,6 +118,7 @@ type root struct {
 	sandbox string
 	id      uint32
 	path    string
+	exact   bool // named by the policy (not found by a glob or container id)
 }
 
 // Start brings the agent up. On error everything started is stopped again;
@@ -509,7 +510,7 @@ func (a *Agent) registerSandboxes() error {
 			if err := cgroupfs.Create(abs); err != nil {
 				return err
 			}
-			if err := a.addRoot(sb.Name, abs); err != nil {
+			if err := a.addRoot(sb.Name, abs, true); err != nil {
 				return err
 			}
 		}
@@ -528,7 +529,7 @@ func ExecParents(p *policy.Policy, sb *policy.Sandbox) []string {
 
 // addRoot registers the cgroup at abs as a root of the named sandbox and
 // attaches the per-cgroup programs.
-func (a *Agent) addRoot(sandbox, abs string) error {
+func (a *Agent) addRoot(sandbox, abs string, exact bool) error {
 	a.mu.Lock()
 	id, ok := a.plan.SandboxIDs[sandbox]
 	flags := a.plan.Flags[id]
@@ -547,9 +548,37 @@ func (a *Agent) addRoot(sandbox, abs string) error {
 		return fmt.Errorf("sandbox %s: %w", sandbox, err)
 	}
 	a.mu.Lock()
-	a.roots[cg] = &root{sandbox: sandbox, id: id, path: abs}
+	a.roots[cg] = &root{sandbox: sandbox, id: id, path: abs, exact: exact}
 	a.mu.Unlock()
 	return nil
+}
+
+// pruneRoots unregisters the cgroups the policy no longer names: roots of
+// sandboxes that are gone, and exact cgroups dropped from a selector (the
+// watcher reports glob and container matches that no longer apply).
+func (a *Agent) pruneRoots() {
+	want := map[string]bool{}
+	for _, sb := range a.pol.Sandboxes {
+		for _, cg := range ExecParents(a.pol, &sb) {
+			if abs, err := cgroupfs.Abs(cg); err == nil {
+				want[sb.Name+"\x00"+abs] = true
+			}
+		}
+	}
+	a.mu.Lock()
+	var stale []string
+	for _, r := range a.roots {
+		_, known := a.plan.SandboxIDs[r.sandbox]
+		if !known || (r.exact && !want[r.sandbox+"\x00"+r.path]) {
+			stale = append(stale, r.path)
+		}
+	}
+	a.mu.Unlock()
+	for _, p := range stale {
+		a.removeRoot(p)
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Message: "cgroup " + p + " left the sandboxes with the new policy"})
+	}
 }
 
 func (a *Agent) removeRoot(abs string) {
@@ -565,6 +594,7 @@ func (a *Agent) removeRoot(abs string) {
 	if cg != 0 {
 		a.eng.RemoveSandbox(cg)
 		a.cgroups.Detach(cg)
+		a.egress.Detach(strconv.FormatUint(cg, 10))
 	}
 }
 
@@ -618,7 +648,7 @@ func (a *Agent) onCgroup(ev containers.Event) {
 	}
 	switch ev.Op {
 	case containers.Appeared:
-		err := a.addRoot(ev.Target, ev.Abs)
+		err := a.addRoot(ev.Target, ev.Abs, false)
 		msg := fmt.Sprintf("cgroup %s joined sandbox %s", ev.Path, ev.Target)
 		if err != nil {
 			msg = fmt.Sprintf("cgroup %s matched sandbox %s but could not be registered: %v", ev.Path, ev.Target, err)
@@ -845,6 +875,7 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 			err = a.registerSandboxes()
 		}
 		if err == nil {
+			a.pruneRoots()
 			err = a.watcher.SetTargets(a.watchTargets())
 		}
 		if err != nil {
