@@ -93,7 +93,7 @@ ledger. Needs root. Leaves nothing behind (pins, cgroups, sockets).`); err != ni
 
 	var mu sync.Mutex
 	var events []audit.Event
-	a, err := agent.Start(ctx, agent.Options{Policy: pol, OnEvent: func(e audit.Event) {
+	a, err := agent.Start(ctx, agent.Options{Policy: pol, RecordExecDenials: true, OnEvent: func(e audit.Event) {
 		if e.Kind == audit.KindExec || e.Kind == audit.KindExit {
 			return
 		}

@@ -91,6 +91,11 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 		if plan, err = agent.Compile(pol, agent.Env{LSM: map[string]error{}}, agent.NewRuleTable()); err != nil {
 			return err
 		}
+		// The agent records what seccomp and Landlock refuse only once
+		// told a command runs under them.
+		if err := control.NewClient(*socket).PrepareExec(); err != nil {
+			log.Warn("the agent will not record this command's seccomp and Landlock refusals", "err", err)
+		}
 	} else {
 		// A private agent: its own pins, sockets and DNS port, removed at
 		// the end; the policy's ledger.
@@ -99,7 +104,7 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 		pol.Agent.SocketDir = filepath.Join(pol.Agent.SocketDir, "exec-"+id)
 		pol.Agent.MetricsAddr = ""
 		pol.Agent.DNS.Listen = "127.0.0.1:0"
-		a, err = agent.Start(ctx, agent.Options{Policy: pol, PolicyPath: *policyPath, OnEvent: func(e audit.Event) {
+		a, err = agent.Start(ctx, agent.Options{Policy: pol, PolicyPath: *policyPath, RecordExecDenials: true, OnEvent: func(e audit.Event) {
 			if e.Kind != audit.KindAgent && e.IsAlert() {
 				log.Info("alert", "kind", e.Kind, "verdict", e.Verdict, "comm", e.Process.Comm, "what", detailText(&e), "rule", e.Rule, "by", e.Mechanism)
 			}

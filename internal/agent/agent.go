@@ -57,6 +57,10 @@ type Options struct {
 	// OnEvent, when set, sees every event after the fan-out (the command
 	// logs agent events with it).
 	OnEvent func(audit.Event)
+	// RecordExecDenials attaches the recording of seccomp and Landlock
+	// refusals at start instead of at the first PrepareExec (a private
+	// agent started by `watcher exec`).
+	RecordExecDenials bool
 	// Containers are extra runtime-qualified container ids (docker://ID,
 	// containerd://ID, cri-o://ID, pod://UID) added to the first sandbox's
 	// selectors, so `watcher run --container ID` cages a container without
@@ -103,15 +107,19 @@ type Agent struct {
 	applyErr error // of the last policy applied by the reloader
 	lsmProbe map[string]error
 	names    atomic.Pointer[map[uint32]string] // sandbox id -> name, per plan
-	counts   sync.Map                          // sandbox name -> *[4]atomic.Uint64 by verdict
-	frozen   sync.Map                          // sandbox name -> bool
-	losses   sync.Map                          // stage -> *atomic.Uint64
-	layers   []control.Layer
-	missing  []string
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	stopOnce sync.Once
-	stopErr  error
+	// denialsOn says the tracepoints recording seccomp and Landlock
+	// refusals are attached (see PrepareExec).
+	denialsOn atomic.Bool
+	prepMu    sync.Mutex
+	counts    sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
+	frozen    sync.Map // sandbox name -> bool
+	losses    sync.Map // stage -> *atomic.Uint64
+	layers    []control.Layer
+	missing   []string
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	stopOnce  sync.Once
+	stopErr   error
 }
 
 type root struct {
@@ -242,8 +250,13 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	// Refusals by seccomp and Landlock (commands run with watcher exec)
-	// happen before any hook of ours sees them: sys_exit records them.
-	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: true}); err != nil {
+	// happen before any hook of ours sees them: sys_exit records them. Any
+	// syscall tracepoint slows every task of the host, so they are attached
+	// at once only where the kill backstop already pays that cost (or the
+	// caller asks); otherwise when the first `watcher exec` announces itself.
+	denials := a.backstop != nil || opts.RecordExecDenials
+	a.denialsOn.Store(denials)
+	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: denials}); err != nil {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}
 	if a.backstop != nil {
@@ -469,7 +482,7 @@ func (a *Agent) applyPlan() error {
 		}
 	}
 	tc := p.Trace
-	tc.RecordDenials = true
+	tc.RecordDenials = a.denialsOn.Load()
 	if err := a.tracer.SetConfig(tc); err != nil {
 		return fmt.Errorf("trace config: %w", err)
 	}
@@ -802,6 +815,32 @@ func (a *Agent) escapeLimits(sandbox string) (float64, time.Duration, bool) {
 		return 0, 0, false
 	}
 	return sb.Escape.Threshold, sb.Escape.Window.Duration, true
+}
+
+// PrepareExec makes sure refusals by the seccomp filter and Landlock
+// ruleset of `watcher exec` are recorded before a command runs
+// (control.Handler): the first call attaches the sys_enter/sys_exit
+// tracepoints, later calls return at once.
+func (a *Agent) PrepareExec() error {
+	a.prepMu.Lock()
+	defer a.prepMu.Unlock()
+	if a.denialsOn.Load() {
+		return nil
+	}
+	if err := a.tracer.EnableDenials(); err != nil {
+		return fmt.Errorf("record exec denials: %w", err)
+	}
+	a.denialsOn.Store(true)
+	a.mu.Lock()
+	tc := a.plan.Trace
+	a.mu.Unlock()
+	tc.RecordDenials = true
+	if err := a.tracer.SetConfig(tc); err != nil {
+		return fmt.Errorf("record exec denials: %w", err)
+	}
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
+		Message: "recording seccomp and Landlock refusals of watcher exec commands (syscall tracepoints attached)"})
+	return nil
 }
 
 // Thaw thaws a frozen sandbox (control.Handler).

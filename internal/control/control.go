@@ -85,6 +85,9 @@ type Handler interface {
 	Status() Status
 	Thaw(sandbox string) error
 	Reload() error
+	// PrepareExec readies the agent for a `watcher exec` command (turns on
+	// the recording of its seccomp and Landlock refusals).
+	PrepareExec() error
 }
 
 // Server serves the control socket.
@@ -119,6 +122,11 @@ func Listen(path string, h Handler) (*Server, error) {
 	mux.HandleFunc("POST /thaw", func(w http.ResponseWriter, r *http.Request) {
 		if err := h.Thaw(r.URL.Query().Get("sandbox")); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
+		}
+	})
+	mux.HandleFunc("POST /exec", func(w http.ResponseWriter, _ *http.Request) {
+		if err := h.PrepareExec(); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
 	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, _ *http.Request) {
@@ -203,6 +211,12 @@ func (c *Client) Status() (Status, error) {
 // Thaw asks the agent to thaw a frozen sandbox.
 func (c *Client) Thaw(sandbox string) error {
 	_, err := c.do("POST", "/thaw?sandbox="+urlEscape(sandbox))
+	return err
+}
+
+// PrepareExec tells the agent a `watcher exec` command is about to run.
+func (c *Client) PrepareExec() error {
+	_, err := c.do("POST", "/exec")
 	return err
 }
 

@@ -248,21 +248,19 @@ type walker struct {
 	covered   uint64 // size of the last checkpoint that matched
 	total     int64
 	doneBytes int64 // bytes of finished segments
-	cur       *countingReader
+	curN      int64 // bytes of the current segment read (as of the batch being checked)
 	lastFile  string
 	firstFile string
 	lastProg  int64
-	lr        *lineReader // reused across segments
+	lr        *lineReader  // reused across segments
+	pool      *verifyPool  // batches, reused across segments
 }
 
 func (w *walker) progress(final bool) {
 	if w.opts.Progress == nil {
 		return
 	}
-	done := w.doneBytes
-	if w.cur != nil {
-		done += w.cur.n
-	}
+	done := w.doneBytes + w.curN
 	if !final && done-w.lastProg < 4<<20 {
 		return
 	}
@@ -305,10 +303,11 @@ func (w *walker) segment(path string, s segFile, first bool) (done bool, err err
 		return false, fmt.Errorf("open segment: %w", err)
 	}
 	defer closeFn()
-	w.cur = cr
+	w.curN = 0
 	defer func() {
+		// The pipeline has stopped by now: cr is no longer being read.
 		w.doneBytes += cr.n
-		w.cur = nil
+		w.curN = 0
 	}()
 	bad := func(off int64, seq uint64, reason string) (bool, error) {
 		w.rep.problem(Problem{File: path, Offset: off, Seq: seq, HasSeq: true, Reason: reason})
@@ -376,59 +375,64 @@ func (w *walker) segment(path string, s segFile, first bool) (done bool, err err
 	if first && w.checkpoints(path, hdrOff) {
 		return true, nil
 	}
-	for {
-		line, off, tooLong, err := lr.next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if s.Compressed {
-				return bad(off, w.st.next, "cannot decompress: "+err.Error())
-			}
-			return false, fmt.Errorf("read %s: %w", path, err)
-		}
-		if tooLong {
-			return bad(off, w.st.next, "record longer than MaxRecordBytes")
-		}
-		f, err := parseFrame(line)
-		if err != nil {
-			return bad(off, w.st.next, err.Error())
-		}
-		h := w.lh.hash(f.body)
-		switch {
-		case f.seq != w.st.next:
-			if f.seq > w.st.next {
-				return bad(off, w.st.next, fmt.Sprintf("found record %d where %d was expected: records missing", f.seq, w.st.next))
-			}
-			return bad(off, w.st.next, fmt.Sprintf("found record %d where %d was expected: record duplicated or out of order", f.seq, w.st.next))
-		case !hexEqual(f.prevHex, w.st.prev):
-			return bad(off, w.st.next, "prev does not match the hash of the previous record (records removed, reordered or spliced)")
-		case !hexEqual(f.hashHex, h):
-			return bad(off, w.st.next, "stored hash does not match the record's content (record altered)")
-		}
-		if w.opts.Decode || needsDecode(f) {
-			rec, err := DecodeRecord(line)
-			if err != nil {
-				return bad(off, w.st.next, "record does not decode: "+err.Error())
-			}
-			if msg := w.account(&rec, hdr); msg != "" {
-				if rec.Seq == 0 {
-					// The genesis record is chained and hashed; the
-					// unauthenticated header is what disagrees.
-					return bad(0, 0, msg)
+	if w.pool == nil {
+		w.pool = newVerifyPool()
+	}
+	vp := w.pool.start(lr, cr)
+	defer vp.stop()
+	for b := vp.next(); b != nil; b = vp.next() {
+		w.curN = b.readN
+		for i := range b.recs {
+			r := &b.recs[i]
+			off := r.off
+			if err := r.readErr; err != nil {
+				if s.Compressed {
+					return bad(off, w.st.next, "cannot decompress: "+err.Error())
 				}
-				return bad(off, w.st.next, msg)
+				return false, fmt.Errorf("read %s: %w", path, err)
 			}
+			if r.tooLong {
+				return bad(off, w.st.next, "record longer than MaxRecordBytes")
+			}
+			if r.ferr != nil {
+				return bad(off, w.st.next, r.ferr.Error())
+			}
+			f, h, line := &r.f, r.h, r.line(b)
+			switch {
+			case f.seq != w.st.next:
+				if f.seq > w.st.next {
+					return bad(off, w.st.next, fmt.Sprintf("found record %d where %d was expected: records missing", f.seq, w.st.next))
+				}
+				return bad(off, w.st.next, fmt.Sprintf("found record %d where %d was expected: record duplicated or out of order", f.seq, w.st.next))
+			case !hexEqual(f.prevHex, w.st.prev):
+				return bad(off, w.st.next, "prev does not match the hash of the previous record (records removed, reordered or spliced)")
+			case !r.hashOK:
+				return bad(off, w.st.next, "stored hash does not match the record's content (record altered)")
+			}
+			if w.opts.Decode || r.decode {
+				rec, err := DecodeRecord(line)
+				if err != nil {
+					return bad(off, w.st.next, "record does not decode: "+err.Error())
+				}
+				if msg := w.account(&rec, hdr); msg != "" {
+					if rec.Seq == 0 {
+						// The genesis record is chained and hashed; the
+						// unauthenticated header is what disagrees.
+						return bad(0, 0, msg)
+					}
+					return bad(off, w.st.next, msg)
+				}
+			}
+			w.st.fr.add(h, nil)
+			w.st.prev = h
+			w.st.next++
+			w.st.off = off + int64(len(line))
+			w.rep.Records++
+			if w.checkpoints(path, w.st.off) {
+				return true, nil
+			}
+			w.progress(false)
 		}
-		w.st.fr.add(h, nil)
-		w.st.prev = h
-		w.st.next++
-		w.st.off = off + int64(len(line))
-		w.rep.Records++
-		if w.checkpoints(path, w.st.off) {
-			return true, nil
-		}
-		w.progress(false)
 	}
 	return false, nil
 }

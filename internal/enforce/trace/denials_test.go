@@ -14,6 +14,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/trace"
 	"github.com/watcherhq/watcher/internal/launch"
@@ -284,5 +285,48 @@ func BenchmarkDenialsOutside(b *testing.B) {
 			b.ReportMetric(float64(attached.Nanoseconds())/n, "attached-ns/op")
 			b.ReportMetric(float64(attached)/float64(bare), "ratio")
 		})
+	}
+}
+
+// TestEnableDenialsLater: an agent that starts without the syscall
+// tracepoints (nothing pinned for them) attaches them when the first
+// launched command announces itself, and the refusals are then recorded.
+func TestEnableDenialsLater(t *testing.T) {
+	eng, tr, c, sb, _ := setupWith(t, trace.Config{}, trace.AttachOptions{})
+	pins := enforce.LinkPinDir(eng.PinDir(), trace.Group)
+	for _, p := range []string{trace.ProgSysEnter, trace.ProgSysExit} {
+		if _, err := os.Stat(filepath.Join(pins, p)); err == nil {
+			t.Fatalf("%s attached before any command asked for it", p)
+		}
+	}
+	if tr.DenialsAttached() {
+		t.Fatal("DenialsAttached before EnableDenials")
+	}
+	for i := 0; i < 2; i++ { // idempotent
+		if err := tr.EnableDenials(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tr.SetConfig(trace.Config{RecordDenials: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{trace.ProgSysEnter, trace.ProgSysExit} {
+		if _, err := os.Stat(filepath.Join(pins, p)); err != nil {
+			t.Fatalf("%s not pinned after EnableDenials: %v", p, err)
+		}
+	}
+	e := newDenyEnv(t)
+	v, _ := launchDeny(t, e, sb)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, ok := c.find(func(ev audit.Event) bool {
+			return int(ev.Process.TGID) == v.PID && ev.Mechanism == trace.MechanismSeccomp && ev.Syscall != nil && ev.Syscall.Name == "mount"
+		}); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no seccomp denial recorded after EnableDenials")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -123,9 +124,11 @@ func denialWatch(c Config) ([watchSize]uint32, error) {
 
 // Tracer holds the loaded recording programs.
 type Tracer struct {
-	pinDir string
-	objs   traceObjects
-	links  []link.Link
+	pinDir   string
+	objs     traceObjects
+	mu       sync.Mutex
+	links    []link.Link
+	attached map[string]bool
 }
 
 // Load loads the programs with the engine's shared maps.
@@ -218,6 +221,8 @@ type AttachOptions struct {
 // "trace"); links pinned by a previous agent are replaced after the new
 // ones are attached (overlap, no gap).
 func (t *Tracer) Attach(opts AttachOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	dir := enforce.LinkPinDir(t.pinDir, Group)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("trace link dir: %w", err)
@@ -246,17 +251,57 @@ func (t *Tracer) Attach(opts AttachOptions) error {
 		if !ok {
 			continue
 		}
-		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-		if err != nil {
-			return fmt.Errorf("attach %s: %w", name, err)
+		if err := t.attachLocked(dir, name, prog); err != nil {
+			return err
 		}
-		if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
-			l.Close()
-			return fmt.Errorf("pin %s: %w", name, err)
-		}
-		t.links = append(t.links, l)
 	}
 	return nil
+}
+
+func (t *Tracer) attachLocked(dir, name string, prog *ebpf.Program) error {
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", name, err)
+	}
+	if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
+		l.Close()
+		return fmt.Errorf("pin %s: %w", name, err)
+	}
+	t.links = append(t.links, l)
+	if t.attached == nil {
+		t.attached = map[string]bool{}
+	}
+	t.attached[name] = true
+	return nil
+}
+
+// EnableDenials attaches sys_enter and sys_exit when they are not attached
+// yet, for agents that record seccomp and Landlock refusals only once a
+// command runs under them (any syscall tracepoint slows every task of the
+// host). Set Config.RecordDenials after it returns.
+func (t *Tracer) EnableDenials() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	dir := enforce.LinkPinDir(t.pinDir, Group)
+	for _, p := range []struct {
+		name string
+		prog *ebpf.Program
+	}{{ProgSysEnter, t.objs.TraceSysEnter}, {ProgSysExit, t.objs.TraceSysExit}} {
+		if t.attached[p.name] {
+			continue
+		}
+		if err := t.attachLocked(dir, p.name, p.prog); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DenialsAttached reports whether sys_exit (denial recording) is attached.
+func (t *Tracer) DenialsAttached() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.attached[ProgSysExit]
 }
 
 // Detach removes this group's pinned links.
@@ -269,6 +314,8 @@ func Detach(pinDir string) error {
 
 // Close releases descriptors; pinned links keep recording.
 func (t *Tracer) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	for _, l := range t.links {
 		l.Close()
 	}
