@@ -246,6 +246,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		}
 		backstop.RegisterHooks(a.reader, backstop.Hooks{OnMount: a.onMountKill})
 	}
+	a.denialsOn.Store(a.backstop != nil || opts.RecordExecDenials) // see below
 	if err := a.applyPlan(); err != nil {
 		return a, err
 	}
@@ -254,8 +255,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	// syscall tracepoint slows every task of the host, so they are attached
 	// at once only where the kill backstop already pays that cost (or the
 	// caller asks); otherwise when the first `watcher exec` announces itself.
-	denials := a.backstop != nil || opts.RecordExecDenials
-	a.denialsOn.Store(denials)
+	denials := a.denialsOn.Load()
 	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: denials}); err != nil {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}

@@ -59,11 +59,25 @@ func (h *leafHasher) hash(data []byte) tlog.Hash {
 	return out
 }
 
-func appendHex(b []byte, h tlog.Hash) []byte {
-	for _, c := range h {
-		b = append(b, hexDigits[c>>4], hexDigits[c&0xf])
+// hexPairs holds the two lower-case hex digits of every byte value.
+var hexPairs = func() (t [256][2]byte) {
+	for i := range t {
+		t[i] = [2]byte{hexDigits[i>>4], hexDigits[i&0xf]}
 	}
-	return b
+	return t
+}()
+
+// hexOf returns the lower-case hex encoding of h.
+func hexOf(h *tlog.Hash) (x [hexHashLen]byte) {
+	for i, c := range h {
+		x[2*i], x[2*i+1] = hexPairs[c][0], hexPairs[c][1]
+	}
+	return x
+}
+
+func appendHex(b []byte, h tlog.Hash) []byte {
+	x := hexOf(&h)
+	return append(b, x[:]...)
 }
 
 // appendRecord appends the framed record for e to b and returns the new
@@ -156,15 +170,8 @@ func isLowerHex(b []byte) bool {
 
 // hexEqual reports whether hx is the lower-case hex encoding of h.
 func hexEqual(hx []byte, h tlog.Hash) bool {
-	if len(hx) != hexHashLen {
-		return false
-	}
-	for i, c := range h {
-		if hx[2*i] != hexDigits[c>>4] || hx[2*i+1] != hexDigits[c&0xf] {
-			return false
-		}
-	}
-	return true
+	x := hexOf(&h)
+	return string(hx) == string(x[:])
 }
 
 // Record is one decoded ledger record.
@@ -251,7 +258,7 @@ func unhex(c byte) byte {
 // for every field of audit.Event.
 func appendEventFields(b []byte, e *audit.Event) []byte {
 	b = append(b, `"time":"`...)
-	b = e.Time.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = appendTime(b, e.Time)
 	b = append(b, `","kind":`...)
 	b = appendString(b, string(e.Kind))
 	b = append(b, `,"verdict":`...)
@@ -397,6 +404,35 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 	return b
 }
 
+// appendTime appends t in UTC as t.UTC().AppendFormat(b, time.RFC3339Nano)
+// does (a test checks this), without parsing the layout each time.
+func appendTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	y, mo, d := t.Date()
+	if y < 0 || y > 9999 {
+		return t.AppendFormat(b, time.RFC3339Nano)
+	}
+	hh, mm, ss := t.Clock()
+	b = append(b, byte('0'+y/1000), byte('0'+y/100%10), byte('0'+y/10%10), byte('0'+y%10), '-',
+		byte('0'+mo/10), byte('0'+mo%10), '-', byte('0'+d/10), byte('0'+d%10), 'T',
+		byte('0'+hh/10), byte('0'+hh%10), ':', byte('0'+mm/10), byte('0'+mm%10), ':',
+		byte('0'+ss/10), byte('0'+ss%10))
+	if ns := t.Nanosecond(); ns != 0 {
+		var frac [10]byte
+		frac[0] = '.'
+		for i := 9; i >= 1; i-- {
+			frac[i] = byte('0' + ns%10)
+			ns /= 10
+		}
+		n := 10
+		for frac[n-1] == '0' {
+			n--
+		}
+		b = append(b, frac[:n]...)
+	}
+	return append(b, 'Z')
+}
+
 // Field helpers write `,"name":value`; closeObject removes the comma after
 // the opening brace at n (if any member was written) and closes it.
 func closeObject(b []byte, n int) []byte {
@@ -458,6 +494,15 @@ func boolField(b []byte, name string, v bool, omitEmpty bool) []byte {
 	return strconv.AppendBool(fieldName(b, name), v)
 }
 
+// jsonPlain marks the bytes appendString copies as they are: ASCII other
+// than control characters, '"' and '\\'.
+var jsonPlain = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // appendString appends s as a JSON string as encoding/json does with HTML
 // escaping off (U+2028 and U+2029 escaped), except that each invalid UTF-8
 // byte becomes a literal U+FFFD rather than the escape \ufffd.
@@ -466,11 +511,11 @@ func appendString(b []byte, s string) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
+		if jsonPlain[c] {
+			i++
+			continue
+		}
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
 			b = append(b, s[start:i]...)
 			switch c {
 			case '"', '\\':

@@ -218,3 +218,33 @@ func TestParseFrameRejects(t *testing.T) {
 		t.Error("upper-case hex accepted")
 	}
 }
+
+// TestAppendTime checks the hand-written time encoder against
+// time.AppendFormat for fractions with and without trailing zeros, zones
+// other than UTC and years at and beyond the four-digit range.
+func TestAppendTime(t *testing.T) {
+	east := time.FixedZone("east", 5*3600+30*60)
+	times := []time.Time{
+		{},
+		time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC),
+		time.Date(2025, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(2025, 1, 2, 3, 4, 5, 120000000, east),
+		time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC),
+		time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 100, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 6, 1, 0, 0, 0, 5000, time.UTC),
+		time.Now(),
+	}
+	for i := range 100_000 {
+		ns := int64(i) * 7_919_000_013 // steps through dates, clocks and fractions
+		times = append(times, time.Unix(ns/1e9*97, ns%1e9).In(east))
+	}
+	for _, tm := range times {
+		got := string(appendTime(nil, tm))
+		want := tm.UTC().Format(time.RFC3339Nano)
+		if got != want {
+			t.Fatalf("appendTime(%v) = %q, want %q", tm, got, want)
+		}
+	}
+}

@@ -194,7 +194,7 @@ func VerifyDir(dir string, opts VerifyOptions) (*Report, error) {
 	}
 	sortCkpts(ckpts)
 
-	w := &walker{rep: rep, opts: &opts, lh: newLeafHasher(), vkey: strings.TrimSpace(opts.PubKey), ckpts: ckpts}
+	w := &walker{rep: rep, opts: &opts, vkey: strings.TrimSpace(opts.PubKey), ckpts: ckpts}
 	for _, s := range layout.segments {
 		w.total += s.Size
 	}
@@ -239,7 +239,6 @@ func sortCkpts(c []verifyCkpt) {
 type walker struct {
 	rep       *Report
 	opts      *VerifyOptions
-	lh        *leafHasher
 	vkey      string
 	id        string
 	st        state
@@ -252,8 +251,8 @@ type walker struct {
 	lastFile  string
 	firstFile string
 	lastProg  int64
-	lr        *lineReader  // reused across segments
-	pool      *verifyPool  // batches, reused across segments
+	lr        *lineReader // reused across segments
+	pool      *verifyPool // batches, reused across segments
 }
 
 func (w *walker) progress(final bool) {

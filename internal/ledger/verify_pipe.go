@@ -17,8 +17,8 @@ import (
 // sees records strictly in order and stops at the first bad one, the
 // problems reported are the same as a sequential pass would give.
 const (
-	verifyBatchBytes = 256 << 10 // a batch holds about this many line bytes
-	verifyBatchRecs  = 1024      // and at most this many records
+	verifyBatchBytes = 128 << 10 // a batch holds about this many line bytes
+	verifyBatchRecs  = 512       // and at most this many records
 )
 
 // verifyBatch is a run of consecutive lines of one segment.
@@ -58,7 +58,8 @@ func newVerifyPool() *verifyPool {
 	n := max(runtime.GOMAXPROCS(0), 1)
 	p := &verifyPool{workers: n, free: make(chan *verifyBatch, 2*n+2)}
 	for range cap(p.free) {
-		p.free <- &verifyBatch{done: make(chan struct{}, 1)}
+		p.free <- &verifyBatch{done: make(chan struct{}, 1),
+			buf: make([]byte, 0, verifyBatchBytes+16<<10), recs: make([]verifyRec, 0, verifyBatchRecs)}
 	}
 	return p
 }
