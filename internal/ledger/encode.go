@@ -43,6 +43,19 @@ const hexDigits = "0123456789abcdef"
 type leafHasher struct {
 	d   hash.Hash
 	sum [sha256.Size]byte
+	// The hex of the last hash written: a record's hash is the next
+	// record's prev, so each hash is hex-encoded once.
+	hexHash tlog.Hash
+	hex     [hexHashLen]byte
+	hexOK   bool
+}
+
+// appendHex is appendHex(b, h), remembering the last encoding.
+func (h *leafHasher) appendHex(b []byte, x tlog.Hash) []byte {
+	if !h.hexOK || x != h.hexHash {
+		h.hexHash, h.hex, h.hexOK = x, hexOf(&x), true
+	}
+	return append(b, h.hex[:]...)
 }
 
 func newLeafHasher() *leafHasher { return &leafHasher{d: sha256.New()} }
@@ -87,12 +100,12 @@ func appendRecord(b []byte, lh *leafHasher, seq uint64, prev tlog.Hash, e *audit
 	b = append(b, seqPrefix...)
 	b = strconv.AppendUint(b, seq, 10)
 	b = append(b, prevPrefix...)
-	b = appendHex(b, prev)
+	b = lh.appendHex(b, prev)
 	b = append(b, '"', ',')
 	b = appendEventFields(b, e)
 	h := lh.hash(b[start:])
 	b = append(b, hashPrefix...)
-	b = appendHex(b, h)
+	b = lh.appendHex(b, h)
 	b = append(b, '"', '}', '\n')
 	return b, h
 }
