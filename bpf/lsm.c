@@ -551,28 +551,36 @@ int BPF_PROG(sb_umount, struct vfsmount *mnt, int flags, int ret)
 	return conclude(verdict);
 }
 
+/* two_path_mount judges the mount operations that name a source and a
+ * target path (move_mount, pivot_root). */
+static __always_inline int two_path_mount(__u32 op, const struct path *src_path,
+					  const struct path *dst_path)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, op, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict;
+	struct mount_event *e = mount_begin(op, d, sb, root, &verdict);
+	if (e) {
+		struct path src = { .mnt = BPF_CORE_READ(src_path, mnt), .dentry = BPF_CORE_READ(src_path, dentry) };
+		struct path dst = { .mnt = BPF_CORE_READ(dst_path, mnt), .dentry = BPF_CORE_READ(dst_path, dentry) };
+		walk_path(&src, e->source, sizeof(e->source));
+		walk_path(&dst, e->target, sizeof(e->target));
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
 SEC("lsm/move_mount")
 int BPF_PROG(move_mount, const struct path *from_path, const struct path *to_path, int ret)
 {
 	if (ret)
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_MOVE_MOUNT, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
-		return 0;
-	__u32 verdict;
-	struct mount_event *e = mount_begin(LSM_OP_MOVE_MOUNT, d, sb, root, &verdict);
-	if (e) {
-		struct path from = { .mnt = BPF_CORE_READ(from_path, mnt), .dentry = BPF_CORE_READ(from_path, dentry) };
-		struct path to = { .mnt = BPF_CORE_READ(to_path, mnt), .dentry = BPF_CORE_READ(to_path, dentry) };
-		walk_path(&from, e->source, sizeof(e->source));
-		walk_path(&to, e->target, sizeof(e->target));
-		submit_event(e, true);
-	}
-	return conclude(verdict);
+	return two_path_mount(LSM_OP_MOVE_MOUNT, from_path, to_path);
 }
 
 SEC("lsm/sb_pivotroot")
@@ -580,23 +588,7 @@ int BPF_PROG(sb_pivotroot, const struct path *old_path, const struct path *new_p
 {
 	if (ret)
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_PIVOT_ROOT, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
-		return 0;
-	__u32 verdict;
-	struct mount_event *e = mount_begin(LSM_OP_PIVOT_ROOT, d, sb, root, &verdict);
-	if (e) {
-		struct path old = { .mnt = BPF_CORE_READ(old_path, mnt), .dentry = BPF_CORE_READ(old_path, dentry) };
-		struct path nw = { .mnt = BPF_CORE_READ(new_path, mnt), .dentry = BPF_CORE_READ(new_path, dentry) };
-		walk_path(&old, e->source, sizeof(e->source));
-		walk_path(&nw, e->target, sizeof(e->target));
-		submit_event(e, true);
-	}
-	return conclude(verdict);
+	return two_path_mount(LSM_OP_PIVOT_ROOT, old_path, new_path);
 }
 
 SEC("lsm/path_chroot")
