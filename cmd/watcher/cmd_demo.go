@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/control"
 	"io"
 	"os"
 	"path/filepath"
@@ -113,7 +114,7 @@ ledger. Needs root. Leaves nothing behind (pins, cgroups, sockets).`); err != ni
 		}
 	}
 	defer stop()
-	printLayerSummary(stdout, a.Layers())
+	fmt.Fprintf(stdout, "Enforcement on this kernel (rules per layer; `watcher status` lists them): %s\n", control.LayerSummary(a.Layers()))
 	fmt.Fprintf(stdout, "\nSandbox %q (preset restricted), workspace %s, DNS proxy %s\n\n", pol.Sandboxes[0].Name, ws, a.DNSAddr())
 
 	plan := a.Plan()

@@ -80,28 +80,11 @@ policy is refused and the old one stays.`); err != nil {
 	}
 }
 
-// printLayerSummary prints how many rules each layer enforces.
 // listFlag collects a repeatable flag.
 type listFlag []string
 
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
-
-func printLayerSummary(w io.Writer, layers []control.Layer) {
-	count := map[string]int{}
-	var order []string
-	for _, l := range layers {
-		if count[l.Mechanism] == 0 {
-			order = append(order, l.Mechanism)
-		}
-		count[l.Mechanism]++
-	}
-	fmt.Fprint(w, "Enforcement on this kernel (rules per layer; `watcher status` lists them):")
-	for _, m := range order {
-		fmt.Fprintf(w, " %s=%d", m, count[m])
-	}
-	fmt.Fprintln(w)
-}
 
 func printLayers(w io.Writer, layers []control.Layer) {
 	fmt.Fprintln(w, "Enforcement on this kernel:")

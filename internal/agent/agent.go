@@ -303,7 +303,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("agent %s started, pid %d, policy %s (%s); %s", Version, os.Getpid(),
-			policyName(opts.PolicyPath), short(pol.Hash), layerSummary(a.layers))})
+			policyName(opts.PolicyPath), short(pol.Hash), "rules by layer: "+control.LayerSummary(a.layers))})
 	// Which layer enforces each rule on this kernel, in the record too.
 	var table strings.Builder
 	for _, l := range a.layers {
@@ -1157,20 +1157,6 @@ func short(h string) string {
 		return h[:12]
 	}
 	return h
-}
-
-func layerSummary(ls []control.Layer) string {
-	count := map[string]int{}
-	for _, l := range ls {
-		count[l.Mechanism]++
-	}
-	var parts []string
-	for _, m := range []string{"lsm", "cgroup_bpf", "kill", "seccomp+landlock", "record", "none"} {
-		if count[m] > 0 {
-			parts = append(parts, m+"="+strconv.Itoa(count[m]))
-		}
-	}
-	return "rules by layer: " + strings.Join(parts, " ")
 }
 
 // resolvConfServers reads the host's nameservers for upstreams.

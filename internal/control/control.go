@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -78,6 +79,24 @@ type LedgerStatus struct {
 	HeadHash       string    `json:"head_hash"`
 	LastCheckpoint time.Time `json:"last_checkpoint,omitzero"`
 	WriteFailures  uint64    `json:"write_failures"`
+}
+
+// LayerSummary counts the rules each layer enforces, in order of first
+// appearance: "kill=53 cgroup_bpf=5 ...".
+func LayerSummary(layers []Layer) string {
+	count := map[string]int{}
+	var order []string
+	for _, l := range layers {
+		if count[l.Mechanism] == 0 {
+			order = append(order, l.Mechanism)
+		}
+		count[l.Mechanism]++
+	}
+	parts := make([]string, 0, len(order))
+	for _, m := range order {
+		parts = append(parts, fmt.Sprintf("%s=%d", m, count[m]))
+	}
+	return strings.Join(parts, " ")
 }
 
 // Handler is what the agent implements.

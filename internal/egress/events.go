@@ -97,20 +97,8 @@ func Probe() map[string]error {
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}
-	for name, ps := range spec.Programs {
-		single := spec.Copy()
-		for other := range single.Programs {
-			if other != name {
-				delete(single.Programs, other)
-			}
-		}
-		coll, err := ebpf.NewCollection(single)
-		if err != nil {
-			out[ps.SectionName] = err
-			continue
-		}
-		coll.Close()
-		out[ps.SectionName] = nil
+	for name, err := range enforce.ProbeEach(spec, ebpf.CollectionOptions{}) {
+		out[spec.Programs[name].SectionName] = err
 	}
 	return out
 }

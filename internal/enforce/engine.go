@@ -207,6 +207,27 @@ func Unpin(pinDir string) error {
 	return nil
 }
 
+// ProbeEach loads every program of spec alone (with its maps) and reports
+// per program name whether the kernel accepts it, so the agent can say which
+// hook is available and which mechanism enforces each rule.
+func ProbeEach(spec *ebpf.CollectionSpec, opts ebpf.CollectionOptions) map[string]error {
+	out := map[string]error{}
+	for name := range spec.Programs {
+		one := spec.Copy()
+		for other := range one.Programs {
+			if other != name {
+				delete(one.Programs, other)
+			}
+		}
+		coll, err := ebpf.NewCollectionWithOptions(one, opts)
+		if err == nil {
+			coll.Close()
+		}
+		out[name] = err
+	}
+	return out
+}
+
 // ReplacePin pins l at path, replacing a link pinned there by an earlier
 // agent: the old link stays attached until the new one is pinned, so the
 // hook is never left without a program (overlap, never a gap).

@@ -122,17 +122,7 @@ func Probe(eng *enforce.Engine) map[string]error {
 	for name, e := range missing {
 		out[name] = e
 	}
-	for name := range spec.Programs {
-		one := spec.Copy()
-		for other := range one.Programs {
-			if other != name {
-				delete(one.Programs, other)
-			}
-		}
-		coll, err := ebpf.NewCollectionWithOptions(one, *eng.CollectionOptions())
-		if err == nil {
-			coll.Close()
-		}
+	for name, err := range enforce.ProbeEach(spec, *eng.CollectionOptions()) {
 		out[name] = err
 	}
 	return out

@@ -207,20 +207,12 @@ func Probe() map[string]error {
 	progNames := map[string]string{
 		"dev": "watcher_cg_dev", "sysctl": "watcher_cg_sysctl", "sock_create": "watcher_cg_sock_create",
 	}
+	loaded := enforce.ProbeEach(spec, ebpf.CollectionOptions{})
 	for _, hk := range hooks {
-		one := spec.Copy()
-		for name := range one.Programs {
-			if name != progNames[hk.name] {
-				delete(one.Programs, name)
-			}
-		}
-		coll, err := ebpf.NewCollection(one)
-		if err != nil {
-			out[hk.name] = fmt.Errorf("load cgroup/%s: %w", hk.name, err)
-			continue
-		}
-		coll.Close()
 		out[hk.name] = nil
+		if err := loaded[progNames[hk.name]]; err != nil {
+			out[hk.name] = fmt.Errorf("load cgroup/%s: %w", hk.name, err)
+		}
 	}
 	return out
 }

@@ -147,17 +147,7 @@ func Probe(eng *enforce.Engine) map[string]error {
 	if err != nil {
 		return map[string]error{ProgSysEnter: err, ProgSysExit: err, ProgExec: err, ProgExit: err}
 	}
-	for name := range spec.Programs {
-		one := spec.Copy()
-		for other := range one.Programs {
-			if other != name {
-				delete(one.Programs, other)
-			}
-		}
-		coll, err := ebpf.NewCollectionWithOptions(one, *eng.CollectionOptions())
-		if err == nil {
-			coll.Close()
-		}
+	for name, err := range enforce.ProbeEach(spec, *eng.CollectionOptions()) {
 		out[name] = err
 	}
 	return out
