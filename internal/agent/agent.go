@@ -397,7 +397,7 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	if !ok {
 		return
 	}
-	if err := a.egress.Allow(id, ans.Addrs, time.Duration(ans.TTL)*time.Second); err != nil {
+	if err := dnsbind.Admit(a.egress, id, ans); err != nil {
 		a.emit(audit.Event{Kind: audit.KindNet, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
 			Message: "answered addresses not admitted (connections to them will be refused): " + err.Error()})

@@ -1296,6 +1296,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 		Default:         string(d.Default),
 		HighCardinality: slices.Clone(d.Detection.HighCardinality),
 		RateLimit:       dnsproxy.RateLimit{QPS: float64(d.Detection.RateLimit)},
+		LocalAllow:      localAllowOf(cfg.Rules),
 		Detection: dnsproxy.Detection{
 			Mode:             "off",
 			Window:           dnsproxy.Duration(d.Detection.Window.Duration),
@@ -1321,6 +1322,9 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 	}
 	dnsNotes = append(dnsNotes,
 		fmt.Sprintf("proxy: default %s, %d allowed, %d denied names, detection %s", orDNS(d.Default), len(d.Allow), len(d.Deny), sp.Detection.Mode))
+	if def != policy.EgressAllow {
+		dnsNotes = append(dnsNotes, fmt.Sprintf("answers with loopback, private, link-local, unique-local, metadata or host addresses refused (DNS rebinding) outside %d explicit egress networks; such addresses are never admitted by an answer", len(sp.LocalAllow)))
+	}
 	if record {
 		// The proxy has no record mode for its name lists: refusing names
 		// would break the workload record mode promises to leave alone.
@@ -1336,6 +1340,20 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 	}
 	c.add(sb, "dns", dnsAction, layer{mech: MechCgroupBPF, notes: dnsNotes})
 	return nil
+}
+
+// localAllowOf is the DNS proxy's local allowance of a sandbox: answers may
+// carry local addresses (loopback, private, metadata...) only inside the
+// networks its explicit egress rules name (egress.allow, loopback services,
+// every network for egress default allow); anything else is DNS rebinding.
+func localAllowOf(rules []egress.Rule) []string {
+	var out []string
+	for _, r := range rules {
+		if p := r.Prefix.Masked().String(); !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func orDNS(d policy.DNSDefault) string {

@@ -212,7 +212,7 @@ func FuzzHandlePacket(f *testing.F) {
 	f.Add(packQ(f, func(m *dns.Msg) { m.Question[0].Name = "6d792070617373776f7264.example.com." }))
 	f.Add(packQ(f, func(m *dns.Msg) { m.Question[0].Name = "not.allowed.test." }))
 	pol := &Policy{Sandboxes: map[string]*SandboxPolicy{"sb": {Allow: []string{".example.com"}}}}
-	s, err := New(Config{Upstreams: []string{"127.0.0.1:1"}, Policy: pol, UpstreamTimeout: 50 * time.Millisecond})
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{"127.0.0.1:1"}, Policy: pol, UpstreamTimeout: 50 * time.Millisecond})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func BenchmarkAnalyzeName(b *testing.B) {
 func BenchmarkChain(b *testing.B) {
 	up := startUpstream(&testing.T{})
 	pol := &Policy{Sandboxes: map[string]*SandboxPolicy{"sb": {Allow: []string{".example.com"}}}}
-	s, err := New(Config{Upstreams: []string{up.addr}, Policy: pol})
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Policy: pol})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -425,20 +425,38 @@ func forwardStage(s *Server, r *request) bool {
 // --- answers ---
 
 func (s *Server) answerFromTemplate(r *request, t *answerTemplate) {
+	addrs := t.addrs
+	if len(addrs) > 0 {
+		// DNS rebinding: a local address in the answer opens a host or
+		// cloud service to the sandbox unless its policy allows that range.
+		refused, kind, public := s.localVerdict(r.sandbox, addrs, r.now)
+		if refused.IsValid() {
+			r.answers = t.answers
+			if r.sandbox.mode != "record" {
+				s.block(r, ReasonLocalAnswer+": "+refused.String()+" ("+kind+")", audit.SeverityAlert)
+				return
+			}
+			s.stats.recorded.Add(1)
+			r.reason = ReasonLocalAnswer + ": " + refused.String() + " (" + kind + ")"
+			r.verdict = audit.VerdictRecorded
+			r.severity = audit.SeverityAlert
+		}
+		addrs = public
+	}
 	r.rcode = t.rcode
 	if r.verdict == "" {
 		r.verdict = audit.VerdictAllowed
 		r.severity = audit.SeverityRoutine
 	}
 	r.answers = t.answers
-	if t.rcode == dns.RcodeSuccess && len(t.addrs) > 0 && s.cfg.OnAnswer != nil {
+	if t.rcode == dns.RcodeSuccess && len(addrs) > 0 && s.cfg.OnAnswer != nil {
 		ttl := t.addrTTL
 		if age := uint32(r.now.Sub(t.stored) / time.Second); ttl > age {
 			ttl -= age
 		} else {
 			ttl = 0
 		}
-		s.cfg.OnAnswer(Answer{Sandbox: r.sandbox.name, Name: strings.ToLower(r.q.Name), Addrs: t.addrs, TTL: ttl})
+		s.cfg.OnAnswer(Answer{Sandbox: r.sandbox.name, Name: strings.ToLower(r.q.Name), Addrs: addrs, TTL: ttl})
 	}
 	maxSize := 65535
 	if r.src.Proto != "tcp" {
@@ -618,6 +636,8 @@ func (s *Server) countRcode(r *request, rcode int, reason string) {
 	}
 	base := reason
 	if i := strings.Index(reason, " under "); i >= 0 {
+		base = reason[:i]
+	} else if i := strings.Index(reason, ": "); i >= 0 {
 		base = reason[:i]
 	}
 	if c := s.stats.reasons[base]; c != nil {

@@ -107,7 +107,7 @@ func evalServer(t *testing.T, up *upstream, names []string) *Server {
 		sp.Allow = append(sp.Allow, a)
 	}
 	sort.Strings(sp.Allow)
-	s, err := New(Config{Upstreams: []string{up.addr}, Policy: &Policy{Sandboxes: map[string]*SandboxPolicy{"eval": sp}}})
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Policy: &Policy{Sandboxes: map[string]*SandboxPolicy{"eval": sp}}})
 	if err != nil {
 		t.Fatal(err)
 	}

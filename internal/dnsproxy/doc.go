@@ -19,6 +19,19 @@
 // addresses of every allowed answer (from upstream or cache) with their
 // remaining TTL, for the kernel egress map.
 //
+// # Local answers (DNS rebinding)
+//
+// An answer whose addresses include a local one (loopback, 0.0.0.0 and ::,
+// link-local, RFC 1918 private, RFC 6598 shared, unique-local fc00::/7,
+// multicast, reserved, the cloud metadata addresses 169.254.169.254,
+// fd00:ec2::254 and others, IPv4-mapped, -compatible, NAT64 and 6to4 forms
+// of these, and the host's own interface addresses) is refused with
+// NXDOMAIN and an RFC 8914 Blocked reason "local address in answer: A
+// (kind)", from upstream and from the cache alike, unless the sandbox's
+// LocalAllow networks cover every such address. Local addresses are never
+// passed to OnAnswer: the egress allowlist admits only public addresses,
+// and explicit egress rules decide connections to local ones (rebind.go).
+//
 // # Sandboxes
 //
 // A SandboxResolver maps the query's source to a sandbox name:

@@ -2,6 +2,7 @@ package dnsproxy
 
 import (
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -150,6 +151,12 @@ func startProxy(t *testing.T, cfg Config) (*Server, string) {
 	if cfg.Listeners == nil {
 		cfg.Listeners = []Listener{{Addr: "127.0.0.1:0", Sandbox: "sb"}}
 	}
+	if cfg.HostAddrs == nil {
+		// The upstream answers documentation addresses, which a test VM may
+		// carry itself (192.0.2.2 on eth0): the tests of host-address
+		// refusal name theirs.
+		cfg.HostAddrs = noHostAddrs
+	}
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -186,3 +193,7 @@ func ede(m *dns.Msg) (uint16, string, bool) {
 	}
 	return 0, "", false
 }
+
+// noHostAddrs is Config.HostAddrs for tests whose upstream answers
+// addresses the test machine may own.
+func noHostAddrs() ([]netip.Addr, error) { return nil, nil }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -51,6 +52,12 @@ type SandboxPolicy struct {
 	RateLimit RateLimit `yaml:"rate_limit,omitempty"`
 	// Detection tunes the encoded-name and stream detection.
 	Detection Detection `yaml:"detection,omitempty"`
+	// LocalAllow lists the networks (CIDRs, or bare addresses) of local
+	// addresses this sandbox's answers may carry: loopback, link-local,
+	// private, unique-local, cloud metadata and the host's own addresses are
+	// refused in answers otherwise (DNS rebinding). The agent fills it from
+	// the sandbox's explicit egress rules (egress.allow, loopback services).
+	LocalAllow []string `yaml:"local_allow,omitempty"`
 }
 
 // RateLimit is a token bucket.
@@ -159,6 +166,11 @@ func (p *Policy) validate(src []byte) error {
 				}
 			}
 		}
+		for _, c := range sp.LocalAllow {
+			if _, err := parseCIDR(c); err != nil {
+				return fmt.Errorf("line %d: sandbox %q: local_allow: %w", lineOf(src, c), name, err)
+			}
+		}
 		switch sp.Default {
 		case "", "deny", "allow":
 		default:
@@ -226,6 +238,7 @@ type compiledSandbox struct {
 	rate            RateLimit
 	mode            string // enforce, record, off
 	limits          streamLimits
+	localAllow      []netip.Prefix
 }
 
 // streamLimits are the per-domain stream limits with defaults applied.
@@ -320,6 +333,11 @@ func compilePolicy(p *Policy) *compiledPolicy {
 				hcFactor:    orInt(d.HighCardinalityFactor, 16),
 			},
 		}
+		for _, c := range sp.LocalAllow {
+			if p, err := parseCIDR(c); err == nil {
+				cs.localAllow = append(cs.localAllow, p)
+			}
+		}
 		if cs.mode == "" {
 			cs.mode = "enforce"
 		}
@@ -329,6 +347,18 @@ func compilePolicy(p *Policy) *compiledPolicy {
 		cp.sandboxes[name] = cs
 	}
 	return cp
+}
+
+// parseCIDR parses "10.0.0.0/8", "fd00::/8" or a bare address (that host).
+func parseCIDR(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not a network (10.0.0.0/8) or an address", s)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 func orDuration(d Duration, def time.Duration) time.Duration {

@@ -18,6 +18,8 @@ const (
 	ReasonOpcode       = "opcode not implemented"
 	ReasonEDNSVersion  = "unsupported EDNS version"
 	ReasonUpstream     = "upstream failure"
+	// ReasonLocalAnswer is followed by ": <address> (<kind>)".
+	ReasonLocalAnswer = "local address in answer"
 
 	// Stream reasons, suffixed with " under <domain>".
 	ReasonTooManyNames  = "too many distinct names"

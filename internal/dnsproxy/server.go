@@ -77,6 +77,10 @@ type Config struct {
 	// MaxInflight bounds UDP queries waiting for an upstream; beyond it
 	// queries get SERVFAIL. Default 1024.
 	MaxInflight int
+	// HostAddrs lists the host's own addresses, refused in answers like
+	// loopback (see SandboxPolicy.LocalAllow); nil means every interface's
+	// addresses, re-read every few seconds.
+	HostAddrs func() ([]netip.Addr, error)
 	// Now returns the current time; nil means time.Now (tests set it).
 	Now func() time.Time
 }
@@ -113,7 +117,7 @@ type counters struct {
 var allReasons = []string{
 	ReasonNotAllowed, ReasonDenied, ReasonEncoded, ReasonOversized, ReasonBadTLD, ReasonInvalidBytes,
 	ReasonRateLimited, ReasonNoSandbox, ReasonMalformed, ReasonQType, ReasonClass, ReasonOpcode,
-	ReasonEDNSVersion, ReasonUpstream, ReasonTooManyNames, ReasonTooMuchData, ReasonEncodedStream,
+	ReasonEDNSVersion, ReasonUpstream, ReasonLocalAnswer, ReasonTooManyNames, ReasonTooMuchData, ReasonEncodedStream,
 	ReasonRandomStream, ReasonNXStream, ReasonTunnelTypes,
 }
 
@@ -125,6 +129,7 @@ type Server struct {
 	fwd       *forwarder
 	cache     *answerCache
 	names     *nameMemo
+	host      hostAddrs
 	now       func() time.Time
 	stats     counters
 	inflight  chan struct{}
@@ -181,6 +186,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.sandboxes == nil {
 		s.sandboxes = ListenerSandboxes{}
+	}
+	s.host.list = cfg.HostAddrs
+	if s.host.list == nil {
+		s.host.list = interfaceAddrs
 	}
 	if s.now == nil {
 		s.now = time.Now

@@ -226,7 +226,7 @@ sandboxes:
   quiet:
     allow: [.example.com]
 `)
-	s, err := New(Config{
+	s, err := New(Config{HostAddrs: noHostAddrs,
 		Upstreams: []string{up.addr},
 		Policy:    pol,
 		Listeners: []Listener{{Addr: "127.0.0.1:0", Network: "udp", Sandbox: "noisy"}, {Addr: "127.0.0.1:0", Network: "udp", Sandbox: "quiet"}},
@@ -269,7 +269,7 @@ sandboxes:
   a: {allow: [a.example.com]}
   b: {allow: [b.example.com]}
 `)
-	s, err := New(Config{Upstreams: []string{up.addr}, Policy: pol, Sandboxes: table})
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Policy: pol, Sandboxes: table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +430,7 @@ sandboxes:
 
 func TestStateIsBounded(t *testing.T) {
 	up := startUpstream(t)
-	s, err := New(Config{Upstreams: []string{up.addr}, Policy: mustPolicy(t, "sandboxes:\n  sb:\n    default: allow\n"), CacheEntries: 1000})
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Policy: mustPolicy(t, "sandboxes:\n  sb:\n    default: allow\n"), CacheEntries: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,6 +54,7 @@ type fixture struct {
 	sandbox, child, record, outside string
 	sbCg, recCg                     uint64
 	admit                           *dnsbind.Admitter
+	dir                             *dnsbind.Directory
 	dnsEvents                       *eventLog
 	kernelEvents                    *eventLog
 }
@@ -108,6 +109,7 @@ func setup(t *testing.T) *fixture {
 	dir.Set("sb", sandboxID)
 	dir.Set("rec", recordID)
 	f.admit = &dnsbind.Admitter{Egress: f.eg, Directory: dir}
+	f.dir = dir
 	pol, err := dnsproxy.ParsePolicy([]byte("sandboxes:\n  sb:\n    allow: [.allowed.test, .cdn.test]\n  rec:\n    allow: [.allowed.test]\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -385,6 +387,8 @@ func TestEgress(t *testing.T) {
 	})
 
 	t.Run("atomic red team DNS tests", func(t *testing.T) { testAtomic(t, f) })
+
+	t.Run("DNS rebinding to local addresses", func(t *testing.T) { testRebinding(t, f) })
 
 	t.Run("answers expire after TTL plus grace", func(t *testing.T) {
 		n.ttl.Store(1)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,7 +74,9 @@ func newTestNet(t *testing.T) *testNet {
 	rand.Read(b)
 	sub := int(b[0])%250 + 2
 	v4 := func(h int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("198.18.%d.%d", sub, h)) }
-	v6 := func(h int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("fd57:a7c4:0:%x::%x", sub, h)) }
+	// Documentation space, not unique-local: the proxy refuses answers
+	// with unique-local addresses (DNS rebinding).
+	v6 := func(h int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("2001:db8:57a7:%x::%x", sub, h)) }
 	n.host, n.allowed, n.forbidden, n.dnsSrv, n.doh, n.dead = v4(1), v4(2), v4(3), v4(4), v4(5), v4(9)
 	n.short = v4(6)
 	n.host6, n.allowed6, n.forbidden6, n.dnsSrv6, n.dead6 = v6(1), v6(2), v6(3), v6(4), v6(9)
@@ -170,6 +173,24 @@ func (n *testNet) answer(w dns.ResponseWriter, r *dns.Msg) {
 	name := strings.ToLower(q.Name)
 	var v4, v6 netip.Addr
 	switch {
+	case strings.HasSuffix(name, ".rebind.allowed.test."):
+		// Allowed names whose answers are local addresses (DNS rebinding).
+		switch strings.TrimSuffix(name, ".rebind.allowed.test.") {
+		case "meta":
+			v4 = netip.MustParseAddr("169.254.169.254")
+		case "loop":
+			v4, v6 = netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()
+		case "mapped":
+			v6 = netip.MustParseAddr("::ffff:127.0.0.1")
+		case "zero":
+			v4 = netip.IPv4Unspecified()
+		case "lan":
+			v4 = netip.MustParseAddr("10.77.0.1")
+		case "ula":
+			v6 = netip.MustParseAddr("fd00:77::1")
+		case "host":
+			v4 = n.host // the host's own end of the veth pair
+		}
 	case name == "short.allowed.test.":
 		v4 = n.short
 	case name == "allowed.test." || strings.HasSuffix(name, ".allowed.test.") || strings.HasSuffix(name, ".cdn.test."):
@@ -186,8 +207,10 @@ func (n *testNet) answer(w dns.ResponseWriter, r *dns.Msg) {
 	hdr := dns.RR_Header{Name: q.Name, Class: dns.ClassINET, Ttl: n.ttl.Load()}
 	switch q.Qtype {
 	case dns.TypeA:
-		hdr.Rrtype = dns.TypeA
-		m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: v4.AsSlice()})
+		if v4.IsValid() {
+			hdr.Rrtype = dns.TypeA
+			m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: v4.AsSlice()})
+		}
 	case dns.TypeAAAA:
 		if v6.IsValid() {
 			hdr.Rrtype = dns.TypeAAAA
@@ -328,7 +351,11 @@ func helperOp(mode string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("resolve: %w", err)
 		}
-		c, err := (&net.Dialer{}).DialContext(ctx, network, netip.AddrPortFrom(ips[0], 80).String())
+		port := uint16(80)
+		if p, err := strconv.Atoi(os.Getenv("WATCHER_PORT")); err == nil {
+			port = uint16(p)
+		}
+		c, err := (&net.Dialer{}).DialContext(ctx, network, netip.AddrPortFrom(ips[0], port).String())
 		if err != nil {
 			return "", err
 		}

@@ -6,6 +6,7 @@
 package dnsbind
 
 import (
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,8 +103,35 @@ func (a *Admitter) OnAnswer(ans dnsproxy.Answer) {
 		a.Errors.Add(1)
 		return
 	}
-	if err := a.Egress.Allow(id, ans.Addrs, time.Duration(ans.TTL)*time.Second); err != nil {
+	if err := Admit(a.Egress, id, ans); err != nil {
 		a.Errors.Add(1)
 		a.LastError.Store(&err)
 	}
+}
+
+// Admit lets sandbox id reach the public addresses of an allowed answer
+// for its TTL (plus the egress grace). Local addresses (loopback, private,
+// link-local, cloud metadata: dnsproxy.LocalKind) are never admitted, even
+// when the proxy answered them under an explicit local allowance: the
+// policy's own egress rules (egress.allow, loopback services) decide those
+// connections, port by port, and an answer must not widen them.
+func Admit(e *egress.Egress, id uint32, ans dnsproxy.Answer) error {
+	addrs := ans.Addrs
+	for i, a := range ans.Addrs {
+		if dnsproxy.LocalKind(a) == "" {
+			continue
+		}
+		// Copy on the first local address only: the common answer has none.
+		addrs = append([]netip.Addr(nil), ans.Addrs[:i]...)
+		for _, b := range ans.Addrs[i+1:] {
+			if dnsproxy.LocalKind(b) == "" {
+				addrs = append(addrs, b)
+			}
+		}
+		break
+	}
+	if len(addrs) == 0 {
+		return nil
+	}
+	return e.Allow(id, addrs, time.Duration(ans.TTL)*time.Second)
 }
