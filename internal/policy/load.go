@@ -453,6 +453,7 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.DNS.Detection.HighCardinality)
 	nilIfEmpty(&sb.Egress.Allow)
 	nilIfEmpty(&sb.Egress.Loopback)
+	nilIfEmpty(&sb.Limits.IO)
 	for j := range sb.Egress.Allow {
 		nilIfEmpty(&sb.Egress.Allow[j].Ports)
 	}

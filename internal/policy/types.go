@@ -157,6 +157,75 @@ type Sandbox struct {
 	Audit Audit `yaml:"audit"`
 	// Escape configures the escape watch.
 	Escape Escape `yaml:"escape"`
+	// WorkspaceOptions says how commands see the workspace directories
+	// (directly, or through an overlay that can be diffed, committed and
+	// rolled back).
+	WorkspaceOptions WorkspaceOptions `yaml:"workspace_options"`
+	// Limits caps the resources of the sandbox's cgroups and of each
+	// `watcher exec` leaf.
+	Limits Limits `yaml:"limits"`
+}
+
+// WorkspaceMode says how sandboxed commands see the workspace.
+type WorkspaceMode string
+
+// Workspace modes.
+const (
+	// WorkspaceDirect lets commands change the workspace directories
+	// themselves (the default).
+	WorkspaceDirect WorkspaceMode = "direct"
+	// WorkspaceOverlay shows commands each workspace directory through an
+	// overlayfs whose upper layer the agent keeps: the real directory is
+	// unchanged until `watcher workspace commit`.
+	WorkspaceOverlay WorkspaceMode = "overlay"
+)
+
+// WorkspaceOptions configures overlay workspaces and their snapshots.
+type WorkspaceOptions struct {
+	// Mode is direct (default) or overlay.
+	Mode WorkspaceMode `yaml:"mode"`
+	// StateDir holds each workspace's upper, work and snapshot layers
+	// (upper and work must be on one filesystem). Empty means
+	// "workspaces" beside the agent's ledger directory.
+	StateDir string `yaml:"state_dir"`
+	// MaxSnapshots keeps at most this many snapshots per sandbox, pruning
+	// the oldest; 0 means no count limit.
+	MaxSnapshots int `yaml:"max_snapshots"`
+	// MaxSnapshotBytes caps the total size of a sandbox's snapshots,
+	// pruning the oldest; 0 means no size limit.
+	MaxSnapshotBytes ByteSize `yaml:"max_snapshot_bytes"`
+}
+
+// Limits caps a sandbox's resources. Zero values mean no limit.
+type Limits struct {
+	// CPU is the CPU bandwidth in cores (1.5 = one and a half cores).
+	CPU float64 `yaml:"cpu"`
+	// Memory is the hard memory limit; above it the kernel OOM-kills a
+	// process of the sandbox.
+	Memory ByteSize `yaml:"memory"`
+	// MemoryHigh is the throttling threshold below Memory: above it the
+	// kernel reclaims hard and slows the sandbox (cgroup v2 only; v1 has
+	// a soft limit that applies only under host memory pressure).
+	MemoryHigh ByteSize `yaml:"memory_high"`
+	// PIDs is the most tasks (processes and threads) alive at once; fork
+	// and clone fail with EAGAIN above it.
+	PIDs int `yaml:"pids"`
+	// IO throttles block devices.
+	IO []IOLimit `yaml:"io"`
+}
+
+// IOLimit throttles one block device. Zero fields mean unlimited.
+type IOLimit struct {
+	// Device is a block device path ("/dev/vda") or "MAJOR:MINOR".
+	Device string `yaml:"device"`
+	// ReadBPS is the read bandwidth in bytes per second.
+	ReadBPS ByteSize `yaml:"read_bps"`
+	// WriteBPS is the write bandwidth in bytes per second.
+	WriteBPS ByteSize `yaml:"write_bps"`
+	// ReadIOPS is the read operations per second.
+	ReadIOPS int `yaml:"read_iops"`
+	// WriteIOPS is the write operations per second.
+	WriteIOPS int `yaml:"write_iops"`
 }
 
 // Selector picks cgroups. A sandbox may combine several kinds; a cgroup

@@ -249,11 +249,13 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	if a := sb.Escape.Action; a != "" && a != EscapeFreeze && a != EscapeAlert {
 		c.add(es.key("action"), "%q: want freeze or alert", a)
 	}
+	c.workspaceValues(at, sb)
 }
 
 // sandboxRequired checks what an effective (preset-merged) sandbox must
 // have, and relations between fields.
 func (c *checker) sandboxRequired(at path, sb *Sandbox) {
+	c.workspaceRequired(at, sb)
 	if sb.Name == "" {
 		c.add(at.key("name"), "required")
 	}
