@@ -131,12 +131,16 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 		tm.Kill = *kill
 	}
 	tm.OnWarn = func() { log.Warn("command still running", "after", tm.Warn, "sandbox", sb.Name, "label", *label) }
+	iso, err := overlayIsolation(pol, sb)
+	if err != nil {
+		return &exitError{Code: 126, Err: err}
+	}
 	breaker, saveBreaker := loadBreaker(pol, sb)
 	v, runErr := launch.Run(ctx, launch.Config{
 		Path: argv[0], Args: argv[1:], Env: os.Environ(),
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
 		Sandbox: sb.Name, CgroupParent: agent.ExecParents(pol, sb)[0], Label: *label,
-		Restrictions: plan.Launch[sb.Name], Timeouts: tm, Breaker: breaker,
+		Restrictions: plan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso,
 	})
 	saveBreaker()
 	if !*quiet {

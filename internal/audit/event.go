@@ -33,6 +33,12 @@ const (
 	KindLoss          Kind = "loss"
 	KindSampleSummary Kind = "sample_summary"
 	KindRecovery      Kind = "recovery"
+	// KindWorkspace records a commit, rollback or snapshot of an overlay
+	// workspace.
+	KindWorkspace Kind = "workspace"
+	// KindLimit records a resource limit hit: an OOM kill, forks refused
+	// at the pids limit.
+	KindLimit Kind = "limit"
 )
 
 // Verdict is what watcher did about the operation.
@@ -100,14 +106,16 @@ type Event struct {
 	Process   Process `json:"process,omitzero"`
 
 	// Kind-specific details; at most a few are set.
-	File    *FileDetail    `json:"file,omitempty"`
-	Target  *TargetDetail  `json:"target,omitempty"`
-	Mount   *MountDetail   `json:"mount,omitempty"`
-	Syscall *SyscallDetail `json:"syscall,omitempty"`
-	DNS     *DNSDetail     `json:"dns,omitempty"`
-	Net     *NetDetail     `json:"net,omitempty"`
-	Loss    *LossDetail    `json:"loss,omitempty"`
-	Summary *SampleSummary `json:"summary,omitempty"`
+	File      *FileDetail      `json:"file,omitempty"`
+	Target    *TargetDetail    `json:"target,omitempty"`
+	Mount     *MountDetail     `json:"mount,omitempty"`
+	Syscall   *SyscallDetail   `json:"syscall,omitempty"`
+	DNS       *DNSDetail       `json:"dns,omitempty"`
+	Net       *NetDetail       `json:"net,omitempty"`
+	Loss      *LossDetail      `json:"loss,omitempty"`
+	Summary   *SampleSummary   `json:"summary,omitempty"`
+	Workspace *WorkspaceDetail `json:"workspace,omitempty"`
+	Limit     *LimitDetail     `json:"limit,omitempty"`
 	// Message is free text for agent, recovery and escape events.
 	Message string `json:"message,omitempty"`
 	// Redacted lists the fields whose values were replaced by "***".
@@ -175,6 +183,39 @@ type LossDetail struct {
 	// queue, sink:<name>, ledger_write.
 	Stage string `json:"stage"`
 	Count uint64 `json:"count"`
+}
+
+// WorkspaceDetail describes an operation on an overlay workspace.
+type WorkspaceDetail struct {
+	// Op is commit, rollback, snapshot or prepare.
+	Op string `json:"op"`
+	// Snapshot names the snapshot taken or rolled back to.
+	Snapshot string `json:"snapshot,omitempty"`
+	// Added, Changed and Deleted are the paths the operation applied or
+	// threw away.
+	Added   []string `json:"added,omitempty"`
+	Changed []string `json:"changed,omitempty"`
+	Deleted []string `json:"deleted,omitempty"`
+	// Bytes is the size of the upper layers involved.
+	Bytes uint64 `json:"bytes,omitempty"`
+	// Hash is the SHA-256 tree hash of the result.
+	Hash string `json:"hash,omitempty"`
+}
+
+// LimitDetail describes a resource limit that was hit.
+type LimitDetail struct {
+	// Resource is memory, pids or cpu.
+	Resource string `json:"resource"`
+	// Limit and Usage are in bytes (memory), tasks (pids) or
+	// microseconds of throttling (cpu).
+	Limit uint64 `json:"limit,omitempty"`
+	Usage uint64 `json:"usage,omitempty"`
+	// Count is how many times it was hit (OOM kills, refused forks) since
+	// the previous event.
+	Count uint64 `json:"count,omitempty"`
+	// Mechanism is the cgroup interface that enforced it: cgroup2 or
+	// cgroup1.
+	Mechanism string `json:"mechanism,omitempty"`
 }
 
 // SampleSummary says how many routine events were seen and kept per sandbox

@@ -4,6 +4,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
 )
 
 // DefaultSocket is the agent's control socket.
@@ -109,6 +112,12 @@ type Handler interface {
 	PrepareExec() error
 }
 
+// Recorder is implemented by agents that append events from commands
+// (workspace commits, rollbacks, snapshots) to their ledger.
+type Recorder interface {
+	Record(e audit.Event) error
+}
+
 // Server serves the control socket.
 type Server struct {
 	srv *http.Server
@@ -153,6 +162,18 @@ func Listen(path string, h Handler) (*Server, error) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 		}
 	})
+	if rec, ok := h.(Recorder); ok {
+		mux.HandleFunc("POST /record", func(w http.ResponseWriter, r *http.Request) {
+			var e audit.Event
+			if err := json.NewDecoder(io.LimitReader(r.Body, 4<<20)).Decode(&e); err != nil {
+				http.Error(w, "decode event: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			if err := rec.Record(e); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+			}
+		})
+	}
 	s := &Server{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 	go s.srv.Serve(ln)
 	return s, nil
@@ -243,4 +264,23 @@ func (c *Client) PrepareExec() error {
 func (c *Client) Reload() error {
 	_, err := c.do("POST", "/reload")
 	return err
+}
+
+// Record asks the agent to append e to its ledger (and live tail).
+func (c *Client) Record(e audit.Event) error {
+	body, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	req, _ := http.NewRequest("POST", "http://watcher/record", bytes.NewReader(body))
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("contact agent at %s: %w", c.path, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent: %s", bytesTrim(msg))
+	}
+	return nil
 }

@@ -42,6 +42,8 @@ type childSpec struct {
 	Path         string       `json:"path"`
 	Args         []string     `json:"args"`
 	Restrictions Restrictions `json:"restrictions"`
+	// Mounts are made in the child's own mount namespace first.
+	Mounts []Mount `json:"mounts,omitempty"`
 }
 
 func encodeSpec(s childSpec) (string, error) {
@@ -98,6 +100,9 @@ func Init() {
 	// no_new_privs, the Landlock domain and seccomp filters are per
 	// thread and pass across execve to the target and its descendants.
 	runtime.LockOSThread()
+	if err := applyMounts(spec.Mounts); err != nil {
+		fail(ExitRestrictFailed, Applied{}, err)
+	}
 	applied, err := applyRestrictions(spec.Restrictions)
 	if err != nil {
 		fail(ExitRestrictFailed, applied, err)

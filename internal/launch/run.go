@@ -70,6 +70,9 @@ type Config struct {
 	// Executable is the binary re-executed to apply the restrictions; it
 	// must call Init first thing. Empty means os.Executable().
 	Executable string
+	// Isolation gives the command namespaces and mounts of its own (an
+	// overlay workspace bound over the real one, a private IPC namespace).
+	Isolation Isolation
 }
 
 // Outcome says how a run ended.
@@ -205,7 +208,7 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 			return v, fmt.Errorf("launch: find own binary: %w", err)
 		}
 	}
-	spec, err := encodeSpec(childSpec{Path: target, Args: append([]string{cfg.Path}, cfg.Args...), Restrictions: cfg.Restrictions})
+	spec, err := encodeSpec(childSpec{Path: target, Args: append([]string{cfg.Path}, cfg.Args...), Restrictions: cfg.Restrictions, Mounts: cfg.Isolation.Mounts})
 	if err != nil {
 		return v, fmt.Errorf("launch: %w", err)
 	}
@@ -256,6 +259,9 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 	}
 	cmd.Env = specEnv(env, spec)
 	cmd.Dir = cfg.Dir
+	if cfg.Isolation.Namespaces != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cfg.Isolation.Namespaces}
+	}
 	cmd.ExtraFiles = []*os.File{reportW, goR}
 	// The child starts in the launcher's cgroup: the binary's package
 	// initialisers are not the command. It applies the restrictions,

@@ -412,6 +412,28 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 		}
 		b = append(b, '}')
 	}
+	if w := e.Workspace; w != nil {
+		b = append(b, `,"workspace":{`...)
+		n := len(b)
+		b = strField(b, "op", w.Op, false)
+		b = strField(b, "snapshot", w.Snapshot, true)
+		b = strsField(b, "added", w.Added, true)
+		b = strsField(b, "changed", w.Changed, true)
+		b = strsField(b, "deleted", w.Deleted, true)
+		b = uintField(b, "bytes", w.Bytes, true)
+		b = strField(b, "hash", w.Hash, true)
+		b = closeObject(b, n)
+	}
+	if l := e.Limit; l != nil {
+		b = append(b, `,"limit":{`...)
+		n := len(b)
+		b = strField(b, "resource", l.Resource, false)
+		b = uintField(b, "limit", l.Limit, true)
+		b = uintField(b, "usage", l.Usage, true)
+		b = uintField(b, "count", l.Count, true)
+		b = strField(b, "mechanism", l.Mechanism, true)
+		b = closeObject(b, n)
+	}
 	b = strField(b, "message", e.Message, true)
 	b = strsField(b, "redacted", e.Redacted, true)
 	return b

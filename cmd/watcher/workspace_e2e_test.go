@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/workspace"
+)
+
+// ipcKeys returns the keys (as /proc/sysvipc lists them, decimal) that
+// `ipcs` printed (hex) in out.
+func ipcKeys(out string) []string {
+	var keys []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && strings.HasPrefix(f[0], "0x") {
+			if k, err := strconv.ParseUint(f[0][2:], 16, 32); err == nil && k != 0 {
+				keys = append(keys, strconv.FormatInt(int64(int32(uint32(k))), 10))
+			}
+		}
+	}
+	return keys
+}
+
+// hostHasIPCKey reports whether the host's IPC namespace has an object of
+// that key in /proc/sysvipc/{shm,sem}.
+func hostHasIPCKey(t *testing.T, key string) bool {
+	for _, f := range []string{"/proc/sysvipc/shm", "/proc/sysvipc/sem"} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if fs := strings.Fields(line); len(fs) > 0 && fs[0] == key {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func mustHash(t *testing.T, dir string) string {
+	t.Helper()
+	h, err := workspace.TreeHash(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestWorkspaceOverlay: watcher exec changes an overlay workspace; the
+// real directory stays as it was; diff lists exactly the changes;
+// snapshot, rollback to it (stopping a command still running), rollback
+// and commit behave; System V and POSIX IPC made in the sandbox never
+// reach the host; each operation is in the agent's ledger with its paths
+// and the result's hash.
+func TestWorkspaceOverlay(t *testing.T) {
+	if _, err := exec.LookPath("ipcmk"); err != nil {
+		t.Skip("ipcmk (util-linux) not installed")
+	}
+	tb := newTestbed(t, "    workspace_options: {mode: overlay, max_snapshots: 2}\n", "{enabled: false}")
+	t.Cleanup(func() {
+		// The overlays live in the state dir beside the ledger.
+		data, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], tb.dir) {
+				unix.Unmount(f[4], unix.MNT_DETACH)
+			}
+		}
+	})
+	ws := tb.ws
+	for p, s := range map[string]string{"keep.txt": "keep\n", "edit.txt": "old\n", "gone.txt": "bye\n", "sub/b.txt": "b\n"} {
+		os.MkdirAll(filepath.Dir(filepath.Join(ws, p)), 0o755)
+		os.WriteFile(filepath.Join(ws, p), []byte(s), 0o644)
+	}
+	before := mustHash(t, ws)
+	tb.startAgent()
+	ctl := filepath.Join(tb.socketDir, "control.sock")
+	shmName := "watcher-e2e-" + filepath.Base(tb.cgroup)
+
+	out, code := tb.watcher("exec", "--socket", ctl, "--", "sh", "-c", "cd "+ws+
+		" && echo new > edit.txt && rm gone.txt && echo hi > added.txt && rm -r sub"+
+		" && ipcmk -M 4096 >/dev/null && ipcmk -S 2 >/dev/null && ipcs -m && ipcs -s && echo x > /dev/shm/"+shmName)
+	if code != 0 {
+		t.Fatalf("exec: %d\n%s", code, out)
+	}
+	if h := mustHash(t, ws); h != before {
+		t.Fatal("the real workspace changed before commit")
+	}
+	keys := ipcKeys(out)
+	if len(keys) != 2 {
+		t.Fatalf("want a shm and a sem key in the run's ipcs output, got %v:\n%s", keys, out)
+	}
+	for _, k := range keys {
+		if hostHasIPCKey(t, k) {
+			t.Errorf("IPC object %s made in the sandbox is in the host's namespace", k)
+		}
+	}
+	if _, err := os.Stat("/dev/shm/" + shmName); err == nil {
+		os.Remove("/dev/shm/" + shmName)
+		t.Error("POSIX shm made in the sandbox is in the host's /dev/shm")
+	}
+
+	out, code = tb.watcher("workspace", "diff", "--socket", ctl, "--json", "agents")
+	if code != 0 {
+		t.Fatalf("diff: %d\n%s", code, out)
+	}
+	var changes []workspace.Change
+	if err := json.Unmarshal([]byte(out), &changes); err != nil {
+		t.Fatalf("diff output: %v\n%s", err, out)
+	}
+	want := []workspace.Change{
+		{Kind: workspace.Added, Path: ws + "/added.txt", Size: 3},
+		{Kind: workspace.Changed, Path: ws + "/edit.txt", Size: 4},
+		{Kind: workspace.Deleted, Path: ws + "/gone.txt", Size: 4},
+		{Kind: workspace.Deleted, Path: ws + "/sub", Dir: true, Size: 2},
+	}
+	if !reflect.DeepEqual(changes, want) {
+		t.Fatalf("diff:\n got %+v\nwant %+v", changes, want)
+	}
+	if out, code = tb.watcher("workspace", "snapshot", "--socket", ctl, "agents", "s1"); code != 0 {
+		t.Fatalf("snapshot: %d\n%s", code, out)
+	}
+
+	// A command still running when the workspace is rolled back is
+	// stopped first.
+	loop := exec.Command(tb.bin, "exec", "--socket", ctl, "--", "sh", "-c", "while :; do date >> "+ws+"/loop.txt; sleep 0.1; done")
+	if err := loop.Start(); err != nil {
+		t.Fatal(err)
+	}
+	loopDone := make(chan error, 1)
+	go func() { loopDone <- loop.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, _ = tb.watcher("workspace", "diff", "--socket", ctl, "agents")
+		if strings.Contains(out, "loop.txt") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the looping command never wrote:\n%s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out, code = tb.watcher("workspace", "rollback", "--socket", ctl, "agents", "s1"); code != 0 {
+		t.Fatalf("rollback to s1: %d\n%s", code, out)
+	}
+	select {
+	case <-loopDone:
+	case <-time.After(30 * time.Second):
+		loop.Process.Kill()
+		t.Fatal("rollback left the running command alive")
+	}
+	out, _ = tb.watcher("workspace", "diff", "--socket", ctl, "--json", "agents")
+	changes = nil
+	json.Unmarshal([]byte(out), &changes)
+	if !reflect.DeepEqual(changes, want) {
+		t.Fatalf("after rollback to s1 diff:\n got %+v\nwant %+v", changes, want)
+	}
+
+	out, code = tb.watcher("workspace", "rollback", "--socket", ctl, "agents")
+	if code != 0 || !strings.Contains(out, "result sha256:"+before) {
+		t.Fatalf("rollback: %d, want result hash %s\n%s", code, before, out)
+	}
+	if h := mustHash(t, ws); h != before {
+		t.Fatal("rollback changed the real directory")
+	}
+	out, _ = tb.watcher("workspace", "diff", "--socket", ctl, "agents")
+	if !strings.Contains(out, "0 added, 0 changed, 0 deleted") {
+		t.Fatalf("diff after rollback:\n%s", out)
+	}
+
+	// Change again and commit.
+	if out, code = tb.watcher("exec", "--socket", ctl, "--", "sh", "-c", "cd "+ws+" && echo committed > edit.txt && rm gone.txt && mkdir -p d && echo z > d/z.txt"); code != 0 {
+		t.Fatalf("exec: %d\n%s", code, out)
+	}
+	if out, code = tb.watcher("workspace", "commit", "--socket", ctl, "agents"); code != 0 {
+		t.Fatalf("commit: %d\n%s", code, out)
+	}
+	if b, _ := os.ReadFile(ws + "/edit.txt"); string(b) != "committed\n" {
+		t.Errorf("edit.txt after commit: %q", b)
+	}
+	if b, _ := os.ReadFile(ws + "/d/z.txt"); string(b) != "z\n" {
+		t.Errorf("d/z.txt after commit: %q", b)
+	}
+	if _, err := os.Stat(ws + "/gone.txt"); err == nil {
+		t.Error("gone.txt survived the commit")
+	}
+	committed := mustHash(t, ws)
+	tb.stopAgent(syscall.SIGTERM)
+
+	// The ledger has each operation with its paths and result hash.
+	out, code = tb.watcher("ledger", "cat", "--kind", "workspace", "--json", tb.ledger)
+	if code != 0 {
+		t.Fatalf("ledger cat: %d\n%s", code, out)
+	}
+	var ops []string
+	var recs []audit.Event
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var e audit.Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Workspace == nil {
+			t.Fatalf("ledger record: %v\n%s", err, sc.Text())
+		}
+		ops = append(ops, e.Workspace.Op+":"+e.Workspace.Snapshot)
+		recs = append(recs, e)
+	}
+	if !reflect.DeepEqual(ops, []string{"snapshot:s1", "rollback:s1", "rollback:", "commit:"}) {
+		t.Fatalf("ledger workspace ops: %v", ops)
+	}
+	if r := recs[2].Workspace; r.Hash != before || !reflect.DeepEqual(r.Deleted, []string{ws + "/gone.txt", ws + "/sub"}) ||
+		!reflect.DeepEqual(r.Added, []string{ws + "/added.txt"}) || !reflect.DeepEqual(r.Changed, []string{ws + "/edit.txt"}) {
+		t.Errorf("rollback record: %+v", r)
+	}
+	if r := recs[3].Workspace; r.Hash != committed || !reflect.DeepEqual(r.Added, []string{ws + "/d"}) {
+		t.Errorf("commit record: %+v (want hash %s)", r, committed)
+	}
+
+	// The control: without an overlay workspace, IPC objects a command
+	// makes do outlive it on the host (removed here).
+	out, code = tb.watcher("exec", "--preset", "dev", "--workspace", ws, "--", "ipcmk", "-M", "4096")
+	if code != 0 {
+		t.Fatalf("direct exec: %d\n%s", code, out)
+	}
+	id := ""
+	if _, after, ok := strings.Cut(out, "Shared memory id: "); ok {
+		id = strings.Fields(after)[0]
+	}
+	data, _ := os.ReadFile("/proc/sysvipc/shm")
+	found := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == id {
+			found = true
+		}
+	}
+	if id != "" {
+		exec.Command("ipcrm", "-m", id).Run()
+	}
+	if !found {
+		t.Errorf("control run: the shm segment of a direct-mode command is not on the host, so the overlay check above proves nothing:\n%s", out)
+	}
+}

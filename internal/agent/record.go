@@ -1,0 +1,30 @@
+package agent
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/ledger"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// Record appends an event from a command on the control socket
+// (control.Recorder) to the ledger and the live tail. Only the kinds
+// commands produce are accepted: a client must not pass off kernel events.
+func (a *Agent) Record(e audit.Event) error {
+	switch e.Kind {
+	case audit.KindWorkspace, audit.KindLimit:
+	default:
+		return fmt.Errorf("record: kind %q is not recorded from commands (want workspace or limit)", e.Kind)
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	a.emit(e)
+	return nil
+}
+
+// LedgerOptions are the ledger options the agent opens the policy's ledger
+// with, for commands that write to it when no agent runs.
+func LedgerOptions(p *policy.Policy) ledger.Options { return ledgerOptions(p) }
