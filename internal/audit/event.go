@@ -33,6 +33,10 @@ const (
 	KindLoss          Kind = "loss"
 	KindSampleSummary Kind = "sample_summary"
 	KindRecovery      Kind = "recovery"
+)
+
+// Kinds recorded by commands and the resource monitor.
+const (
 	// KindWorkspace records a commit, rollback or snapshot of an overlay
 	// workspace.
 	KindWorkspace Kind = "workspace"
@@ -106,16 +110,19 @@ type Event struct {
 	Process   Process `json:"process,omitzero"`
 
 	// Kind-specific details; at most a few are set.
-	File      *FileDetail      `json:"file,omitempty"`
-	Target    *TargetDetail    `json:"target,omitempty"`
-	Mount     *MountDetail     `json:"mount,omitempty"`
-	Syscall   *SyscallDetail   `json:"syscall,omitempty"`
-	DNS       *DNSDetail       `json:"dns,omitempty"`
-	Net       *NetDetail       `json:"net,omitempty"`
-	Loss      *LossDetail      `json:"loss,omitempty"`
-	Summary   *SampleSummary   `json:"summary,omitempty"`
+	File    *FileDetail    `json:"file,omitempty"`
+	Target  *TargetDetail  `json:"target,omitempty"`
+	Mount   *MountDetail   `json:"mount,omitempty"`
+	Syscall *SyscallDetail `json:"syscall,omitempty"`
+	DNS     *DNSDetail     `json:"dns,omitempty"`
+	Net     *NetDetail     `json:"net,omitempty"`
+	Loss    *LossDetail    `json:"loss,omitempty"`
+	Summary *SampleSummary `json:"summary,omitempty"`
+
+	// Workspace is set on workspace events, Limit on limit events.
 	Workspace *WorkspaceDetail `json:"workspace,omitempty"`
 	Limit     *LimitDetail     `json:"limit,omitempty"`
+
 	// Message is free text for agent, recovery and escape events.
 	Message string `json:"message,omitempty"`
 	// Redacted lists the fields whose values were replaced by "***".
