@@ -260,6 +260,10 @@ func recordText(r *ledger.Record) string {
 			fmt.Fprintf(&b, " %s/%s=%d/%d", row.Sandbox, row.Kind, row.Kept, row.Seen)
 		}
 	}
+	if r := e.Repeat; r != nil {
+		fmt.Fprintf(&b, " repeated=%d first=%s last=%s", r.Count,
+			r.First.UTC().Format("15:04:05.000000"), r.Last.UTC().Format("15:04:05.000000"))
+	}
 	if len(e.Process.Args) > 0 {
 		fmt.Fprintf(&b, " args=%q", e.Process.Args)
 	}

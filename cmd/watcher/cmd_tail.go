@@ -147,6 +147,9 @@ func compactLine(e *audit.Event, color bool) string {
 	if e.Mechanism != "" {
 		fmt.Fprintf(&b, " by=%s", e.Mechanism)
 	}
+	if r := e.Repeat; r != nil {
+		fmt.Fprintf(&b, " repeated=%d over %s", r.Count, r.Last.Sub(r.First).Round(time.Millisecond))
+	}
 	if color && paint != "" {
 		b.WriteString("\x1b[0m")
 	}

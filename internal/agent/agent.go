@@ -704,7 +704,7 @@ func (a *Agent) emit(ev audit.Event) {
 		ev.Sandbox.Labels = map[string]string{"label": label}
 	}
 	if ev.Sandbox.Name != "" {
-		a.count(ev.Sandbox.Name, ev.Verdict)
+		a.count(ev.Sandbox.Name, ev.Verdict, ev.Count())
 	}
 	if ev.Kind == audit.KindLoss && ev.Loss != nil {
 		v, _ := a.losses.LoadOrStore(ev.Loss.Stage, new(atomic.Uint64))
@@ -756,7 +756,7 @@ func (a *Agent) labelOf(cg uint64) string {
 	return label
 }
 
-func (a *Agent) count(sandbox string, v audit.Verdict) {
+func (a *Agent) count(sandbox string, v audit.Verdict, n uint64) {
 	c, ok := a.counts.Load(sandbox)
 	if !ok {
 		c, _ = a.counts.LoadOrStore(sandbox, new([4]atomic.Uint64))
@@ -770,7 +770,7 @@ func (a *Agent) count(sandbox string, v audit.Verdict) {
 	case audit.VerdictKilled:
 		idx = 3
 	}
-	c.(*[4]atomic.Uint64)[idx].Add(1)
+	c.(*[4]atomic.Uint64)[idx].Add(n)
 }
 
 // escaped acts on an escape-watch decision: freeze the sandbox's cgroups

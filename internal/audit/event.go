@@ -122,7 +122,9 @@ type Event struct {
 	// Workspace is set on workspace events, Limit on limit events.
 	Workspace *WorkspaceDetail `json:"workspace,omitempty"`
 	Limit     *LimitDetail     `json:"limit,omitempty"`
-
+	// Repeat, when set, says this record stands for a burst of identical
+	// operations (see RepeatDetail); Count() is how many.
+	Repeat *RepeatDetail `json:"repeat,omitempty"`
 	// Message is free text for agent, recovery and escape events.
 	Message string `json:"message,omitempty"`
 	// Redacted lists the fields whose values were replaced by "***".

@@ -61,6 +61,17 @@ type Decoder func(raw []byte, ev *audit.Event) error
 type ReaderOptions struct {
 	// QueueSize bounds the queue between the kernel reader and consumers.
 	QueueSize int
+	// AlertReserve is the part of the queue only alerts may fill (default
+	// a quarter): routine events that find the rest full are dropped and
+	// counted, alerts are never dropped (the reader waits for room, and the
+	// kernel ring, whose reservation failures are counted, takes the
+	// pressure).
+	AlertReserve int
+	// Burst folds identical alerts (audit.SameOperation) into one record
+	// (audit.RepeatDetail) until none came for Burst, or for at most
+	// 10*Burst; the first of a burst is delivered at once. Default 1s;
+	// negative: no folding.
+	Burst time.Duration
 	// PollInterval is the reader deadline: with batched wakeups, events
 	// wait at most this long in the ring.
 	PollInterval time.Duration
@@ -77,7 +88,9 @@ type ReaderOptions struct {
 type ReaderStats struct {
 	Read         uint64 // samples read from the rings
 	Delivered    uint64 // events queued for consumers
-	QueueDrops   uint64 // events dropped because the queue was full
+	QueueDrops   uint64 // routine events dropped because the queue was full
+	AlertDrops   uint64 // alerts dropped: only at shutdown with a full queue
+	Folded       uint64 // alerts folded into a burst record (not delivered alone)
 	DecodeErrors uint64
 	RingAlert    uint64 // failed reservations in the alert ring (kernel)
 	RingRoutine  uint64 // failed reservations in the routine ring (kernel)
@@ -93,11 +106,15 @@ type Reader struct {
 	bootOff  time.Duration
 
 	read, delivered, queueDrops, decodeErrs atomic.Uint64
-	reported                                [3]uint64 // last reported: ring alert, ring routine, queue
+	alertDrops, folded                      atomic.Uint64
+	reported                                [4]uint64 // last reported: ring alert, ring routine, queue, queue_alert
+
+	ctx context.Context // of Run: an alert waits for room until it ends
 
 	// Owned by the reading goroutine.
 	ev    audit.Event         // decoded in place, then copied into the queue
 	comms map[[16]byte]string // interned process names
+	burst bursts
 }
 
 // maxFastKind bounds the kinds looked up in Reader.byKind.
@@ -127,11 +144,19 @@ func (e *Engine) NewReader(opts ReaderOptions) *Reader {
 	if opts.LossInterval <= 0 {
 		opts.LossInterval = time.Second
 	}
+	if opts.AlertReserve <= 0 || opts.AlertReserve >= opts.QueueSize {
+		opts.AlertReserve = max(opts.QueueSize/4, 1)
+	}
+	if opts.Burst == 0 {
+		opts.Burst = time.Second
+	}
 	return &Reader{
 		eng: e, opts: opts, decoders: map[uint32]registered{},
 		out:     make(chan audit.Event, opts.QueueSize),
 		bootOff: bootOffset(),
 		comms:   map[[16]byte]string{},
+		burst:   newBursts(opts.Burst),
+		ctx:     context.Background(),
 	}
 }
 
@@ -160,6 +185,7 @@ func (r *Reader) Stats() ReaderStats {
 	s := ReaderStats{
 		Read: r.read.Load(), Delivered: r.delivered.Load(),
 		QueueDrops: r.queueDrops.Load(), DecodeErrors: r.decodeErrs.Load(),
+		AlertDrops: r.alertDrops.Load(), Folded: r.folded.Load(),
 	}
 	s.RingAlert, s.RingRoutine, _ = r.eng.RingDrops()
 	return s
@@ -176,6 +202,7 @@ func (r *Reader) Stats() ReaderStats {
 // events.
 func (r *Reader) Run(ctx context.Context) error {
 	defer close(r.out)
+	r.ctx = ctx
 	alertRd, err := ringbuf.NewReader(r.eng.AlertRing())
 	if err != nil {
 		return fmt.Errorf("open alert ring: %w", err)
@@ -235,7 +262,9 @@ func (r *Reader) readRings(ctx context.Context, wait *ringWait, alertRd, routine
 				break
 			}
 		}
+		r.burst.flush(time.Now(), false, r.deliver)
 		if ctx.Err() != nil {
+			r.burst.flush(time.Now(), true, r.deliver)
 			return nil
 		}
 		if err := wait.wait(timeout); err != nil {
@@ -262,6 +291,10 @@ func (r *Reader) drain(rd *ringbuf.Reader, rec *ringbuf.Record, limit int) (int,
 		}
 		n++
 		r.handle(rec.RawSample)
+		if n%1024 == 0 {
+			// A burst that never pauses still gets a record per maxAge.
+			r.burst.flush(time.Now(), false, r.deliver)
+		}
 		if rec.Remaining == 0 {
 			break
 		}
@@ -378,7 +411,11 @@ func (r *Reader) handle(raw []byte) {
 		r.decodeErrs.Add(1)
 		return
 	}
-	r.deliver(*ev)
+	if ev.Verdict != audit.VerdictAllowed && r.burst.fold(ev) {
+		r.folded.Add(1)
+		return
+	}
+	r.deliver(ev)
 }
 
 // comm returns the process name of a header, interned: a sandbox runs few
@@ -395,12 +432,40 @@ func (r *Reader) comm(c *[16]uint8) string {
 	return s
 }
 
-func (r *Reader) deliver(ev audit.Event) {
+// deliver queues ev. Routine events may use the queue up to its alert
+// reserve and are dropped (counted) beyond it; alerts wait for room, so
+// none is dropped in user space while the agent runs.
+func (r *Reader) deliver(ev *audit.Event) {
+	if !ev.IsAlert() {
+		if len(r.out) >= cap(r.out)-r.opts.AlertReserve {
+			r.queueDrops.Add(1)
+			return
+		}
+		select {
+		case r.out <- *ev:
+			r.delivered.Add(1)
+		default:
+			r.queueDrops.Add(1)
+		}
+		return
+	}
 	select {
-	case r.out <- ev:
+	case r.out <- *ev:
 		r.delivered.Add(1)
+		return
 	default:
-		r.queueDrops.Add(1)
+	}
+	select {
+	case r.out <- *ev:
+		r.delivered.Add(1)
+	case <-r.ctx.Done():
+		// Stopping with nobody reading: count what cannot be handed over.
+		select {
+		case r.out <- *ev:
+			r.delivered.Add(1)
+		default:
+			r.alertDrops.Add(1)
+		}
 	}
 }
 
@@ -412,8 +477,8 @@ func (r *Reader) reportLosses() {
 	if err != nil {
 		return
 	}
-	now := [3]uint64{ringA, ringR, r.queueDrops.Load()}
-	stages := [3]string{"ringbuf_alert", "ringbuf_routine", "queue"}
+	now := [4]uint64{ringA, ringR, r.queueDrops.Load(), r.alertDrops.Load()}
+	stages := [4]string{"ringbuf_alert", "ringbuf_routine", "queue", "queue_alert"}
 	for i := range now {
 		delta := now[i] - r.reported[i]
 		if delta == 0 {

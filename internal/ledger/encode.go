@@ -434,6 +434,15 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 		b = strField(b, "mechanism", l.Mechanism, true)
 		b = closeObject(b, n)
 	}
+	if r := e.Repeat; r != nil {
+		b = append(b, `,"repeat":{"count":`...)
+		b = strconv.AppendUint(b, r.Count, 10)
+		b = append(b, `,"first":"`...)
+		b = appendTime(b, r.First)
+		b = append(b, `","last":"`...)
+		b = appendTime(b, r.Last)
+		b = append(b, `"}`...)
+	}
 	b = strField(b, "message", e.Message, true)
 	b = strsField(b, "redacted", e.Redacted, true)
 	return b

@@ -76,7 +76,7 @@ func New() *Metrics {
 // Notify counts one event (audit.Sink). It never fails.
 func (m *Metrics) Notify(e audit.Event) error {
 	sb := e.Sandbox.Name
-	m.Events.WithLabelValues(sb, string(e.Kind), string(e.Verdict)).Inc()
+	m.Events.WithLabelValues(sb, string(e.Kind), string(e.Verdict)).Add(float64(e.Count()))
 	switch e.Kind {
 	case audit.KindDNS:
 		reason := ""
