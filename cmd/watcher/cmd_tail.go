@@ -153,8 +153,11 @@ func compactLine(e *audit.Event, color bool) string {
 	if color && paint != "" {
 		b.WriteString("\x1b[0m")
 	}
-	return b.String()
+	// One event, one line: arguments and messages may hold newlines.
+	return lineBreaks.Replace(b.String())
 }
+
+var lineBreaks = strings.NewReplacer("\n", `\n`, "\r", `\r`)
 
 func detailText(e *audit.Event) string {
 	switch {

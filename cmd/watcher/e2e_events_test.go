@@ -2,17 +2,22 @@ package main
 
 import (
 	"bufio"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
@@ -155,5 +160,152 @@ cat /etc/shadow; cat "$OUT/open" "$OUT/connect"`, flood, port, connects)
 	}
 }
 
-var _ = bufio.NewScanner
-var _ = json.Marshal
+// randomFrom returns n random characters of alphabet.
+func randomFrom(alphabet string, n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+// tailClient runs `watcher tail -o FORMAT` and collects its output lines.
+type tailClient struct {
+	cmd   *exec.Cmd
+	mu    sync.Mutex
+	lines []string
+	done  chan struct{}
+}
+
+func startTail(t *testing.T, tb *testbed, format string) *tailClient {
+	t.Helper()
+	c := &tailClient{done: make(chan struct{})}
+	c.cmd = exec.Command(tb.bin, "tail", "-o", format, "--socket", filepath.Join(tb.socketDir, "events.sock"))
+	out, _ := c.cmd.StdoutPipe()
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.cmd.Process.Kill(); c.cmd.Wait() })
+	go func() {
+		defer close(c.done)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			c.mu.Lock()
+			c.lines = append(c.lines, sc.Text())
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+func (c *tailClient) text() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.lines, "\n")
+}
+
+// TestRedactedEverywhere: commands in a sandbox carry real secret formats
+// in their arguments (a bearer token, an AWS key pair, a password in a URL,
+// a GitHub token, a private key block, a --password flag). The exec records
+// reach `watcher tail` (compact and JSON), the ledger, the metrics endpoint
+// and the agent's log: none of them shows a secret, and tail and ledger show
+// the same redacted arguments.
+func TestRedactedEverywhere(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}\n    audit: {exec: true}")
+	tb.startAgent()
+	jsonTail := startTail(t, tb, "json")
+	compactTail := startTail(t, tb, "compact")
+	time.Sleep(300 * time.Millisecond) // the tail clients register
+
+	const alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	secrets := map[string]string{
+		"bearer":     "eyJ" + randomFrom(alnum, 20) + "." + randomFrom(alnum, 24) + "." + randomFrom(alnum, 16),
+		"aws_id":     "AKIA" + randomFrom("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", 16),
+		"aws_secret": randomFrom(alnum+"/+", 40),
+		"url_pw":     "pw" + randomFrom(alnum, 14),
+		"github":     "ghp_" + randomFrom(alnum, 36),
+		"pem_body":   "MIIEpAIBAAKCAQEA" + randomFrom(alnum+"+/", 48),
+		"flag_pw":    "fp" + randomFrom(alnum, 12),
+	}
+	args := []string{
+		"Authorization: Bearer " + secrets["bearer"],
+		secrets["aws_id"],
+		"AWS_SECRET_ACCESS_KEY=" + secrets["aws_secret"],
+		"https://bob:" + secrets["url_pw"] + "@git.example.com/repo.git",
+		secrets["github"],
+		"-----BEGIN RSA PRIVATE KEY-----\n" + secrets["pem_body"] + "\n-----END RSA PRIVATE KEY-----",
+	}
+	var script strings.Builder
+	for i := range args {
+		fmt.Fprintf(&script, "/bin/echo \"$S%d\" >/dev/null\n", i)
+	}
+	script.WriteString("/bin/echo --password \"$FP\" >/dev/null\n")
+	env := []string{"FP=" + secrets["flag_pw"]}
+	for i, a := range args {
+		env = append(env, fmt.Sprintf("S%d=%s", i, a))
+	}
+	if out, err := inSandbox(t, tb.cgAbs, "secrets", script.String(), env...).CombinedOutput(); err != nil {
+		t.Fatalf("sandboxed commands: %v\n%s", err, out)
+	}
+	const want = 7 // echo execs
+	echoes := func(lines string) int {
+		return strings.Count(lines, `"exe":"/usr/bin/echo"`) + strings.Count(lines, `"exe":"/bin/echo"`)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for echoes(jsonTail.text()) < want || strings.Count(compactTail.text(), "***") < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("tail saw %d of %d echo execs (compact: %d redacted lines):\njson:\n%s\ncompact:\n%s",
+				echoes(jsonTail.text()), want, strings.Count(compactTail.text(), "***"), jsonTail.text(), compactTail.text())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + tb.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsBody, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	tb.stopAgent(syscall.SIGTERM)
+	ledgerOut, code := tb.watcher("ledger", "cat", "--json", "--kind", "exec", tb.ledger)
+	if code != 0 {
+		t.Fatalf("ledger cat: exit %d\n%s", code, ledgerOut)
+	}
+	seen := map[string]string{
+		"tail -o json": jsonTail.text(), "tail -o compact": compactTail.text(), "ledger": ledgerOut,
+		"metrics": string(metricsBody), "agent log": tb.agentLog.String(),
+	}
+	for where, text := range seen {
+		for name, sec := range secrets {
+			if strings.Contains(text, sec) {
+				t.Errorf("%s shows the %s secret %q", where, name, sec)
+			}
+		}
+	}
+	// Tail and ledger carry the same redacted arguments.
+	argsOf := func(text string) []string {
+		var out []string
+		for _, line := range strings.Split(text, "\n") {
+			var e audit.Event
+			if json.Unmarshal([]byte(line), &e) != nil || e.Kind != audit.KindExec || !strings.HasSuffix(e.Process.Exe, "/echo") {
+				continue
+			}
+			if len(e.Redacted) == 0 {
+				t.Errorf("echo exec without redacted fields: %s", line)
+			}
+			out = append(out, strings.Join(e.Process.Args, " "))
+		}
+		slices.Sort(out)
+		return out
+	}
+	fromTail, fromLedger := argsOf(jsonTail.text()), argsOf(ledgerOut)
+	if len(fromTail) != want || !slices.Equal(fromTail, fromLedger) {
+		t.Errorf("redacted arguments differ:\ntail   %q\nledger %q", fromTail, fromLedger)
+	}
+	for _, a := range fromTail {
+		if !strings.Contains(a, "***") {
+			t.Errorf("arguments %q not redacted", a)
+		}
+	}
+}

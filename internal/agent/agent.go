@@ -710,6 +710,9 @@ func (a *Agent) emit(ev audit.Event) {
 		v, _ := a.losses.LoadOrStore(ev.Loss.Stage, new(atomic.Uint64))
 		v.(*atomic.Uint64).Add(ev.Loss.Count)
 	}
+	// Once, before anyone sees the event: the ledger, the tail, metrics,
+	// logs (OnEvent) and the escape watch's evidence get the same form.
+	audit.Redact(&ev)
 	a.fan.Notify(ev)
 	if a.opts.OnEvent != nil {
 		a.opts.OnEvent(ev)

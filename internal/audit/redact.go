@@ -26,6 +26,8 @@ const Redacted = "***"
 //     X-Api-Key, X-Auth-Token): everything after the colon;
 //   - passwords in URLs (scheme://user:password@host);
 //   - AWS access key ids (AKIA..., ASIA..., 20 characters);
+//   - GitHub, GitLab and Slack tokens by their prefixes (ghp_, github_pat_,
+//     glpat-, xoxb-, ...);
 //   - PEM private key blocks (BEGIN ... PRIVATE KEY to END ... PRIVATE KEY);
 //   - in argv and label values only: tokens of at least 24 characters drawn
 //     from upper case, lower case and digits together whose Shannon entropy
@@ -385,7 +387,19 @@ func splitKeep(s string, sep byte) []piece {
 	return out
 }
 
+// tokenPrefixes mark credentials by their documented format, found in any
+// field (not only argv): GitHub tokens (ghp_, gho_, ghu_, ghs_, ghr_,
+// github_pat_), GitLab personal tokens, Slack tokens.
+var tokenPrefixes = []string{"ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "xoxa-"}
+
 func secret(tok string, entropy bool) bool {
+	if len(tok) >= 20 {
+		for _, p := range tokenPrefixes {
+			if strings.HasPrefix(tok, p) {
+				return true
+			}
+		}
+	}
 	if len(tok) == 20 {
 		for _, p := range awsPrefixes {
 			if strings.HasPrefix(tok, p) && allUpperDigit(tok) {

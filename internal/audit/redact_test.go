@@ -23,6 +23,8 @@ func TestRedactStrings(t *testing.T) {
 		{"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", false},
 		{"wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "***", true},
 		{"ghp_aB3dE5fG7hI9jK1lM3nO5pQ7rS9tU1vW3xY5", "***", true},
+		{"token ghp_aB3dE5fG7hI9jK1lM3nO5pQ7rS9tU1vW3xY5 in a message", "token *** in a message", false},
+		{"github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz", "***", false},
 		// Not secrets: ordinary words, paths, hex digests, UUIDs, authors.
 		{"/usr/lib/x86_64-linux-gnu/libLLVMSomethingVeryLong.so.17", "/usr/lib/x86_64-linux-gnu/libLLVMSomethingVeryLong.so.17", true},
 		{"3f786850e387550fdab836ed7e6dc881de23001b", "3f786850e387550fdab836ed7e6dc881de23001b", true},
