@@ -1441,15 +1441,15 @@ func allowedWord(b bool) string {
 	return "refused"
 }
 
-// landlock derives the Landlock ruleset from the file rules, when they
-// confine writes (a blocking write rule on "/"): read-only system paths
-// (launch.DefaultFileRules, minus those the policy blocks reading) and the
-// workspace, read-write where allow rules let writes through. Landlock
-// grants, it cannot carve out, so it is stricter than the file rules (reads
-// outside the system paths and writable paths are refused); the kernel-side
-// rules still apply on top.
+// landlock derives the Landlock ruleset of watcher exec from the file and
+// exec rules, when they confine writes (a blocking write rule on "/"): the
+// file model users expect, reads and execs wherever no rule blocks them,
+// writes only where the rules allow. The launched child plans the grants
+// from the directory tree as it is at launch (launch.PlanFiles: Landlock
+// grants the complement of the blocked paths); terminals and the usual
+// character devices the policy lets be written also get ioctl.
 func (c *compiler) landlock(sb *policy.Sandbox) (*launch.FileRules, string) {
-	rules := c.p.FileRules(sb)
+	rules := c.fileRules(sb)
 	var prefixes []policy.FileRule
 	for _, r := range rules {
 		if r.Match == policy.MatchPrefix {
@@ -1460,59 +1460,19 @@ func (c *compiler) landlock(sb *policy.Sandbox) (*launch.FileRules, string) {
 		return nil, "no Landlock: the policy does not confine writes to listed paths"
 	}
 	def := launch.DefaultFileRules()
-	fr := &launch.FileRules{IgnoreMissing: true, ScopeIPC: def.ScopeIPC}
-	readBlocked := func(p string) bool {
-		r, ok := policy.DecideFile(rules, p, false)
-		return ok && blocking(r.Action)
-	}
-	writable := map[string]bool{}
-	for _, r := range rules {
-		if r.Access == policy.AccessRead || blocking(r.Action) || strings.Contains(r.Path, "/proc/") {
-			continue
-		}
-		paths, err := expandWildcards(r.Path)
-		if err != nil {
-			continue
-		}
-		for _, p := range paths {
-			p = filepath.Clean(p)
-			if p == "/" {
-				continue
-			}
-			if dec, ok := policy.DecideFile(rules, p+"/x", true); ok && blocking(dec.Action) && r.Match == policy.MatchPrefix {
-				continue // a more specific rule blocks writes below it
-			}
-			if p == "/dev/pts" || isDeviceNode(p) {
-				// Terminals need ioctl, which Landlock grants to devices.
-				fr.Devices = append(fr.Devices, p)
-			} else if !writable[p] {
-				writable[p] = true
-				fr.ReadWrite = append(fr.ReadWrite, p)
-			}
-		}
+	fr := &launch.FileRules{Derive: true, Files: rules, Exec: sb.ExecRules(), ExecDefault: orAllow(sb.Exec.Default),
+		IgnoreMissing: true, ScopeIPC: def.ScopeIPC}
+	allows := func(p string, write bool) bool {
+		r, ok := policy.DecideFile(rules, p, write)
+		return !ok || !blocking(r.Action)
 	}
 	for _, p := range def.Devices {
-		if !slices.Contains(fr.Devices, p) && !readBlocked(p) {
+		if allows(p, false) && allows(p, true) {
 			fr.Devices = append(fr.Devices, p)
 		}
 	}
-	for _, p := range def.ReadOnly {
-		if !readBlocked(p) && !writable[p] {
-			fr.ReadOnly = append(fr.ReadOnly, p)
-		}
-	}
-	for _, w := range sb.Workspace {
-		w = filepath.Clean(w)
-		if !writable[w] && !readBlocked(w) {
-			fr.ReadOnly = append(fr.ReadOnly, w)
-		}
-	}
-	return fr, fmt.Sprintf("landlock: %d read-only, %d read-write paths, %d devices (reads elsewhere refused too)", len(fr.ReadOnly), len(fr.ReadWrite), len(fr.Devices))
-}
-
-func isDeviceNode(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && st.Mode()&(os.ModeDevice|os.ModeCharDevice) != 0
+	return fr, fmt.Sprintf("landlock: derived at launch from %d file and %d exec rules (reads and execs wherever no rule blocks them, writes where allowed; %d devices with ioctl)",
+		len(fr.Files), len(fr.Exec), len(fr.Devices))
 }
 
 // finish assembles the host-wide backstop rules and the trace config.

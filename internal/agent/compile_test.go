@@ -763,17 +763,26 @@ sandboxes:
 `, ws, ws))
 	plan, _ := compile(t, p, Env{LSM: lsmEnv(t, errRefused)})
 	r := plan.Launch["r"]
-	if r.Files == nil || !slices.Contains(r.Files.ReadWrite, ws) || !slices.Contains(r.Files.ReadWrite, "/tmp") {
+	if r.Files == nil || !r.Files.Derive {
 		t.Fatalf("restricted landlock = %+v", r.Files)
 	}
-	if slices.Contains(r.Files.ReadOnly, "/etc/shadow") || slices.Contains(r.Files.ReadWrite, "/") {
-		t.Errorf("landlock grants too much: %+v", r.Files)
+	wsRule := false
+	for _, f := range r.Files.Files {
+		if f.Path == ws+"/" && f.Action == policy.ActionAllow {
+			wsRule = true
+		}
+	}
+	if !wsRule || !slices.Contains(r.Files.Devices, "/dev/null") || slices.Contains(r.Files.Devices, "/dev/zero") {
+		t.Errorf("restricted landlock: workspace rule %t, devices %v (want /dev/null, not the unwritable /dev/zero)", wsRule, r.Files.Devices)
+	}
+	if len(r.Files.ReadOnly) != 0 || len(r.Files.ReadWrite) != 0 {
+		t.Errorf("landlock grants fixed lists besides the derived plan: %+v", r.Files)
 	}
 	if r.Seccomp.AllowIOUring || !slices.Contains(r.Seccomp.DeniedSocketFamilies, unix.AF_PACKET) {
 		t.Errorf("restricted seccomp = %+v", r.Seccomp)
 	}
 	ro := plan.Launch["ro"]
-	if ro.Files == nil || slices.Contains(ro.Files.ReadWrite, ws) || !slices.Contains(ro.Files.ReadOnly, ws) {
+	if ro.Files == nil || !ro.Files.Derive || ro.Files.ExecDefault != policy.ActionBlock {
 		t.Errorf("read-only landlock = %+v", ro.Files)
 	}
 	ops := plan.Launch["ops"]

@@ -96,6 +96,12 @@ func restrictLandlock(r *FileRules, applied *Applied) error {
 	if err != nil {
 		return err
 	}
+	var plan FilePlan
+	if r.Derive {
+		if plan, err = PlanFiles(r); err != nil {
+			return err
+		}
+	}
 	fd, flags, err := cfg.NewRulesetFD(rules...)
 	if err != nil {
 		return fmt.Errorf("landlock ruleset: %w", err)
@@ -104,6 +110,14 @@ func restrictLandlock(r *FileRules, applied *Applied) error {
 		return errors.New("landlock: nothing to enforce")
 	}
 	defer unix.Close(fd)
+	if r.Derive {
+		added, err := addPlanRules(fd, uint64(cfg.HandledAccessFS), plan)
+		if err != nil {
+			return err
+		}
+		n += added
+		applied.LandlockNotes = plan.Notes
+	}
 	if err := llsyscall.LandlockRestrictSelf(fd, flags); err != nil {
 		return fmt.Errorf("landlock restrict: %w", err)
 	}

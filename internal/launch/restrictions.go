@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/policy"
 )
 
 // Restrictions are what the child applies before exec.
@@ -92,6 +94,19 @@ type FileRules struct {
 	// ScopeIPC also refuses signals to, and abstract unix socket
 	// connections with, processes outside the sandbox (Landlock ABI 6).
 	ScopeIPC bool `json:"scope_ipc,omitempty"`
+
+	// Derive plans the ruleset from the policy's rules below (PlanFiles):
+	// reads and execs allowed wherever no rule blocks them, writes
+	// wherever no rule blocks them (a blocking write rule on "/" confines
+	// writes to what the allow rules name). ReadOnly, ReadWrite and
+	// Devices are granted in addition.
+	Derive bool `json:"derive,omitempty"`
+	// Files are the sandbox's file rules (policy.DecideFile semantics).
+	Files []policy.FileRule `json:"files,omitempty"`
+	// Exec are the sandbox's exec rules; ExecDefault applies where none
+	// matches ("" is allow).
+	Exec        []policy.FileRule `json:"exec,omitempty"`
+	ExecDefault policy.Action     `json:"exec_default,omitempty"`
 }
 
 // DefaultFileRules grants read-only access to the system's programs and
@@ -134,6 +149,9 @@ type Applied struct {
 	Landlock string `json:"landlock,omitempty"`
 	// LandlockRules counts the paths granted.
 	LandlockRules int `json:"landlock_rules"`
+	// LandlockNotes say where the derived ruleset grants more than the
+	// policy (left to the kernel hooks) or cannot grant what it allows.
+	LandlockNotes []string `json:"landlock_notes,omitempty"`
 	// SeccompDenied lists the syscalls the filter refuses (some only for
 	// certain arguments).
 	SeccompDenied []string `json:"seccomp_denied"`

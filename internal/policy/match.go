@@ -150,6 +150,17 @@ func (r *FileRule) Matches(p string) bool {
 	// Component wildcards: compare component by component.
 	rc := strings.Split(r.Path, "/")
 	pc := strings.Split(p, "/")
+	if r.Match == MatchPrefix && strings.HasSuffix(r.Path, "/") && len(pc) == len(rc)-1 {
+		// The directory itself, as for literal paths ("/home/*/.ssh/"
+		// covers /home/u/.ssh).
+		rc = rc[:len(rc)-1]
+		for i, c := range rc {
+			if (c == "*" && pc[i] == "") || (c != "*" && pc[i] != c) {
+				return false
+			}
+		}
+		return true
+	}
 	if r.Match == MatchExact && len(pc) != len(rc) {
 		return false
 	}

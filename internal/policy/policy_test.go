@@ -520,3 +520,12 @@ sandboxes:
 	// operations are blocked there too.
 	checkBlocksDangerous(t, p, p.Sandbox("exec"))
 }
+
+func TestWildcardPrefixCoversTheDirectory(t *testing.T) {
+	r := FileRule{Path: "/home/*/.ssh/", Match: MatchPrefix}
+	for p, want := range map[string]bool{"/home/u/.ssh": true, "/home/u/.ssh/id": true, "/home/u/.sshx": false, "/home/u": false, "/home//.ssh": false} {
+		if got := r.Matches(p); got != want {
+			t.Errorf("Matches(%q) = %t, want %t", p, got, want)
+		}
+	}
+}
