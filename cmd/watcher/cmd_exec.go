@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
@@ -31,7 +30,8 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	preset := fs.String("preset", "", "run under this preset (read-only, restricted, dev, ops); implies a private agent")
 	sandboxName := fs.String("sandbox", "", "sandbox of the policy to run in (default: the first)")
 	label := fs.String("label", "", "label for this run (e.g. a tool-call id): names the leaf cgroup and tags its events")
-	workspace := fs.String("workspace", "", "read-write workspace directory (default: the current directory with --preset)")
+	workspace := fs.String("workspace", "", "the sandbox's workspace for this run, read-write wherever it lives (default with --preset or the built-in policy: the current directory); with a running agent it must be one of the sandbox's workspaces")
+	reportPath := fs.String("report", "", "write what was refused during the run (with the policy lines that would allow it) to this file as JSON")
 	warn := fs.Duration("warn", -1, "warn after this long (default: the sandbox's policy)")
 	term := fs.Duration("term", -1, "SIGTERM the command after this long (default: the sandbox's policy)")
 	kill := fs.Duration("kill", -1, "kill the whole cgroup after this long (default: the sandbox's policy)")
@@ -47,7 +47,11 @@ When an agent is running, its policy applies; otherwise (or with --policy or
 Graded timeouts: a warning at --warn, SIGTERM at --term, cgroup.kill at
 --kill; after the sandbox's circuit_breaker consecutive hard timeouts further
 runs are refused. Exits with the command's exit code (128+signal when it was
-killed) and prints a one-line verdict on stderr.`); err != nil {
+killed) and prints a one-line verdict on stderr, followed by a summary of
+what was refused during the run: operation, path or address, rule, layer,
+result (refused with an errno, or killed by the backstop where no layer
+refuses with one) and the policy lines that would allow it. --report FILE
+writes the same as JSON, with the run's --label.`); err != nil {
 		return helpOK(err)
 	}
 	argv := fs.Args()
@@ -70,9 +74,19 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 		}
 	}
 	var err error
+	ws := ""
+	if *workspace != "" {
+		if ws, err = workspaceDir(*workspace); err != nil {
+			return &exitError{Code: 2, Err: err}
+		}
+	} else if !running && *policyPath == "" {
+		// The built-in policy and presets take the current directory
+		// (none when it is "/").
+		ws, _ = workspaceDir("")
+	}
 	switch {
 	case *preset != "":
-		pol, err = presetPolicy(*preset, *workspace)
+		pol, err = presetPolicy(*preset, ws)
 	case *policyPath != "":
 		pol, err = policy.Load(*policyPath)
 	default:
@@ -85,9 +99,18 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 	if err != nil {
 		return err
 	}
+	if err := setWorkspace(sb, ws, *workspace != "", running); err != nil {
+		return &exitError{Code: 2, Err: err}
+	}
 
+	col := &refusalCollector{sandbox: sb.Name}
 	var a *agent.Agent
 	if running {
+		stop, err := col.follow(filepath.Join(filepath.Dir(*socket), "events.sock"))
+		if err != nil {
+			log.Warn("the summary will not list refusals: cannot follow the agent's events", "err", err)
+		}
+		defer stop()
 		if plan, err = agent.Compile(pol, agent.Env{LSM: map[string]error{}}, agent.NewRuleTable()); err != nil {
 			return err
 		}
@@ -105,6 +128,9 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 		pol.Agent.MetricsAddr = ""
 		pol.Agent.DNS.Listen = "127.0.0.1:0"
 		a, err = agent.Start(ctx, agent.Options{Policy: pol, PolicyPath: *policyPath, RecordExecDenials: true, OnEvent: func(e audit.Event) {
+			if col.add(e) {
+				return // in the summary at the end
+			}
 			if e.Kind != audit.KindAgent && e.IsAlert() {
 				log.Info("alert", "kind", e.Kind, "verdict", e.Verdict, "comm", e.Process.Comm, "what", detailText(&e), "rule", e.Rule, "by", e.Mechanism)
 			}
@@ -143,8 +169,24 @@ killed) and prints a one-line verdict on stderr.`); err != nil {
 		Restrictions: plan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso,
 	})
 	saveBreaker()
+	// Every event of the run is in: the private agent drains its rings
+	// when it stops; a running agent's stream gets the reader's deadline.
+	if a != nil {
+		a.Stop()
+	} else {
+		col.settle()
+	}
+	rep := col.report(pol, sb, v, argv)
 	if !*quiet {
 		fmt.Fprintln(stderr, v.String())
+		if len(rep.Refusals) > 0 {
+			rep.WriteSummary(stderr)
+		}
+	}
+	if *reportPath != "" {
+		if err := writeReport(*reportPath, rep); err != nil {
+			return errors.Join(runErr, err)
+		}
 	}
 	switch {
 	case v.Outcome == launch.OutcomeRefused || v.Outcome == launch.OutcomeFailed:
@@ -181,9 +223,6 @@ func pickSandbox(pol *policy.Policy, name string) (*policy.Sandbox, error) {
 
 // presetPolicy builds a one-sandbox policy from a preset.
 func presetPolicy(preset, workspace string) (*policy.Policy, error) {
-	if workspace == "" {
-		workspace, _ = os.Getwd()
-	}
 	src := fmt.Sprintf("version: 1\nsandboxes:\n  - name: exec\n    select: {cgroups: [/watcher]}\n    preset: %q\n    workspace: [%q]\n", preset, workspace)
 	return policy.Parse("--preset "+preset, []byte(src))
 }
@@ -208,4 +247,60 @@ func loadBreaker(pol *policy.Policy, sb *policy.Sandbox) (*launch.Breaker, func(
 	}
 }
 
-var _ = time.Second
+// workspaceDir resolves the workspace of a run: the directory given, or
+// the current one, as the kernel sees it (symlinks resolved, since the
+// layers judge resolved paths).
+func workspaceDir(dir string) (string, error) {
+	if dir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return "", fmt.Errorf("workspace: %w", err)
+		}
+		dir = wd
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("workspace: %w", err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("workspace: %w", err)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("workspace: %w", err)
+	}
+	if !st.IsDir() {
+		return "", fmt.Errorf("workspace %s is not a directory", real)
+	}
+	if real == "/" {
+		return "", errors.New("workspace /: every path would be writable; run from (or pass --workspace) a project directory")
+	}
+	return real, nil
+}
+
+// setWorkspace makes ws the sandbox's workspace for this run. A running
+// agent's kernel rules know only its policy's workspaces, so there ws must
+// be one of them.
+func setWorkspace(sb *policy.Sandbox, ws string, explicit, running bool) error {
+	if ws == "" {
+		return nil
+	}
+	if running {
+		for _, w := range sb.Workspace {
+			if filepath.Clean(w) == ws {
+				return nil
+			}
+		}
+		have := strings.Join(sb.Workspace, ", ")
+		if have == "" {
+			have = "none"
+		}
+		return fmt.Errorf("--workspace %s: the running agent's sandbox %s has other workspaces (%s); add it to the policy's workspace list and reload, or stop the agent to run with a private one", ws, sb.Name, have)
+	}
+	if !explicit && len(sb.Workspace) > 0 {
+		return nil // the policy names its own
+	}
+	sb.Workspace = []string{ws}
+	return nil
+}
