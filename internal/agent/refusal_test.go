@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+func TestRefusalsNameRuleLayerAndAllowingLine(t *testing.T) {
+	ws := t.TempDir()
+	p := parse(t, `version: 1
+sandboxes:
+  - {name: r, select: {cgroups: [/r]}, preset: restricted, workspace: [`+ws+`]}
+`)
+	sb := p.Sandbox("r")
+	open := func(path string, write bool, mech string, v audit.Verdict) audit.Event {
+		return audit.Event{Kind: audit.KindFileOpen, Verdict: v, Mechanism: mech, Sandbox: audit.Sandbox{Name: "r"},
+			Process: audit.Process{Comm: "cat", TGID: 7}, File: &audit.FileDetail{Path: path, Write: write},
+			Syscall: &audit.SyscallDetail{Name: "openat", Ret: -13}}
+	}
+	events := []audit.Event{
+		open("/etc/shadow", false, "landlock", audit.VerdictDenied),
+		open("/etc/shadow", false, "landlock", audit.VerdictDenied),
+		open("/etc/motd-new", true, "landlock", audit.VerdictDenied),
+		open("/root/.aws/credentials", false, "kill", audit.VerdictKilled),
+		{Kind: audit.KindSyscall, Verdict: audit.VerdictDenied, Mechanism: "seccomp", Sandbox: audit.Sandbox{Name: "r"},
+			Syscall: &audit.SyscallDetail{Name: "ptrace", Ret: -1}, Message: "ptrace refused by the seccomp filter (EPERM)"},
+		{Kind: audit.KindSyscall, Verdict: audit.VerdictDenied, Mechanism: "seccomp", Sandbox: audit.Sandbox{Name: "r"},
+			Syscall: &audit.SyscallDetail{Name: "unshare", Ret: -1}, Message: "unshare(flags 0x20000) refused by the seccomp filter (EPERM)"},
+		{Kind: audit.KindDNS, Verdict: audit.VerdictDenied, Mechanism: "dnsproxy", Sandbox: audit.Sandbox{Name: "r"},
+			DNS: &audit.DNSDetail{Name: "example.org.", Reason: "not in the allowlist"}},
+		// The benign neighbour: an allowed open is no refusal.
+		open(ws+"/main.go", true, "landlock", audit.VerdictAllowed),
+	}
+	got := Refusals(p, sb, events, ws)
+	if len(got) != 6 {
+		t.Fatalf("got %d refusals, want 6: %+v", len(got), got)
+	}
+	byOp := map[string]Refusal{}
+	for _, r := range got {
+		byOp[r.Operation+" "+r.Path+r.Address] = r
+	}
+	sh := byOp["read /etc/shadow"]
+	if sh.Count != 2 || sh.Rule != "cred-shadow" || sh.Layer != "landlock" || sh.Errno != "EACCES" || sh.Result != "refused" ||
+		len(sh.Allow) != 1 || !strings.Contains(sh.Allow[0], "path: /etc/shadow, match: exact, access: read, action: allow") {
+		t.Errorf("shadow refusal = %+v", sh)
+	}
+	if w := byOp["write /etc/motd-new"]; w.Rule != "write-outside-workspace" || len(w.Allow) == 0 || !strings.Contains(w.Allow[0], "access: write") {
+		t.Errorf("write refusal = %+v", w)
+	}
+	if k := byOp["read /root/.aws/credentials"]; k.Result != "killed" || k.Rule != "cloud-credentials" {
+		t.Errorf("killed refusal = %+v", k)
+	}
+	if pt := byOp["ptrace "]; len(pt.Allow) != 1 || pt.Allow[0] != "operations: {ptrace: allow}" {
+		t.Errorf("ptrace refusal = %+v", pt)
+	}
+	if un := byOp["unshare "]; un.Allow != nil || !strings.Contains(un.Note, "fixed seccomp list") {
+		t.Errorf("namespace refusal = %+v", un)
+	}
+	if d := byOp["resolve example.org."]; len(d.Allow) != 1 || d.Allow[0] != "dns: {allow: [example.org]}" {
+		t.Errorf("dns refusal = %+v", d)
+	}
+
+	rep := &RunReport{Label: "call-1", Sandbox: "r", Mode: "enforce", Refusals: got, Killed: true}
+	var text bytes.Buffer
+	rep.WriteSummary(&text)
+	for _, want := range []string{"7 operation(s) refused", "label=call-1", "cred-shadow", "landlock", "would be allowed by", "kill backstop killed"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, text.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back RunReport
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Label != "call-1" || len(back.Refusals) != 6 {
+		t.Errorf("JSON report round trip: %v %+v", err, back)
+	}
+}
+
+// In record mode only events of rules that would refuse count; routine
+// records without a rule do not.
+func TestRefusalsRecordMode(t *testing.T) {
+	p := parse(t, `version: 1
+sandboxes:
+  - {name: r, select: {cgroups: [/r]}, preset: restricted, mode: record}
+`)
+	sb := p.Sandbox("r")
+	ev := func(rule string) audit.Event {
+		return audit.Event{Kind: audit.KindFileOpen, Verdict: audit.VerdictRecorded, Rule: rule, Mechanism: "kill",
+			Sandbox: audit.Sandbox{Name: "r"}, File: &audit.FileDetail{Path: "/etc/shadow"}}
+	}
+	got := Refusals(p, sb, []audit.Event{ev("cred-shadow"), ev("")}, "/")
+	if len(got) != 1 || got[0].Result != "would-refuse" {
+		t.Fatalf("record mode refusals = %+v", got)
+	}
+	if sb.Mode != policy.ModeRecord {
+		t.Fatal("sandbox not in record mode")
+	}
+}
