@@ -223,7 +223,10 @@ func pickSandbox(pol *policy.Policy, name string) (*policy.Sandbox, error) {
 
 // presetPolicy builds a one-sandbox policy from a preset.
 func presetPolicy(preset, workspace string) (*policy.Policy, error) {
-	src := fmt.Sprintf("version: 1\nsandboxes:\n  - name: exec\n    select: {cgroups: [/watcher]}\n    preset: %q\n    workspace: [%q]\n", preset, workspace)
+	src := fmt.Sprintf("version: 1\nsandboxes:\n  - name: exec\n    select: {cgroups: [/watcher]}\n    preset: %q\n", preset)
+	if workspace != "" {
+		src += fmt.Sprintf("    workspace: [%q]\n", workspace)
+	}
 	return policy.Parse("--preset "+preset, []byte(src))
 }
 
