@@ -18,6 +18,7 @@
  */
 #include "common.h"
 #include "pathwalk.h"
+#include "lsm_hook.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -289,7 +290,7 @@ static __always_inline int conclude(__u32 verdict)
 	return verdict == VERDICT_DENIED ? -EPERM : 0;
 }
 
-static __always_inline int judge_task(__u32 op, __u32 kind, struct decision d, struct sandbox *sb,
+static __always_inline int judge_task(__u32 mech, __u32 op, __u32 kind, struct decision d, struct sandbox *sb,
 				      __u64 root, struct task_struct *target, __u32 mode, __s32 cap)
 {
 	if (d.action == ACTION_ALLOW)
@@ -297,7 +298,7 @@ static __always_inline int judge_task(__u32 op, __u32 kind, struct decision d, s
 	__u32 verdict = effective_verdict(sb, d.action);
 	struct task_event *e = reserve_event(sizeof(*e), true);
 	if (e) {
-		fill_hdr(&e->hdr, kind, verdict, d.rule_id, root, sb);
+		fill_hdr(&e->hdr, kind + mech, verdict, d.rule_id, root, sb);
 		e->op = op;
 		e->mode = mode;
 		e->cap = cap;
@@ -313,10 +314,20 @@ static __always_inline int judge_task(__u32 op, __u32 kind, struct decision d, s
 	return conclude(verdict);
 }
 
+/* judge_op is the whole body of hooks judged by one op rule. */
+static __always_inline int judge_op(__u32 mech, __u32 op, __u32 kind, __u32 mode)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, op, ACTION_ALLOW);
+	return judge_task(mech, op, kind, d, sb, root, NULL, mode, -1);
+}
+
 /* --- ptrace, signals, capabilities, bpf ----------------------------------- */
 
-SEC("lsm/ptrace_access_check")
-int BPF_PROG(ptrace_access_check, struct task_struct *child, unsigned int mode, int ret)
+static __always_inline int decide_ptrace_access_check(__u32 mech, struct task_struct *child, unsigned int mode, int ret)
 {
 	if (ret)
 		return ret;
@@ -333,11 +344,13 @@ int BPF_PROG(ptrace_access_check, struct task_struct *child, unsigned int mode, 
 		op = (mode & PTRACE_MODE_ATTACH) ? LSM_OP_PTRACE_ATTACH : LSM_OP_PTRACE_READ;
 		d = op_decision(sb->id, op, ACTION_ALLOW);
 	}
-	return judge_task(op, EV_PTRACE, d, sb, root, child, mode, -1);
+	return judge_task(mech, op, EV_PTRACE, d, sb, root, child, mode, -1);
 }
+WATCHER_HOOK(ptrace_access_check, security_ptrace_access_check,
+	     decide_ptrace_access_check(mech, child, mode, ret),
+	     struct task_struct *child, unsigned int mode, int ret)
 
-SEC("lsm/ptrace_traceme")
-int BPF_PROG(ptrace_traceme, struct task_struct *parent, int ret)
+static __always_inline int decide_ptrace_traceme(__u32 mech, struct task_struct *parent, int ret)
 {
 	if (ret)
 		return ret;
@@ -353,12 +366,14 @@ int BPF_PROG(ptrace_traceme, struct task_struct *parent, int ret)
 	} else {
 		d = op_decision(sb->id, op, ACTION_ALLOW);
 	}
-	return judge_task(op, EV_PTRACE, d, sb, root, parent, 0, -1);
+	return judge_task(mech, op, EV_PTRACE, d, sb, root, parent, 0, -1);
 }
+WATCHER_HOOK(ptrace_traceme, security_ptrace_traceme, decide_ptrace_traceme(mech, parent, ret),
+	     struct task_struct *parent, int ret)
 
-SEC("lsm/task_kill")
-int BPF_PROG(task_kill, struct task_struct *p, struct kernel_siginfo *info, int sig,
-	     const struct cred *cred, int ret)
+/* task_kill is called once per target task, for kill, tgkill, tkill,
+ * pidfd_send_signal, rt_sigqueueinfo, process groups and kill(-1) alike. */
+static __always_inline int decide_task_kill(__u32 mech, struct task_struct *p, int sig, int ret)
 {
 	if (ret)
 		return ret;
@@ -369,12 +384,12 @@ int BPF_PROG(task_kill, struct task_struct *p, struct kernel_siginfo *info, int 
 	if (!sb)
 		return 0;
 	struct decision d = op_decision(sb->id, LSM_OP_AGENT_SIGNAL, ACTION_BLOCK);
-	return judge_task(LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, p, (__u32)sig, -1);
+	return judge_task(mech, LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, p, (__u32)sig, -1);
 }
+WATCHER_HOOK(task_kill, security_task_kill, decide_task_kill(mech, p, sig, ret),
+	     struct task_struct *p, struct kernel_siginfo *info, int sig, const struct cred *cred, int ret)
 
-SEC("lsm/capable")
-int BPF_PROG(capable, const struct cred *cred, struct user_namespace *ns, int cap,
-	     unsigned int opts, int ret)
+static __always_inline int decide_capable(__u32 mech, int cap, unsigned int opts, int ret)
 {
 	if (ret)
 		return ret;
@@ -401,73 +416,21 @@ int BPF_PROG(capable, const struct cred *cred, struct user_namespace *ns, int ca
 	else
 		return 0;
 	d.rule_id = r->rule_id[cap & 63];
-	return judge_task(0, EV_CAPABILITY, d, sb, root, NULL, opts, cap);
+	return judge_task(mech, 0, EV_CAPABILITY, d, sb, root, NULL, opts, cap);
 }
+WATCHER_HOOK(capable, security_capable, decide_capable(mech, cap, opts, ret),
+	     const struct cred *cred, struct user_namespace *ns, int cap, unsigned int opts, int ret)
 
-SEC("lsm/bpf")
-int BPF_PROG(bpf_cmd, int cmd, union bpf_attr *attr, unsigned int size, int ret)
-{
-	if (ret)
-		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_BPF, ACTION_ALLOW);
-	return judge_task(LSM_OP_BPF, EV_BPF, d, sb, root, NULL, (__u32)cmd, -1);
-}
+/* bpf(2): 6.1 passes (cmd, attr, size), 6.18 adds a `kernel` flag, so the
+ * previous program's return value sits at another index: this hook does
+ * not read it (watcher is the only BPF program judging bpf(2)). */
+WATCHER_HOOK(bpf, security_bpf, judge_op(mech, LSM_OP_BPF, EV_BPF, (__u32)cmd), int cmd)
 
 /* --- kernel code: modules, kexec, firmware -------------------------------- */
 
-static __always_inline int judge_module(__u32 op, struct decision d, struct sandbox *sb, __u64 root,
-					struct file *file, __u32 id)
-{
-	if (d.action == ACTION_ALLOW)
-		return 0;
-	__u32 verdict = effective_verdict(sb, d.action);
-	struct module_event *e = reserve_event(sizeof(*e), true);
-	if (e) {
-		fill_hdr(&e->hdr, EV_MODULE, verdict, d.rule_id, root, sb);
-		e->op = op;
-		e->id = id;
-		e->path[0] = 0;
-		if (file && bpf_d_path((struct path *)&file->f_path, e->path, sizeof(e->path)) < 0)
-			e->path[0] = 0;
-		submit_event(e, true);
-	}
-	return conclude(verdict);
-}
-
-SEC("lsm/kernel_read_file")
-int BPF_PROG(kernel_read_file, struct file *file, enum kernel_read_file_id id, bool contents, int ret)
-{
-	if (ret)
-		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_READ_FILE, ACTION_ALLOW);
-	return judge_module(LSM_OP_KERNEL_READ_FILE, d, sb, root, file, (__u32)id);
-}
-
-SEC("lsm/kernel_load_data")
-int BPF_PROG(kernel_load_data, enum kernel_load_data_id id, bool contents, int ret)
-{
-	if (ret)
-		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_LOAD_DATA, ACTION_ALLOW);
-	return judge_module(LSM_OP_KERNEL_LOAD_DATA, d, sb, root, NULL, (__u32)id);
-}
-
-/* --- mount family ---------------------------------------------------------- */
-
 /* walk_path writes p's path relative to the current task's root into dst
- * (size bytes, NUL-terminated) using the per-CPU path walk. */
+ * (size bytes, NUL-terminated) using the per-CPU path walk. Works in every
+ * hook, unlike bpf_d_path (see lsm_hook.h). */
 static __always_inline void walk_path(struct path *p, char *dst, __u32 size)
 {
 	__u32 zero = 0;
@@ -481,15 +444,66 @@ static __always_inline void walk_path(struct path *p, char *dst, __u32 size)
 	bpf_probe_read_kernel_str(dst, size, pw->buf);
 }
 
+static __always_inline int judge_module(__u32 mech, __u32 op, struct decision d, struct sandbox *sb, __u64 root,
+					struct file *file, __u32 id)
+{
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict = effective_verdict(sb, d.action);
+	struct module_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->hdr, EV_MODULE + mech, verdict, d.rule_id, root, sb);
+		e->op = op;
+		e->id = id;
+		e->path[0] = 0;
+		if (file) {
+			struct path fp = BPF_CORE_READ(file, f_path);
+			walk_path(&fp, e->path, sizeof(e->path));
+		}
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+static __always_inline int decide_kernel_read_file(__u32 mech, struct file *file, enum kernel_read_file_id id, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_READ_FILE, ACTION_ALLOW);
+	return judge_module(mech, LSM_OP_KERNEL_READ_FILE, d, sb, root, file, (__u32)id);
+}
+WATCHER_HOOK(kernel_read_file, security_kernel_read_file, decide_kernel_read_file(mech, file, id, ret),
+	     struct file *file, enum kernel_read_file_id id, bool contents, int ret)
+
+static __always_inline int decide_kernel_load_data(__u32 mech, enum kernel_load_data_id id, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_LOAD_DATA, ACTION_ALLOW);
+	return judge_module(mech, LSM_OP_KERNEL_LOAD_DATA, d, sb, root, NULL, (__u32)id);
+}
+WATCHER_HOOK(kernel_load_data, security_kernel_load_data, decide_kernel_load_data(mech, id, ret),
+	     enum kernel_load_data_id id, bool contents, int ret)
+
+/* --- mount family ---------------------------------------------------------- */
+
 /* mount_begin reserves a mount event when the decision needs one. */
-static __always_inline struct mount_event *mount_begin(__u32 op, struct decision d, struct sandbox *sb,
+static __always_inline struct mount_event *mount_begin(__u32 mech, __u32 op, struct decision d, struct sandbox *sb,
 							__u64 root, __u32 *verdict)
 {
 	*verdict = effective_verdict(sb, d.action);
 	struct mount_event *e = reserve_event(sizeof(*e), true);
 	if (!e)
 		return NULL;
-	fill_hdr(&e->hdr, EV_MOUNT, *verdict, d.rule_id, root, sb);
+	fill_hdr(&e->hdr, EV_MOUNT + mech, *verdict, d.rule_id, root, sb);
 	e->op = op;
 	e->flags = 0;
 	e->source[0] = 0;
@@ -498,9 +512,8 @@ static __always_inline struct mount_event *mount_begin(__u32 op, struct decision
 	return e;
 }
 
-SEC("lsm/sb_mount")
-int BPF_PROG(sb_mount, const char *dev_name, const struct path *path, const char *type,
-	     unsigned long flags, void *data, int ret)
+static __always_inline int decide_sb_mount(__u32 mech, const char *dev_name, const struct path *path,
+					   const char *type, unsigned long flags, int ret)
 {
 	if (ret)
 		return ret;
@@ -512,22 +525,23 @@ int BPF_PROG(sb_mount, const char *dev_name, const struct path *path, const char
 	if (d.action == ACTION_ALLOW)
 		return 0;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(LSM_OP_MOUNT, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, LSM_OP_MOUNT, d, sb, root, &verdict);
 	if (e) {
 		e->flags = flags;
 		if (dev_name)
 			bpf_probe_read_kernel_str(e->source, sizeof(e->source), dev_name);
 		if (type)
 			bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype), type);
-		if (bpf_d_path((struct path *)path, e->target, sizeof(e->target)) < 0)
-			e->target[0] = 0;
+		struct path p = { .mnt = BPF_CORE_READ(path, mnt), .dentry = BPF_CORE_READ(path, dentry) };
+		walk_path(&p, e->target, sizeof(e->target));
 		submit_event(e, true);
 	}
 	return conclude(verdict);
 }
+WATCHER_HOOK(sb_mount, security_sb_mount, decide_sb_mount(mech, dev_name, path, type, flags, ret),
+	     const char *dev_name, const struct path *path, const char *type, unsigned long flags, void *data, int ret)
 
-SEC("lsm/sb_umount")
-int BPF_PROG(sb_umount, struct vfsmount *mnt, int flags, int ret)
+static __always_inline int decide_sb_umount(__u32 mech, struct vfsmount *mnt, int flags, int ret)
 {
 	if (ret)
 		return ret;
@@ -539,7 +553,7 @@ int BPF_PROG(sb_umount, struct vfsmount *mnt, int flags, int ret)
 	if (d.action == ACTION_ALLOW)
 		return 0;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(LSM_OP_UMOUNT, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, LSM_OP_UMOUNT, d, sb, root, &verdict);
 	if (e) {
 		struct path p = { .mnt = mnt, .dentry = BPF_CORE_READ(mnt, mnt_root) };
 		e->flags = (__u32)flags;
@@ -550,12 +564,16 @@ int BPF_PROG(sb_umount, struct vfsmount *mnt, int flags, int ret)
 	}
 	return conclude(verdict);
 }
+WATCHER_HOOK(sb_umount, security_sb_umount, decide_sb_umount(mech, mnt, flags, ret),
+	     struct vfsmount *mnt, int flags, int ret)
 
 /* two_path_mount judges the mount operations that name a source and a
  * target path (move_mount, pivot_root). */
-static __always_inline int two_path_mount(__u32 op, const struct path *src_path,
-					  const struct path *dst_path)
+static __always_inline int two_path_mount(__u32 mech, __u32 op, const struct path *src_path,
+					  const struct path *dst_path, int ret)
 {
+	if (ret)
+		return ret;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
@@ -564,7 +582,7 @@ static __always_inline int two_path_mount(__u32 op, const struct path *src_path,
 	if (d.action == ACTION_ALLOW)
 		return 0;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(op, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, op, d, sb, root, &verdict);
 	if (e) {
 		struct path src = { .mnt = BPF_CORE_READ(src_path, mnt), .dentry = BPF_CORE_READ(src_path, dentry) };
 		struct path dst = { .mnt = BPF_CORE_READ(dst_path, mnt), .dentry = BPF_CORE_READ(dst_path, dentry) };
@@ -574,25 +592,12 @@ static __always_inline int two_path_mount(__u32 op, const struct path *src_path,
 	}
 	return conclude(verdict);
 }
+WATCHER_HOOK(move_mount, security_move_mount, two_path_mount(mech, LSM_OP_MOVE_MOUNT, from_path, to_path, ret),
+	     const struct path *from_path, const struct path *to_path, int ret)
+WATCHER_HOOK(sb_pivotroot, security_sb_pivotroot, two_path_mount(mech, LSM_OP_PIVOT_ROOT, old_path, new_path, ret),
+	     const struct path *old_path, const struct path *new_path, int ret)
 
-SEC("lsm/move_mount")
-int BPF_PROG(move_mount, const struct path *from_path, const struct path *to_path, int ret)
-{
-	if (ret)
-		return ret;
-	return two_path_mount(LSM_OP_MOVE_MOUNT, from_path, to_path);
-}
-
-SEC("lsm/sb_pivotroot")
-int BPF_PROG(sb_pivotroot, const struct path *old_path, const struct path *new_path, int ret)
-{
-	if (ret)
-		return ret;
-	return two_path_mount(LSM_OP_PIVOT_ROOT, old_path, new_path);
-}
-
-SEC("lsm/path_chroot")
-int BPF_PROG(path_chroot, const struct path *path, int ret)
+static __always_inline int decide_path_chroot(__u32 mech, const struct path *path, int ret)
 {
 	if (ret)
 		return ret;
@@ -604,7 +609,7 @@ int BPF_PROG(path_chroot, const struct path *path, int ret)
 	if (d.action == ACTION_ALLOW)
 		return 0;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(LSM_OP_CHROOT, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, LSM_OP_CHROOT, d, sb, root, &verdict);
 	if (e) {
 		struct path p = { .mnt = BPF_CORE_READ(path, mnt), .dentry = BPF_CORE_READ(path, dentry) };
 		walk_path(&p, e->target, sizeof(e->target));
@@ -612,12 +617,14 @@ int BPF_PROG(path_chroot, const struct path *path, int ret)
 	}
 	return conclude(verdict);
 }
+WATCHER_HOOK(path_chroot, security_path_chroot, decide_path_chroot(mech, path, ret),
+	     const struct path *path, int ret)
 
 /* The new mount API: fsopen(2) has no hook, but every fsconfig(2)
  * parameter passes here, and move_mount(2) (above) is the only way to
  * attach what fsmount(2) returns. */
-SEC("lsm/fs_context_parse_param")
-int BPF_PROG(fs_context_parse_param, struct fs_context *fc, struct fs_parameter *param, int ret)
+static __always_inline int decide_fs_context_parse_param(__u32 mech, struct fs_context *fc,
+							 struct fs_parameter *param, int ret)
 {
 	/* -ENOPARAM from an earlier LSM means "not mine": keep judging. */
 	if (ret && ret != -519)
@@ -630,7 +637,7 @@ int BPF_PROG(fs_context_parse_param, struct fs_context *fc, struct fs_parameter 
 	if (d.action == ACTION_ALLOW)
 		return ret;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(LSM_OP_FSCONFIG, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, LSM_OP_FSCONFIG, d, sb, root, &verdict);
 	if (e) {
 		bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype), BPF_CORE_READ(fc, fs_type, name));
 		bpf_probe_read_kernel_str(e->source, sizeof(e->source), BPF_CORE_READ(param, key));
@@ -641,6 +648,9 @@ int BPF_PROG(fs_context_parse_param, struct fs_context *fc, struct fs_parameter 
 	int r = conclude(verdict);
 	return r ? r : ret;
 }
+WATCHER_HOOK(fs_context_parse_param, security_fs_context_parse_param,
+	     decide_fs_context_parse_param(mech, fc, param, ret),
+	     struct fs_context *fc, struct fs_parameter *param, int ret)
 
 /* --- file_open --------------------------------------------------------------- */
 
@@ -700,8 +710,7 @@ static __always_inline void judge_file_tables(struct file_verdict *v, __u32 sid,
 	consider(v, bpf_map_lookup_elem(&lsm_path_rules, key), write, MATCH_PATH);
 }
 
-SEC("lsm/file_open")
-int BPF_PROG(file_open, struct file *file, int ret)
+static __always_inline int decide_file_open(__u32 mech, struct file *file, int ret)
 {
 	if (ret)
 		return ret;
@@ -774,7 +783,7 @@ int BPF_PROG(file_open, struct file *file, int ret)
 	__u32 verdict = effective_verdict(sb, v.action);
 	struct file_event *e = reserve_event(sizeof(*e), true);
 	if (e) {
-		fill_hdr(&e->hdr, EV_FILE_OPEN, verdict, v.rule_id, root, sb);
+		fill_hdr(&e->hdr, EV_FILE_OPEN + mech, verdict, v.rule_id, root, sb);
 		e->ino = ino;
 		e->flags = fflags;
 		e->fmode = fmode;
@@ -790,3 +799,5 @@ int BPF_PROG(file_open, struct file *file, int ret)
 	}
 	return conclude(verdict);
 }
+/* bpf_d_path is allowed on security_file_open for fmod_ret too. */
+WATCHER_HOOK(file_open, security_file_open, decide_file_open(mech, file, ret), struct file *file, int ret)

@@ -65,6 +65,12 @@ func printStatus(w io.Writer, st *control.Status) {
 	fmt.Fprintf(w, "agent       up, pid %d, since %s\n", st.PID, st.Started.Format("2006-01-02 15:04:05"))
 	k := st.Kernel
 	lsm := "active"
+	if n := k.LSMLayer["fmod_ret"]; n > 0 {
+		lsm = fmt.Sprintf("active, %d hook(s) as fmod_ret on security_* functions", n)
+		if k.LSMLayer["lsm"] == 0 {
+			lsm = fmt.Sprintf("not enabled; its %d hooks run as fmod_ret on security_* functions", n)
+		}
+	}
 	if !k.BPFLSM {
 		lsm = "unavailable: " + k.BPFLSMWhy
 	}

@@ -106,7 +106,9 @@ type Agent struct {
 	reloader *policy.Reloader
 	applyErr error // of the last policy applied by the reloader
 	lsmProbe map[string]error
-	names    atomic.Pointer[map[uint32]string] // sandbox id -> name, per plan
+	// lsmProbeMech is the mechanism per hook the probe found.
+	lsmProbeMech map[string]string
+	names        atomic.Pointer[map[uint32]string] // sandbox id -> name, per plan
 	// denialsOn says the tracepoints recording seccomp and Landlock
 	// refusals are attached (see PrepareExec).
 	denialsOn atomic.Bool
@@ -199,11 +201,11 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	a.metrics.Registry.MustRegister(a.bpfStats)
 	a.reader = a.eng.NewReader(enforce.ReaderOptions{SandboxName: a.sandboxName, RuleName: a.rules.Name})
-	lsmStatus := lsm.Probe()
-	a.lsmProbe = lsmStatus
+	lsmStatus, lsmMech := lsm.ProbeMechanisms()
+	a.lsmProbe, a.lsmProbeMech = lsmStatus, lsmMech
 	if anyLoaded(lsmStatus) {
 		if a.lsm, a.lsmErr = lsm.Load(a.eng); a.lsmErr == nil {
-			lsmStatus = a.lsm.Status()
+			lsmStatus, lsmMech = a.lsm.Status(), a.lsm.Mechanisms()
 		}
 	}
 	lsm.Register(a.reader)
@@ -225,7 +227,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.startDNS(); err != nil {
 		return a, err
 	}
-	env := Env{LSM: lsmStatus, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
+	env := Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
 		RequireLSM: opts.RequireLSM || ag.RequireLSM}
 	if a.plan, err = Compile(pol, env, a.rules); err != nil {
 		return a, err
@@ -899,7 +901,7 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		a.refused(err)
 		return
 	}
-	env := Env{LSM: a.lsmStatus(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
+	env := Env{LSM: a.lsmStatus(), LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
 		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM}
 	plan, err := Compile(pol, env, a.rules)
 	if err == nil && env.RequireLSM && len(plan.Missing) > 0 {
@@ -948,6 +950,14 @@ func (a *Agent) lsmStatus() map[string]error {
 	return a.lsmProbe
 }
 
+// lsmMechanisms is lsmStatus's companion: the mechanism per hook.
+func (a *Agent) lsmMechanisms() map[string]string {
+	if a.lsm != nil {
+		return a.lsm.Mechanisms()
+	}
+	return a.lsmProbeMech
+}
+
 // periodic feeds the ledger's counters to Prometheus.
 func (a *Agent) periodic(ctx context.Context) {
 	t := time.NewTicker(time.Second)
@@ -985,6 +995,12 @@ func (a *Agent) Status() control.Status {
 	ks := Kernel()
 	st := a.lsmStatus()
 	ks.BPFLSM = a.lsm != nil && anyLoaded(st)
+	if a.lsm != nil {
+		ks.LSMLayer = map[string]int{}
+		for _, m := range a.lsm.Mechanisms() {
+			ks.LSMLayer[m]++
+		}
+	}
 	if !ks.BPFLSM {
 		ks.BPFLSMWhy = bpfLSMReason(ks.LSMList, firstErr(st))
 	} else {

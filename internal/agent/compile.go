@@ -50,6 +50,7 @@ import (
 // Mechanisms named in Plan.Layers.
 const (
 	MechLSM       = "lsm"
+	MechFmodRet   = "fmod_ret" // the LSM layer's decisions as fmod_ret programs on security_* functions
 	MechCgroupBPF = "cgroup_bpf"
 	MechKill      = "kill"
 	MechLaunch    = "seccomp+landlock"
@@ -124,6 +125,10 @@ type Env struct {
 	// DNSProxy4 and DNSProxy6 are where sandbox DNS is redirected; an
 	// invalid one makes DNS over that family fail.
 	DNSProxy4, DNSProxy6 netip.AddrPort
+	// LSMMech is, per hook that enforces, the mechanism its program runs
+	// under (lsm.MechLSM or lsm.MechFmodRet): lsm.ProbeMechanisms() or
+	// LSM.Mechanisms(). Hooks missing here count as BPF LSM.
+	LSMMech map[string]string
 	// RequireLSM makes every blocking rule whose BPF LSM hook is missing
 	// a Missing entry (the agent then refuses to start).
 	RequireLSM bool
@@ -267,6 +272,32 @@ func (c *compiler) hookErr(name string) string {
 	return "not loaded"
 }
 
+// lsmMechanism names the LSM layer as this host runs it: "lsm" (BPF LSM
+// programs), "fmod_ret" (the same decisions on the security_* functions,
+// where BPF LSM is built but not enabled), or "lsm" with a note naming
+// the hooks that run as fmod_ret when both are in use.
+func (c *compiler) lsmMechanism(notes []string) (string, []string) {
+	var fmod, lsmHooks []string
+	for hook, err := range c.env.LSM {
+		if err != nil || hook == "*" {
+			continue
+		}
+		if c.env.LSMMech[hook] == lsm.MechFmodRet {
+			fmod = append(fmod, hook)
+		} else {
+			lsmHooks = append(lsmHooks, hook)
+		}
+	}
+	switch {
+	case len(fmod) == 0:
+		return MechLSM, notes
+	case len(lsmHooks) == 0:
+		return MechFmodRet, notes
+	}
+	sort.Strings(fmod)
+	return MechLSM, append(slices.Clone(notes), "fmod_ret for "+strings.Join(fmod, ", "))
+}
+
 // kernelAction maps a policy action to the kernel's.
 func kernelAction(a policy.Action) uint32 {
 	switch a {
@@ -313,6 +344,9 @@ func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer
 	a = orAllow(a)
 	mech := l.mech
 	notes := l.notes
+	if mech == MechLSM {
+		mech, notes = c.lsmMechanism(notes)
+	}
 	switch {
 	case a == policy.ActionAllow:
 		notes = append([]string{"allow"}, notes...)

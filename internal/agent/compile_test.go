@@ -838,3 +838,29 @@ sandboxes:
 		t.Errorf("/proc/sys write without cgroup BPF: %v %v", k, ok)
 	}
 }
+
+// Where BPF LSM is built but not enabled, the same hooks run as fmod_ret:
+// the layer table says so, and says "lsm" for none of them.
+func TestLayerTableNamesFmodRet(t *testing.T) {
+	mechs := map[string]string{}
+	for _, h := range lsm.Hooks() {
+		mechs[h] = lsm.MechFmodRet
+	}
+	plan, _ := compile(t, policy.Default(), Env{LSM: lsmEnv(t, nil), LSMMech: mechs})
+	if got := layerOf(t, plan, "cred-shadow"); got != MechFmodRet {
+		t.Errorf("cred-shadow layer = %s, want fmod_ret", got)
+	}
+	for _, l := range plan.Layers {
+		if l.Mechanism == MechLSM {
+			t.Errorf("%s: mechanism lsm although every hook runs as fmod_ret", l.Rule)
+		}
+	}
+	// One hook as BPF LSM, the rest fmod_ret: "lsm" with a note.
+	mechs["file_open"] = lsm.MechLSM
+	plan, _ = compile(t, policy.Default(), Env{LSM: lsmEnv(t, nil), LSMMech: mechs})
+	for _, l := range plan.Layers {
+		if strings.HasPrefix(l.Rule, "exec: cred-shadow") && (l.Mechanism != MechLSM || !strings.Contains(l.Note, "fmod_ret for")) {
+			t.Errorf("%s: %s (%s), want lsm with a fmod_ret note", l.Rule, l.Mechanism, l.Note)
+		}
+	}
+}

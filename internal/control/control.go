@@ -47,13 +47,17 @@ type Status struct {
 
 // KernelStatus describes what the kernel offers.
 type KernelStatus struct {
-	Release     string `json:"release"`
-	BPFLSM      bool   `json:"bpf_lsm"`
-	BPFLSMWhy   string `json:"bpf_lsm_why,omitempty"`
-	LSMList     string `json:"lsm_list,omitempty"`
-	Cgroup2     string `json:"cgroup2"`
-	BPFFS       string `json:"bpffs"`
-	LandlockABI int    `json:"landlock_abi"`
+	Release   string `json:"release"`
+	BPFLSM    bool   `json:"bpf_lsm"`
+	BPFLSMWhy string `json:"bpf_lsm_why,omitempty"`
+	// LSMLayer counts the LSM layer's hooks per mechanism ("lsm": BPF
+	// LSM programs, "fmod_ret": the same decisions on security_*
+	// functions where BPF LSM is built but not enabled).
+	LSMLayer    map[string]int `json:"lsm_layer,omitempty"`
+	LSMList     string         `json:"lsm_list,omitempty"`
+	Cgroup2     string         `json:"cgroup2"`
+	BPFFS       string         `json:"bpffs"`
+	LandlockABI int            `json:"landlock_abi"`
 }
 
 // Layer is one rule and the layer that enforces it.

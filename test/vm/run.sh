@@ -1,5 +1,12 @@
 #!/usr/bin/env bash
-# Runs watcher's BPF LSM tests inside a stock Debian kernel under qemu.
+# Runs watcher's BPF LSM tests inside a stock Debian kernel under qemu, in
+# two boots of the same kernel:
+#   lsm       Debian's LSM list as it boots (bpf included): BPF LSM programs;
+#   fmod_ret  lsm=landlock,lockdown,yama,apparmor (Ubuntu's default set, no
+#             bpf): BPF LSM is built but not enabled, the same decisions run
+#             as fmod_ret programs on the security_* functions and must give
+#             the same EPERMs.
+# Each boot tells the tests which mechanism it expects (WATCHER_EXPECT_MECH).
 #
 # This host refuses BPF LSM programs (EPERM before the verifier), so the LSM
 # tests run for real in a guest: the Debian cloud kernel (CONFIG_BPF_LSM=y,
@@ -10,13 +17,14 @@
 # line with the exit status and powers off. This script parses the sentinel.
 #
 # Usage: test/vm/run.sh [--kernel-pkg NAME] [--pkg ./go/package]... [--timeout SECONDS]
-#                       [--run REGEX] [--keep]
+#                       [--run REGEX] [--boot lsm|fmod_ret]... [--keep]
 #   --kernel-pkg  Debian kernel package (default: what linux-image-cloud-amd64
 #                 depends on, from apt-cache; the ABI number moves with updates)
 #   --pkg         Go package whose tests run in the guest (repeatable; default
 #                 ./internal/enforce/lsm)
 #   --run         -test.run regex passed to every test binary
-#   --timeout     seconds before the guest is killed (default 900)
+#   --timeout     seconds before each guest is killed (default 900)
+#   --boot        which boots to run (repeatable; default both)
 #   --keep        keep the work directory (initramfs, logs)
 # Environment: VM_CACHE (default <repo>/.cache/vm) caches downloaded kernels.
 # Needs: qemu-system-x86 busybox-static cpio (Debian packages), go, apt-get.
@@ -29,6 +37,7 @@ pkgs=()
 run_re=""
 timeout_s=900
 keep=0
+boots=()
 
 while (($#)); do
 	case $1 in
@@ -38,11 +47,16 @@ while (($#)); do
 	--run) run_re=$2; shift 2 ;;
 	--timeout) timeout_s=$2; shift 2 ;;
 	--keep) keep=1; shift ;;
-	-h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+	--boot) boots+=("$2"); shift 2 ;;
+	-h | --help) sed -n '2,30p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
 ((${#pkgs[@]})) || pkgs=(./internal/enforce/lsm)
+((${#boots[@]})) || boots=(lsm fmod_ret)
+for b in "${boots[@]}"; do
+	case $b in lsm | fmod_ret) ;; *) echo "run.sh: unknown boot $b (lsm or fmod_ret)" >&2; exit 2 ;; esac
+done
 
 for tool in qemu-system-x86_64 cpio go; do
 	command -v "$tool" >/dev/null || { echo "run.sh: $tool not found (apt-get install qemu-system-x86 cpio; Go)" >&2; exit 2; }
@@ -130,10 +144,13 @@ mkdir -p /sys/fs/cgroup /sys/fs/bpf /sys/kernel/tracing
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 mount -t tracefs tracefs /sys/kernel/tracing
+for w in \$(cat /proc/cmdline); do
+	case \$w in watcher_mech=*) export WATCHER_EXPECT_MECH=\${w#watcher_mech=} ;; esac
+done
 out=/dev/ttyS1
 [ -c \$out ] || out=/dev/console
 {
-	echo "guest: kernel \$(uname -r), lsm \$(cat /sys/kernel/security/lsm), \$(nproc) cpus, up \$(cut -d' ' -f1 /proc/uptime)s"
+	echo "guest: kernel \$(uname -r), lsm \$(cat /sys/kernel/security/lsm), expecting \$WATCHER_EXPECT_MECH, \$(nproc) cpus, up \$(cut -d' ' -f1 /proc/uptime)s"
 	status=0
 	cd /tmp
 	for t in ${names[*]}; do
@@ -152,38 +169,59 @@ chmod 0755 "$root/init"
 (cd "$root" && find . -print0 | cpio --null -o -H newc --quiet) >"$work/initrd.cpio"
 
 # --- boot -------------------------------------------------------------------
-echo "== booting ($(elapsed)s spent building; initramfs $(du -h "$work/initrd.cpio" | cut -f1))"
-: >"$work/tests.log"
-tail -n +1 -f "$work/tests.log" &
-tailpid=$!
-boot0=$(date +%s.%N)
-set +e
-timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
-	-machine q35 -accel tcg,thread=multi -cpu max -m 1024 -smp 2 \
-	-nographic -no-reboot -monitor none \
-	-serial "file:$work/kernel.log" -serial "file:$work/tests.log" \
-	-kernel "$vmlinuz" -initrd "$work/initrd.cpio" \
-	-append "console=ttyS0 panic=-1 quiet lsm=lockdown,capability,landlock,yama,bpf"
-qrc=$?
-set -e
-sleep 0.3
-kill "$tailpid" 2>/dev/null || true
-wait "$tailpid" 2>/dev/null || true
-boot_s=$(awk -v a="$boot0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+echo "== initramfs $(du -h "$work/initrd.cpio" | cut -f1), $(elapsed)s spent building"
 
-result=$(sed -n 's/^WATCHER-VM-RESULT: \([0-9]*\).*/\1/p' "$work/tests.log" | tail -1)
-if [[ -z $result ]]; then
-	if ((qrc == 124 || qrc == 137)); then
-		echo "run.sh: guest timed out after ${timeout_s}s" >&2
-	else
-		echo "run.sh: guest stopped (qemu exit $qrc) without a result line" >&2
+# boot NAME APPEND: one guest run; prints its qemu time, fails on a failed test.
+boot() {
+	local name=$1 append=$2 log=$work/tests-$1.log klog=$work/kernel-$1.log
+	echo "== boot $name: $append"
+	: >"$log"
+	tail -n +1 -f "$log" &
+	local tailpid=$! boot0
+	boot0=$(date +%s.%N)
+	set +e
+	timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
+		-machine q35 -accel tcg,thread=multi -cpu max -m 1024 -smp 2 \
+		-nographic -no-reboot -monitor none \
+		-serial "file:$klog" -serial "file:$log" \
+		-kernel "$vmlinuz" -initrd "$work/initrd.cpio" \
+		-append "console=ttyS0 panic=-1 quiet $append watcher_mech=$name"
+	local qrc=$?
+	set -e
+	sleep 0.3
+	kill "$tailpid" 2>/dev/null || true
+	wait "$tailpid" 2>/dev/null || true
+	local boot_s result
+	boot_s=$(awk -v a="$boot0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+	result=$(sed -n 's/^WATCHER-VM-RESULT: \([0-9]*\).*/\1/p' "$log" | tail -1)
+	if [[ -z $result ]]; then
+		if ((qrc == 124 || qrc == 137)); then
+			echo "run.sh: boot $name: guest timed out after ${timeout_s}s" >&2
+		else
+			echo "run.sh: boot $name: guest stopped (qemu exit $qrc) without a result line" >&2
+		fi
+		echo "--- kernel log (last 40 lines)" >&2
+		tail -n 40 "$klog" >&2
+		return 1
 	fi
-	echo "--- kernel log (last 40 lines)" >&2
-	tail -n 40 "$work/kernel.log" >&2
-	exit 1
-fi
-echo "== guest ran ${boot_s}s (qemu), ${kernel_pkg}, total $(elapsed)s; exit status $result"
-if ((result != 0)); then
-	grep -E 'BUG|WARNING|Oops|panic' "$work/kernel.log" >&2 || true
+	echo "== boot $name: guest ran ${boot_s}s (qemu), ${kernel_pkg}; exit status $result"
+	if ((result != 0)); then
+		grep -E 'BUG|WARNING|Oops|panic' "$klog" >&2 || true
+		return 1
+	fi
+}
+
+failed=()
+for b in "${boots[@]}"; do
+	case $b in
+	# Debian's own list as it boots (bpf last).
+	lsm) boot lsm "" || failed+=(lsm) ;;
+	# Built but not enabled: Ubuntu's default set.
+	fmod_ret) boot fmod_ret "lsm=landlock,lockdown,yama,apparmor" || failed+=(fmod_ret) ;;
+	esac
+done
+echo "== total $(elapsed)s for boots: ${boots[*]}"
+if ((${#failed[@]})); then
+	echo "run.sh: failed boots: ${failed[*]}" >&2
 	exit 1
 fi

@@ -8,19 +8,34 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 )
 
-// Mechanism names this group in events.
-const Mechanism = "lsm"
+// Mechanism names this group's BPF LSM programs in events; fmod_ret
+// programs report MechFmodRet.
+const Mechanism = MechLSM
+
+// evFmodRet is added to an event kind by the fmod_ret programs
+// (EV_FMOD_RET in bpf/include/lsm_hook.h).
+const evFmodRet = 64
 
 // Register sets the reader's decoders for the event kinds this group
-// emits: file_open, ptrace, signal, capability, bpf, mount and module.
+// emits (file_open, ptrace, signal, capability, bpf, mount and module),
+// under both mechanisms.
 func Register(r *enforce.Reader) {
-	r.Register(enforce.EvFileOpen, audit.KindFileOpen, Mechanism, decodeFile)
-	r.Register(enforce.EvPtrace, audit.KindPtrace, Mechanism, decodeTask)
-	r.Register(enforce.EvSignal, audit.KindSignal, Mechanism, decodeTask)
-	r.Register(enforce.EvCapability, audit.KindCapability, Mechanism, decodeTask)
-	r.Register(enforce.EvBPF, audit.KindBPF, Mechanism, decodeTask)
-	r.Register(enforce.EvMount, audit.KindMount, Mechanism, decodeMount)
-	r.Register(enforce.EvModule, audit.KindModule, Mechanism, decodeModule)
+	for _, k := range []struct {
+		kind uint32
+		ak   audit.Kind
+		dec  enforce.Decoder
+	}{
+		{enforce.EvFileOpen, audit.KindFileOpen, decodeFile},
+		{enforce.EvPtrace, audit.KindPtrace, decodeTask},
+		{enforce.EvSignal, audit.KindSignal, decodeTask},
+		{enforce.EvCapability, audit.KindCapability, decodeTask},
+		{enforce.EvBPF, audit.KindBPF, decodeTask},
+		{enforce.EvMount, audit.KindMount, decodeMount},
+		{enforce.EvModule, audit.KindModule, decodeModule},
+	} {
+		r.Register(k.kind, k.ak, MechLSM, k.dec)
+		r.Register(k.kind+evFmodRet, k.ak, MechFmodRet, k.dec)
+	}
 }
 
 // cstr converts a NUL-terminated C char array (int8 in Go) to a string.
@@ -108,7 +123,7 @@ func decodeTask(raw []byte, ev *audit.Event) error {
 		Comm: enforce.CString(e.TargetComm[:]),
 		Mode: e.Mode,
 	}
-	switch e.Hdr.Kind {
+	switch e.Hdr.Kind &^ evFmodRet {
 	case enforce.EvCapability:
 		t.Capability = e.Cap
 		ev.Message = CapName(int(e.Cap))

@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
@@ -75,6 +76,7 @@ type LSM struct {
 	links   map[string]link.Link
 	adopted map[string]bool
 	status  map[string]error
+	mech    map[string]string
 }
 
 // Hooks lists the LSM hooks this group attaches to, sorted.
@@ -88,26 +90,97 @@ func Hooks() []string {
 
 func hookNames(spec *ebpf.CollectionSpec) []string {
 	var out []string
-	for _, p := range spec.Programs {
-		out = append(out, p.AttachTo)
+	for hook := range programsByHook(spec) {
+		out = append(out, hook)
 	}
 	sort.Strings(out)
 	return out
 }
 
-// programsByHook maps hook name -> program name in the spec.
-func programsByHook(spec *ebpf.CollectionSpec) map[string]string {
-	out := map[string]string{}
-	for name, p := range spec.Programs {
-		out[p.AttachTo] = name
+// Mechanisms a hook's program can run under (see bpf/include/lsm_hook.h).
+const (
+	// MechLSM: a BPF LSM program (lsm/<hook>), where `bpf` is an active LSM.
+	MechLSM = "lsm"
+	// MechFmodRet: a BPF_MODIFY_RETURN program on the kernel's
+	// security_<hook> function, where BPF LSM is built but not enabled
+	// (it needs BPF trampolines, not the LSM list). Same decision code,
+	// same EPERM before the operation.
+	MechFmodRet = "fmod_ret"
+)
+
+// hookPrograms are the two programs of one hook in the spec.
+type hookPrograms map[string]string // mechanism -> program name
+
+// programsByHook maps hook name -> mechanism -> program name: lsm_<hook>
+// is the lsm/ program, fmod_<hook> the fmod_ret/ one.
+func programsByHook(spec *ebpf.CollectionSpec) map[string]hookPrograms {
+	out := map[string]hookPrograms{}
+	for name := range spec.Programs {
+		mech, hook := MechLSM, ""
+		switch {
+		case strings.HasPrefix(name, "lsm_"):
+			hook = strings.TrimPrefix(name, "lsm_")
+		case strings.HasPrefix(name, "fmod_"):
+			mech, hook = MechFmodRet, strings.TrimPrefix(name, "fmod_")
+		default:
+			continue
+		}
+		if out[hook] == nil {
+			out[hook] = hookPrograms{}
+		}
+		out[hook][mech] = name
 	}
 	return out
 }
 
-// Load loads every LSM program with the engine's shared maps, attaches
-// them (or adopts the pinned links) and pins the links. It returns the
-// group even when some hooks failed; the error is then a *LoadError. It
-// returns a nil group only when nothing could be set up (the rule maps).
+// ErrHookAbsent marks a hook this kernel does not have at all (neither
+// bpf_lsm_<hook> nor its security_* function in the kernel's BTF), such as
+// file_truncate before 6.2: the hook is optional, another hook covers the
+// operation there, and Load does not count it as a failure.
+var ErrHookAbsent = errors.New("hook not in this kernel")
+
+// absent reports whether neither program of the hook has an attach target
+// in the running kernel's BTF.
+func absent(spec *ebpf.CollectionSpec, progs hookPrograms) bool {
+	kspec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	for mech, name := range progs {
+		target := spec.Programs[name].AttachTo
+		if mech == MechLSM {
+			target = "bpf_lsm_" + target
+		}
+		var fn *btf.Func
+		if kspec.TypeByName(target, &fn) == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// mechanismOrder is the order in which Load tries the mechanisms: BPF LSM
+// first where `bpf` is in the active LSM list. Elsewhere lsm/ programs
+// load and attach but never run (the kernel never calls the bpf LSM's
+// hooks), so they are not tried at all.
+func mechanismOrder() ([]string, string) {
+	lsms, err := os.ReadFile("/sys/kernel/security/lsm")
+	if err != nil {
+		return []string{MechFmodRet}, fmt.Sprintf("active LSM list unknown (%v): BPF LSM programs might never run", err)
+	}
+	list := strings.TrimSpace(string(lsms))
+	if slices.Contains(strings.Split(list, ","), "bpf") {
+		return []string{MechLSM, MechFmodRet}, ""
+	}
+	return []string{MechFmodRet}, fmt.Sprintf("`bpf` is not in the active LSM list %q", list)
+}
+
+// Load loads the programs with the engine's shared maps, one per hook:
+// BPF LSM where it runs, else fmod_ret on the security_* function. It
+// attaches them (or adopts the pinned links) and pins the links. It
+// returns the group even when some hooks failed; the error is then a
+// *LoadError. It returns a nil group only when nothing could be set up
+// (the rule maps).
 func Load(eng *enforce.Engine) (*LSM, error) {
 	spec, err := loadLsm()
 	if err != nil {
@@ -124,38 +197,75 @@ func Load(eng *enforce.Engine) (*LSM, error) {
 		links:   map[string]link.Link{},
 		adopted: map[string]bool{},
 		status:  map[string]error{},
+		mech:    map[string]string{},
 	}
 	if err := os.MkdirAll(l.linkDir, 0o700); err != nil {
 		maps.Close()
 		return nil, fmt.Errorf("create lsm link pin dir: %w", err)
 	}
-	progs := loadPrograms(spec, maps)
-	defer func() {
-		for _, r := range progs {
-			if r.prog != nil {
-				r.prog.Close()
-			}
-		}
-	}()
+	status, mechs := pick(spec, maps, func(hook, mech string, p *ebpf.Program) error {
+		defer p.Close() // the link holds the program
+		return l.attach(hook, mech, p)
+	})
+	l.mech = mechs
 	failed := map[string]error{}
-	for hook, r := range progs {
-		err := r.err
-		if err != nil {
-			err = fmt.Errorf("load: %w", err)
-		} else {
-			err = l.attach(hook, r.prog)
-		}
-		if err != nil {
+	for hook, err := range status {
+		l.status[hook] = err
+		if err != nil && !errors.Is(err, ErrHookAbsent) {
 			failed[hook] = err
-			l.status[hook] = err
-			continue
 		}
-		l.status[hook] = nil
 	}
 	if len(failed) > 0 {
 		return l, &LoadError{Hooks: failed}
 	}
 	return l, nil
+}
+
+// pick tries each mechanism in order for the hooks still without one:
+// it loads their programs and hands each to use (attach, or nothing for a
+// probe), which takes ownership of the program. It returns every hook's
+// outcome and the mechanism of each hook that succeeded.
+func pick(spec *ebpf.CollectionSpec, maps *ebpf.Collection, use func(hook, mech string, p *ebpf.Program) error) (map[string]error, map[string]string) {
+	order, why := mechanismOrder()
+	byHook := programsByHook(spec)
+	out := map[string]error{}
+	mechs := map[string]string{}
+	errs := map[string][]error{}
+	for hook, progs := range byHook {
+		if absent(spec, progs) {
+			out[hook] = ErrHookAbsent
+		} else if why != "" {
+			errs[hook] = append(errs[hook], fmt.Errorf("%s: not tried: %s", MechLSM, why))
+		}
+	}
+	for _, mech := range order {
+		want := map[string]string{}
+		for hook, progs := range byHook {
+			if _, done := out[hook]; !done && progs[mech] != "" {
+				want[hook] = progs[mech]
+			}
+		}
+		for hook, r := range loadPrograms(spec, maps, want) {
+			err := r.err
+			if err != nil {
+				err = fmt.Errorf("load: %w", err)
+			} else {
+				err = use(hook, mech, r.prog)
+			}
+			if err != nil {
+				errs[hook] = append(errs[hook], fmt.Errorf("%s: %w", mech, err))
+				continue
+			}
+			out[hook] = nil
+			mechs[hook] = mech
+		}
+	}
+	for hook := range byHook {
+		if _, done := out[hook]; !done {
+			out[hook] = errors.Join(errs[hook]...)
+		}
+	}
+	return out, mechs
 }
 
 // loadMaps creates (or adopts, through pinning by name) every map of the
@@ -175,68 +285,74 @@ type loadResult struct {
 	err  error
 }
 
-// loadPrograms loads every program against already created maps, keyed by
-// hook. All at once first (one pass, seconds faster under emulation); when
-// that fails, one by one so each hook gets its own verdict.
-func loadPrograms(spec *ebpf.CollectionSpec, maps *ebpf.Collection) map[string]loadResult {
+// loadPrograms loads the programs of want (hook -> program name) against
+// already created maps. All at once first (one pass, seconds faster under
+// emulation); when that fails, one by one so each hook gets its own
+// verdict.
+func loadPrograms(spec *ebpf.CollectionSpec, maps *ebpf.Collection, want map[string]string) map[string]loadResult {
 	out := map[string]loadResult{}
-	byHook := programsByHook(spec)
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: maps.Maps})
-	if err == nil {
-		for hook, prog := range byHook {
+	if len(want) == 0 {
+		return out
+	}
+	keep := map[string]bool{}
+	for _, prog := range want {
+		keep[prog] = true
+	}
+	if coll, err := loadSome(spec, keep, maps); err == nil {
+		for hook, prog := range want {
 			out[hook] = loadResult{prog: coll.Programs[prog]}
 			delete(coll.Programs, prog)
 		}
 		coll.Close()
 		return out
 	}
-	for hook, prog := range byHook {
-		p, err := loadProgram(spec, prog, maps)
-		out[hook] = loadResult{prog: p, err: err}
+	for hook, prog := range want {
+		coll, err := loadSome(spec, map[string]bool{prog: true}, maps)
+		if err != nil {
+			out[hook] = loadResult{err: explain(err)}
+			continue
+		}
+		out[hook] = loadResult{prog: coll.Programs[prog]}
+		delete(coll.Programs, prog)
+		coll.Close()
 	}
 	return out
 }
 
-// loadProgram loads one program of the spec against already created maps.
-func loadProgram(spec *ebpf.CollectionSpec, prog string, maps *ebpf.Collection) (*ebpf.Program, error) {
+// loadSome loads the programs named in keep against already created maps.
+func loadSome(spec *ebpf.CollectionSpec, keep map[string]bool, maps *ebpf.Collection) (*ebpf.Collection, error) {
 	ps := spec.Copy()
 	for name := range ps.Programs {
-		if name != prog {
+		if !keep[name] {
 			delete(ps.Programs, name)
 		}
 	}
-	coll, err := ebpf.NewCollectionWithOptions(ps, ebpf.CollectionOptions{MapReplacements: maps.Maps})
-	if err != nil {
-		return nil, explain(err)
-	}
-	p := coll.Programs[prog]
-	delete(coll.Programs, prog)
-	coll.Close()
-	return p, nil
+	return ebpf.NewCollectionWithOptions(ps, ebpf.CollectionOptions{MapReplacements: maps.Maps})
 }
 
-// explain adds what an EPERM at load means: the kernel refused the LSM
+// explain adds what an EPERM at load means: the kernel refused the
 // program before verifying it (cilium/ebpf's MEMLOCK hint is misleading
 // once the memlock limit is gone).
 func explain(err error) error {
 	if !errors.Is(err, unix.EPERM) {
 		return err
 	}
-	const why = "kernel refused to load the BPF LSM program (EPERM before verification; the MEMLOCK hint does not apply, the limit is lifted)"
+	const why = "kernel refused to load the program (EPERM before verification; the MEMLOCK hint does not apply, the limit is lifted)"
 	lsms, rerr := os.ReadFile("/sys/kernel/security/lsm")
 	switch {
 	case rerr != nil:
 		return fmt.Errorf("%s; active LSM list unknown (%v): %w", why, rerr, err)
 	case !slices.Contains(strings.Split(strings.TrimSpace(string(lsms)), ","), "bpf"):
-		return fmt.Errorf("%s; `bpf` is not in the active LSM list %q (boot with lsm=...,bpf): %w",
+		return fmt.Errorf("%s; `bpf` is not in the active LSM list %q (boot with lsm=...,bpf) and BPF trampolines are denied: %w",
 			why, strings.TrimSpace(string(lsms)), err)
 	default:
 		return fmt.Errorf("%s although `bpf` is an active LSM: this kernel denies BPF trampolines: %w", why, err)
 	}
 }
 
-// attach attaches hook's program p, adopting or replacing a pinned link.
-func (l *LSM) attach(hook string, p *ebpf.Program) error {
+// attach attaches hook's program p (of mechanism mech), adopting or
+// replacing a pinned link.
+func (l *LSM) attach(hook, mech string, p *ebpf.Program) error {
 	pin := filepath.Join(l.linkDir, hook)
 
 	old, err := link.LoadPinnedLink(pin, nil)
@@ -253,7 +369,12 @@ func (l *LSM) attach(hook string, p *ebpf.Program) error {
 		return fmt.Errorf("open pinned link %s: %w", pin, err)
 	}
 
-	lk, err := link.AttachLSM(link.LSMOptions{Program: p})
+	var lk link.Link
+	if mech == MechFmodRet {
+		lk, err = link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachModifyReturn})
+	} else {
+		lk, err = link.AttachLSM(link.LSMOptions{Program: p})
+	}
 	if err != nil {
 		if old != nil {
 			old.Close()
@@ -319,6 +440,16 @@ func (l *LSM) Status() map[string]error {
 	return out
 }
 
+// Mechanisms reports, per enforcing hook, the mechanism its program runs
+// under (MechLSM or MechFmodRet).
+func (l *LSM) Mechanisms() map[string]string {
+	out := make(map[string]string, len(l.mech))
+	for k, v := range l.mech {
+		out[k] = v
+	}
+	return out
+}
+
 // Adopted reports whether hook's link was adopted from a pin left by an
 // earlier agent rather than attached by this Load.
 func (l *LSM) Adopted(hook string) bool { return l.adopted[hook] }
@@ -368,20 +499,30 @@ func (l *LSM) Detach() error {
 	return errors.Join(errs...)
 }
 
-// Probe loads each LSM program once with private, unpinned maps and
-// reports per hook whether this kernel accepts it (nil) or why not. It
-// attaches nothing and pins nothing.
+// Probe loads each hook's program once with private, unpinned maps and
+// reports per hook whether this kernel accepts it under some mechanism
+// (nil) or why not. It attaches nothing and pins nothing.
 func Probe() map[string]error {
+	status, _ := ProbeMechanisms()
+	return status
+}
+
+// ProbeMechanisms is Probe, also saying which mechanism (MechLSM or
+// MechFmodRet) each loadable hook would use. Hooks the kernel lacks
+// altogether report an error wrapping ErrHookAbsent.
+func ProbeMechanisms() (map[string]error, map[string]string) {
 	out := map[string]error{}
+	mechs := map[string]string{}
 	spec, err := loadLsm()
 	if err != nil {
-		return map[string]error{"*": fmt.Errorf("load lsm spec: %w", err)}
+		return map[string]error{"*": fmt.Errorf("load lsm spec: %w", err)}, mechs
 	}
-	fail := func(err error) map[string]error {
-		for hook := range programsByHook(spec) {
+	byHook := programsByHook(spec)
+	fail := func(err error) (map[string]error, map[string]string) {
+		for hook := range byHook {
 			out[hook] = err
 		}
-		return out
+		return out, mechs
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return fail(fmt.Errorf("remove memlock limit: %w", err))
@@ -397,11 +538,5 @@ func Probe() map[string]error {
 		return fail(err)
 	}
 	defer maps.Close()
-	for hook, r := range loadPrograms(spec, maps) {
-		out[hook] = r.err
-		if r.prog != nil {
-			r.prog.Close()
-		}
-	}
-	return out
+	return pick(spec, maps, func(hook, mech string, p *ebpf.Program) error { return p.Close() })
 }

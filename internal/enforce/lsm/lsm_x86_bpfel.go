@@ -195,49 +195,63 @@ type lsmTaskEvent struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lsmMapAgentTgid            = "agent_tgid"
-	lsmMapAlertEvents          = "alert_events"
-	lsmMapLsmCapRules          = "lsm_cap_rules"
-	lsmMapLsmDevRules          = "lsm_dev_rules"
-	lsmMapLsmFsRules           = "lsm_fs_rules"
-	lsmMapLsmInoRules          = "lsm_ino_rules"
-	lsmMapLsmKeyScratch        = "lsm_key_scratch"
-	lsmMapLsmOpRules           = "lsm_op_rules"
-	lsmMapLsmPathRules         = "lsm_path_rules"
-	lsmMapLsmPwScratch         = "lsm_pw_scratch"
-	lsmMapMembershipCache      = "membership_cache"
-	lsmMapRingbufDrops         = "ringbuf_drops"
-	lsmMapRoutineEvents        = "routine_events"
-	lsmMapSandboxGen           = "sandbox_gen"
-	lsmMapSandboxes            = "sandboxes"
-	lsmProgBpfCmd              = "bpf_cmd"
-	lsmProgCapable             = "capable"
-	lsmProgFileOpen            = "file_open"
-	lsmProgFsContextParseParam = "fs_context_parse_param"
-	lsmProgKernelLoadData      = "kernel_load_data"
-	lsmProgKernelReadFile      = "kernel_read_file"
-	lsmProgMoveMount           = "move_mount"
-	lsmProgPathChroot          = "path_chroot"
-	lsmProgPtraceAccessCheck   = "ptrace_access_check"
-	lsmProgPtraceTraceme       = "ptrace_traceme"
-	lsmProgSbMount             = "sb_mount"
-	lsmProgSbPivotroot         = "sb_pivotroot"
-	lsmProgSbUmount            = "sb_umount"
-	lsmProgTaskKill            = "task_kill"
-	lsmVarUnusedAccessRule     = "unused_access_rule"
-	lsmVarUnusedCapRules       = "unused_cap_rules"
-	lsmVarUnusedDecision       = "unused_decision"
-	lsmVarUnusedDevKey         = "unused_dev_key"
-	lsmVarUnusedEventHdr       = "unused_event_hdr"
-	lsmVarUnusedFileEvent      = "unused_file_event"
-	lsmVarUnusedFsKey          = "unused_fs_key"
-	lsmVarUnusedInoKey         = "unused_ino_key"
-	lsmVarUnusedModuleEvent    = "unused_module_event"
-	lsmVarUnusedMountEvent     = "unused_mount_event"
-	lsmVarUnusedOpKey          = "unused_op_key"
-	lsmVarUnusedPathKey        = "unused_path_key"
-	lsmVarUnusedSandbox        = "unused_sandbox"
-	lsmVarUnusedTaskEvent      = "unused_task_event"
+	lsmMapAgentTgid                = "agent_tgid"
+	lsmMapAlertEvents              = "alert_events"
+	lsmMapLsmCapRules              = "lsm_cap_rules"
+	lsmMapLsmDevRules              = "lsm_dev_rules"
+	lsmMapLsmFsRules               = "lsm_fs_rules"
+	lsmMapLsmInoRules              = "lsm_ino_rules"
+	lsmMapLsmKeyScratch            = "lsm_key_scratch"
+	lsmMapLsmOpRules               = "lsm_op_rules"
+	lsmMapLsmPathRules             = "lsm_path_rules"
+	lsmMapLsmPwScratch             = "lsm_pw_scratch"
+	lsmMapMembershipCache          = "membership_cache"
+	lsmMapRingbufDrops             = "ringbuf_drops"
+	lsmMapRoutineEvents            = "routine_events"
+	lsmMapSandboxGen               = "sandbox_gen"
+	lsmMapSandboxes                = "sandboxes"
+	lsmProgFmodBpf                 = "fmod_bpf"
+	lsmProgFmodCapable             = "fmod_capable"
+	lsmProgFmodFileOpen            = "fmod_file_open"
+	lsmProgFmodFsContextParseParam = "fmod_fs_context_parse_param"
+	lsmProgFmodKernelLoadData      = "fmod_kernel_load_data"
+	lsmProgFmodKernelReadFile      = "fmod_kernel_read_file"
+	lsmProgFmodMoveMount           = "fmod_move_mount"
+	lsmProgFmodPathChroot          = "fmod_path_chroot"
+	lsmProgFmodPtraceAccessCheck   = "fmod_ptrace_access_check"
+	lsmProgFmodPtraceTraceme       = "fmod_ptrace_traceme"
+	lsmProgFmodSbMount             = "fmod_sb_mount"
+	lsmProgFmodSbPivotroot         = "fmod_sb_pivotroot"
+	lsmProgFmodSbUmount            = "fmod_sb_umount"
+	lsmProgFmodTaskKill            = "fmod_task_kill"
+	lsmProgLsmBpf                  = "lsm_bpf"
+	lsmProgLsmCapable              = "lsm_capable"
+	lsmProgLsmFileOpen             = "lsm_file_open"
+	lsmProgLsmFsContextParseParam  = "lsm_fs_context_parse_param"
+	lsmProgLsmKernelLoadData       = "lsm_kernel_load_data"
+	lsmProgLsmKernelReadFile       = "lsm_kernel_read_file"
+	lsmProgLsmMoveMount            = "lsm_move_mount"
+	lsmProgLsmPathChroot           = "lsm_path_chroot"
+	lsmProgLsmPtraceAccessCheck    = "lsm_ptrace_access_check"
+	lsmProgLsmPtraceTraceme        = "lsm_ptrace_traceme"
+	lsmProgLsmSbMount              = "lsm_sb_mount"
+	lsmProgLsmSbPivotroot          = "lsm_sb_pivotroot"
+	lsmProgLsmSbUmount             = "lsm_sb_umount"
+	lsmProgLsmTaskKill             = "lsm_task_kill"
+	lsmVarUnusedAccessRule         = "unused_access_rule"
+	lsmVarUnusedCapRules           = "unused_cap_rules"
+	lsmVarUnusedDecision           = "unused_decision"
+	lsmVarUnusedDevKey             = "unused_dev_key"
+	lsmVarUnusedEventHdr           = "unused_event_hdr"
+	lsmVarUnusedFileEvent          = "unused_file_event"
+	lsmVarUnusedFsKey              = "unused_fs_key"
+	lsmVarUnusedInoKey             = "unused_ino_key"
+	lsmVarUnusedModuleEvent        = "unused_module_event"
+	lsmVarUnusedMountEvent         = "unused_mount_event"
+	lsmVarUnusedOpKey              = "unused_op_key"
+	lsmVarUnusedPathKey            = "unused_path_key"
+	lsmVarUnusedSandbox            = "unused_sandbox"
+	lsmVarUnusedTaskEvent          = "unused_task_event"
 )
 
 // loadLsm returns the embedded CollectionSpec for lsm.
@@ -282,20 +296,34 @@ type lsmSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lsmProgramSpecs struct {
-	BpfCmd              *ebpf.ProgramSpec `ebpf:"bpf_cmd"`
-	Capable             *ebpf.ProgramSpec `ebpf:"capable"`
-	FileOpen            *ebpf.ProgramSpec `ebpf:"file_open"`
-	FsContextParseParam *ebpf.ProgramSpec `ebpf:"fs_context_parse_param"`
-	KernelLoadData      *ebpf.ProgramSpec `ebpf:"kernel_load_data"`
-	KernelReadFile      *ebpf.ProgramSpec `ebpf:"kernel_read_file"`
-	MoveMount           *ebpf.ProgramSpec `ebpf:"move_mount"`
-	PathChroot          *ebpf.ProgramSpec `ebpf:"path_chroot"`
-	PtraceAccessCheck   *ebpf.ProgramSpec `ebpf:"ptrace_access_check"`
-	PtraceTraceme       *ebpf.ProgramSpec `ebpf:"ptrace_traceme"`
-	SbMount             *ebpf.ProgramSpec `ebpf:"sb_mount"`
-	SbPivotroot         *ebpf.ProgramSpec `ebpf:"sb_pivotroot"`
-	SbUmount            *ebpf.ProgramSpec `ebpf:"sb_umount"`
-	TaskKill            *ebpf.ProgramSpec `ebpf:"task_kill"`
+	FmodBpf                 *ebpf.ProgramSpec `ebpf:"fmod_bpf"`
+	FmodCapable             *ebpf.ProgramSpec `ebpf:"fmod_capable"`
+	FmodFileOpen            *ebpf.ProgramSpec `ebpf:"fmod_file_open"`
+	FmodFsContextParseParam *ebpf.ProgramSpec `ebpf:"fmod_fs_context_parse_param"`
+	FmodKernelLoadData      *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
+	FmodKernelReadFile      *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
+	FmodMoveMount           *ebpf.ProgramSpec `ebpf:"fmod_move_mount"`
+	FmodPathChroot          *ebpf.ProgramSpec `ebpf:"fmod_path_chroot"`
+	FmodPtraceAccessCheck   *ebpf.ProgramSpec `ebpf:"fmod_ptrace_access_check"`
+	FmodPtraceTraceme       *ebpf.ProgramSpec `ebpf:"fmod_ptrace_traceme"`
+	FmodSbMount             *ebpf.ProgramSpec `ebpf:"fmod_sb_mount"`
+	FmodSbPivotroot         *ebpf.ProgramSpec `ebpf:"fmod_sb_pivotroot"`
+	FmodSbUmount            *ebpf.ProgramSpec `ebpf:"fmod_sb_umount"`
+	FmodTaskKill            *ebpf.ProgramSpec `ebpf:"fmod_task_kill"`
+	LsmBpf                  *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
+	LsmCapable              *ebpf.ProgramSpec `ebpf:"lsm_capable"`
+	LsmFileOpen             *ebpf.ProgramSpec `ebpf:"lsm_file_open"`
+	LsmFsContextParseParam  *ebpf.ProgramSpec `ebpf:"lsm_fs_context_parse_param"`
+	LsmKernelLoadData       *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
+	LsmKernelReadFile       *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
+	LsmMoveMount            *ebpf.ProgramSpec `ebpf:"lsm_move_mount"`
+	LsmPathChroot           *ebpf.ProgramSpec `ebpf:"lsm_path_chroot"`
+	LsmPtraceAccessCheck    *ebpf.ProgramSpec `ebpf:"lsm_ptrace_access_check"`
+	LsmPtraceTraceme        *ebpf.ProgramSpec `ebpf:"lsm_ptrace_traceme"`
+	LsmSbMount              *ebpf.ProgramSpec `ebpf:"lsm_sb_mount"`
+	LsmSbPivotroot          *ebpf.ProgramSpec `ebpf:"lsm_sb_pivotroot"`
+	LsmSbUmount             *ebpf.ProgramSpec `ebpf:"lsm_sb_umount"`
+	LsmTaskKill             *ebpf.ProgramSpec `ebpf:"lsm_task_kill"`
 }
 
 // lsmMapSpecs contains maps before they are loaded into the kernel.
@@ -420,38 +448,66 @@ type lsmVariables struct {
 //
 // It can be passed to loadLsmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lsmPrograms struct {
-	BpfCmd              *ebpf.Program `ebpf:"bpf_cmd"`
-	Capable             *ebpf.Program `ebpf:"capable"`
-	FileOpen            *ebpf.Program `ebpf:"file_open"`
-	FsContextParseParam *ebpf.Program `ebpf:"fs_context_parse_param"`
-	KernelLoadData      *ebpf.Program `ebpf:"kernel_load_data"`
-	KernelReadFile      *ebpf.Program `ebpf:"kernel_read_file"`
-	MoveMount           *ebpf.Program `ebpf:"move_mount"`
-	PathChroot          *ebpf.Program `ebpf:"path_chroot"`
-	PtraceAccessCheck   *ebpf.Program `ebpf:"ptrace_access_check"`
-	PtraceTraceme       *ebpf.Program `ebpf:"ptrace_traceme"`
-	SbMount             *ebpf.Program `ebpf:"sb_mount"`
-	SbPivotroot         *ebpf.Program `ebpf:"sb_pivotroot"`
-	SbUmount            *ebpf.Program `ebpf:"sb_umount"`
-	TaskKill            *ebpf.Program `ebpf:"task_kill"`
+	FmodBpf                 *ebpf.Program `ebpf:"fmod_bpf"`
+	FmodCapable             *ebpf.Program `ebpf:"fmod_capable"`
+	FmodFileOpen            *ebpf.Program `ebpf:"fmod_file_open"`
+	FmodFsContextParseParam *ebpf.Program `ebpf:"fmod_fs_context_parse_param"`
+	FmodKernelLoadData      *ebpf.Program `ebpf:"fmod_kernel_load_data"`
+	FmodKernelReadFile      *ebpf.Program `ebpf:"fmod_kernel_read_file"`
+	FmodMoveMount           *ebpf.Program `ebpf:"fmod_move_mount"`
+	FmodPathChroot          *ebpf.Program `ebpf:"fmod_path_chroot"`
+	FmodPtraceAccessCheck   *ebpf.Program `ebpf:"fmod_ptrace_access_check"`
+	FmodPtraceTraceme       *ebpf.Program `ebpf:"fmod_ptrace_traceme"`
+	FmodSbMount             *ebpf.Program `ebpf:"fmod_sb_mount"`
+	FmodSbPivotroot         *ebpf.Program `ebpf:"fmod_sb_pivotroot"`
+	FmodSbUmount            *ebpf.Program `ebpf:"fmod_sb_umount"`
+	FmodTaskKill            *ebpf.Program `ebpf:"fmod_task_kill"`
+	LsmBpf                  *ebpf.Program `ebpf:"lsm_bpf"`
+	LsmCapable              *ebpf.Program `ebpf:"lsm_capable"`
+	LsmFileOpen             *ebpf.Program `ebpf:"lsm_file_open"`
+	LsmFsContextParseParam  *ebpf.Program `ebpf:"lsm_fs_context_parse_param"`
+	LsmKernelLoadData       *ebpf.Program `ebpf:"lsm_kernel_load_data"`
+	LsmKernelReadFile       *ebpf.Program `ebpf:"lsm_kernel_read_file"`
+	LsmMoveMount            *ebpf.Program `ebpf:"lsm_move_mount"`
+	LsmPathChroot           *ebpf.Program `ebpf:"lsm_path_chroot"`
+	LsmPtraceAccessCheck    *ebpf.Program `ebpf:"lsm_ptrace_access_check"`
+	LsmPtraceTraceme        *ebpf.Program `ebpf:"lsm_ptrace_traceme"`
+	LsmSbMount              *ebpf.Program `ebpf:"lsm_sb_mount"`
+	LsmSbPivotroot          *ebpf.Program `ebpf:"lsm_sb_pivotroot"`
+	LsmSbUmount             *ebpf.Program `ebpf:"lsm_sb_umount"`
+	LsmTaskKill             *ebpf.Program `ebpf:"lsm_task_kill"`
 }
 
 func (p *lsmPrograms) Close() error {
 	return _LsmClose(
-		p.BpfCmd,
-		p.Capable,
-		p.FileOpen,
-		p.FsContextParseParam,
-		p.KernelLoadData,
-		p.KernelReadFile,
-		p.MoveMount,
-		p.PathChroot,
-		p.PtraceAccessCheck,
-		p.PtraceTraceme,
-		p.SbMount,
-		p.SbPivotroot,
-		p.SbUmount,
-		p.TaskKill,
+		p.FmodBpf,
+		p.FmodCapable,
+		p.FmodFileOpen,
+		p.FmodFsContextParseParam,
+		p.FmodKernelLoadData,
+		p.FmodKernelReadFile,
+		p.FmodMoveMount,
+		p.FmodPathChroot,
+		p.FmodPtraceAccessCheck,
+		p.FmodPtraceTraceme,
+		p.FmodSbMount,
+		p.FmodSbPivotroot,
+		p.FmodSbUmount,
+		p.FmodTaskKill,
+		p.LsmBpf,
+		p.LsmCapable,
+		p.LsmFileOpen,
+		p.LsmFsContextParseParam,
+		p.LsmKernelLoadData,
+		p.LsmKernelReadFile,
+		p.LsmMoveMount,
+		p.LsmPathChroot,
+		p.LsmPtraceAccessCheck,
+		p.LsmPtraceTraceme,
+		p.LsmSbMount,
+		p.LsmSbPivotroot,
+		p.LsmSbUmount,
+		p.LsmTaskKill,
 	)
 }
 
