@@ -177,6 +177,7 @@ func applyPreset(own Sandbox, node ast.Node) (Sandbox, error) {
 		}
 	}
 	mergeLists(&merged, &own, &base)
+	exchangeRule(&merged)
 	normalizeSandbox(&merged)
 	return merged, nil
 }
@@ -192,6 +193,8 @@ func mergeLists(merged, own, base *Sandbox) {
 	merged.DNS.Detection.HighCardinality = concat(own.DNS.Detection.HighCardinality, base.DNS.Detection.HighCardinality)
 	merged.Egress.Allow = concat(own.Egress.Allow, base.Egress.Allow)
 	merged.Egress.Loopback = concat(own.Egress.Loopback, base.Egress.Loopback)
+	merged.Tools.Rules = concat(own.Tools.Rules, base.Tools.Rules)
+	merged.Tools.Exchange.Patterns = concat(own.Tools.Exchange.Patterns, base.Tools.Exchange.Patterns)
 }
 
 // concat returns a followed by the entries of b not already in a (so a
@@ -454,6 +457,9 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.Egress.Allow)
 	nilIfEmpty(&sb.Egress.Loopback)
 	nilIfEmpty(&sb.Limits.IO)
+	nilIfEmpty(&sb.Tools.Rules)
+	nilIfEmpty(&sb.Tools.Exchange.Types)
+	nilIfEmpty(&sb.Tools.Exchange.Patterns)
 	for j := range sb.Egress.Allow {
 		nilIfEmpty(&sb.Egress.Allow[j].Ports)
 	}

@@ -130,6 +130,9 @@ func cloneSandbox(sb Sandbox) Sandbox {
 		out.Egress.Allow[i].Ports = slices.Clone(out.Egress.Allow[i].Ports)
 	}
 	out.Egress.Loopback = slices.Clone(sb.Egress.Loopback)
+	out.Tools.Rules = slices.Clone(sb.Tools.Rules)
+	out.Tools.Exchange.Types = slices.Clone(sb.Tools.Exchange.Types)
+	out.Tools.Exchange.Patterns = slices.Clone(sb.Tools.Exchange.Patterns)
 	return out
 }
 

@@ -164,6 +164,8 @@ type Sandbox struct {
 	// Limits caps the resources of the sandbox's cgroups and of each
 	// `watcher exec` leaf.
 	Limits Limits `yaml:"limits"`
+	// Tools configures the sandbox's tool-call gateway (see tools.go).
+	Tools Tools `yaml:"tools"`
 }
 
 // WorkspaceMode says how sandboxed commands see the workspace.
