@@ -33,6 +33,9 @@ const (
 	KindLoss          Kind = "loss"
 	KindSampleSummary Kind = "sample_summary"
 	KindRecovery      Kind = "recovery"
+	// KindTool is one step of a tool call through the gateway (request,
+	// decision, approval, result); see ToolDetail.
+	KindTool Kind = "tool"
 )
 
 // Kinds recorded by commands and the resource monitor.
@@ -125,6 +128,7 @@ type Event struct {
 	// Repeat, when set, says this record stands for a burst of identical
 	// operations (see RepeatDetail); Count() is how many.
 	Repeat *RepeatDetail `json:"repeat,omitempty"`
+	Tool   *ToolDetail   `json:"tool,omitempty"`
 	// Message is free text for agent, recovery and escape events.
 	Message string `json:"message,omitempty"`
 	// Redacted lists the fields whose values were replaced by "***".
@@ -225,6 +229,35 @@ type LimitDetail struct {
 	// Mechanism is the cgroup interface that enforced it: cgroup2 or
 	// cgroup1.
 	Mechanism string `json:"mechanism,omitempty"`
+}
+
+// ToolDetail is one step of a tool call through the gateway. Every step of
+// a call, and every kernel event of the command a shell call runs (as its
+// sandbox label "label"), carries the call's id.
+type ToolDetail struct {
+	// CallID is the caller's id of the call.
+	CallID string `json:"call_id"`
+	// Session groups the calls of one agent run (for replay and resume).
+	Session string `json:"session,omitempty"`
+	// Seq numbers the calls of a session from 1, in request order.
+	Seq uint64 `json:"seq,omitempty"`
+	// Tool is the tool or method called (read_file, shell, exchange.put).
+	Tool string `json:"tool"`
+	// Stage is request, decision, approval or result.
+	Stage string `json:"stage"`
+	// Decision is allow, deny or ask (decision), approved, denied or
+	// timeout (approval), ok or error (result).
+	Decision string `json:"decision,omitempty"`
+	// By is who decided: "policy", or the approver (uid and name).
+	By string `json:"by,omitempty"`
+	// Reason says why (the approver's reason, the refusal, the error).
+	Reason string `json:"reason,omitempty"`
+	// Arguments are the call's arguments as JSON, cut at a few KiB.
+	Arguments string `json:"arguments,omitempty"`
+	// Result summarises the outcome (exit code, sizes, refusals).
+	Result string `json:"result,omitempty"`
+	// SHA256 is the hash of the content written or read, hex.
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // SampleSummary says how many routine events were seen and kept per sandbox

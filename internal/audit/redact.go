@@ -94,6 +94,15 @@ func Redact(e *Event) bool {
 			e.Sandbox.Labels = labels
 		}
 	}
+	if e.Tool != nil && e.Tool.Arguments != "" {
+		if out, hit := redactString(e.Tool.Arguments, false); hit {
+			t := *e.Tool
+			t.Arguments = out
+			e.Tool = &t
+			e.Redacted = append(e.Redacted, "tool.arguments")
+			changed = true
+		}
+	}
 	if e.Mount != nil && e.Mount.Source != "" {
 		if out, hit := redactString(e.Mount.Source, false); hit {
 			m := *e.Mount

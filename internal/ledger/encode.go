@@ -443,6 +443,22 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 		b = appendTime(b, r.Last)
 		b = append(b, `"}`...)
 	}
+	if t := e.Tool; t != nil {
+		b = append(b, `,"tool":{`...)
+		n := len(b)
+		b = strField(b, "call_id", t.CallID, false)
+		b = strField(b, "session", t.Session, true)
+		b = uintField(b, "seq", t.Seq, true)
+		b = strField(b, "tool", t.Tool, false)
+		b = strField(b, "stage", t.Stage, false)
+		b = strField(b, "decision", t.Decision, true)
+		b = strField(b, "by", t.By, true)
+		b = strField(b, "reason", t.Reason, true)
+		b = strField(b, "arguments", t.Arguments, true)
+		b = strField(b, "result", t.Result, true)
+		b = strField(b, "sha256", t.SHA256, true)
+		b = closeObject(b, n)
+	}
 	b = strField(b, "message", e.Message, true)
 	b = strsField(b, "redacted", e.Redacted, true)
 	return b
