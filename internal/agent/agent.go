@@ -36,6 +36,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
 	"github.com/watcherhq/watcher/internal/enforce/trace"
 	"github.com/watcherhq/watcher/internal/escape"
+	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -100,6 +101,7 @@ type Agent struct {
 	bpfStats *metrics.BPFStats
 	httpSrv  *http.Server
 	control  *control.Server
+	gateway  *gateway.Manager
 	escape   *escape.Scorer
 	watcher  *containers.Watcher
 
@@ -290,6 +292,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		}
 	}()
 	if a.control, err = control.Listen(filepath.Join(ag.SocketDir, "control.sock"), a); err != nil {
+		return a, err
+	}
+	if err := a.startGateway(); err != nil {
 		return a, err
 	}
 	a.wg.Add(1)
@@ -937,6 +942,7 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		a.refused(err)
 		return
 	}
+	a.applyGateway()
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("policy reloaded from %s (%s)", a.opts.PolicyPath, short(pol.Hash))})
 }
@@ -1047,6 +1053,7 @@ func (a *Agent) Stop() error {
 			a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 				Message: "agent stopping; pinned programs keep enforcing"})
 		}
+		a.stopGateway()
 		if a.control != nil {
 			a.control.Close()
 		}

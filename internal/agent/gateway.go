@@ -1,0 +1,55 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/gateway"
+)
+
+// startGateway serves the tool-call gateway of every sandbox whose policy
+// enables it (SOCKET_DIR/sandboxes/NAME/tools.sock) and the approvals
+// socket. Its shell calls run through this binary's `watcher exec`.
+func (a *Agent) startGateway() error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	dir := a.pol.Agent.SocketDir
+	gw, err := gateway.Start(gateway.Config{SocketDir: dir, ExecPath: exe,
+		ControlSocket: filepath.Join(dir, "control.sock"), Emit: a.emit})
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	a.gateway = gw
+	// Kernel events labelled with a call id feed its refusal summary.
+	a.fan.Add("gateway", gatewaySink{gw})
+	return gw.Apply(a.Policy())
+}
+
+// applyGateway follows a policy reload; an error is recorded, the other
+// sandboxes' gateways keep serving.
+func (a *Agent) applyGateway() {
+	if a.gateway == nil {
+		return
+	}
+	if err := a.gateway.Apply(a.Policy()); err != nil {
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Message: "tool gateway after reload: " + err.Error()})
+	}
+}
+
+func (a *Agent) stopGateway() {
+	if a.gateway != nil {
+		a.gateway.Close()
+	}
+}
+
+// gatewaySink passes events to the gateway; the agent closes the gateway
+// itself (before the sinks).
+type gatewaySink struct{ gw *gateway.Manager }
+
+func (s gatewaySink) Notify(e audit.Event) error { return s.gw.Notify(e) }
+func (s gatewaySink) Close() error               { return nil }

@@ -1,0 +1,287 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// Defaults for limits a policy leaves at zero.
+const (
+	defaultMaxRequest  = 1 << 20
+	defaultMaxArgument = 256 << 10
+	defaultMaxOutput   = 64 << 10
+	defaultAskTimeout  = 5 * time.Minute
+	// maxRecordedArgs caps the arguments copied into each ledger record.
+	maxRecordedArgs = 4 << 10
+)
+
+func withDefaults(sb *policy.Sandbox) *policy.Sandbox {
+	cp := *sb
+	t := &cp.Tools
+	if t.MaxRequestBytes <= 0 {
+		t.MaxRequestBytes = defaultMaxRequest
+	}
+	if t.MaxArgumentBytes <= 0 {
+		t.MaxArgumentBytes = defaultMaxArgument
+	}
+	if t.MaxOutputBytes <= 0 {
+		t.MaxOutputBytes = defaultMaxOutput
+	}
+	if t.AskTimeout.Duration <= 0 {
+		t.AskTimeout = policy.D(defaultAskTimeout)
+	}
+	return &cp
+}
+
+// CallResult is what tool.request returns.
+type CallResult struct {
+	CallID  string          `json:"call_id"`
+	Session string          `json:"session"`
+	Seq     uint64          `json:"seq"`
+	Tool    string          `json:"tool"`
+	Output  json.RawMessage `json:"output"`
+}
+
+type toolParams struct {
+	CallID    string          `json:"call_id"`
+	Tool      string          `json:"tool"`
+	Arguments json.RawMessage `json:"arguments"`
+	Session   string          `json:"session"`
+}
+
+// call is one tool call in progress.
+type call struct {
+	g       *sandboxGateway
+	sb      *policy.Sandbox
+	act     *Action
+	peer    string
+	argsRec string
+}
+
+func (g *sandboxGateway) toolRequest(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *Error) {
+	var p toolParams
+	if e := decodeParams(raw, &p); e != nil {
+		return nil, e
+	}
+	if p.Tool == "" {
+		return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"tool" is required`)
+	}
+	known := false
+	for _, t := range policy.ToolNames() {
+		known = known || t == p.Tool
+	}
+	return g.run(c, sb, p, func(cl *call) (any, *Error) {
+		if !known {
+			return nil, cl.deny("default-deny", fmt.Sprintf("no tool %q: this gateway offers %v, and only those the policy lists", p.Tool, policy.ToolNames()))
+		}
+		rule := sb.Tools.Tool(p.Tool)
+		if rule == nil {
+			return nil, cl.deny("default-deny", fmt.Sprintf("tool %q is not on this sandbox's list (see tool.list)", p.Tool))
+		}
+		switch rule.Action {
+		case policy.ToolDeny:
+			return nil, cl.deny(rule.RuleName(), fmt.Sprintf("the policy denies tool %q", p.Tool))
+		case policy.ToolAsk:
+			if e := cl.ask(c.ctx, rule.RuleName(), "the policy asks a human before "+p.Tool); e != nil {
+				return nil, e
+			}
+		default:
+			cl.allow(rule.RuleName())
+		}
+		return g.runTool(c.ctx, cl, p.Tool, p.Arguments)
+	})
+}
+
+// run wraps a call: checks ids, limits and duplicates, records the
+// request, runs body and records the result.
+func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolParams, body func(*call) (any, *Error)) (any, *Error) {
+	if !idPattern.MatchString(p.CallID) {
+		return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"call_id" must be 1-64 of letters, digits, '_', '.', '-' (starting with a letter, digit or '_')`)
+	}
+	if p.Session == "" {
+		p.Session = "default"
+	}
+	if !idPattern.MatchString(p.Session) {
+		return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"session" must be 1-64 of letters, digits, '_', '.', '-'`)
+	}
+	if len(p.Arguments) == 0 {
+		p.Arguments = json.RawMessage("{}")
+	}
+	sess := g.sessions.get(p.Session)
+	act, prev := sess.begin(p.CallID, p.Tool, p.Arguments)
+	if prev != nil {
+		e := rpcErr(CodeDuplicateCall, TypeDuplicateCall, "call id %q was already used in session %s (seq %d, %s); use a new id, or session.resume to read its result", p.CallID, p.Session, prev.Seq, prev.Status)
+		e.Data.CallID = p.CallID
+		return nil, e
+	}
+	cl := &call{g: g, sb: sb, act: act, peer: c.peer, argsRec: capString(string(p.Arguments), maxRecordedArgs)}
+	cl.emit("request", "", c.peer, "", "", "", audit.VerdictRecorded)
+	var out any
+	var rerr *Error
+	switch {
+	case len(p.Arguments) > sb.Tools.MaxArgumentBytes:
+		rerr = cl.deny("limit:max_argument_bytes", fmt.Sprintf("arguments are %d bytes, over the limit of %d", len(p.Arguments), sb.Tools.MaxArgumentBytes))
+		rerr.Code, rerr.Data.Type, rerr.Data.Limit = CodeTooLarge, TypeTooLarge, int64(sb.Tools.MaxArgumentBytes)
+	case !g.limiter.allow():
+		rerr = cl.deny("limit:rate", fmt.Sprintf("over the sandbox's rate of %g calls/s (burst %d): retry later", sb.Tools.Rate, sb.Tools.Burst))
+		rerr.Code, rerr.Data.Type = CodeRateLimited, TypeRateLimited
+	default:
+		out, rerr = body(cl)
+	}
+	if rerr != nil {
+		if rerr.Data == nil {
+			rerr.Data = &ErrorData{Type: TypeToolFailed}
+		}
+		rerr.Data.Tool, rerr.Data.CallID = p.Tool, p.CallID
+		if !cl.act.decided() {
+			// Refused before the policy was consulted (bad arguments).
+			cl.emit("decision", "deny", "policy", rerr.Message, "", "", audit.VerdictDenied)
+		}
+		cl.emit("result", "error", "", rerr.Message, "", "", audit.VerdictDenied)
+		act.finish(nil, rerr)
+		return nil, rerr
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		rerr = rpcErr(CodeInternal, TypeInternal, "encode output: %v", err)
+		act.finish(nil, rerr)
+		return nil, rerr
+	}
+	cl.emit("result", "ok", "", "", summarize(out), hashOf(out), audit.VerdictAllowed)
+	act.finish(b, nil)
+	return &CallResult{CallID: p.CallID, Session: p.Session, Seq: act.Seq, Tool: p.Tool, Output: b}, nil
+}
+
+// emit records one step of the call in the ledger.
+func (cl *call) emit(stage, decision, by, reason, result, sha string, v audit.Verdict) {
+	a := cl.act
+	ev := audit.Event{Time: now(), Kind: audit.KindTool, Verdict: v, Severity: audit.SeverityAlert, Mechanism: "gateway",
+		Rule:    a.Rule,
+		Sandbox: audit.Sandbox{Name: cl.sb.Name, Labels: map[string]string{"label": a.CallID, "session": a.session}},
+		Tool: &audit.ToolDetail{CallID: a.CallID, Session: a.session, Seq: a.Seq, Tool: a.Tool, Stage: stage,
+			Decision: decision, By: by, Reason: reason, Result: result, SHA256: sha}}
+	if stage == "request" {
+		ev.Tool.Arguments = cl.argsRec
+	}
+	cl.g.m.cfg.Emit(ev)
+}
+
+func (cl *call) allow(rule string) {
+	cl.act.setDecision("allow", rule)
+	cl.emit("decision", "allow", "policy", "", "", "", audit.VerdictAllowed)
+}
+
+func (cl *call) deny(rule, why string) *Error {
+	cl.act.setDecision("deny", rule)
+	cl.emit("decision", "deny", "policy", why, "", "", audit.VerdictDenied)
+	e := rpcErr(CodeDenied, TypeDenied, "%s (rule %s)", why, rule)
+	e.Data.Rule = rule
+	return e
+}
+
+// ask holds the call until an approver answers or the timeout denies it.
+func (cl *call) ask(ctx context.Context, rule, why string) *Error {
+	cl.act.setDecision("ask", rule)
+	cl.emit("decision", "ask", "policy", why, "", "", audit.VerdictRecorded)
+	timeout := cl.sb.Tools.AskTimeout.Duration
+	ans := cl.g.m.approvals.wait(ctx, Pending{Sandbox: cl.sb.Name, Session: cl.act.session, CallID: cl.act.CallID,
+		Tool: cl.act.Tool, Arguments: cl.argsRec, Rule: rule, Why: why, Peer: cl.peer}, timeout)
+	cl.act.setApproval(ans)
+	switch {
+	case ans.Approved:
+		cl.emit("approval", "approved", ans.By, ans.Reason, "", "", audit.VerdictAllowed)
+		return nil
+	case ans.TimedOut:
+		cl.emit("approval", "timeout", "timeout", fmt.Sprintf("no approver answered within %s", timeout), "", "", audit.VerdictDenied)
+		e := rpcErr(CodeApproval, TypeApprovalTimeout, "no approver answered within %s: denied (rule %s)", timeout, rule)
+		e.Data.Rule = rule
+		return e
+	default:
+		cl.emit("approval", "denied", ans.By, ans.Reason, "", "", audit.VerdictDenied)
+		e := rpcErr(CodeApproval, TypeApprovalDenied, "denied by %s: %s (rule %s)", ans.By, orNone(ans.Reason), rule)
+		e.Data.Rule = rule
+		return e
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no reason given"
+	}
+	return s
+}
+
+func capString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "...(cut)"
+}
+
+// peerName describes the connecting process from the kernel's credentials.
+func peerName(c net.Conn) string {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ""
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return ""
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if err != nil || cred == nil {
+		return ""
+	}
+	return "pid=" + strconv.Itoa(int(cred.Pid)) + " uid=" + strconv.Itoa(int(cred.Uid))
+}
+
+// limiter is a token bucket: rate calls per second, burst at once.
+type limiter struct {
+	mu     sync.Mutex
+	rate   float64
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+func newLimiter() *limiter { return &limiter{} }
+
+func (l *limiter) set(rate float64, burst int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rate, l.burst = rate, float64(max(burst, 1))
+	if l.last.IsZero() {
+		l.tokens, l.last = l.burst, time.Now()
+	}
+	l.tokens = min(l.tokens, l.burst)
+}
+
+func (l *limiter) allow() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rate <= 0 {
+		return true
+	}
+	t := time.Now()
+	l.tokens = min(l.burst, l.tokens+t.Sub(l.last).Seconds()*l.rate)
+	l.last = t
+	if l.tokens < 1 {
+		return false
+	}
+	l.tokens--
+	return true
+}
+
+var errNoRoot = errors.New("this sandbox has no workspace: file tools have nothing to work in")

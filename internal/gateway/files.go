@@ -1,0 +1,342 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+// Root is a directory the file tools are confined to. Every path is
+// resolved by the kernel (openat2) relative to a descriptor of the root
+// with RESOLVE_BENEATH (no "..", absolute path or absolute symlink may
+// leave it), RESOLVE_NO_MAGICLINKS (no /proc/PID/fd or /proc/PID/root
+// jumps), RESOLVE_NO_XDEV (no mount inside the root leads elsewhere) and,
+// unless symlinks are followed, RESOLVE_NO_SYMLINKS. Nothing is decided by
+// comparing strings.
+type Root struct {
+	// Dir is the absolute path of the root (a workspace, the exchange).
+	Dir string
+	// FollowSymlinks follows symbolic links that stay beneath Dir.
+	FollowSymlinks bool
+}
+
+// PathError is a path the kernel refused or could not find.
+type PathError struct {
+	Path  string
+	Errno unix.Errno
+	Type  string // TypeOutside, TypeSymlink, TypeHardlink, TypeNotRegular, TypeNotFound
+	Msg   string
+}
+
+func (e *PathError) Error() string { return fmt.Sprintf("%s: %s", e.Path, e.Msg) }
+
+func (r Root) resolve() uint64 {
+	how := uint64(unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV)
+	if !r.FollowSymlinks {
+		how |= unix.RESOLVE_NO_SYMLINKS
+	}
+	return how
+}
+
+// rel turns the caller's path into one relative to the root: a path that
+// starts with the root's own absolute path is taken relative to it (only to
+// pick the starting point; the kernel still resolves every component).
+// Anything else absolute is passed as is, and the kernel refuses it.
+func (r Root) rel(p string) string {
+	if p == r.Dir {
+		return "."
+	}
+	if strings.HasPrefix(p, r.Dir+"/") {
+		return strings.TrimLeft(p[len(r.Dir):], "/")
+	}
+	return p
+}
+
+func (r Root) openDir() (int, error) {
+	fd, err := unix.Open(r.Dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open root %s: %w", r.Dir, err)
+	}
+	return fd, nil
+}
+
+// open resolves p beneath the root with flags.
+func (r Root) open(p string, flags int, mode uint32) (int, error) {
+	if p == "" {
+		return -1, &PathError{Path: p, Type: TypeNotFound, Errno: unix.ENOENT, Msg: "empty path"}
+	}
+	root, err := r.openDir()
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(root)
+	return r.openAt(root, p, flags, mode)
+}
+
+func (r Root) openAt(dirfd int, p string, flags int, mode uint32) (int, error) {
+	rel := r.rel(p)
+	for {
+		fd, err := unix.Openat2(dirfd, rel, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: r.resolve()})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue // EAGAIN: a rename raced the walk; retry
+		}
+		if err != nil {
+			return -1, pathError(p, err)
+		}
+		return fd, nil
+	}
+}
+
+func pathError(p string, err error) error {
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	pe := &PathError{Path: p, Errno: errno}
+	switch errno {
+	case unix.EXDEV:
+		pe.Type, pe.Msg = TypeOutside, "refused by the kernel: the path resolves outside the workspace (EXDEV)"
+	case unix.ELOOP:
+		pe.Type, pe.Msg = TypeSymlink, "refused by the kernel: the path goes through a symbolic link, which this sandbox's file tools do not follow (ELOOP)"
+	case unix.ENOENT:
+		pe.Type, pe.Msg = TypeNotFound, "no such file or directory"
+	case unix.ENOTDIR:
+		pe.Type, pe.Msg = TypeNotFound, "a component of the path is not a directory"
+	case unix.EISDIR:
+		pe.Type, pe.Msg = TypeNotRegular, "is a directory"
+	default:
+		pe.Type, pe.Msg = TypeToolFailed, errno.Error()
+	}
+	return pe
+}
+
+// openRegular opens an existing regular file for reading: resolved as
+// O_PATH first (no open side effects on devices or FIFOs), checked, then
+// reopened through its own descriptor.
+func (r Root) openRegular(p string) (*os.File, unix.Stat_t, error) {
+	var st unix.Stat_t
+	pfd, err := r.open(p, unix.O_PATH, 0)
+	if err != nil {
+		return nil, st, err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, st, fmt.Errorf("%s: fstat: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, st, &PathError{Path: p, Type: TypeNotRegular, Msg: "not a regular file (" + fileType(st.Mode) + ")"}
+	}
+	// A hard link names the inode of a file that may live anywhere on the
+	// file system; the walk cannot tell where else it is linked.
+	if st.Nlink > 1 {
+		return nil, st, &PathError{Path: p, Type: TypeHardlink, Msg: fmt.Sprintf("refused: the file has %d hard links and may be a file outside the workspace", st.Nlink)}
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, st, fmt.Errorf("%s: reopen: %w", p, err)
+	}
+	var st2 unix.Stat_t
+	if err := unix.Fstat(fd, &st2); err != nil || st2.Ino != st.Ino || st2.Dev != st.Dev {
+		unix.Close(fd)
+		return nil, st, fmt.Errorf("%s: the file changed while it was opened", p)
+	}
+	return os.NewFile(uintptr(fd), p), st, nil
+}
+
+func fileType(m uint32) string {
+	switch m & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return "directory"
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFIFO:
+		return "fifo"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFCHR:
+		return "character device"
+	case unix.S_IFBLK:
+		return "block device"
+	case unix.S_IFREG:
+		return "file"
+	}
+	return "unknown"
+}
+
+// FileContent is what read_file returns.
+type FileContent struct {
+	Path string `json:"path"`
+	// Content is the text, or base64 when Encoding says so.
+	Content string `json:"content"`
+	// Encoding is "utf-8" or "base64" (the file is not valid UTF-8).
+	Encoding string `json:"encoding"`
+	// Size is the file's size; Truncated says Content stops before it.
+	Size      int64  `json:"size"`
+	Offset    int64  `json:"offset,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+	SHA256    string `json:"sha256"` // of the bytes returned
+}
+
+// ReadFile reads at most max bytes of p from offset.
+func (r Root) ReadFile(p string, offset int64, max int) (*FileContent, error) {
+	f, st, err := r.openRegular(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if offset < 0 {
+		offset = 0
+	}
+	buf := make([]byte, max+1)
+	n, err := f.ReadAt(buf, offset)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: read: %w", p, err)
+	}
+	out := &FileContent{Path: p, Size: st.Size, Offset: offset, Truncated: n > max}
+	buf = buf[:min(n, max)]
+	sum := sha256.Sum256(buf)
+	out.SHA256 = hex.EncodeToString(sum[:])
+	if utf8.Valid(buf) {
+		out.Content, out.Encoding = string(buf), "utf-8"
+	} else {
+		out.Content, out.Encoding = base64.StdEncoding.EncodeToString(buf), "base64"
+	}
+	return out, nil
+}
+
+// WriteResult is what write_file returns.
+type WriteResult struct {
+	Path    string `json:"path"`
+	Bytes   int    `json:"bytes"`
+	Created bool   `json:"created"`
+	SHA256  string `json:"sha256"`
+}
+
+// WriteFile replaces p with data atomically: the parent directory is
+// resolved beneath the root, a new file is created in it (O_EXCL, owned
+// like the directory) and renamed over the name. The rename replaces the
+// name, so a hard link or symlink at p is replaced, never written through.
+func (r Root) WriteFile(p string, data []byte) (*WriteResult, error) {
+	rel := r.rel(p)
+	dir, base := filepath.Split(rel)
+	if base == "" || base == "." || base == ".." {
+		return nil, &PathError{Path: p, Type: TypeNotRegular, Msg: "not a file name"}
+	}
+	if dir == "" {
+		dir = "."
+	}
+	dfd, err := r.open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		if pe, ok := err.(*PathError); ok {
+			pe.Path = p
+		}
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	var dst unix.Stat_t
+	if err := unix.Fstat(dfd, &dst); err != nil {
+		return nil, fmt.Errorf("%s: fstat parent: %w", p, err)
+	}
+	mode := uint32(0o644)
+	created := true
+	var old unix.Stat_t
+	if err := unix.Fstatat(dfd, base, &old, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		if old.Mode&unix.S_IFMT == unix.S_IFDIR {
+			return nil, &PathError{Path: p, Type: TypeNotRegular, Msg: "is a directory"}
+		}
+		if old.Mode&unix.S_IFMT == unix.S_IFREG {
+			mode = old.Mode & 0o777
+		}
+		created = false
+	}
+	rb := make([]byte, 6)
+	rand.Read(rb)
+	tmp := ".watcher-tmp-" + hex.EncodeToString(rb)
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return nil, fmt.Errorf("%s: create: %w", p, err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	fail := func(err error) (*WriteResult, error) {
+		f.Close()
+		unix.Unlinkat(dfd, tmp, 0)
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(err)
+	}
+	// Owned like its directory: the sandboxed agent can edit what it asked
+	// the gateway to write.
+	if err := unix.Fchown(fd, int(dst.Uid), int(dst.Gid)); err != nil {
+		return fail(err)
+	}
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := unix.Renameat(dfd, tmp, dfd, base); err != nil {
+		return fail(err)
+	}
+	f.Close()
+	sum := sha256.Sum256(data)
+	return &WriteResult{Path: p, Bytes: len(data), Created: created, SHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+// DirEntry is one entry of list_dir.
+type DirEntry struct {
+	Name string `json:"name"`
+	Type string `json:"type"` // file, directory, symlink, ...
+	Size int64  `json:"size"`
+}
+
+// Listing is what list_dir returns.
+type Listing struct {
+	Path      string     `json:"path"`
+	Entries   []DirEntry `json:"entries"`
+	Truncated bool       `json:"truncated,omitempty"`
+}
+
+// ListDir lists at most max entries of directory p.
+func (r Root) ListDir(p string, max int) (*Listing, error) {
+	if p == "" {
+		p = "."
+	}
+	fd, err := r.open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	names, err := f.Readdirnames(max + 1)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	out := &Listing{Path: p, Entries: []DirEntry{}}
+	if len(names) > max {
+		names, out.Truncated = names[:max], true
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		var st unix.Stat_t
+		e := DirEntry{Name: n, Type: "unknown"}
+		if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			e.Type, e.Size = fileType(st.Mode), st.Size
+		}
+		out.Entries = append(out.Entries, e)
+	}
+	return out, nil
+}

@@ -1,0 +1,268 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// maxConns caps the connections of one sandbox gateway.
+const maxConns = 64
+
+// writeTimeout bounds how long a response may wait for a client that does
+// not read.
+const writeTimeout = 10 * time.Second
+
+// sandboxGateway serves one sandbox's socket.
+type sandboxGateway struct {
+	m    *Manager
+	name string
+	sb   atomic.Pointer[policy.Sandbox]
+	ln   net.Listener
+	path string
+
+	limiter  *limiter
+	sessions *sessions
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+}
+
+func (m *Manager) startSandbox(sb *policy.Sandbox) (*sandboxGateway, error) {
+	mode, err := sb.Tools.Socket.FileMode()
+	if err != nil {
+		return nil, err
+	}
+	path := SocketPath(m.cfg.SocketDir, sb.Name)
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	// The directory opens to exactly whom the socket does.
+	dirMode := os.FileMode(0o700)
+	if mode&0o070 != 0 {
+		dirMode |= 0o050
+	}
+	if mode&0o007 != 0 {
+		dirMode |= 0o005
+	}
+	if err := os.Chmod(dir, dirMode); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(dir, sb.Tools.Socket.UID, sb.Tools.Socket.GID); err != nil {
+		return nil, err
+	}
+	ln, err := listenUnix(path, mode, sb.Tools.Socket.UID, sb.Tools.Socket.GID)
+	if err != nil {
+		return nil, err
+	}
+	g := &sandboxGateway{m: m, name: sb.Name, ln: ln, path: path, conns: map[net.Conn]struct{}{},
+		limiter: newLimiter(), sessions: newSessions()}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.setPolicy(sb)
+	g.wg.Add(1)
+	go func() { defer g.wg.Done(); g.accept() }()
+	return g, nil
+}
+
+func (g *sandboxGateway) setPolicy(sb *policy.Sandbox) {
+	g.sb.Store(withDefaults(sb))
+	g.limiter.set(sb.Tools.Rate, sb.Tools.Burst)
+}
+
+func (g *sandboxGateway) sameSocket(sb *policy.Sandbox) bool {
+	return g.sb.Load().Tools.Socket == sb.Tools.Socket
+}
+
+func (g *sandboxGateway) close() {
+	g.cancel()
+	g.ln.Close()
+	g.mu.Lock()
+	for c := range g.conns {
+		c.Close()
+	}
+	g.mu.Unlock()
+	g.wg.Wait()
+}
+
+func (g *sandboxGateway) accept() {
+	for {
+		c, err := g.ln.Accept()
+		if err != nil {
+			return
+		}
+		g.mu.Lock()
+		if len(g.conns) >= maxConns {
+			g.mu.Unlock()
+			writeFrame(c, &Response{JSONRPC: "2.0", Error: rpcErr(CodeRateLimited, TypeBusy, "too many connections to this gateway (%d)", maxConns)})
+			c.Close()
+			continue
+		}
+		g.conns[c] = struct{}{}
+		g.mu.Unlock()
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			g.serveConn(c)
+			g.mu.Lock()
+			delete(g.conns, c)
+			g.mu.Unlock()
+		}()
+	}
+}
+
+// conn is one client connection.
+type conn struct {
+	c        net.Conn
+	wmu      sync.Mutex
+	inflight atomic.Int32
+	ctx      context.Context
+	peer     string
+}
+
+func (c *conn) reply(id json.RawMessage, result any, rerr *Error) {
+	resp := &Response{JSONRPC: "2.0", ID: id, Error: rerr}
+	if id == nil {
+		resp.ID = json.RawMessage("null")
+	}
+	if rerr == nil {
+		b, err := json.Marshal(result)
+		if err != nil {
+			resp.Error = rpcErr(CodeInternal, TypeInternal, "encode result: %v", err)
+		} else {
+			resp.Result = b
+		}
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if err := writeFrame(c.c, resp); err != nil {
+		c.c.Close()
+	}
+}
+
+func writeFrame(w io.Writer, resp *Response) error {
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// serveConn reads frames until the client leaves or sends a malformed or
+// oversized frame: that frame gets an error, then the connection (only
+// this one) is closed, since the stream can no longer be trusted to be in
+// step.
+func (g *sandboxGateway) serveConn(nc net.Conn) {
+	defer nc.Close()
+	ctx, cancel := context.WithCancel(g.ctx)
+	defer cancel()
+	c := &conn{c: nc, ctx: ctx, peer: peerName(nc)}
+	r := bufio.NewReaderSize(nc, 64<<10)
+	var calls sync.WaitGroup
+	defer calls.Wait()
+	for {
+		sb := g.sb.Load()
+		frame, err := readFrame(r, sb.Tools.MaxRequestBytes)
+		if errors.Is(err, errFrameTooLarge) {
+			e := rpcErr(CodeTooLarge, TypeFrameTooLarge, "request frame over %d bytes: closing the connection", sb.Tools.MaxRequestBytes)
+			e.Data.Limit = int64(sb.Tools.MaxRequestBytes)
+			c.reply(nil, nil, e)
+			return
+		}
+		if err != nil {
+			return
+		}
+		req, rerr := decodeRequest(frame)
+		if rerr != nil {
+			rerr.Message += ": closing the connection"
+			c.reply(nil, nil, rerr)
+			return
+		}
+		if req.ID == nil {
+			c.reply(nil, nil, rpcErr(CodeInvalidRequest, TypeInvalidRequest, "notifications are not served: give every request an id"))
+			continue
+		}
+		if max := sb.Tools.MaxInFlight; max > 0 && int(c.inflight.Load()) >= max {
+			c.reply(req.ID, nil, rpcErr(CodeRateLimited, TypeBusy, "%d calls already running on this connection", max))
+			continue
+		}
+		c.inflight.Add(1)
+		calls.Add(1)
+		go func() {
+			defer calls.Done()
+			defer c.inflight.Add(-1)
+			res, rerr := g.dispatch(c, req, sb)
+			c.reply(req.ID, res, rerr)
+		}()
+	}
+}
+
+func (g *sandboxGateway) dispatch(c *conn, req *Request, sb *policy.Sandbox) (any, *Error) {
+	switch req.Method {
+	case "tool.list":
+		return g.toolList(sb), nil
+	case "tool.request":
+		return g.toolRequest(c, req.Params, sb)
+	case "session.resume":
+		return g.resume(req.Params)
+	case "exchange.put":
+		return g.exchangePut(c, req.Params, sb)
+	case "exchange.get":
+		return g.exchangeGet(c, req.Params, sb)
+	}
+	return nil, rpcErr(CodeMethodNotFound, TypeMethodNotFound, "no method %q (tool.list, tool.request, session.resume, exchange.put, exchange.get)", req.Method)
+}
+
+// ToolInfo is one entry of tool.list.
+type ToolInfo struct {
+	Tool   string `json:"tool"`
+	Action string `json:"action"` // allow or ask
+	Rule   string `json:"rule"`
+}
+
+// ToolList is what tool.list returns.
+type ToolList struct {
+	Sandbox   string     `json:"sandbox"`
+	Tools     []ToolInfo `json:"tools"`
+	Workspace []string   `json:"workspace,omitempty"`
+	Exchange  bool       `json:"exchange"`
+	Limits    Limits     `json:"limits"`
+}
+
+// Limits are the sandbox's call limits.
+type Limits struct {
+	MaxRequestBytes  int     `json:"max_request_bytes"`
+	MaxArgumentBytes int     `json:"max_argument_bytes"`
+	MaxOutputBytes   int     `json:"max_output_bytes"`
+	Rate             float64 `json:"rate,omitempty"`
+	Burst            int     `json:"burst,omitempty"`
+	MaxInFlight      int     `json:"max_in_flight,omitempty"`
+	AskTimeoutSec    float64 `json:"ask_timeout_seconds"`
+}
+
+func (g *sandboxGateway) toolList(sb *policy.Sandbox) *ToolList {
+	out := &ToolList{Sandbox: sb.Name, Tools: []ToolInfo{}, Workspace: sb.Workspace, Exchange: sb.Tools.Exchange.Dir != "",
+		Limits: Limits{MaxRequestBytes: sb.Tools.MaxRequestBytes, MaxArgumentBytes: sb.Tools.MaxArgumentBytes,
+			MaxOutputBytes: sb.Tools.MaxOutputBytes, Rate: sb.Tools.Rate, Burst: sb.Tools.Burst,
+			MaxInFlight: sb.Tools.MaxInFlight, AskTimeoutSec: sb.Tools.AskTimeout.Seconds()}}
+	for _, t := range policy.ToolNames() {
+		if r := sb.Tools.Tool(t); r != nil && r.Action != policy.ToolDeny {
+			out.Tools = append(out.Tools, ToolInfo{Tool: t, Action: string(r.Action), Rule: r.RuleName()})
+		}
+	}
+	return out
+}

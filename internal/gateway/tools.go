@@ -1,0 +1,165 @@
+package gateway
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+type readParams struct {
+	Path     string `json:"path"`
+	Offset   int64  `json:"offset"`
+	MaxBytes int    `json:"max_bytes"`
+}
+
+type writeParams struct {
+	Path    string `json:"path"`
+	Content string `json:"content"`
+	// Encoding is "utf-8" (default) or "base64".
+	Encoding string `json:"encoding"`
+}
+
+type listParams struct {
+	Path string `json:"path"`
+}
+
+type shellParams struct {
+	Command        string  `json:"command"`
+	TimeoutSeconds float64 `json:"timeout_seconds"`
+}
+
+// maxListEntries caps list_dir.
+const maxListEntries = 4096
+
+func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, args json.RawMessage) (any, *Error) {
+	sb := cl.sb
+	switch tool {
+	case policy.ToolReadFile:
+		var p readParams
+		if e := decodeParams(args, &p); e != nil {
+			return nil, e
+		}
+		max := sb.Tools.MaxOutputBytes
+		if p.MaxBytes > 0 && p.MaxBytes < max {
+			max = p.MaxBytes
+		}
+		r, e := rootFor(sb, p.Path)
+		if e != nil {
+			return nil, e
+		}
+		out, err := r.ReadFile(p.Path, p.Offset, max)
+		return out, toolError(err)
+	case policy.ToolWriteFile:
+		var p writeParams
+		if e := decodeParams(args, &p); e != nil {
+			return nil, e
+		}
+		data := []byte(p.Content)
+		switch p.Encoding {
+		case "", "utf-8":
+		case "base64":
+			var err error
+			if data, err = base64.StdEncoding.DecodeString(p.Content); err != nil {
+				return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, "content is not valid base64: %v", err)
+			}
+		default:
+			return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"encoding" must be utf-8 or base64`)
+		}
+		r, e := rootFor(sb, p.Path)
+		if e != nil {
+			return nil, e
+		}
+		out, err := r.WriteFile(p.Path, data)
+		return out, toolError(err)
+	case policy.ToolListDir:
+		var p listParams
+		if e := decodeParams(args, &p); e != nil {
+			return nil, e
+		}
+		r, e := rootFor(sb, p.Path)
+		if e != nil {
+			return nil, e
+		}
+		out, err := r.ListDir(p.Path, maxListEntries)
+		return out, toolError(err)
+	case policy.ToolShell:
+		var p shellParams
+		if e := decodeParams(args, &p); e != nil {
+			return nil, e
+		}
+		if strings.TrimSpace(p.Command) == "" {
+			return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"command" is required`)
+		}
+		return g.shell(ctx, cl, p)
+	}
+	return nil, rpcErr(CodeDenied, TypeDenied, "no tool %q", tool)
+}
+
+// rootFor picks the workspace a path is in: the one whose absolute path it
+// starts with, else the first (relative paths). The kernel decides whether
+// the path really stays inside.
+func rootFor(sb *policy.Sandbox, p string) (Root, *Error) {
+	if len(sb.Workspace) == 0 {
+		return Root{}, rpcErr(CodeToolFailed, TypeToolFailed, "%v", errNoRoot)
+	}
+	for _, w := range sb.Workspace {
+		if p == w || strings.HasPrefix(p, w+"/") {
+			return Root{Dir: w, FollowSymlinks: sb.Tools.FollowSymlinks}, nil
+		}
+	}
+	return Root{Dir: sb.Workspace[0], FollowSymlinks: sb.Tools.FollowSymlinks}, nil
+}
+
+// toolError turns a tool's error into a typed JSON-RPC error.
+func toolError(err error) *Error {
+	if err == nil {
+		return nil
+	}
+	var pe *PathError
+	if errors.As(err, &pe) {
+		code := CodePathRefused
+		if pe.Type == TypeNotFound || pe.Type == TypeNotRegular || pe.Type == TypeToolFailed {
+			code = CodeToolFailed
+		}
+		e := rpcErr(code, pe.Type, "%s", pe.Error())
+		if pe.Errno != 0 {
+			e.Data.Errno = errnoName(pe.Errno)
+		}
+		return e
+	}
+	return rpcErr(CodeToolFailed, TypeToolFailed, "%v", err)
+}
+
+// summarize is the result line of the ledger record.
+func summarize(out any) string {
+	switch o := out.(type) {
+	case *FileContent:
+		return fmt.Sprintf("read %d of %d bytes truncated=%v", len(o.Content), o.Size, o.Truncated)
+	case *WriteResult:
+		return fmt.Sprintf("wrote %d bytes created=%v", o.Bytes, o.Created)
+	case *Listing:
+		return fmt.Sprintf("%d entries truncated=%v", len(o.Entries), o.Truncated)
+	case *ShellResult:
+		return o.summary()
+	case *ExchangeResult:
+		return fmt.Sprintf("%s %d bytes", o.Name, o.Bytes)
+	}
+	return ""
+}
+
+func hashOf(out any) string {
+	switch o := out.(type) {
+	case *FileContent:
+		return o.SHA256
+	case *WriteResult:
+		return o.SHA256
+	case *ExchangeResult:
+		return o.SHA256
+	}
+	return ""
+}
