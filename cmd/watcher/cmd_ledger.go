@@ -20,7 +20,7 @@ import (
 
 func init() {
 	register("ledger", command{Summary: "read the audit ledger: cat, prove, check-proof, checkpoint, pubkey, keygen", Run: runLedger})
-	register("replay", command{Summary: "print ledger records with filters (same as 'ledger cat')", Run: func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	register("replay", command{Summary: "print ledger records with filters; --call ID / --session S: one tool call or session end to end", Run: func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runLedgerCat(ctx, "replay", args, stdout, stderr)
 	}})
 }
@@ -28,7 +28,7 @@ func init() {
 const ledgerUsage = `Usage: watcher ledger SUBCOMMAND [flags] [args]
 
 Subcommands:
-  cat DIR                  print records (filters: --since --until --sandbox --kind --verdict; --json)
+  cat DIR                  print records (filters: --since --until --sandbox --kind --verdict --call --session; --json)
   prove DIR SEQ            print an inclusion proof of record SEQ in the latest (or --checkpoint) checkpoint
   check-proof FILE         check a proof offline against --pubkey
   checkpoint DIR           print the latest signed checkpoint (copy it off the host)
@@ -100,6 +100,10 @@ type recordFilter struct {
 	sandboxes    map[string]bool
 	kinds        map[audit.Kind]bool
 	verdicts     map[audit.Verdict]bool
+	// callID and session select tool calls (replay --call/--session): the
+	// gateway's records of a call and the kernel events labelled with it.
+	callID, session string
+	sessionCalls    map[string]bool
 }
 
 func (f *recordFilter) match(e *audit.Event) bool {
@@ -118,7 +122,7 @@ func (f *recordFilter) match(e *audit.Event) bool {
 	if f.verdicts != nil && !f.verdicts[e.Verdict] {
 		return false
 	}
-	return true
+	return f.matchCall(e)
 }
 
 // parseWhen accepts RFC 3339 or a duration before now ("2h").
@@ -156,6 +160,8 @@ func runLedgerCat(ctx context.Context, name string, args []string, stdout, stder
 	kind := fs.String("kind", "", "only these kinds (comma-separated: file_open,exec,dns,net,loss,...)")
 	verdict := fs.String("verdict", "", "only these verdicts (comma-separated: allowed,recorded,denied,killed)")
 	asJSON := fs.Bool("json", false, "print records as JSON lines (as stored, with seq/prev/hash)")
+	callID := fs.String("call", "", "only this tool call: its gateway records and the kernel events of the command it ran")
+	session := fs.String("session", "", "only the tool calls of this session, in order, with their kernel events")
 	pos, err := ledgerParse(fs, args, stderr, "Usage: watcher "+name+" [flags] DIR", 1)
 	if err != nil {
 		return err
@@ -169,6 +175,7 @@ func runLedgerCat(ctx context.Context, name string, args []string, stdout, stder
 		return &exitError{Code: 2, Err: err}
 	}
 	f.sandboxes = listSet(*sandbox)
+	f.callID, f.session = *callID, *session
 	if ks := listSet(*kind); ks != nil {
 		f.kinds = map[audit.Kind]bool{}
 		for k := range ks {
@@ -235,6 +242,8 @@ func recordText(r *ledger.Record) string {
 		fmt.Fprintf(&b, " rule=%s", e.Rule)
 	}
 	switch {
+	case e.Tool != nil:
+		b.WriteString(toolText(e.Tool))
 	case e.File != nil:
 		fmt.Fprintf(&b, " path=%s", strconv.Quote(e.File.Path))
 	case e.DNS != nil:
@@ -266,6 +275,9 @@ func recordText(r *ledger.Record) string {
 	}
 	if len(e.Process.Args) > 0 {
 		fmt.Fprintf(&b, " args=%q", e.Process.Args)
+	}
+	if l := e.Sandbox.Labels["label"]; l != "" && e.Tool == nil {
+		fmt.Fprintf(&b, " call=%s", l)
 	}
 	if e.Message != "" {
 		fmt.Fprintf(&b, " msg=%s", strconv.Quote(e.Message))

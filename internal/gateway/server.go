@@ -78,6 +78,9 @@ func (m *Manager) startSandbox(sb *policy.Sandbox) (*sandboxGateway, error) {
 }
 
 func (g *sandboxGateway) setPolicy(sb *policy.Sandbox) {
+	if d := sb.Tools.Exchange.Dir; d != "" {
+		os.MkdirAll(d, 0o755) // an error shows at the first exchange call
+	}
 	g.sb.Store(withDefaults(sb))
 	g.limiter.set(sb.Tools.Rate, sb.Tools.Burst)
 }

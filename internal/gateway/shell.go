@@ -132,11 +132,10 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "watcher exec: %v", err)
 	}
 	// watcher exec's last stderr line is its verdict.
-	errText, verdict := splitVerdict(stderr)
+	errText, verdict := splitVerdict(stderr, cl.act.CallID)
 	res.Stderr, res.Verdict = errText, verdict
-	res.StderrBytes -= int64(len(verdict))
-	if res.StderrBytes < 0 {
-		res.StderrBytes = 0
+	if !stderr.cut {
+		res.StderrBytes = int64(len(errText))
 	}
 	res.StderrTruncated = stderr.cut
 	res.Outcome = verdictWord(verdict)
@@ -169,19 +168,26 @@ func lastLine(s string) string {
 	return s
 }
 
-func splitVerdict(w *capWriter) (string, string) {
-	tail := string(w.tailBytes())
-	tail = strings.TrimRight(tail, "\n")
-	i := strings.LastIndexByte(tail, '\n')
-	last := tail[i+1:]
-	if !strings.HasPrefix(last, "watcher: ") {
-		return w.String(), ""
+// splitVerdict finds watcher exec's verdict line (the last with this
+// call's label; after it only exec's own exit message may follow) and
+// returns the command's stderr without exec's lines.
+func splitVerdict(w *capWriter, callID string) (string, string) {
+	lines := strings.Split(strings.TrimRight(string(w.tailBytes()), "\n"), "\n")
+	mark := " label=" + callID + " "
+	for i := len(lines) - 1; i >= 0 && i >= len(lines)-3; i-- {
+		l := lines[i]
+		if !strings.HasPrefix(l, "watcher: ") || !strings.Contains(l, mark) {
+			continue
+		}
+		text := w.String()
+		if !w.cut {
+			if j := strings.LastIndex(text, l); j >= 0 {
+				text = text[:j]
+			}
+		}
+		return text, l
 	}
-	text := w.String()
-	if !w.cut {
-		text = strings.TrimSuffix(strings.TrimRight(text, "\n"), last)
-	}
-	return text, last
+	return w.String(), ""
 }
 
 func verdictWord(v string) string {
