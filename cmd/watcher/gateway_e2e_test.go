@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/pkg/toolclient"
 )
 
