@@ -39,6 +39,11 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define EGRESS_F_RECORD_ONLY 1 /* allow, but record what enforce would refuse */
 #define EGRESS_F_PROXY4 2      /* proxy4 is set: IPv4 DNS is redirected */
 #define EGRESS_F_PROXY6 4      /* proxy6 is set: IPv6 DNS is redirected */
+#define EGRESS_F_RESOLVER_PORTS 8 /* other resolvers' ports refused unless a CIDR rule allows */
+#define EGRESS_F_UNIX 16          /* AF_UNIX connect/sendmsg only to egress_unix paths */
+
+#define AF_UNIX 1
+#define UNIX_PATH_LEN 108
 
 /* Why an operation was refused (struct net_event.reason). */
 enum net_reason {
@@ -47,6 +52,11 @@ enum net_reason {
 	NET_R_NO_POLICY = 3,    /* the cgroup has no egress configuration */
 	NET_R_DNS_NO_PROXY = 4, /* DNS over a family the proxy does not listen on */
 	NET_R_DNS_BIND = 5,     /* no free source port to attribute the query */
+	NET_R_RESOLVER_PORT = 6, /* DNS over TLS/QUIC, mDNS, LLMNR: another resolver */
+	NET_R_UNIX_ABSTRACT = 7, /* abstract unix socket (the host's namespace) */
+	NET_R_UNIX_RELATIVE = 8, /* relative unix socket path (cannot be judged) */
+	NET_R_UNIX_DOTDOT = 9,   /* ".." in a unix socket path */
+	NET_R_UNIX_PATH = 10,    /* unix socket outside the sandbox's paths */
 };
 
 enum net_op {
@@ -123,6 +133,24 @@ struct {
 	__type(value, struct cidr_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egress_cidr SEC(".maps");
+
+/* Unix socket paths a sandbox may connect or send to: LPM on the path's
+ * bytes after the sandbox id. A directory entry ends in '/' (everything
+ * below it); an exact entry includes the terminating NUL. */
+struct unix_key {
+	__u32 prefixlen; /* 32 (sandbox id) + 8 * bytes */
+	__u32 sandbox_id;
+	char path[UNIX_PATH_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct unix_key);
+	__type(value, __u32); /* rule id */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} egress_unix SEC(".maps");
 
 /* The server a socket's DNS query was addressed to, by socket cookie. */
 struct dns_orig {
@@ -207,7 +235,17 @@ struct net_event {
 	__u32 sock_type;
 };
 
+/* A refused (or recorded) unix socket connect or sendmsg: the net_event
+ * (family AF_UNIX, no address) followed by the path as passed. */
+struct unix_event {
+	struct net_event net;
+	char path[UNIX_PATH_LEN]; /* abstract names start with a NUL */
+	__u32 path_len;
+};
+
 const struct net_event *unused_net_event __attribute__((unused));
+const struct unix_event *unused_unix_event __attribute__((unused));
+const struct unix_key *unused_unix_key __attribute__((unused));
 const struct net_config *unused_egress_config __attribute__((unused));
 const struct cidr_key *unused_cidr_key __attribute__((unused));
 const struct cidr_val *unused_cidr_val __attribute__((unused));
@@ -269,6 +307,10 @@ static __always_inline int refuse(struct bpf_sock_addr *ctx, struct sandbox *sb,
 	return verdict == VERDICT_DENIED ? 0 : 1;
 }
 
+static __always_inline bool allowed_by_rule(__u32 sandbox_id, struct dest *d, __u32 proto,
+					    __u32 *rule_id);
+static __always_inline bool resolver_port(__u16 port);
+
 /* allowed reports whether d may be reached: an unexpired proxy answer for
  * the sandbox, or a CIDR/port rule. *reason says why not. */
 static __always_inline bool allowed(__u32 sandbox_id, struct dest *d, __u32 proto, __u8 *reason,
@@ -289,6 +331,13 @@ static __always_inline bool allowed(__u32 sandbox_id, struct dest *d, __u32 prot
 		*reason = NET_R_EXPIRED;
 	}
 
+	return allowed_by_rule(sandbox_id, d, proto, rule_id);
+}
+
+/* allowed_by_rule reports whether a CIDR/port rule of the policy covers d. */
+static __always_inline bool allowed_by_rule(__u32 sandbox_id, struct dest *d, __u32 proto,
+					    __u32 *rule_id)
+{
 	struct cidr_key ck = { .prefixlen = 32 + 128, .sandbox_id = sandbox_id };
 	ck.addr[0] = d->addr[0];
 	ck.addr[1] = d->addr[1];
@@ -486,9 +535,107 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 
 	__u8 reason = 0;
 	__u32 rule_id = 0;
+	if ((cfg->flags & EGRESS_F_RESOLVER_PORTS) && dns_proto && resolver_port(d.port)) {
+		/* DNS over TLS or QUIC to an answered address (dns.google is
+		 * an ordinary name) would bypass the proxy: only an explicit
+		 * rule opens these ports. */
+		if (allowed_by_rule(sb->id, &d, proto, &rule_id))
+			return 1;
+		return refuse(ctx, sb, root, cfg, &d, op, NET_R_RESOLVER_PORT, cfg->dns_rule_id);
+	}
 	if (allowed(sb->id, &d, proto, &reason, &rule_id))
 		return 1;
 	return refuse(ctx, sb, root, cfg, &d, op, reason, 0);
+}
+
+/* resolver_port: ports of name resolution other than the proxy's 53:
+ * DNS over TLS and over QUIC (853, 784 and 8853 of the drafts), mDNS
+ * (5353), LLMNR (5355), NetBIOS names (137). */
+static __always_inline bool resolver_port(__u16 port)
+{
+	return port == 853 || port == 784 || port == 8853 || port == 5353 || port == 5355 ||
+	       port == 137;
+}
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+/* has_dotdot reports a ".." path component. */
+static __always_inline bool has_dotdot(const char *p)
+{
+	for (int i = 0; i < UNIX_PATH_LEN - 3; i++) {
+		if (p[i] == '/' && p[i + 1] == '.' && p[i + 2] == '.' && (p[i + 3] == '/' || p[i + 3] == 0))
+			return true;
+	}
+	return p[UNIX_PATH_LEN - 3] == '/' && p[UNIX_PATH_LEN - 2] == '.' && p[UNIX_PATH_LEN - 1] == '.';
+}
+
+/* handle_unix judges a unix socket connect or sendmsg of a sandbox whose
+ * egress restricts unix sockets: the path as passed (the hook runs before
+ * the kernel resolves it) must be absolute, without "..", and inside one of
+ * the sandbox's paths; abstract names live in the host's (network
+ * namespace's) namespace and are refused. */
+static __always_inline int handle_unix(struct bpf_sock_addr *ctx, __u8 op)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 1;
+	__u32 id = sb->id;
+	struct net_config *cfg = bpf_map_lookup_elem(&egress_configs, &id);
+	if (!cfg || !(cfg->flags & EGRESS_F_UNIX))
+		return 1;
+
+	struct bpf_sock_addr_kern *sa = bpf_cast_to_kern_ctx(ctx);
+	__u32 alen = sa->uaddrlen;
+	if (alen <= 2)
+		return 1; /* no name: the kernel refuses (EINVAL) */
+	__u32 n = alen - 2;
+	if (n > UNIX_PATH_LEN)
+		n = UNIX_PATH_LEN;
+
+	/* Bytes past the name stay zero; the kernel ends the path at its
+	 * first NUL, and no allowed entry holds one before its end. */
+	struct unix_key k = { .sandbox_id = id };
+	__u64 sz = n;
+	barrier_var(sz); /* keep the bound check for the verifier */
+	if (sz > UNIX_PATH_LEN)
+		return 1;
+	if (bpf_probe_read_kernel(k.path, sz, (void *)sa->uaddr + 2))
+		return 1;
+	__u8 reason = 0;
+	__u32 len = n;
+	if (k.path[0] == 0)
+		reason = NET_R_UNIX_ABSTRACT;
+	else if (k.path[0] != '/')
+		reason = NET_R_UNIX_RELATIVE;
+	else if (has_dotdot(k.path))
+		reason = NET_R_UNIX_DOTDOT;
+	else {
+		k.prefixlen = 32 + 8 * UNIX_PATH_LEN;
+		if (bpf_map_lookup_elem(&egress_unix, &k))
+			return 1;
+		reason = NET_R_UNIX_PATH;
+	}
+
+	__u32 verdict = VERDICT_DENIED;
+	if ((sb->flags & SANDBOX_F_RECORD_ONLY) || (cfg->flags & EGRESS_F_RECORD_ONLY))
+		verdict = VERDICT_RECORDED;
+	count(verdict == VERDICT_DENIED ? CNT_DENIED : CNT_RECORDED);
+	struct unix_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->net.hdr, EV_NET, verdict, cfg->dns_rule_id, root, sb);
+		__builtin_memset(e->net.addr, 0, sizeof(e->net.addr));
+		e->net.port = 0;
+		e->net.family = AF_UNIX;
+		e->net.op = op;
+		e->net.reason = reason;
+		e->net.protocol = 0;
+		e->net.sock_type = ctx->type;
+		__builtin_memcpy(e->path, k.path, sizeof(e->path));
+		e->path_len = len;
+		submit_event(e, true);
+	}
+	return verdict == VERDICT_DENIED ? 0 : 1;
 }
 
 /* restore shows the client the server it asked instead of the proxy. */
@@ -582,4 +729,16 @@ SEC("cgroup/getpeername6")
 int egress_getpeername6(struct bpf_sock_addr *ctx)
 {
 	return restore(ctx, true);
+}
+
+SEC("cgroup/connect_unix")
+int egress_connect_unix(struct bpf_sock_addr *ctx)
+{
+	return handle_unix(ctx, NET_OP_CONNECT);
+}
+
+SEC("cgroup/sendmsg_unix")
+int egress_sendmsg_unix(struct bpf_sock_addr *ctx)
+{
+	return handle_unix(ctx, NET_OP_SENDMSG);
 }

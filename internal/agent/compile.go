@@ -129,6 +129,9 @@ type Env struct {
 	// under (lsm.MechLSM or lsm.MechFmodRet): lsm.ProbeMechanisms() or
 	// LSM.Mechanisms(). Hooks missing here count as BPF LSM.
 	LSMMech map[string]string
+	// UnixSockets is nil when the cgroup unix socket hooks load (kernel
+	// 6.7+: egress.ProbeUnix), or why not.
+	UnixSockets error
 	// RequireLSM makes every blocking rule whose BPF LSM hook is missing
 	// a Missing entry (the agent then refuses to start).
 	RequireLSM bool
@@ -1312,6 +1315,9 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 	case policy.EgressDeny:
 		defNote = append(defNote, "other destinations refused, even when resolved")
 	}
+	if def != policy.EgressAllow {
+		c.sideDoors(sb, sid, &cfg)
+	}
 	if err := checkRanges(cfg.Rules); err != nil {
 		return err
 	}
@@ -1388,6 +1394,38 @@ func localAllowOf(rules []egress.Rule) []string {
 		}
 	}
 	return out
+}
+
+// sideDoors closes the ways around the connect/sendmsg hooks and the DNS
+// proxy for a sandbox whose egress is not allow: ping sockets (their
+// unconnected sendto runs no cgroup hook), other resolvers' ports at
+// answered addresses, and unix sockets of host resolvers and brokers.
+func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.SandboxConfig) {
+	cfg.ResolverPorts = true
+	c.add(sb, "egress: other resolvers' ports", policy.ActionBlock, layer{mech: MechCgroupBPF,
+		notes: []string{"DNS over TLS/QUIC (853, 784, 8853), mDNS 5353, LLMNR 5355, NetBIOS 137 refused even at answered addresses unless egress.allow names them; DoH (443) to an allowed name is the policy's call"}})
+
+	pingNote := "cgroup/sock_create: SOCK_DGRAM ICMP and ICMPv6 (ping) sockets, whose unconnected sendto no connect/sendmsg hook sees"
+	if !c.cgroupOK {
+		c.add(sb, "egress: ping sockets", policy.ActionBlock, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error()}})
+	} else {
+		c.plan.Sockets = append(c.plan.Sockets, cgroupbpf.PingSocketRules(sid, c.rules.ID("ping-sockets"))...)
+		c.add(sb, "egress: ping sockets", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: []string{pingNote}})
+	}
+
+	cfg.RestrictUnix = true
+	for _, w := range sb.Workspace {
+		cfg.UnixPaths = append(cfg.UnixPaths, strings.TrimSuffix(w, "/")+"/")
+	}
+	cfg.UnixPaths = append(cfg.UnixPaths, sb.Egress.Unix...)
+	unixNote := []string{fmt.Sprintf("cgroup/connect_unix and sendmsg_unix: only %d workspace and egress.unix paths; abstract, relative and '..' paths refused", len(cfg.UnixPaths)),
+		"judged on the path as passed, before the kernel resolves it: a symlink inside an allowed directory to a host socket is not seen"}
+	if c.env.UnixSockets != nil {
+		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechNone,
+			notes: []string{"this kernel cannot refuse unix socket connects (" + c.env.UnixSockets.Error() + ")"}})
+	} else {
+		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: unixNote})
+	}
 }
 
 func orDNS(d policy.DNSDefault) string {

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/watcherhq/watcher/internal/policy"
@@ -49,5 +51,56 @@ sandboxes:
 	}
 	if got := plan.DNS.Sandboxes["open"].LocalAllow; !slices.Equal(got, []string{"0.0.0.0/0", "::/0"}) {
 		t.Errorf("egress default allow: LocalAllow %v", got)
+	}
+}
+
+// TestSideDoorsPlanned: a sandbox whose egress is not allow gets the ping
+// socket rules, the resolver-port refusal and unix sockets limited to its
+// workspace and egress.unix paths, with layer lines saying so; an egress
+// allow sandbox gets none of it, and a kernel without unix hooks is told.
+func TestSideDoorsPlanned(t *testing.T) {
+	p := parse(t, `version: 1
+sandboxes:
+  - name: caged
+    select: {cgroups: [/w/caged]}
+    preset: restricted
+    workspace: [/srv/agent]
+    egress: {unix: [/run/app.sock]}
+  - name: open
+    select: {cgroups: [/w/open]}
+    preset: restricted
+    egress: {default: allow}
+`)
+	plan, _ := compile(t, p, Env{DNSProxy4: netip.MustParseAddrPort("127.0.0.1:5300")})
+	caged, open := plan.Egress[plan.SandboxIDs["caged"]], plan.Egress[plan.SandboxIDs["open"]]
+	if !caged.ResolverPorts || !caged.RestrictUnix || !slices.Equal(caged.UnixPaths, []string{"/srv/agent/", "/run/app.sock"}) {
+		t.Errorf("caged egress: %+v", caged)
+	}
+	if open.ResolverPorts || open.RestrictUnix {
+		t.Errorf("egress allow sandbox restricted: %+v", open)
+	}
+	pings := map[uint32]int{}
+	for _, r := range plan.Sockets {
+		if r.Type == 2 && (r.Protocol == 1 || r.Protocol == 58) {
+			pings[r.Sandbox]++
+		}
+	}
+	if pings[plan.SandboxIDs["caged"]] != 2 || pings[plan.SandboxIDs["open"]] != 0 {
+		t.Errorf("ping socket rules per sandbox: %v", pings)
+	}
+	mech := map[string]string{}
+	for _, l := range plan.Layers {
+		mech[l.Rule] = l.Mechanism
+	}
+	for _, r := range []string{"caged: egress: unix sockets", "caged: egress: ping sockets", "caged: egress: other resolvers' ports"} {
+		if mech[r] != MechCgroupBPF {
+			t.Errorf("layer %q: %q", r, mech[r])
+		}
+	}
+	plan, _ = compile(t, p, Env{DNSProxy4: netip.MustParseAddrPort("127.0.0.1:5300"), UnixSockets: errors.New("kernel 6.1")})
+	for _, l := range plan.Layers {
+		if l.Rule == "caged: egress: unix sockets" && (l.Mechanism != MechNone || !strings.Contains(l.Note, "cannot refuse")) {
+			t.Errorf("unix sockets without the hooks: %+v", l)
+		}
 	}
 }

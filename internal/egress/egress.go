@@ -51,6 +51,8 @@ const (
 	flagRecordOnly uint32 = 1
 	flagProxy4     uint32 = 2
 	flagProxy6     uint32 = 4
+	flagResolvers  uint32 = 8
+	flagUnix       uint32 = 16
 )
 
 // Protocol bits of struct port_range.
@@ -73,9 +75,11 @@ type Options struct {
 
 // Egress is the loaded egress hook group.
 type Egress struct {
-	objs   egressObjects
+	objs   objects
 	pinDir string
-	opts   Options
+	// unixErr is nil when the unix socket programs loaded (kernel 6.7+).
+	unixErr error
+	opts    Options
 
 	mu        sync.Mutex
 	sandboxes map[uint32]*sandboxState
@@ -88,11 +92,45 @@ type sandboxState struct {
 	// allowed maps an answered address to its expiry (CLOCK_BOOTTIME ns).
 	allowed  map[netip.Addr]uint64
 	cidrKeys map[egressCidrKey]struct{}
+	unixKeys map[egressUnixKey]struct{}
 	overflow uint64
 }
 
+// objects are the loaded maps and programs: the inet programs always, the
+// unix ones where the kernel has cgroup unix socket hooks (6.7+).
+type objects struct {
+	egressMaps
+	inetPrograms
+	unix unixPrograms
+}
+
+type inetPrograms struct {
+	EgressConnect4     *ebpf.Program `ebpf:"egress_connect4"`
+	EgressConnect6     *ebpf.Program `ebpf:"egress_connect6"`
+	EgressGetpeername4 *ebpf.Program `ebpf:"egress_getpeername4"`
+	EgressGetpeername6 *ebpf.Program `ebpf:"egress_getpeername6"`
+	EgressRecvmsg4     *ebpf.Program `ebpf:"egress_recvmsg4"`
+	EgressRecvmsg6     *ebpf.Program `ebpf:"egress_recvmsg6"`
+	EgressSendmsg4     *ebpf.Program `ebpf:"egress_sendmsg4"`
+	EgressSendmsg6     *ebpf.Program `ebpf:"egress_sendmsg6"`
+}
+
+type unixPrograms struct {
+	EgressConnectUnix *ebpf.Program `ebpf:"egress_connect_unix"`
+	EgressSendmsgUnix *ebpf.Program `ebpf:"egress_sendmsg_unix"`
+}
+
+func (o *objects) Close() error {
+	for _, p := range o.programs() {
+		if p.prog != nil {
+			p.prog.Close()
+		}
+	}
+	return o.egressMaps.Close()
+}
+
 // programs lists the hook group's programs with their attach types.
-func (o *egressObjects) programs() []struct {
+func (o *objects) programs() []struct {
 	name   string
 	prog   *ebpf.Program
 	attach ebpf.AttachType
@@ -110,6 +148,8 @@ func (o *egressObjects) programs() []struct {
 		{"recvmsg6", o.EgressRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
 		{"getpeername4", o.EgressGetpeername4, ebpf.AttachCgroupInet4GetPeername},
 		{"getpeername6", o.EgressGetpeername6, ebpf.AttachCgroupInet6GetPeername},
+		{"connect_unix", o.unix.EgressConnectUnix, ebpf.AttachCgroupUnixConnect},
+		{"sendmsg_unix", o.unix.EgressSendmsgUnix, ebpf.AttachCgroupUnixSendmsg},
 	}
 }
 
@@ -127,8 +167,28 @@ func Load(eng *enforce.Engine, opts Options) (*Egress, error) {
 		opts.Grace = 30 * time.Second
 	}
 	e := &Egress{pinDir: eng.PinDir(), opts: opts, sandboxes: map[uint32]*sandboxState{}, links: map[uint64][]link.Link{}}
-	if err := loadEgressObjects(&e.objs, eng.CollectionOptions()); err != nil {
+	spec, err := loadEgress()
+	if err != nil {
 		return nil, fmt.Errorf("load egress: %w", err)
+	}
+	copts := eng.CollectionOptions()
+	if err := spec.LoadAndAssign(&e.objs.egressMaps, copts); err != nil {
+		return nil, fmt.Errorf("load egress: %w", err)
+	}
+	// The programs use the maps just loaded (pinned by name, but the
+	// replacement makes it explicit for unpinned ones too).
+	copts.MapReplacements = map[string]*ebpf.Map{}
+	for name := range spec.Maps {
+		if m := e.objs.mapByName(name); m != nil {
+			copts.MapReplacements[name] = m
+		}
+	}
+	if err := spec.LoadAndAssign(&e.objs.inetPrograms, copts); err != nil {
+		e.objs.Close()
+		return nil, fmt.Errorf("load egress: %w", err)
+	}
+	if err := spec.LoadAndAssign(&e.objs.unix, copts); err != nil {
+		e.unixErr = fmt.Errorf("cgroup unix socket hooks (kernel 6.7+): %w", err)
 	}
 	if lo, hi, err := ephemeralPorts(); err == nil {
 		if err := e.objs.EgressEphemeral.Put(uint32(0), egressPortSpan{Lo: lo, Hi: hi}); err != nil {
@@ -184,13 +244,22 @@ func (e *Egress) adopt() error {
 	if err := cit.Err(); err != nil {
 		return fmt.Errorf("read cidr rules: %w", err)
 	}
+	var uk egressUnixKey
+	var uv uint32
+	uit := e.objs.EgressUnix.Iterate()
+	for uit.Next(&uk, &uv) {
+		e.state(uk.SandboxId).unixKeys[uk] = struct{}{}
+	}
+	if err := uit.Err(); err != nil {
+		return fmt.Errorf("read unix paths: %w", err)
+	}
 	return nil
 }
 
 func (e *Egress) state(id uint32) *sandboxState {
 	st := e.sandboxes[id]
 	if st == nil {
-		st = &sandboxState{allowed: map[netip.Addr]uint64{}, cidrKeys: map[egressCidrKey]struct{}{}}
+		st = &sandboxState{allowed: map[netip.Addr]uint64{}, cidrKeys: map[egressCidrKey]struct{}{}, unixKeys: map[egressUnixKey]struct{}{}}
 		e.sandboxes[id] = st
 	}
 	return st
@@ -220,7 +289,8 @@ func (e *Egress) Attach(path string) error {
 		}
 		return fmt.Errorf("attach egress to %s: %w", abs, err)
 	}
-	for _, p := range e.objs.programs() {
+	progs := e.objs.attachable()
+	for _, p := range progs {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: abs, Attach: p.attach, Program: p.prog})
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", p.name, err))
@@ -228,7 +298,7 @@ func (e *Egress) Attach(path string) error {
 		fresh = append(fresh, l)
 	}
 	// Every new link is in force: now drop the old pins and pin the new.
-	for i, p := range e.objs.programs() {
+	for i, p := range progs {
 		pin := filepath.Join(dir, p.name)
 		if old, err := link.LoadPinnedLink(pin, nil); err == nil {
 			old.Unpin()
@@ -360,6 +430,16 @@ type SandboxConfig struct {
 	DNSRuleID uint32
 	// Rules allow destinations without DNS (CIDRs, loopback services).
 	Rules []Rule
+	// ResolverPorts refuses the ports of other name resolution (DNS over
+	// TLS and QUIC 853, 784, 8853; mDNS 5353; LLMNR 5355; NetBIOS 137)
+	// even at answered addresses; only Rules open them.
+	ResolverPorts bool
+	// RestrictUnix limits unix socket connects and datagrams to UnixPaths
+	// (where the kernel has the hooks: Egress.UnixErr).
+	RestrictUnix bool
+	// UnixPaths are the socket paths allowed with RestrictUnix: a path
+	// ending in "/" allows everything below it, others that socket only.
+	UnixPaths []string
 }
 
 // SetSandbox sets the egress configuration of sandbox id (the id of the
@@ -392,7 +472,17 @@ func (e *Egress) SetSandbox(id uint32, cfg SandboxConfig) error {
 		nc.ProxyIp6 = addrToWords(a)
 		nc.ProxyPort6 = htons(cfg.Proxy6.Port())
 	}
+	if cfg.ResolverPorts {
+		nc.Flags |= flagResolvers
+	}
+	if cfg.RestrictUnix {
+		nc.Flags |= flagUnix
+	}
 	entries, err := cidrEntries(id, cfg.Rules)
+	if err != nil {
+		return fmt.Errorf("set egress sandbox %d: %w", id, err)
+	}
+	unixEntries, err := unixEntries(id, cfg.UnixPaths, cfg.DNSRuleID)
 	if err != nil {
 		return fmt.Errorf("set egress sandbox %d: %w", id, err)
 	}
@@ -414,6 +504,9 @@ func (e *Egress) SetSandbox(id uint32, cfg SandboxConfig) error {
 			return fmt.Errorf("set egress sandbox %d: cidr: %w", id, err)
 		}
 		delete(st.cidrKeys, k)
+	}
+	if err := e.setUnixLocked(id, st, unixEntries); err != nil {
+		return fmt.Errorf("set egress sandbox %d: %w", id, err)
 	}
 	if err := e.objs.EgressConfigs.Put(id, nc); err != nil {
 		return fmt.Errorf("set egress sandbox %d: %w", id, err)
@@ -437,6 +530,9 @@ func (e *Egress) RemoveSandbox(id uint32) error {
 	if st := e.sandboxes[id]; st != nil {
 		for k := range st.cidrKeys {
 			del(e.objs.EgressCidr, k)
+		}
+		for k := range st.unixKeys {
+			del(e.objs.EgressUnix, k)
 		}
 		for a := range st.allowed {
 			del(e.objs.EgressAllow, egressAllowKey{SandboxId: id, Addr: addrToWords(a)})

@@ -128,6 +128,20 @@ type egressSandbox struct {
 	Flags uint32
 }
 
+type egressUnixEvent struct {
+	_       structs.HostLayout
+	Net     egressNetEvent
+	Path    [108]int8
+	PathLen uint32
+}
+
+type egressUnixKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SandboxId uint32
+	Path      [108]int8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -141,6 +155,7 @@ const (
 	egressMapEgressDnsClients    = "egress_dns_clients"
 	egressMapEgressDnsOrig       = "egress_dns_orig"
 	egressMapEgressEphemeral     = "egress_ephemeral"
+	egressMapEgressUnix          = "egress_unix"
 	egressMapMembershipCache     = "membership_cache"
 	egressMapRingbufDrops        = "ringbuf_drops"
 	egressMapRoutineEvents       = "routine_events"
@@ -148,12 +163,14 @@ const (
 	egressMapSandboxes           = "sandboxes"
 	egressProgEgressConnect4     = "egress_connect4"
 	egressProgEgressConnect6     = "egress_connect6"
+	egressProgEgressConnectUnix  = "egress_connect_unix"
 	egressProgEgressGetpeername4 = "egress_getpeername4"
 	egressProgEgressGetpeername6 = "egress_getpeername6"
 	egressProgEgressRecvmsg4     = "egress_recvmsg4"
 	egressProgEgressRecvmsg6     = "egress_recvmsg6"
 	egressProgEgressSendmsg4     = "egress_sendmsg4"
 	egressProgEgressSendmsg6     = "egress_sendmsg6"
+	egressProgEgressSendmsgUnix  = "egress_sendmsg_unix"
 	egressVarUnusedAllowKey      = "unused_allow_key"
 	egressVarUnusedAllowVal      = "unused_allow_val"
 	egressVarUnusedCidrKey       = "unused_cidr_key"
@@ -166,6 +183,8 @@ const (
 	egressVarUnusedNetEvent      = "unused_net_event"
 	egressVarUnusedPortSpan      = "unused_port_span"
 	egressVarUnusedSandbox       = "unused_sandbox"
+	egressVarUnusedUnixEvent     = "unused_unix_event"
+	egressVarUnusedUnixKey       = "unused_unix_key"
 )
 
 // loadEgress returns the embedded CollectionSpec for egress.
@@ -212,12 +231,14 @@ type egressSpecs struct {
 type egressProgramSpecs struct {
 	EgressConnect4     *ebpf.ProgramSpec `ebpf:"egress_connect4"`
 	EgressConnect6     *ebpf.ProgramSpec `ebpf:"egress_connect6"`
+	EgressConnectUnix  *ebpf.ProgramSpec `ebpf:"egress_connect_unix"`
 	EgressGetpeername4 *ebpf.ProgramSpec `ebpf:"egress_getpeername4"`
 	EgressGetpeername6 *ebpf.ProgramSpec `ebpf:"egress_getpeername6"`
 	EgressRecvmsg4     *ebpf.ProgramSpec `ebpf:"egress_recvmsg4"`
 	EgressRecvmsg6     *ebpf.ProgramSpec `ebpf:"egress_recvmsg6"`
 	EgressSendmsg4     *ebpf.ProgramSpec `ebpf:"egress_sendmsg4"`
 	EgressSendmsg6     *ebpf.ProgramSpec `ebpf:"egress_sendmsg6"`
+	EgressSendmsgUnix  *ebpf.ProgramSpec `ebpf:"egress_sendmsg_unix"`
 }
 
 // egressMapSpecs contains maps before they are loaded into the kernel.
@@ -233,6 +254,7 @@ type egressMapSpecs struct {
 	EgressDnsClients *ebpf.MapSpec `ebpf:"egress_dns_clients"`
 	EgressDnsOrig    *ebpf.MapSpec `ebpf:"egress_dns_orig"`
 	EgressEphemeral  *ebpf.MapSpec `ebpf:"egress_ephemeral"`
+	EgressUnix       *ebpf.MapSpec `ebpf:"egress_unix"`
 	MembershipCache  *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops     *ebpf.MapSpec `ebpf:"ringbuf_drops"`
 	RoutineEvents    *ebpf.MapSpec `ebpf:"routine_events"`
@@ -256,6 +278,8 @@ type egressVariableSpecs struct {
 	UnusedNetEvent     *ebpf.VariableSpec `ebpf:"unused_net_event"`
 	UnusedPortSpan     *ebpf.VariableSpec `ebpf:"unused_port_span"`
 	UnusedSandbox      *ebpf.VariableSpec `ebpf:"unused_sandbox"`
+	UnusedUnixEvent    *ebpf.VariableSpec `ebpf:"unused_unix_event"`
+	UnusedUnixKey      *ebpf.VariableSpec `ebpf:"unused_unix_key"`
 }
 
 // egressObjects contains all objects after they have been loaded into the kernel.
@@ -287,6 +311,7 @@ type egressMaps struct {
 	EgressDnsClients *ebpf.Map `ebpf:"egress_dns_clients"`
 	EgressDnsOrig    *ebpf.Map `ebpf:"egress_dns_orig"`
 	EgressEphemeral  *ebpf.Map `ebpf:"egress_ephemeral"`
+	EgressUnix       *ebpf.Map `ebpf:"egress_unix"`
 	MembershipCache  *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops     *ebpf.Map `ebpf:"ringbuf_drops"`
 	RoutineEvents    *ebpf.Map `ebpf:"routine_events"`
@@ -305,6 +330,7 @@ func (m *egressMaps) Close() error {
 		m.EgressDnsClients,
 		m.EgressDnsOrig,
 		m.EgressEphemeral,
+		m.EgressUnix,
 		m.MembershipCache,
 		m.RingbufDrops,
 		m.RoutineEvents,
@@ -329,6 +355,8 @@ type egressVariables struct {
 	UnusedNetEvent     *ebpf.Variable `ebpf:"unused_net_event"`
 	UnusedPortSpan     *ebpf.Variable `ebpf:"unused_port_span"`
 	UnusedSandbox      *ebpf.Variable `ebpf:"unused_sandbox"`
+	UnusedUnixEvent    *ebpf.Variable `ebpf:"unused_unix_event"`
+	UnusedUnixKey      *ebpf.Variable `ebpf:"unused_unix_key"`
 }
 
 // egressPrograms contains all programs after they have been loaded into the kernel.
@@ -337,24 +365,28 @@ type egressVariables struct {
 type egressPrograms struct {
 	EgressConnect4     *ebpf.Program `ebpf:"egress_connect4"`
 	EgressConnect6     *ebpf.Program `ebpf:"egress_connect6"`
+	EgressConnectUnix  *ebpf.Program `ebpf:"egress_connect_unix"`
 	EgressGetpeername4 *ebpf.Program `ebpf:"egress_getpeername4"`
 	EgressGetpeername6 *ebpf.Program `ebpf:"egress_getpeername6"`
 	EgressRecvmsg4     *ebpf.Program `ebpf:"egress_recvmsg4"`
 	EgressRecvmsg6     *ebpf.Program `ebpf:"egress_recvmsg6"`
 	EgressSendmsg4     *ebpf.Program `ebpf:"egress_sendmsg4"`
 	EgressSendmsg6     *ebpf.Program `ebpf:"egress_sendmsg6"`
+	EgressSendmsgUnix  *ebpf.Program `ebpf:"egress_sendmsg_unix"`
 }
 
 func (p *egressPrograms) Close() error {
 	return _EgressClose(
 		p.EgressConnect4,
 		p.EgressConnect6,
+		p.EgressConnectUnix,
 		p.EgressGetpeername4,
 		p.EgressGetpeername6,
 		p.EgressRecvmsg4,
 		p.EgressRecvmsg6,
 		p.EgressSendmsg4,
 		p.EgressSendmsg6,
+		p.EgressSendmsgUnix,
 	)
 }
 

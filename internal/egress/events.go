@@ -3,9 +3,11 @@ package egress
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -17,11 +19,16 @@ type NetEvent = egressNetEvent
 
 // Reasons of struct net_event (enum net_reason in bpf/egress.c).
 var reasons = map[uint8]string{
-	1: "not resolved through the DNS proxy and no rule allows it",
-	2: "DNS answer expired (TTL + grace)",
-	3: "no egress policy for this cgroup",
-	4: "DNS over this address family has no proxy",
-	5: "no free source port to attribute the DNS query",
+	1:  "not resolved through the DNS proxy and no rule allows it",
+	2:  "DNS answer expired (TTL + grace)",
+	3:  "no egress policy for this cgroup",
+	4:  "DNS over this address family has no proxy",
+	5:  "no free source port to attribute the DNS query",
+	6:  "another resolver's port (DNS over TLS/QUIC, mDNS, LLMNR, NetBIOS): only the DNS proxy resolves",
+	7:  "abstract unix socket (the host's namespace)",
+	8:  "relative unix socket path (cannot be judged)",
+	9:  `".." in a unix socket path`,
+	10: "unix socket outside the sandbox's paths",
 }
 
 // Reason codes, for callers that compare.
@@ -31,7 +38,16 @@ const (
 	ReasonNoPolicy    uint8 = 3
 	ReasonDNSNoProxy  uint8 = 4
 	ReasonDNSBind     uint8 = 5
+	ReasonResolver    uint8 = 6
+	ReasonUnixAbs     uint8 = 7
+	ReasonUnixRel     uint8 = 8
+	ReasonUnixDotDot  uint8 = 9
+	ReasonUnixPath    uint8 = 10
 )
+
+// UnixEvent is a refused (or recorded) unix socket connect or sendmsg,
+// struct unix_event in bpf/egress.c.
+type UnixEvent = egressUnixEvent
 
 var ops = map[uint8]string{1: "connect", 2: "sendmsg"}
 
@@ -62,7 +78,27 @@ func decodeNet(raw []byte, ev *audit.Event) error {
 		Port:     e.Port,
 		Reason:   reason,
 	}
+	if e.Family == unix.AF_UNIX {
+		u, err := enforce.Cast[UnixEvent](raw)
+		if err != nil {
+			return fmt.Errorf("unix event: %w", err)
+		}
+		ev.Net.Addr = unixPath(u.Path[:], int(u.PathLen))
+	}
 	return nil
+}
+
+// unixPath renders a socket path as passed; abstract names as "@name".
+func unixPath(p []int8, n int) string {
+	n = min(max(n, 0), len(p))
+	b := make([]byte, 0, n)
+	for i := 0; i < n; i++ {
+		b = append(b, byte(p[i]))
+	}
+	if len(b) > 0 && b[0] == 0 {
+		return "@" + strings.TrimRight(string(b[1:]), "\x00")
+	}
+	return string(b)
 }
 
 // Run deletes expired answered addresses every interval until ctx ends.

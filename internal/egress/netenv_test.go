@@ -384,6 +384,39 @@ func helperOp(mode string) (string, error) {
 			return "", err
 		}
 		return string(buf[:k]), nil
+	case "unix-connect", "unixgram-send":
+		// A unix socket path as given (relative ones from WATCHER_DIR).
+		if d := os.Getenv("WATCHER_DIR"); d != "" {
+			if err := os.Chdir(d); err != nil {
+				return "", err
+			}
+		}
+		if mode == "unixgram-send" {
+			// An unconnected datagram: sendmsg carries the path.
+			fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return "", err
+			}
+			defer unix.Close(fd)
+			if err := unix.Sendto(fd, []byte("hi"), 0, &unix.SockaddrUnix{Name: addr}); err != nil {
+				return "", err
+			}
+			return "sent", nil
+		}
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(fd)
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: addr}); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 64)
+		k, err := unix.Read(fd, buf)
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(string(buf[:k])), nil
 	case "bench-connect", "bench-udp", "bench-dns":
 		return benchLoop(mode)
 	case "raw":

@@ -195,6 +195,7 @@ func mergeLists(merged, own, base *Sandbox) {
 	merged.Egress.Loopback = concat(own.Egress.Loopback, base.Egress.Loopback)
 	merged.Tools.Rules = concat(own.Tools.Rules, base.Tools.Rules)
 	merged.Tools.Exchange.Patterns = concat(own.Tools.Exchange.Patterns, base.Tools.Exchange.Patterns)
+	merged.Egress.Unix = concat(own.Egress.Unix, base.Egress.Unix)
 }
 
 // concat returns a followed by the entries of b not already in a (so a
@@ -460,6 +461,7 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.Tools.Rules)
 	nilIfEmpty(&sb.Tools.Exchange.Types)
 	nilIfEmpty(&sb.Tools.Exchange.Patterns)
+	nilIfEmpty(&sb.Egress.Unix)
 	for j := range sb.Egress.Allow {
 		nilIfEmpty(&sb.Egress.Allow[j].Ports)
 	}

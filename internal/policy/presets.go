@@ -133,6 +133,7 @@ func cloneSandbox(sb Sandbox) Sandbox {
 	out.Tools.Rules = slices.Clone(sb.Tools.Rules)
 	out.Tools.Exchange.Types = slices.Clone(sb.Tools.Exchange.Types)
 	out.Tools.Exchange.Patterns = slices.Clone(sb.Tools.Exchange.Patterns)
+	out.Egress.Unix = slices.Clone(sb.Egress.Unix)
 	return out
 }
 

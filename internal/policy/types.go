@@ -429,6 +429,12 @@ type Egress struct {
 	// Loopback lists local services (on 127.0.0.0/8 and ::1) the sandbox
 	// may reach; other loopback ports are refused.
 	Loopback []LoopbackService `yaml:"loopback"`
+	// Unix lists unix socket paths the sandbox may connect or send to
+	// besides those inside its workspace ("/run/app.sock" that socket,
+	// "/run/app/" everything below). Unless default is allow, other unix
+	// sockets (the D-Bus system bus, systemd-resolved, nscd, docker.sock)
+	// and abstract ones are refused, judged on the path as passed.
+	Unix []string `yaml:"unix"`
 }
 
 // Protocol names a transport protocol.

@@ -235,6 +235,11 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 		}
 		c.protocol(lp.key("protocol"), l.Protocol)
 	}
+	for i, u := range sb.Egress.Unix {
+		if !strings.HasPrefix(u, "/") || len(u) > 107 {
+			c.add(eg.key("unix").idx(i), "%q: want an absolute socket path (at most 107 bytes)", u)
+		}
+	}
 	au := at.key("audit")
 	if r := sb.Audit.SampleRate; r < 0 || r > 1 {
 		c.add(au.key("sample_rate"), "%v out of range [0, 1] (0 = agent default)", r)

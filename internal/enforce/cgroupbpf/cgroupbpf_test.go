@@ -50,6 +50,23 @@ func TestHelper(t *testing.T) {
 		err = os.WriteFile("/proc/sys/"+parts[1], []byte(parts[2]), 0)
 	case "sysctl-read":
 		_, err = os.ReadFile("/proc/sys/" + parts[1])
+	case "ping":
+		// An unconnected ICMP ping socket: sendto names the address.
+		var fd int
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP)
+		if err == nil {
+			echo := []byte{8, 0, 0, 0, 0, 0, 0, 1, 'w', 't'}
+			err = unix.Sendto(fd, echo, 0, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}})
+			if err == nil {
+				buf := make([]byte, 64)
+				unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
+				var k int
+				if k, _, err = unix.Recvfrom(fd, buf, 0); err == nil && (k < 1 || buf[0] != 0) {
+					err = fmt.Errorf("no echo reply: % x", buf[:k])
+				}
+			}
+			unix.Close(fd)
+		}
 	case "socket":
 		var fd int
 		fd, err = unix.Socket(atoi(parts[1]), atoi(parts[2]), atoi(parts[3]))
@@ -79,7 +96,13 @@ func runOp(t *testing.T, cgPath, op string) error {
 	if err != nil {
 		t.Fatalf("helper %s: %v\n%s", op, err, out)
 	}
-	s := string(out)
+	return parseResult(t, op, string(out))
+}
+
+// parseResult reads the helper's "result=" line: nil or the errno.
+func parseResult(t *testing.T, op, s string) error {
+	t.Helper()
+	out := s
 	i := strings.Index(s, "result=")
 	if i < 0 {
 		t.Fatalf("helper %s: no result:\n%s", op, out)

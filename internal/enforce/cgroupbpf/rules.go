@@ -257,7 +257,7 @@ func DefaultSysctlRules(ruleID uint32) []SysctlRule {
 
 // DefaultSocketRules refuses raw IPv4 and IPv6 sockets (forged packets,
 // ping sweeps and sniffing of ICMP); ping sockets (SOCK_DGRAM,
-// IPPROTO_ICMP) stay allowed.
+// IPPROTO_ICMP) stay allowed here: PingSocketRules refuses them per sandbox.
 //
 // cgroup/sock_create only runs for AF_INET and AF_INET6 sockets (the kernel
 // calls it from inet_create and inet6_create), so packet, netlink and vsock
@@ -267,5 +267,16 @@ func DefaultSysctlRules(ruleID uint32) []SysctlRule {
 func DefaultSocketRules(ruleID uint32) []SocketRule {
 	return []SocketRule{
 		{Family: Any, Type: unix.SOCK_RAW, Protocol: Any, Action: enforce.ActionBlock, RuleID: ruleID},
+	}
+}
+
+// PingSocketRules refuses ICMP and ICMPv6 ping sockets (SOCK_DGRAM) in
+// sandbox: where net.ipv4.ping_group_range admits the caller (systemd hosts
+// open it to every group), an unconnected ping socket's sendto reaches any
+// address without passing a connect or sendmsg hook.
+func PingSocketRules(sandbox, ruleID uint32) []SocketRule {
+	return []SocketRule{
+		{Sandbox: sandbox, Family: unix.AF_INET, Type: unix.SOCK_DGRAM, Protocol: unix.IPPROTO_ICMP, Action: enforce.ActionBlock, RuleID: ruleID},
+		{Sandbox: sandbox, Family: unix.AF_INET6, Type: unix.SOCK_DGRAM, Protocol: unix.IPPROTO_ICMPV6, Action: enforce.ActionBlock, RuleID: ruleID},
 	}
 }
