@@ -112,13 +112,13 @@ func TestGatewayEndToEnd(t *testing.T) {
 	}
 	refused := false
 	for _, r := range sh.Refusals {
-		refused = refused || (r.What == "/etc/shadow" && r.Kind == "file_open")
+		refused = refused || (r.Path == "/etc/shadow" && r.Result == "refused")
 	}
 	if !refused || !strings.Contains(sh.RefusalSummary, "/etc/shadow") {
 		t.Errorf("refusal of /etc/shadow not reported: %+v", sh)
 	}
-	if sh.Outcome != "exited" || sh.Events == 0 {
-		t.Errorf("outcome %q events %d", sh.Outcome, sh.Events)
+	if sh.Outcome != "exited" {
+		t.Errorf("outcome %q", sh.Outcome)
 	}
 
 	// ask: approved from the CLI, proceeds; another times out; a third is

@@ -24,8 +24,6 @@ func (a *Agent) startGateway() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	a.gateway = gw
-	// Kernel events labelled with a call id feed its refusal summary.
-	a.fan.Add("gateway", gatewaySink{gw})
 	return gw.Apply(a.Policy())
 }
 
@@ -46,10 +44,3 @@ func (a *Agent) stopGateway() {
 		a.gateway.Close()
 	}
 }
-
-// gatewaySink passes events to the gateway; the agent closes the gateway
-// itself (before the sinks).
-type gatewaySink struct{ gw *gateway.Manager }
-
-func (s gatewaySink) Notify(e audit.Event) error { return s.gw.Notify(e) }
-func (s gatewaySink) Close() error               { return nil }

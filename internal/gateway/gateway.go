@@ -54,7 +54,6 @@ type Manager struct {
 	gateways  map[string]*sandboxGateway
 	approvals *approvals
 	admin     net.Listener
-	watch     *labelWatch
 	wg        sync.WaitGroup
 	closed    bool
 }
@@ -64,7 +63,7 @@ func Start(cfg Config) (*Manager, error) {
 	if cfg.Emit == nil {
 		cfg.Emit = func(audit.Event) {}
 	}
-	m := &Manager{cfg: cfg, gateways: map[string]*sandboxGateway{}, watch: newLabelWatch()}
+	m := &Manager{cfg: cfg, gateways: map[string]*sandboxGateway{}}
 	m.approvals = newApprovals()
 	ln, err := listenUnix(filepath.Join(cfg.SocketDir, "gateway.sock"), 0o600, 0, 0)
 	if err != nil {
@@ -119,15 +118,6 @@ func (m *Manager) Apply(pol *policy.Policy) error {
 // SocketPath is where the gateway of a sandbox listens.
 func SocketPath(socketDir, sandbox string) string {
 	return filepath.Join(socketDir, "sandboxes", sandbox, "tools.sock")
-}
-
-// Notify sees every event of the agent: the kernel events of shell calls
-// (by their label) are gathered into the calls' refusal summaries.
-func (m *Manager) Notify(e audit.Event) error {
-	if l := e.Sandbox.Labels["label"]; l != "" && e.Kind != audit.KindTool {
-		m.watch.observe(l, &e)
-	}
-	return nil
 }
 
 // Close stops every gateway; pending approvals are denied.

@@ -3,24 +3,23 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
-	"strconv"
+	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/watcherhq/watcher/internal/audit"
 )
 
 // ShellResult is what a shell call returns.
 type ShellResult struct {
 	// Outcome is watcher exec's: exited, signaled, timeout-term,
-	// timeout-kill, refused (breaker open), failed (nothing ran), canceled.
+	// timeout-kill, canceled (refused and failed runs are errors).
 	Outcome  string `json:"outcome"`
 	ExitCode int    `json:"exit_code"`
 	Signal   string `json:"signal,omitempty"`
@@ -32,32 +31,45 @@ type ShellResult struct {
 	StderrBytes     int64 `json:"stderr_bytes"`
 	StdoutTruncated bool  `json:"stdout_truncated,omitempty"`
 	StderrTruncated bool  `json:"stderr_truncated,omitempty"`
-	// Refusals are the kernel's refusals (and kills) of the command's
-	// processes, from the events labelled with the call id.
-	Refusals []Refusal `json:"refusals"`
+	// Refusals are watcher exec's report of what the layers refused during
+	// the run (operation, path or address, rule, layer, the policy lines
+	// that would allow it), from the kernel events labelled with the call
+	// id.
+	Refusals json.RawMessage `json:"refusals"`
 	// RefusalSummary says in one line what was refused and why.
 	RefusalSummary string `json:"refusal_summary,omitempty"`
-	// Events counts every kernel event seen with the call's label.
-	Events     int    `json:"events"`
-	Verdict    string `json:"verdict"`
-	DurationMS int64  `json:"duration_ms"`
+	// KilledByBackstop says a process was killed for an operation no
+	// layer could refuse.
+	KilledByBackstop bool  `json:"killed_by_backstop,omitempty"`
+	DurationMS       int64 `json:"duration_ms"`
 }
 
-// Refusal is one refused operation of a shell call.
-type Refusal struct {
-	Kind      string `json:"kind"`
-	Verdict   string `json:"verdict"`
-	What      string `json:"what"`
-	Rule      string `json:"rule,omitempty"`
-	Mechanism string `json:"mechanism,omitempty"`
-	Comm      string `json:"comm,omitempty"`
-	PID       uint32 `json:"pid,omitempty"`
+// execReport is the part of watcher exec's --report the gateway reads.
+type execReport struct {
+	Outcome  string          `json:"outcome"`
+	ExitCode int             `json:"exit_code"`
+	Signal   string          `json:"signal"`
+	Killed   bool            `json:"killed_by_backstop"`
+	Refusals json.RawMessage `json:"refusals"`
+}
+
+type reportRefusal struct {
+	Operation string `json:"operation"`
+	Path      string `json:"path"`
+	Address   string `json:"address"`
+	Rule      string `json:"rule"`
+	Layer     string `json:"layer"`
+	Result    string `json:"result"`
+	Count     int    `json:"count"`
 }
 
 func (r *ShellResult) summary() string {
-	s := fmt.Sprintf("outcome=%s exit=%d stdout=%dB stderr=%dB events=%d refusals=%d", r.Outcome, r.ExitCode, r.StdoutBytes, r.StderrBytes, r.Events, len(r.Refusals))
+	s := fmt.Sprintf("outcome=%s exit=%d stdout=%dB stderr=%dB", r.Outcome, r.ExitCode, r.StdoutBytes, r.StderrBytes)
 	if r.Signal != "" {
 		s += " signal=" + r.Signal
+	}
+	if r.RefusalSummary != "" {
+		s += "; " + r.RefusalSummary
 	}
 	return s
 }
@@ -77,7 +89,13 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "shell is not available: the gateway has no watcher binary to run commands with")
 	}
 	sb := cl.sb
-	args := []string{"exec", "--sandbox", sb.Name, "--label", cl.act.CallID}
+	tmp, err := os.MkdirTemp("", "watcher-shell-")
+	if err != nil {
+		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "report dir: %v", err)
+	}
+	defer os.RemoveAll(tmp)
+	reportPath := filepath.Join(tmp, "report.json")
+	args := []string{"exec", "-q", "--sandbox", sb.Name, "--label", cl.act.CallID, "--report", reportPath}
 	if cfg.ControlSocket != "" {
 		args = append(args, "--socket", cfg.ControlSocket)
 	}
@@ -104,8 +122,6 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 	stdout, stderr := &capWriter{max: max}, &capWriter{max: max, tail: true}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	col := g.m.watch.begin(cl.act.CallID)
-	defer g.m.watch.end(cl.act.CallID)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "start watcher exec: %v", err)
@@ -120,42 +136,34 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 		case <-done:
 		}
 	}()
-	err := cmd.Wait()
+	err = cmd.Wait()
 	close(done)
-	res := &ShellResult{Stdout: stdout.String(), StdoutBytes: stdout.total, StdoutTruncated: stdout.cut,
-		StderrBytes: stderr.total, DurationMS: time.Since(start).Milliseconds()}
-	code := 0
 	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
+	if err != nil && !errors.As(err, &ee) {
 		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "watcher exec: %v", err)
 	}
-	// watcher exec's last stderr line is its verdict.
-	errText, verdict := splitVerdict(stderr, cl.act.CallID)
-	res.Stderr, res.Verdict = errText, verdict
-	if !stderr.cut {
-		res.StderrBytes = int64(len(errText))
+	res := &ShellResult{Stdout: stdout.String(), StdoutBytes: stdout.total, StdoutTruncated: stdout.cut,
+		Stderr: stderr.String(), StderrBytes: stderr.total, StderrTruncated: stderr.cut,
+		DurationMS: time.Since(start).Milliseconds(), Refusals: json.RawMessage("[]")}
+	var rep execReport
+	data, rerr := os.ReadFile(reportPath)
+	if rerr == nil {
+		rerr = json.Unmarshal(data, &rep)
 	}
-	res.StderrTruncated = stderr.cut
-	res.Outcome = verdictWord(verdict)
-	res.ExitCode = code
-	if strings.Contains(verdict, " signal=") {
-		f := verdictField(verdict, "signal")
-		res.Signal, res.ExitCode = f, code
+	if rerr != nil {
+		// No report: watcher exec stopped before running anything.
+		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "the command did not run: %s", strings.TrimSpace(lastLine(stderr.String())))
 	}
-	if res.Outcome == "" {
-		res.Outcome = "failed"
+	res.Outcome, res.ExitCode, res.Signal, res.KilledByBackstop = rep.Outcome, rep.ExitCode, rep.Signal, rep.Killed
+	if len(rep.Refusals) > 0 && string(rep.Refusals) != "null" {
+		res.Refusals = rep.Refusals
 	}
-	res.Events, res.Refusals = col.settle()
-	res.RefusalSummary = refusalSummary(res.Refusals)
+	var rs []reportRefusal
+	json.Unmarshal(res.Refusals, &rs)
+	res.RefusalSummary = refusalSummary(rs)
 	if res.Outcome == "refused" || res.Outcome == "failed" {
 		// Nothing ran: say why, as a typed error the agent can act on.
-		msg := strings.TrimSpace(lastLine(res.Stderr))
-		if msg == "" {
-			msg = verdict
-		}
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "the command did not run (%s): %s", res.Outcome, msg)
+		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "the command did not run (%s): %s", res.Outcome, strings.TrimSpace(lastLine(stderr.String())))
 	}
 	return res, nil
 }
@@ -166,45 +174,6 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
-}
-
-// splitVerdict finds watcher exec's verdict line (the last with this
-// call's label; after it only exec's own exit message may follow) and
-// returns the command's stderr without exec's lines.
-func splitVerdict(w *capWriter, callID string) (string, string) {
-	lines := strings.Split(strings.TrimRight(string(w.tailBytes()), "\n"), "\n")
-	mark := " label=" + callID + " "
-	for i := len(lines) - 1; i >= 0 && i >= len(lines)-3; i-- {
-		l := lines[i]
-		if !strings.HasPrefix(l, "watcher: ") || !strings.Contains(l, mark) {
-			continue
-		}
-		text := w.String()
-		if !w.cut {
-			if j := strings.LastIndex(text, l); j >= 0 {
-				text = text[:j]
-			}
-		}
-		return text, l
-	}
-	return w.String(), ""
-}
-
-func verdictWord(v string) string {
-	f := strings.Fields(v)
-	if len(f) < 2 {
-		return ""
-	}
-	return f[1]
-}
-
-func verdictField(v, key string) string {
-	for _, f := range strings.Fields(v) {
-		if val, ok := strings.CutPrefix(f, key+"="); ok {
-			return val
-		}
-	}
-	return ""
 }
 
 // capWriter keeps the first max bytes (and, with tail, the last 4 KiB, so
@@ -244,74 +213,7 @@ func (w *capWriter) tailBytes() []byte {
 	return w.buf.Bytes()
 }
 
-// labelWatch gathers the kernel events of running shell calls by label.
-type labelWatch struct {
-	mu sync.Mutex
-	m  map[string]*collector
-}
-
-func newLabelWatch() *labelWatch { return &labelWatch{m: map[string]*collector{}} }
-
-type collector struct {
-	mu       sync.Mutex
-	events   int
-	refusals []Refusal
-	last     time.Time
-}
-
-// maxRefusals caps the refusals returned per call (all are in the ledger).
-const maxRefusals = 50
-
-func (w *labelWatch) begin(label string) *collector {
-	c := &collector{last: time.Now()}
-	w.mu.Lock()
-	w.m[label] = c
-	w.mu.Unlock()
-	return c
-}
-
-func (w *labelWatch) end(label string) {
-	w.mu.Lock()
-	delete(w.m, label)
-	w.mu.Unlock()
-}
-
-func (w *labelWatch) observe(label string, e *audit.Event) {
-	w.mu.Lock()
-	c := w.m[label]
-	w.mu.Unlock()
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.events++
-	c.last = time.Now()
-	if (e.Verdict == audit.VerdictDenied || e.Verdict == audit.VerdictKilled) && len(c.refusals) < maxRefusals {
-		c.refusals = append(c.refusals, Refusal{Kind: string(e.Kind), Verdict: string(e.Verdict), What: eventWhat(e),
-			Rule: e.Rule, Mechanism: e.Mechanism, Comm: e.Process.Comm, PID: e.Process.TGID})
-	}
-}
-
-// settle waits until the command's events stopped arriving (the agent
-// reads the kernel's rings every 50 ms): 250 ms without one, at most 2 s.
-func (c *collector) settle() (int, []Refusal) {
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		c.mu.Lock()
-		quiet := time.Since(c.last) > 250*time.Millisecond
-		c.mu.Unlock()
-		if quiet || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.events, append([]Refusal{}, c.refusals...)
-}
-
-func refusalSummary(rs []Refusal) string {
+func refusalSummary(rs []reportRefusal) string {
 	if len(rs) == 0 {
 		return ""
 	}
@@ -321,35 +223,22 @@ func refusalSummary(rs []Refusal) string {
 			parts = append(parts, fmt.Sprintf("and %d more", len(rs)-5))
 			break
 		}
-		s := fmt.Sprintf("%s %s %s", r.Verdict, r.Kind, r.What)
+		what := r.Path
+		if what == "" {
+			what = r.Address
+		}
+		s := fmt.Sprintf("%s %s %s", r.Result, r.Operation, what)
 		if r.Rule != "" {
-			s += " (rule " + r.Rule + ", by " + r.Mechanism + ")"
+			s += " (rule " + r.Rule + ", by " + r.Layer + ")"
+		} else {
+			s += " (by " + r.Layer + ")"
+		}
+		if r.Count > 1 {
+			s += fmt.Sprintf(" x%d", r.Count)
 		}
 		parts = append(parts, s)
 	}
-	return "the kernel refused: " + strings.Join(parts, "; ")
-}
-
-// eventWhat names the object of a kernel event.
-func eventWhat(e *audit.Event) string {
-	switch {
-	case e.File != nil:
-		return e.File.Path
-	case e.Net != nil:
-		return fmt.Sprintf("%s %s:%d", e.Net.Op, e.Net.Addr, e.Net.Port)
-	case e.DNS != nil:
-		return e.DNS.Name
-	case e.Mount != nil:
-		return e.Mount.Op + " " + e.Mount.Target
-	case e.Syscall != nil:
-		if e.Syscall.Name != "" {
-			return e.Syscall.Name
-		}
-		return "syscall " + strconv.FormatInt(e.Syscall.Nr, 10)
-	case e.Target != nil:
-		return "pid " + strconv.Itoa(int(e.Target.PID))
-	}
-	return e.Message
+	return strings.Join(parts, "; ")
 }
 
 func errnoName(e unix.Errno) string {

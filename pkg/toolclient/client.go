@@ -263,10 +263,24 @@ type ShellOutput struct {
 	Stdout         string `json:"stdout"`
 	Stderr         string `json:"stderr"`
 	RefusalSummary string `json:"refusal_summary"`
-	Refusals       []struct {
-		Kind, Verdict, What, Rule, Mechanism, Comm string
-	} `json:"refusals"`
-	Events int `json:"events"`
+	// Refusals are what the kernel's layers refused during the run.
+	Refusals []Refusal `json:"refusals"`
+}
+
+// Refusal is one refused operation of a shell call, with the policy lines
+// that would allow it.
+type Refusal struct {
+	Operation string   `json:"operation"`
+	Path      string   `json:"path"`
+	Address   string   `json:"address"`
+	Rule      string   `json:"rule"`
+	Layer     string   `json:"layer"`
+	Result    string   `json:"result"`
+	Errno     string   `json:"errno"`
+	Process   string   `json:"process"`
+	Count     int      `json:"count"`
+	Allow     []string `json:"allow"`
+	Note      string   `json:"note"`
 }
 
 // Shell runs a command in the sandbox (timeout 0: the policy's).
