@@ -161,14 +161,26 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	if err != nil {
 		return &exitError{Code: 126, Err: err}
 	}
+	lim, err := newExecLimits(sb, agent.ExecParents(pol, sb)[0], *label)
+	if err != nil {
+		return &exitError{Code: 126, Err: err}
+	}
 	breaker, saveBreaker := loadBreaker(pol, sb)
 	v, runErr := launch.Run(ctx, launch.Config{
 		Path: argv[0], Args: argv[1:], Env: os.Environ(),
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
 		Sandbox: sb.Name, CgroupParent: agent.ExecParents(pol, sb)[0], Label: *label,
-		Restrictions: plan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso,
+		Restrictions: plan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
 	})
 	saveBreaker()
+	if err := lim.Finish(stderr, func(e audit.Event) error {
+		if running {
+			return control.NewClient(*socket).Record(e)
+		}
+		return a.Record(e)
+	}); err != nil {
+		log.Warn("limit hits not recorded", "err", err)
+	}
 	// Every event of the run is in: the private agent drains its rings
 	// when it stops; a running agent's stream gets the reader's deadline.
 	if a != nil {

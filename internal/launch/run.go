@@ -73,6 +73,19 @@ type Config struct {
 	// Isolation gives the command namespaces and mounts of its own (an
 	// overlay workspace bound over the real one, a private IPC namespace).
 	Isolation Isolation
+	// Leaf, if set, is told when the command enters its leaf cgroup and
+	// when it is done (resource limits on the leaf and in v1 hierarchies).
+	Leaf LeafHook
+}
+
+// LeafHook follows a command's leaf cgroup.
+type LeafHook interface {
+	// Enter is called after the child moved into the leaf (absolute
+	// cgroup2 path) and before it execs; an error stops the run.
+	Enter(leaf string, pid int) error
+	// Exit is called once the command and what it left are killed,
+	// before the leaf is removed.
+	Exit(leaf string)
 }
 
 // Outcome says how a run ended.
@@ -229,6 +242,9 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 	v.Cgroup = leaf
 	v.CgroupID, _ = cgroupfs.ID(leaf)
 	runErr := run(ctx, cfg, self, spec, leaf, &v)
+	if cfg.Leaf != nil {
+		cfg.Leaf.Exit(leaf)
+	}
 	if err := cgroupfs.Remove(leaf); err != nil {
 		runErr = errors.Join(runErr, fmt.Errorf("launch: %w", err))
 	}
@@ -339,6 +355,8 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 	}
 	if applied.Error == "" {
 		if err := cgroupfs.MovePID(leaf, v.PID); err != nil {
+			applied.Error = err.Error()
+		} else if err := enterLeaf(cfg.Leaf, leaf, v.PID); err != nil {
 			applied.Error = err.Error()
 		} else if _, err := goW.Write([]byte{1}); err != nil {
 			applied.Error = "release child: " + err.Error()
@@ -488,4 +506,11 @@ func (b *Breaker) Consecutive(sandbox string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.counts[sandbox]
+}
+
+func enterLeaf(h LeafHook, leaf string, pid int) error {
+	if h == nil {
+		return nil
+	}
+	return h.Enter(leaf, pid)
 }

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/limits"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// limitsOf converts a policy's limits.
+func limitsOf(p policy.Limits) limits.Limits {
+	l := limits.Limits{CPU: p.CPU, Memory: p.Memory.Bytes, MemoryHigh: p.MemoryHigh.Bytes, PIDs: p.PIDs}
+	for _, d := range p.IO {
+		l.IO = append(l.IO, limits.IOLimit{Device: d.Device, ReadBPS: d.ReadBPS.Bytes, WriteBPS: d.WriteBPS.Bytes, ReadIOPS: d.ReadIOPS, WriteIOPS: d.WriteIOPS})
+	}
+	return l
+}
+
+// execLimits applies a sandbox's limits to the `watcher exec` leaf (and
+// its parent, the sandbox cgroup) and turns what the command hit into
+// ledger events.
+type execLimits struct {
+	sandbox, label string
+	host           *limits.Host
+	leaf           *limits.Leaf
+	report         *limits.LeafReport
+}
+
+// newExecLimits returns nil when the sandbox has no limits.
+func newExecLimits(sb *policy.Sandbox, parent, label string) (*execLimits, error) {
+	lim := limitsOf(sb.Limits)
+	if lim.Zero() {
+		return nil, nil
+	}
+	host, err := limits.Detect()
+	if err != nil {
+		return nil, err
+	}
+	root, err := cgroupfs.Mountpoint()
+	if err != nil {
+		return nil, err
+	}
+	abs, err := cgroupfs.Abs(parent)
+	if err != nil {
+		return nil, err
+	}
+	// The sandbox cgroup carries the limits for all its commands together.
+	if _, err := host.Apply(strings.TrimPrefix(abs, root), lim, true); err != nil {
+		return nil, err
+	}
+	e := &execLimits{sandbox: sb.Name, label: label, host: host}
+	e.leaf = &limits.Leaf{Host: host, Limits: lim, OnDone: func(r limits.LeafReport) { e.report = &r }}
+	return e, nil
+}
+
+// Hook is the launch hook (nil without limits).
+func (e *execLimits) Hook() launch.LeafHook {
+	if e == nil {
+		return nil
+	}
+	return e.leaf
+}
+
+// Finish prints the usage line and records the limit hits with record.
+func (e *execLimits) Finish(stderr io.Writer, record func(audit.Event) error) error {
+	if e == nil || e.report == nil {
+		return nil
+	}
+	r := e.report
+	u, l := r.Usage, r.Limits
+	mech := func(c string) string { return e.host.Mechanism(c) }
+	line := fmt.Sprintf("watcher: limits cpu=%.2fs throttled=%d memory.peak=%s", u.CPUSeconds, u.CPUThrottled, policy.FormatBytes(u.MemoryPeak))
+	if l.Memory > 0 {
+		line += "/" + policy.FormatBytes(l.Memory)
+	}
+	line += fmt.Sprintf(" oom_kills=%d pids.max_hits=%d", u.OOMKills, u.PIDsMaxHits)
+	if l.PIDs > 0 {
+		line += fmt.Sprintf(" pids.max=%d", l.PIDs)
+	}
+	fmt.Fprintln(stderr, line+" via memory:"+mech(limits.Memory)+" cpu:"+mech(limits.CPU)+" pids:"+mech(limits.PIDs))
+	if r.Err != nil {
+		fmt.Fprintln(stderr, "watcher: limits:", r.Err)
+	}
+	base := audit.Event{Time: time.Now(), Kind: audit.KindLimit, Severity: audit.SeverityAlert, Sandbox: audit.Sandbox{Name: e.sandbox}}
+	if e.label != "" {
+		base.Sandbox.Labels = map[string]string{"label": e.label}
+	}
+	var evs []audit.Event
+	for _, o := range r.OOM {
+		ev := base
+		ev.Verdict, ev.Mechanism = audit.VerdictKilled, mech(limits.Memory)
+		ev.Process = audit.Process{PID: uint32(o.PID), TGID: uint32(o.PID), UID: uint32(o.UID), Comm: o.Comm}
+		ev.Limit = &audit.LimitDetail{Resource: limits.Memory, Limit: uint64(l.Memory), Usage: uint64(u.MemoryPeak), Count: 1, Mechanism: mech(limits.Memory)}
+		ev.Message = fmt.Sprintf("%s (pid %d) OOM-killed at the memory limit %s", o.Comm, o.PID, policy.FormatBytes(l.Memory))
+		evs = append(evs, ev)
+	}
+	if n := int(u.OOMKills) - len(r.OOM); n > 0 {
+		// Kills the kernel log did not name (unreadable or overwritten).
+		ev := base
+		ev.Verdict, ev.Mechanism = audit.VerdictKilled, mech(limits.Memory)
+		ev.Limit = &audit.LimitDetail{Resource: limits.Memory, Limit: uint64(l.Memory), Usage: uint64(u.MemoryPeak), Count: uint64(n), Mechanism: mech(limits.Memory)}
+		ev.Message = fmt.Sprintf("%d processes OOM-killed at the memory limit %s", n, policy.FormatBytes(l.Memory))
+		evs = append(evs, ev)
+	}
+	if u.PIDsMaxHits > 0 {
+		ev := base
+		ev.Verdict, ev.Mechanism = audit.VerdictDenied, mech(limits.PIDs)
+		ev.Limit = &audit.LimitDetail{Resource: limits.PIDs, Limit: uint64(l.PIDs), Count: u.PIDsMaxHits, Mechanism: mech(limits.PIDs)}
+		ev.Message = fmt.Sprintf("%d forks refused at the pids limit %d", u.PIDsMaxHits, l.PIDs)
+		evs = append(evs, ev)
+	}
+	for _, ev := range evs {
+		if err := record(ev); err != nil {
+			return fmt.Errorf("record limit hit: %w", err)
+		}
+	}
+	return nil
+}
