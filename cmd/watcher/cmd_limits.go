@@ -4,23 +4,17 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/policy"
 )
-
-// limitsOf converts a policy's limits.
-func limitsOf(p policy.Limits) limits.Limits {
-	l := limits.Limits{CPU: p.CPU, Memory: p.Memory.Bytes, MemoryHigh: p.MemoryHigh.Bytes, PIDs: p.PIDs}
-	for _, d := range p.IO {
-		l.IO = append(l.IO, limits.IOLimit{Device: d.Device, ReadBPS: d.ReadBPS.Bytes, WriteBPS: d.WriteBPS.Bytes, ReadIOPS: d.ReadIOPS, WriteIOPS: d.WriteIOPS})
-	}
-	return l
-}
 
 // execLimits applies a sandbox's limits to the `watcher exec` leaf (and
 // its parent, the sandbox cgroup) and turns what the command hit into
@@ -34,7 +28,7 @@ type execLimits struct {
 
 // newExecLimits returns nil when the sandbox has no limits.
 func newExecLimits(sb *policy.Sandbox, parent, label string) (*execLimits, error) {
-	lim := limitsOf(sb.Limits)
+	lim := agent.LimitsOf(sb.Limits)
 	if lim.Zero() {
 		return nil, nil
 	}
@@ -121,4 +115,52 @@ func (e *execLimits) Finish(stderr io.Writer, record func(audit.Event) error) er
 		}
 	}
 	return nil
+}
+
+// printUsage prints each sandbox cgroup's resource use against its
+// limits (part of `watcher status`).
+func printUsage(w io.Writer, st *control.Status) {
+	any := false
+	for _, s := range st.Sandboxes {
+		any = any || s.Usage != nil
+	}
+	if !any {
+		return
+	}
+	of := func(used string, limit string) string {
+		if limit == "" {
+			return used
+		}
+		return used + " / " + limit
+	}
+	pct := func(u, l float64) string {
+		if l <= 0 {
+			return ""
+		}
+		return fmt.Sprintf(" (%.0f%%)", 100*u/l)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SANDBOX\tCGROUP\tCPU\tMEMORY\tPEAK\tPIDS\tOOM KILLS\tFORKS REFUSED\tVIA")
+	for _, s := range st.Sandboxes {
+		u := s.Usage
+		if u == nil {
+			continue
+		}
+		cpu := fmt.Sprintf("%.1fs", u.CPUSeconds)
+		if u.CPULimit > 0 {
+			cpu += fmt.Sprintf(" (limit %.2f cores)", u.CPULimit)
+		}
+		mem, pids := "", ""
+		if u.MemoryLimit > 0 {
+			mem = policy.FormatBytes(u.MemoryLimit)
+		}
+		if u.PIDsLimit > 0 {
+			pids = fmt.Sprint(u.PIDsLimit)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s%s\t%s\t%s%s\t%d\t%d\t%s\n", s.Name, s.Path, cpu,
+			of(policy.FormatBytes(u.MemoryBytes), mem), pct(float64(u.MemoryBytes), float64(u.MemoryLimit)), policy.FormatBytes(u.MemoryPeak),
+			of(fmt.Sprint(u.PIDs), pids), pct(float64(u.PIDs), float64(u.PIDsLimit)), u.OOMKills, u.PIDsMaxHits, u.Mechanism)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
 }

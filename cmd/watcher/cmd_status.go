@@ -98,6 +98,7 @@ func printStatus(w io.Writer, st *control.Status) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
+	printUsage(w, st)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tENFORCED BY\tNOTE")
 	for _, l := range st.Layers {

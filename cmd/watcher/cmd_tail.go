@@ -179,6 +179,8 @@ func detailText(e *audit.Event) string {
 		return fmt.Sprintf("syscall %s(%d)", e.Syscall.Name, e.Syscall.Nr)
 	case e.Loss != nil:
 		return fmt.Sprintf("lost %d at %s", e.Loss.Count, e.Loss.Stage)
+	case e.Workspace != nil, e.Limit != nil:
+		return e.Message
 	case len(e.Process.Args) > 0:
 		return strings.Join(e.Process.Args, " ")
 	}

@@ -202,6 +202,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("bpf statistics: %w", err)
 	}
 	a.metrics.Registry.MustRegister(a.bpfStats)
+	a.metrics.Registry.MustRegister(&limitsCollector{a: a})
 	a.reader = a.eng.NewReader(enforce.ReaderOptions{SandboxName: a.sandboxName, RuleName: a.rules.Name})
 	lsmStatus, lsmMech := lsm.ProbeMechanisms()
 	a.lsmProbe, a.lsmProbeMech = lsmStatus, lsmMech
@@ -564,6 +565,7 @@ func (a *Agent) addRoot(sandbox, abs string, exact bool) error {
 	if _, err := a.cgroups.Attach(abs); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sandbox, err)
 	}
+	a.applyLimits(sandbox, abs)
 	if err := a.egress.Attach(abs); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sandbox, err)
 	}
@@ -1015,7 +1017,7 @@ func (a *Agent) Status() control.Status {
 	s := control.Status{PID: os.Getpid(), Started: a.started, Version: Version, Kernel: ks,
 		Losses: map[string]uint64{}, Policy: a.opts.PolicyPath}
 	a.mu.Lock()
-	s.Layers, s.Missing = a.layers, a.missing
+	s.Layers, s.Missing = append(append([]control.Layer(nil), a.layers...), limitLayers(a.pol)...), a.missing
 	for cg, r := range a.roots {
 		ss := control.SandboxStatus{Name: r.sandbox, CgroupID: cg, Path: r.path, Mode: "enforce", Events: map[string]uint64{}}
 		if sb := a.pol.Sandbox(r.sandbox); sb != nil && sb.Mode != "" {
@@ -1027,6 +1029,7 @@ func (a *Agent) Status() control.Status {
 			}
 		}
 		_, ss.Frozen = a.frozen.Load(r.sandbox)
+		ss.Usage = rootUsage(a.pol, a.pol.Sandbox(r.sandbox), r.path)
 		s.Sandboxes = append(s.Sandboxes, ss)
 	}
 	dir := a.pol.Agent.LedgerDir

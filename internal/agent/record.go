@@ -21,6 +21,9 @@ func (a *Agent) Record(e audit.Event) error {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
+	if e.Kind == audit.KindLimit {
+		countLimitHit(&e)
+	}
 	a.emit(e)
 	return nil
 }

@@ -76,6 +76,24 @@ type SandboxStatus struct {
 	Frozen   bool              `json:"frozen"`
 	Escape   float64           `json:"escape_score"`
 	Events   map[string]uint64 `json:"events"` // by verdict
+	// Usage is the cgroup's resource use against the sandbox's limits.
+	Usage *ResourceUsage `json:"usage,omitempty"`
+}
+
+// ResourceUsage is a sandbox cgroup's use of its limits (0 = no limit).
+type ResourceUsage struct {
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	CPULimit    float64 `json:"cpu_limit_cores,omitempty"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	MemoryPeak  int64   `json:"memory_peak_bytes"`
+	MemoryLimit int64   `json:"memory_limit_bytes,omitempty"`
+	PIDs        int64   `json:"pids"`
+	PIDsLimit   int64   `json:"pids_limit,omitempty"`
+	OOMKills    uint64  `json:"oom_kills"`
+	PIDsMaxHits uint64  `json:"pids_max_hits"`
+	// Mechanism says which hierarchy holds memory, cpu and pids
+	// ("memory=cgroup1 cpu=cgroup1 pids=cgroup1").
+	Mechanism string `json:"mechanism"`
 }
 
 // LedgerStatus is the ledger's head and last checkpoint.

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/limits"
+)
+
+// TestLimitsEndToEnd: a sandbox with limits under the running agent; a
+// memory hog run with watcher exec is OOM-killed at the limit and the kill
+// reaches watcher tail, the ledger and the metrics; a fork bomb stops at
+// the pids limit; watcher status shows the usage and which cgroup
+// hierarchy enforces each limit.
+func TestLimitsEndToEnd(t *testing.T) {
+	h, err := limits.Detect()
+	if err != nil || h.Mechanism(limits.Memory) == limits.None || h.Mechanism(limits.PIDs) == limits.None {
+		t.Skipf("no memory or pids controller on this host (%v)", err)
+	}
+	tb := newTestbed(t, "    limits: {memory: 48M, pids: 24, cpu: 1}\n", "{enabled: false}")
+	t.Cleanup(func() {
+		// The v1 groups beside the cgroup2 ones (hybrid hosts).
+		for _, mnt := range h.V1 {
+			for _, cg := range []string{tb.cgroup, tb.cgroup + "-exec"} {
+				exec.Command("find", filepath.Join(mnt, cg), "-depth", "-type", "d", "-exec", "rmdir", "{}", ";").Run()
+			}
+		}
+	})
+	tb.startAgent()
+	ctl := filepath.Join(tb.socketDir, "control.sock")
+
+	tailCmd := exec.Command(tb.bin, "tail", "-o", "json", "--socket", filepath.Join(tb.socketDir, "events.sock"))
+	tailOut, _ := tailCmd.StdoutPipe()
+	if err := tailCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { tailCmd.Process.Kill(); tailCmd.Wait() }()
+	lines := make(chan audit.Event, 100)
+	go func() {
+		sc := bufio.NewScanner(tailOut)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e audit.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil && e.Kind == audit.KindLimit {
+				lines <- e
+			}
+		}
+		close(lines)
+	}()
+	time.Sleep(300 * time.Millisecond)
+
+	// The benign neighbour first: a small command runs to its end.
+	if out, code := tb.watcher("exec", "--socket", ctl, "--", "sh", "-c", "head -c 4000000 /dev/zero | wc -c"); code != 0 || !strings.Contains(out, "4000000") {
+		t.Fatalf("small command: exit %d\n%s", code, out)
+	}
+	out, code := tb.watcher("exec", "--socket", ctl, "--label", "hog-1", "--", "tail", "/dev/zero")
+	if code != 128+9 || !strings.Contains(out, "oom_kills=1") {
+		t.Fatalf("memory hog: exit %d, want 137 and oom_kills=1:\n%s", code, out)
+	}
+	t.Logf("hog: %s", grepLines([]byte(out), "watcher: limits"))
+	var oom *audit.Event
+	timeout := time.After(10 * time.Second)
+	for oom == nil {
+		select {
+		case e := <-lines:
+			if e.Limit != nil && e.Limit.Resource == "memory" {
+				oom = &e
+			}
+		case <-timeout:
+			t.Fatalf("no OOM kill reached watcher tail; agent log:\n%s", tb.agentLog)
+		}
+	}
+	if oom.Verdict != audit.VerdictKilled || oom.Process.Comm != "tail" || oom.Sandbox.Labels["label"] != "hog-1" ||
+		oom.Limit.Limit != 48<<20 || oom.Limit.Mechanism != h.Mechanism(limits.Memory) {
+		t.Errorf("OOM event: %+v %+v", oom, oom.Limit)
+	}
+
+	// A fork bomb stops at the pids limit; the launcher's kill ends it.
+	out, _ = tb.watcher("exec", "--socket", ctl, "--kill", "3s", "--", "sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60")
+	if !regexp.MustCompile(`pids\.max_hits=[1-9]`).MatchString(out) {
+		t.Fatalf("fork bomb: no pids limit hit:\n%s", out)
+	}
+	var pidsHit *audit.Event
+	timeout = time.After(10 * time.Second)
+	for pidsHit == nil {
+		select {
+		case e := <-lines:
+			if e.Limit != nil && e.Limit.Resource == "pids" {
+				pidsHit = &e
+			}
+		case <-timeout:
+			t.Fatal("no pids limit event reached watcher tail")
+		}
+	}
+
+	// Metrics: usage, limits and the kill count.
+	resp, err := http.Get("http://" + tb.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, re := range []string{
+		`watcher_sandbox_memory_limit_bytes\{sandbox="agents"\} 5\.0331648e\+07`,
+		`watcher_sandbox_oom_kills_total\{sandbox="agents"\} [1-9]`,
+		`watcher_sandbox_pids_limit\{sandbox="agents"\} 24`,
+		`watcher_sandbox_pids_max_hits_total\{sandbox="agents"\} [1-9]`,
+		`watcher_sandbox_cpu_seconds_total\{sandbox="agents"\} `,
+		`watcher_events_total\{kind="limit",sandbox="agents",verdict="killed"\} 1`,
+	} {
+		if !regexp.MustCompile(re).Match(body) {
+			t.Errorf("metrics lack %s:\n%s", re, grepLines(body, "watcher_sandbox_"))
+		}
+	}
+
+	// Status: usage against limits and the layer rows.
+	out, _ = tb.watcher("status", "--socket", ctl)
+	if !regexp.MustCompile(`/ 24 \(\d+%\)\s+[1-9]\d*\s+[1-9]`).MatchString(out) {
+		t.Errorf("status does not count the OOM kill and the refused forks:\n%s", out)
+	}
+	for _, want := range []string{"OOM KILLS", "/ 48M", "limits.memory", "limits.pids", "memory=" + h.Mechanism(limits.Memory)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	t.Logf("status:\n%s", out)
+	tb.stopAgent(syscall.SIGTERM)
+
+	// The ledger kept the kill with the victim.
+	out, _ = tb.watcher("ledger", "cat", "--kind", "limit", tb.ledger)
+	if !strings.Contains(out, `comm="tail"`) || !strings.Contains(out, "OOM-killed at the memory limit 48M") {
+		t.Errorf("ledger lacks the OOM kill:\n%s", out)
+	}
+}
