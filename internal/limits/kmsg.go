@@ -106,4 +106,3 @@ func parseOOMLine(msg string) (OOMKill, bool) {
 	}
 	return o, o.PID != 0
 }
-
