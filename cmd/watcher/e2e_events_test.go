@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/ledger"
 )
 
@@ -307,5 +308,94 @@ func TestRedactedEverywhere(t *testing.T) {
 		if !strings.Contains(a, "***") {
 			t.Errorf("arguments %q not redacted", a)
 		}
+	}
+}
+
+// TestEscapeFreezesOnlyTheLeaf: two `watcher exec` runs share the sandbox
+// name (as every command does in the default policy). One attempts the
+// escape sequence; the escape watch freezes its leaf only, and the other
+// run's benign work keeps going after the freeze and completes.
+func TestEscapeFreezesOnlyTheLeaf(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: true, threshold: 100, window: 60s, action: freeze}")
+	tb.startAgent()
+	ctl := filepath.Join(tb.socketDir, "control.sock")
+	count := filepath.Join(tb.ws, "count")
+
+	benign := exec.Command(tb.bin, "exec", "--socket", ctl, "--label", "benign", "--", "sh", "-c",
+		`i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i >> "$0"; sleep 0.1; done; echo benign-done $i`, count)
+	var benignOut strings.Builder
+	benign.Stdout, benign.Stderr = &benignOut, &benignOut
+	if err := benign.Start(); err != nil {
+		t.Fatal(err)
+	}
+	benignDone := make(chan error, 1)
+	go func() { benignDone <- benign.Wait() }()
+	time.Sleep(500 * time.Millisecond)
+
+	attack := exec.Command(tb.bin, "exec", "--socket", ctl, "--label", "attack", "--", "sh", "-c",
+		`cat /etc/shadow; cat /proc/1/environ; mount -t tmpfs none /mnt; echo 1 > /proc/sys/kernel/core_pattern;
+cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t 1 -m true; sleep 3`)
+	var attackOut strings.Builder
+	attack.Stdout, attack.Stderr = &attackOut, &attackOut
+	if err := attack.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { attack.Process.Kill(); attack.Wait() }()
+
+	frozenLeaf := func(label string) string {
+		dirs, _ := filepath.Glob(filepath.Join(tb.cgAbs, "exec-"+label+"-*"))
+		for _, d := range dirs {
+			if data, _ := os.ReadFile(filepath.Join(d, "cgroup.freeze")); strings.TrimSpace(string(data)) == "1" {
+				return d
+			}
+		}
+		return ""
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var leaf string
+	for leaf = frozenLeaf("attack"); leaf == ""; leaf = frozenLeaf("attack") {
+		if time.Now().After(deadline) {
+			out, _ := tb.watcher("ledger", "cat", tb.ledger)
+			t.Fatalf("the attacking run was not frozen:\n%s\nledger:\n%s\nagent log:\n%s", attackOut.String(), out, tb.agentLog)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	countAt := func() int { data, _ := os.ReadFile(count); return strings.Count(string(data), "\n") }
+	atFreeze := countAt()
+	if data, _ := os.ReadFile(filepath.Join(tb.cgAbs, "cgroup.freeze")); strings.TrimSpace(string(data)) == "1" {
+		t.Error("the whole sandbox was frozen")
+	}
+	if l := frozenLeaf("benign"); l != "" {
+		t.Errorf("the benign run's leaf %s was frozen", l)
+	}
+	select {
+	case err := <-benignDone:
+		if err != nil || !strings.Contains(benignOut.String(), "benign-done 40") {
+			t.Fatalf("benign run: %v\n%s", err, benignOut.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("benign run did not finish after the attacker was frozen (%d steps at the freeze, %d now)", atFreeze, countAt())
+	}
+	if n := countAt(); n != 40 || atFreeze >= 40 {
+		t.Errorf("benign steps: %d at the freeze, %d at the end; want it still running at the freeze and 40 at the end", atFreeze, n)
+	}
+	if st, _ := tb.watcher("status", "--json", "--socket", ctl); !regexp.MustCompile(`"name": "agents",[^}]*"frozen": true`).MatchString(st) {
+		t.Errorf("status does not show the sandbox with a frozen leaf:\n%s", st)
+	}
+	if out, code := tb.watcher("thaw", "--socket", ctl, "agents"); code != 0 {
+		t.Fatalf("thaw: %d %s", code, out)
+	}
+	// The thawed attacker may finish its sequence and be frozen again: then
+	// a second escape record says so.
+	data, _ := os.ReadFile(filepath.Join(leaf, "cgroup.freeze"))
+	refrozen := strings.TrimSpace(string(data)) == "1"
+	t.Cleanup(func() { cgroupfs.Freeze(leaf, false) })
+	tb.stopAgent(syscall.SIGTERM)
+	out, _ := tb.watcher("ledger", "cat", "--json", "--kind", "escape", tb.ledger)
+	if !strings.Contains(out, "frozen: "+leaf) {
+		t.Fatalf("no escape alert naming the frozen leaf %s in the ledger:\n%s", leaf, out)
+	}
+	if refrozen && strings.Count(out, "frozen: "+leaf) < 2 {
+		t.Fatalf("leaf %s frozen after watcher thaw without a new escape alert:\n%s", leaf, out)
 	}
 }

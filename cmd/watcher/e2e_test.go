@@ -374,7 +374,9 @@ func TestEscapeWatchFreezes(t *testing.T) {
     workspace: [%s]
     escape: {enabled: true, threshold: 100, window: 60s, action: freeze}
 `, "CGROUP", "WS")
-	tb := newTestbed(t, benign, "{enabled: true, threshold: 100, window: 60s, action: freeze}")
+	// The sandbox-wide scope (the default freezes only the leaf that
+	// earned the score: TestEscapeFreezesOnlyTheLeaf).
+	tb := newTestbed(t, benign, "{enabled: true, threshold: 100, window: 60s, action: freeze, scope: sandbox}")
 	pol, _ := os.ReadFile(tb.policy)
 	pol = bytes.ReplaceAll(pol, []byte("CGROUP"), []byte(tb.cgroup))
 	pol = bytes.ReplaceAll(pol, []byte("WS"), []byte(tb.ws))

@@ -116,7 +116,9 @@ type Agent struct {
 	denialsOn atomic.Bool
 	prepMu    sync.Mutex
 	counts    sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
-	frozen    sync.Map // sandbox name -> bool
+	frozen    frozenLeaves
+	leaves    sync.Map // process cgroup id -> leafInfo (escape watch)
+	leafCount atomic.Int64
 	losses    sync.Map // stage -> *atomic.Uint64
 	layers    []control.Layer
 	missing   []string
@@ -188,7 +190,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.fan.Add("tail", a.tail)
-	a.escape = escape.New(escape.Config{Limits: a.escapeLimits})
+	a.escape = escape.New(escape.Config{Limits: a.escapeLimits, Leaf: a.escapeLeaf})
 
 	// The kernel side.
 	if a.eng, err = enforce.Open(enforce.Options{PinDir: ag.PinDir}); err != nil {
@@ -727,7 +729,7 @@ func (a *Agent) emit(ev audit.Event) {
 		a.opts.OnEvent(ev)
 	}
 	if d := a.escape.Observe(ev); d != nil {
-		a.escaped(d)
+		a.emit(a.escaped(d))
 	}
 }
 
@@ -785,50 +787,6 @@ func (a *Agent) count(sandbox string, v audit.Verdict, n uint64) {
 	c.(*[4]atomic.Uint64)[idx].Add(n)
 }
 
-// escaped acts on an escape-watch decision: freeze the sandbox's cgroups
-// (when its policy says so) and raise an alert with the evidence.
-func (a *Agent) escaped(d *escape.Decision) {
-	sb := a.Policy().Sandbox(d.Sandbox)
-	action := policy.EscapeFreeze
-	if sb != nil && sb.Escape.Action != "" {
-		action = sb.Escape.Action
-	}
-	msg := d.Summary()
-	if action == policy.EscapeFreeze {
-		var froze []string
-		for _, r := range a.rootsOf(d.Sandbox) {
-			if err := cgroupfs.Freeze(r.path, true); err == nil {
-				froze = append(froze, r.path)
-			}
-		}
-		a.frozen.Store(d.Sandbox, true)
-		a.metrics.Frozen.WithLabelValues(d.Sandbox).Set(1)
-		msg += "; frozen: " + strings.Join(froze, ", ") + " (watcher thaw " + d.Sandbox + ")"
-	}
-	a.emit(audit.Event{Kind: audit.KindEscape, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-		Sandbox: audit.Sandbox{Name: d.Sandbox, CgroupID: d.CgroupID}, Mechanism: "escape_watch", Message: msg})
-}
-
-func (a *Agent) rootsOf(sandbox string) []root {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []root
-	for _, r := range a.roots {
-		if r.sandbox == sandbox {
-			out = append(out, *r)
-		}
-	}
-	return out
-}
-
-func (a *Agent) escapeLimits(sandbox string) (float64, time.Duration, bool) {
-	sb := a.Policy().Sandbox(sandbox)
-	if sb == nil || !sb.Escape.Enabled {
-		return 0, 0, false
-	}
-	return sb.Escape.Threshold, sb.Escape.Window.Duration, true
-}
-
 // PrepareExec makes sure refusals by the seccomp filter and Landlock
 // ruleset of `watcher exec` are recorded before a command runs
 // (control.Handler): the first call attaches the sys_enter/sys_exit
@@ -852,25 +810,6 @@ func (a *Agent) PrepareExec() error {
 	}
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
 		Message: "recording seccomp and Landlock refusals of watcher exec commands (syscall tracepoints attached)"})
-	return nil
-}
-
-// Thaw thaws a frozen sandbox (control.Handler).
-func (a *Agent) Thaw(sandbox string) error {
-	roots := a.rootsOf(sandbox)
-	if len(roots) == 0 {
-		return fmt.Errorf("no sandbox %q", sandbox)
-	}
-	for _, r := range roots {
-		if err := cgroupfs.Freeze(r.path, false); err != nil {
-			return err
-		}
-	}
-	a.escape.Reset(sandbox)
-	a.frozen.Delete(sandbox)
-	a.metrics.Frozen.WithLabelValues(sandbox).Set(0)
-	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-		Sandbox: audit.Sandbox{Name: sandbox}, Message: "sandbox thawed by an operator"})
 	return nil
 }
 
@@ -1028,7 +967,7 @@ func (a *Agent) Status() control.Status {
 				ss.Events[v] = c.(*[4]atomic.Uint64)[i].Load()
 			}
 		}
-		_, ss.Frozen = a.frozen.Load(r.sandbox)
+		ss.Frozen = a.frozen.any(r.sandbox)
 		ss.Usage = rootUsage(a.pol, a.pol.Sandbox(r.sandbox), r.path)
 		s.Sandboxes = append(s.Sandboxes, ss)
 	}

@@ -413,3 +413,49 @@ func TestEscapeInsideBenignWorkloadIsCaught(t *testing.T) {
 		}
 	}
 }
+
+// TestLeavesScoredApart: two `watcher exec` runs share a sandbox name; one
+// replays the escape sequence, the other does benign work with a few
+// refusals of its own. The decision names the attacker's leaf only, and
+// the benign leaf's refusals never add to the attacker's score (or the
+// reverse).
+func TestLeavesScoredApart(t *testing.T) {
+	c := newClock()
+	s := New(Config{Threshold: 100, Window: time.Minute, Now: c.now,
+		Leaf: func(ev *audit.Event) uint64 { return ev.Process.CgroupID }})
+	const attacker, benign = 5001, 5002
+	var decisions []*Decision
+	for i, ev := range escapeSequence() {
+		ev.Process.CgroupID = attacker
+		if d := s.Observe(ev); d != nil {
+			decisions = append(decisions, d)
+		}
+		// The neighbour reads /etc/shadow once (refused) between steps.
+		if i == 2 {
+			nb := open("/etc/shadow", false, audit.VerdictDenied)
+			nb.Process.CgroupID = benign
+			if d := s.Observe(nb); d != nil {
+				t.Fatalf("benign leaf tripped: %s", d.Summary())
+			}
+		}
+		c.advance(time.Second)
+	}
+	if len(decisions) != 1 || decisions[0].Leaf != attacker || decisions[0].Sandbox != sandbox.Name {
+		t.Fatalf("decisions %+v, want one for leaf %d", decisions, attacker)
+	}
+	for _, e := range decisions[0].Evidence {
+		if e.Event.Process.CgroupID != attacker {
+			t.Fatalf("evidence from leaf %d in the attacker's decision", e.Event.Process.CgroupID)
+		}
+	}
+	if !strings.Contains(decisions[0].Summary(), "cgroup 5001 of sandbox agent-1") {
+		t.Errorf("summary %q does not name the leaf", decisions[0].Summary())
+	}
+	if !s.Tripped(sandbox.Name) || s.Score(sandbox.Name) < 100 {
+		t.Errorf("sandbox score %v tripped %v", s.Score(sandbox.Name), s.Tripped(sandbox.Name))
+	}
+	s.Reset(sandbox.Name)
+	if s.Tripped(sandbox.Name) || s.Score(sandbox.Name) != 0 {
+		t.Error("Reset left a leaf's score")
+	}
+}

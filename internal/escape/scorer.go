@@ -25,6 +25,11 @@ type Config struct {
 	Now func() time.Time
 	// MaxEvidence bounds the events kept per signal and sandbox; 0 means 16.
 	MaxEvidence int
+	// Leaf, when set, names the part of the sandbox an event's score
+	// belongs to (a cgroup id: the `watcher exec` run or the container);
+	// each leaf is scored on its own and a decision names it. 0, or no
+	// Leaf, scores the whole sandbox as one.
+	Leaf func(ev *audit.Event) uint64
 }
 
 // Evidence is one event that contributed to a score.
@@ -35,10 +40,14 @@ type Evidence struct {
 	Event  audit.Event `json:"event"`
 }
 
-// Decision reports a sandbox whose score crossed its threshold.
+// Decision reports a sandbox (or one leaf of it) whose score crossed its
+// threshold.
 type Decision struct {
-	Sandbox   string        `json:"sandbox"`
-	CgroupID  uint64        `json:"cgroup_id,omitempty"`
+	Sandbox  string `json:"sandbox"`
+	CgroupID uint64 `json:"cgroup_id,omitempty"`
+	// Leaf is the cgroup id of the leaf that earned the score (Config.Leaf);
+	// 0 when the sandbox is scored as a whole.
+	Leaf      uint64        `json:"leaf,omitempty"`
 	Score     float64       `json:"score"`
 	Threshold float64       `json:"threshold"`
 	Window    time.Duration `json:"window"`
@@ -57,8 +66,12 @@ func (d *Decision) Summary() string {
 		sigs = append(sigs, string(s))
 	}
 	sort.Strings(sigs)
-	return fmt.Sprintf("escape score %.0f >= %.0f within %v in sandbox %s (%d events: %v)",
-		d.Score, d.Threshold, d.Window, d.Sandbox, len(d.Evidence), sigs)
+	where := "sandbox " + d.Sandbox
+	if d.Leaf != 0 {
+		where = fmt.Sprintf("cgroup %d of sandbox %s", d.Leaf, d.Sandbox)
+	}
+	return fmt.Sprintf("escape score %.0f >= %.0f within %v in %s (%d events: %v)",
+		d.Score, d.Threshold, d.Window, where, len(d.Evidence), sigs)
 }
 
 // Scorer keeps a sliding-window score per sandbox. It is safe for
@@ -68,7 +81,13 @@ type Scorer struct {
 	weights map[Signal]Weight
 
 	mu    sync.Mutex
-	boxes map[string]*box
+	boxes map[boxKey]*box
+}
+
+// boxKey is what one score is kept for: a sandbox, or one leaf of it.
+type boxKey struct {
+	sandbox string
+	leaf    uint64
 }
 
 type box struct {
@@ -99,7 +118,7 @@ func New(cfg Config) *Scorer {
 	if w == nil {
 		w = DefaultWeights()
 	}
-	return &Scorer{cfg: cfg, weights: w, boxes: map[string]*box{}}
+	return &Scorer{cfg: cfg, weights: w, boxes: map[boxKey]*box{}}
 }
 
 // SandboxKey is the key events are scored under: the sandbox name, or its
@@ -125,15 +144,15 @@ func (s *Scorer) limits(sb string) (float64, time.Duration, bool) {
 // Observe scores one event. It returns a decision when the event takes its
 // sandbox's score to the threshold or above, once until Reset.
 func (s *Scorer) Observe(ev audit.Event) *Decision {
-	key := SandboxKey(&ev)
-	if key == "" {
+	name := SandboxKey(&ev)
+	if name == "" {
 		return nil
 	}
 	sig, mult, ok := Classify(&ev)
 	if !ok {
 		return nil
 	}
-	threshold, window, enabled := s.limits(key)
+	threshold, window, enabled := s.limits(name)
 	if !enabled {
 		return nil
 	}
@@ -146,6 +165,10 @@ func (s *Scorer) Observe(ev audit.Event) *Decision {
 		score *= RefusedFactor
 	}
 	now := s.cfg.Now()
+	key := boxKey{sandbox: name}
+	if s.cfg.Leaf != nil {
+		key.leaf = s.cfg.Leaf(&ev)
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -168,7 +191,7 @@ func (s *Scorer) Observe(ev audit.Event) *Decision {
 		return nil
 	}
 	b.tripped = true
-	d := &Decision{Sandbox: key, CgroupID: b.cgroupID, Score: total, Threshold: threshold, Window: window, At: now, Signals: per}
+	d := &Decision{Sandbox: name, CgroupID: b.cgroupID, Leaf: key.leaf, Score: total, Threshold: threshold, Window: window, At: now, Signals: per}
 	for _, l := range b.bySignal {
 		d.Evidence = append(d.Evidence, l...)
 	}
@@ -208,54 +231,68 @@ func (s *Scorer) total(b *box) (float64, map[Signal]float64) {
 	return total, per
 }
 
-// Score returns a sandbox's current score (signals in the window).
+// Score returns a sandbox's current score (signals in the window): the
+// highest of its leaves when leaves are scored apart.
 func (s *Scorer) Score(sandbox string) float64 {
 	_, window, _ := s.limits(sandbox)
+	now := s.cfg.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b := s.boxes[sandbox]
-	if b == nil {
-		return 0
+	var best float64
+	for k, b := range s.boxes {
+		if k.sandbox != sandbox {
+			continue
+		}
+		s.expire(b, now, window)
+		if len(b.bySignal) == 0 && !b.tripped {
+			// Nothing in the window: forget it, so leaves and sandboxes
+			// that come and go do not accumulate.
+			delete(s.boxes, k)
+			continue
+		}
+		if t, _ := s.total(b); t > best {
+			best = t
+		}
 	}
-	s.expire(b, s.cfg.Now(), window)
-	if len(b.bySignal) == 0 && !b.tripped {
-		// Nothing in the window: forget the sandbox, so sandboxes that
-		// come and go do not accumulate.
-		delete(s.boxes, sandbox)
-		return 0
-	}
-	t, _ := s.total(b)
-	return t
+	return best
 }
 
-// Tripped reports whether a decision was made for the sandbox and not yet
-// Reset.
+// Tripped reports whether a decision was made for the sandbox (or a leaf
+// of it) and not yet Reset.
 func (s *Scorer) Tripped(sandbox string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b := s.boxes[sandbox]
-	return b != nil && b.tripped
+	for k, b := range s.boxes {
+		if k.sandbox == sandbox && b.tripped {
+			return true
+		}
+	}
+	return false
 }
 
-// Reset clears a sandbox's score and re-arms it (after an operator thaws
-// it).
+// Reset clears a sandbox's scores, every leaf's, and re-arms them (after
+// an operator thaws it).
 func (s *Scorer) Reset(sandbox string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.boxes, sandbox)
+	for k := range s.boxes {
+		if k.sandbox == sandbox {
+			delete(s.boxes, k)
+		}
+	}
 }
 
 // Scores returns every sandbox's current score, for the
 // watcher_escape_score gauge.
 func (s *Scorer) Scores() map[string]float64 {
 	s.mu.Lock()
-	names := make([]string, 0, len(s.boxes))
-	for n := range s.boxes {
-		names = append(names, n)
+	names := map[string]bool{}
+	for k := range s.boxes {
+		names[k.sandbox] = true
 	}
 	s.mu.Unlock()
 	out := make(map[string]float64, len(names))
-	for _, n := range names {
+	for n := range names {
 		out[n] = s.Score(n)
 	}
 	return out

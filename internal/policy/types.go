@@ -517,7 +517,21 @@ type Escape struct {
 	Window Duration `yaml:"window"`
 	// Action is freeze or alert.
 	Action EscapeAction `yaml:"action"`
+	// Scope is what is scored and frozen: leaf (the default: each
+	// `watcher exec` run or container on its own, so one command's
+	// refusals never freeze another) or sandbox (every cgroup of the
+	// sandbox shares one score and is frozen together).
+	Scope EscapeScope `yaml:"scope"`
 }
+
+// EscapeScope is what the escape watch scores and freezes.
+type EscapeScope string
+
+// Escape scopes.
+const (
+	EscapeScopeLeaf    EscapeScope = "leaf"
+	EscapeScopeSandbox EscapeScope = "sandbox"
+)
 
 // Duration is a time span written as "30s", "5m", "1h30m", or a number of
 // seconds.

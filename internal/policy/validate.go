@@ -255,6 +255,9 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	if a := sb.Escape.Action; a != "" && a != EscapeFreeze && a != EscapeAlert {
 		c.add(es.key("action"), "%q: want freeze or alert", a)
 	}
+	if sc := sb.Escape.Scope; sc != "" && sc != EscapeScopeLeaf && sc != EscapeScopeSandbox {
+		c.add(es.key("scope"), "%q: want leaf or sandbox", sc)
+	}
 	c.workspaceValues(at, sb)
 }
 
