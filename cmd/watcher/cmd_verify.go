@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/ledger"
@@ -31,6 +32,9 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	pub := fs.String("pubkey", "", "checkpoint verifier key file (default DIR/ledger.pub; use a copy kept off the host)")
 	var ckpts checkpointFiles
 	fs.Var(&ckpts, "checkpoint", "a signed checkpoint kept elsewhere that the ledger must match (repeatable)")
+	var witnesses checkpointFiles
+	fs.Var(&witnesses, "witness", "a trusted witness's verifier key, or a file holding it (repeatable): a checkpoint that matches the records must carry their cosignatures")
+	quorum := fs.Int("quorum", 0, "how many of the --witness keys must have cosigned (default all)")
 	decode := fs.Bool("decode", false, "also decode every record's event")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("quiet", false, "no progress output")
@@ -46,7 +50,14 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	opts := ledger.VerifyOptions{PubKey: vkey, Decode: *decode, Checkpoints: map[string][]byte{}}
+	wkeys, err := witnessKeys(witnesses)
+	if err != nil {
+		return err
+	}
+	if *quorum < 0 || *quorum > len(wkeys) {
+		return &exitError{Code: 2, Err: fmt.Errorf("--quorum %d: want 1..%d (the number of --witness keys)", *quorum, len(wkeys))}
+	}
+	opts := ledger.VerifyOptions{PubKey: vkey, Decode: *decode, Checkpoints: map[string][]byte{}, Witnesses: wkeys, Quorum: *quorum}
 	for _, c := range ckpts {
 		data, err := os.ReadFile(c)
 		if err != nil {
@@ -104,6 +115,13 @@ func printReport(w io.Writer, r *ledger.Report, took time.Duration) {
 		fmt.Fprintf(w, "; %d later records rest on the hash chain alone", r.NextSeq-r.Covered)
 	}
 	fmt.Fprintln(w)
+	if len(r.WitnessedBy) > 0 {
+		fmt.Fprintf(w, "  witnessed records 0..%d cosigned by %s", r.Witnessed-1, strings.Join(r.WitnessedBy, ", "))
+		if r.OK() && r.NextSeq > r.Witnessed {
+			fmt.Fprintf(w, "; %d later records rest on the ledger key alone", r.NextSeq-r.Witnessed)
+		}
+		fmt.Fprintln(w)
+	}
 	if r.FirstSeq > 0 {
 		fmt.Fprintf(w, "  retention records before %d were removed (stated in the chain)\n", r.RemovedBefore)
 	}
@@ -127,4 +145,21 @@ func printReport(w io.Writer, r *ledger.Report, took time.Duration) {
 			fmt.Fprintf(w, "  problem   %s\n", p)
 		}
 	}
+}
+
+// witnessKeys reads --witness values: a verifier key, or a file holding
+// one.
+func witnessKeys(args []string) ([]string, error) {
+	var keys []string
+	for _, a := range args {
+		k := a
+		if data, err := os.ReadFile(a); err == nil {
+			k = strings.TrimSpace(string(data))
+		}
+		if _, err := ledger.ParseWitnessKey(k); err != nil {
+			return nil, &exitError{Code: 2, Err: fmt.Errorf("--witness %s: %w", a, err)}
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
 }

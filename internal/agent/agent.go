@@ -41,6 +41,7 @@ import (
 	"github.com/watcherhq/watcher/internal/metrics"
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/tail"
+	"github.com/watcherhq/watcher/internal/witness"
 )
 
 // Version is reported in status and the agent's start record.
@@ -95,6 +96,7 @@ type Agent struct {
 	dnsAddr6 netip.AddrPort
 
 	ledger   *ledger.Ledger
+	cosigner *witness.Cosigner // nil without witnesses
 	fan      *audit.Fanout
 	tail     *tail.Server
 	metrics  *metrics.Metrics
@@ -191,6 +193,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	a.fan.Add("tail", a.tail)
 	a.escape = escape.New(escape.Config{Limits: a.escapeLimits, Leaf: a.escapeLeaf})
+	if a.cosigner, err = startWitnessing(pol, a.ledger, a.emit); err != nil {
+		return a, fmt.Errorf("witnesses: %w", err)
+	}
 
 	// The kernel side.
 	if a.eng, err = enforce.Open(enforce.Options{PinDir: ag.PinDir}); err != nil {
@@ -1023,6 +1028,7 @@ func (a *Agent) Stop() error {
 		if a.httpSrv != nil {
 			a.httpSrv.Close()
 		}
+		a.stopWitnessing()
 		if a.fan != nil {
 			errs = append(errs, a.fan.Close()) // closes the ledger (final checkpoint) and the tail
 		}

@@ -7,13 +7,23 @@
 //
 //	seg-<first seq, 20 digits>.jsonl      segments (the last one is active)
 //	seg-<first seq>.jsonl.zst             rolled-over segments, zstd-compressed
-//	ckpt-<size, 20 digits>.note           signed checkpoints
+//	checkpoint                            the latest signed checkpoint and its
+//	                                      witness cosignatures
+//	checkpoints                           every checkpoint signed (append-only)
+//	tree-<level>.hashes                   the Merkle tree as C2SP tlog-tiles
+//	                                      (see tiles.go)
+//	ckpt-<size, 20 digits>.note           signed checkpoints of ledgers written
+//	                                      before; Open moves them into checkpoints
 //	ledger.pub                            the checkpoint verifier key
 //	ledger.key                            the Ed25519 signing key, mode 0600
 //	                                      (Options.KeyFile may put it elsewhere)
 //	LOCK                                  flock(2) held by the one writer
 //
-// Any other file makes Open fail with an error naming it.
+// Any other file makes Open fail with an error naming it. The number of
+// files does not grow with checkpoints: per million records of about 300
+// bytes there are about 5 segments (64 MiB each) and the fixed files
+// (checkpoint, checkpoints, tree-0..tree-2 up to 16.7M records, ledger.pub,
+// ledger.key, LOCK).
 //
 // # Encoding
 //

@@ -99,3 +99,19 @@ func segFiles(t testing.TB, dir string) []string {
 	m, _ := filepath.Glob(filepath.Join(dir, "seg-*"))
 	return m
 }
+
+// checkpointFiles lists the checkpoint files of dir: the latest, the
+// history and any legacy ckpt-*.note.
+func checkpointFiles(t testing.TB, dir string) []string {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(dir, "ckpt-*"))
+	for _, n := range []string{latestName, historyName} {
+		if _, err := os.Stat(filepath.Join(dir, n)); err == nil {
+			m = append(m, filepath.Join(dir, n))
+		}
+	}
+	if len(m) == 0 {
+		t.Fatalf("no checkpoint files in %s", dir)
+	}
+	return m
+}

@@ -106,8 +106,12 @@ type Checkpoint struct {
 	Root tlog.Hash
 	// Time is when the checkpoint was signed.
 	Time time.Time
-	// Note is the signed note as stored.
+	// Note is the signed note with the ledger's signature alone.
 	Note []byte
+	// Cosigs are the witnesses' cosignature lines ("— name base64\n"),
+	// stored after the ledger's signature in DIR/checkpoint; Note followed
+	// by them is the cosigned checkpoint (see Cosigned).
+	Cosigs []byte
 	// File is where it was read from, if anywhere.
 	File string
 }

@@ -29,6 +29,7 @@ const (
 	lockName       = "LOCK"
 	defaultKeyName = "ledger.key"
 	pubKeyName     = "ledger.pub"
+	latestName     = "checkpoint" // the latest checkpoint with its cosignatures
 	seqDigits      = 20
 )
 
@@ -73,7 +74,10 @@ type dirLayout struct {
 	checkpoints []ckptFile // by size
 	temps       []string   // leftovers of interrupted atomic writes
 	foreign     []string
+	trees       []string // tree hash files (see tiles.go)
 	hasPub      bool
+	hasLatest   bool
+	hasHistory  bool
 }
 
 func scanDir(dir string) (*dirLayout, error) {
@@ -91,7 +95,18 @@ func scanDir(dir string) (*dirLayout, error) {
 		case name == pubKeyName:
 			l.hasPub = true
 			continue
-		case strings.HasSuffix(name, tmpSuffix) && (strings.HasPrefix(name, segPrefix) || strings.HasPrefix(name, ckptPrefix) || name == pubKeyName+tmpSuffix):
+		case name == latestName && e.Type().IsRegular():
+			l.hasLatest = true
+			continue
+		case name == historyName && e.Type().IsRegular():
+			l.hasHistory = true
+			continue
+		case strings.HasPrefix(name, treePrefix) && e.Type().IsRegular():
+			if _, ok := parseTreeName(name); ok {
+				l.trees = append(l.trees, name)
+				continue
+			}
+		case strings.HasSuffix(name, tmpSuffix) && (strings.HasPrefix(name, segPrefix) || strings.HasPrefix(name, ckptPrefix) || name == pubKeyName+tmpSuffix || name == latestName+tmpSuffix):
 			l.temps = append(l.temps, name)
 			continue
 		case strings.HasPrefix(name, ckptPrefix) && strings.HasSuffix(name, ckptSuffix):

@@ -63,7 +63,8 @@ type Options struct {
 	// and must exist for an existing one.
 	KeyFile string
 	// KeyName names a generated key (appears in checkpoint signatures).
-	// Default "watcher-ledger".
+	// Default the checkpoints' origin, "watcher-ledger/<ledger id>", as
+	// witnesses expect of a log's key (C2SP tlog-witness).
 	KeyName string
 }
 
@@ -107,9 +108,6 @@ func (o Options) withDefaults(dir string) Options {
 	}
 	if o.KeyFile == "" {
 		o.KeyFile = filepath.Join(dir, defaultKeyName)
-	}
-	if o.KeyName == "" {
-		o.KeyName = "watcher-ledger"
 	}
 	return o
 }
@@ -202,6 +200,14 @@ type Ledger struct {
 	// pendingWork lists segments Open found uncompressed.
 	pendingWork []string
 
+	// Tree hash files (tiles.go): leaves holds the hashes of records
+	// appended but not yet in them, from record leavesBase on.
+	tiles      *tileStore
+	leaves     []tlog.Hash
+	leavesBase uint64
+	ckptMu     sync.Mutex // serialises writes of DIR/checkpoint
+	ckptNotify chan struct{}
+
 	kick     chan struct{} // commit now (alert, rotation)
 	stop     chan struct{}
 	bgDone   chan struct{}
@@ -234,11 +240,14 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		dir: dir, opts: opts, lock: lock, lh: newLeafHasher(),
 		sampler: newSampler(opts.SampleEvery, opts.Seed),
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), bgDone: make(chan struct{}),
-		work: make(chan string, 64), workDone: make(chan struct{}),
+		work: make(chan string, 64), workDone: make(chan struct{}), ckptNotify: make(chan struct{}, 1),
 	}
 	if err := l.open(); err != nil {
 		if l.seg != nil {
 			l.seg.Close()
+		}
+		if l.tiles != nil {
+			l.tiles.close()
 		}
 		lock.Close()
 		return nil, err
@@ -271,8 +280,11 @@ func (l *Ledger) open() error {
 		}
 	}
 	if len(layout.segments) == 0 {
-		if len(layout.checkpoints) > 0 {
-			return fmt.Errorf("checkpoint %s in a ledger directory without segments", filepath.Join(l.dir, layout.checkpoints[0].Name))
+		if len(layout.checkpoints) > 0 || layout.hasLatest || layout.hasHistory {
+			return fmt.Errorf("checkpoint in ledger directory %s without segments", l.dir)
+		}
+		if err := removeTiles(l.dir, layout.trees); err != nil {
+			return err
 		}
 		return l.create(layout)
 	}
@@ -317,15 +329,21 @@ func (l *Ledger) loadKey(layout *dirLayout, create bool) error {
 }
 
 func (l *Ledger) create(layout *dirLayout) error {
-	if err := l.loadKey(layout, true); err != nil {
-		return err
-	}
 	var idb [16]byte
 	if _, err := rand.Read(idb[:]); err != nil {
 		return fmt.Errorf("ledger id: %w", err)
 	}
 	l.id = hex.EncodeToString(idb[:])
 	l.origin = originFor(l.id)
+	if l.opts.KeyName == "" {
+		l.opts.KeyName = l.origin
+	}
+	if err := l.loadKey(layout, true); err != nil {
+		return err
+	}
+	if err := l.initTiles(layout, 0, nil); err != nil {
+		return err
+	}
 	if err := l.newSegment(); err != nil {
 		return err
 	}
@@ -408,6 +426,9 @@ func (l *Ledger) resume(layout *dirLayout) error {
 	}
 	l.cur.copyFrom(&sc.end)
 	l.lastCkpt = latest
+	if err := l.initTiles(layout, sc.end.next, latest); err != nil {
+		return err
+	}
 	if last.Compressed {
 		// A compressed segment is closed; continue in a new one.
 		if err := l.newSegment(); err != nil {
@@ -453,9 +474,11 @@ func (l *Ledger) resume(layout *dirLayout) error {
 	return nil
 }
 
-// loadCheckpoints verifies every checkpoint file with the ledger's key.
+// loadCheckpoints verifies every checkpoint (history, latest, and legacy
+// ckpt-*.note files, which it moves into the history) and returns them by
+// size, cosignatures of identical notes united.
 func (l *Ledger) loadCheckpoints(layout *dirLayout) ([]*Checkpoint, error) {
-	var out []*Checkpoint
+	var legacy []*Checkpoint
 	for _, cf := range layout.checkpoints {
 		path := filepath.Join(l.dir, cf.Name)
 		data, err := os.ReadFile(path)
@@ -470,7 +493,67 @@ func (l *Ledger) loadCheckpoints(layout *dirLayout) ([]*Checkpoint, error) {
 			return nil, fmt.Errorf("checkpoint %s: covers %d records, not what its name says", path, c.Size)
 		}
 		c.File = path
-		out = append(out, c)
+		legacy = append(legacy, c)
+	}
+	latest, err := readLatest(l.dir, l.verifier)
+	if err != nil {
+		return nil, err
+	}
+	hist, torn, err := readHistory(l.dir, l.verifier)
+	if err != nil {
+		return nil, err
+	}
+	histPath := filepath.Join(l.dir, historyName)
+	if torn >= 0 {
+		// An append cut short by a crash leaves a prefix of what
+		// DIR/checkpoint holds; anything else is damage, not ours to cut.
+		if err := checkTornHistory(histPath, torn, latest); err != nil {
+			return nil, err
+		}
+		if err := os.Truncate(histPath, torn); err != nil {
+			return nil, fmt.Errorf("cut torn tail of %s: %w", histPath, err)
+		}
+	}
+	if latest != nil && !inHistory(hist, latest) {
+		if err := appendHistory(l.dir, latest.Cosigned()); err != nil {
+			return nil, err
+		}
+	}
+	all := append(append([]*Checkpoint(nil), hist...), legacy...)
+	if latest != nil {
+		all = append(all, latest)
+	}
+	out := mergeCheckpoints(all)
+	if len(legacy) > 0 {
+		// Migrate: one history file instead of a file per checkpoint.
+		have := map[string]bool{}
+		for _, c := range hist {
+			have[string(c.Note)] = true
+		}
+		var notes [][]byte
+		for _, c := range legacy {
+			if !have[string(c.Note)] {
+				notes = append(notes, c.Note)
+			}
+		}
+		if err := appendHistory(l.dir, notes...); err != nil {
+			return nil, err
+		}
+		for _, c := range legacy {
+			if err := os.Remove(c.File); err != nil {
+				return nil, fmt.Errorf("migrate checkpoints: %w", err)
+			}
+		}
+		if err := syncDir(l.dir); err != nil {
+			return nil, err
+		}
+	}
+	if n := len(out); n > 0 && (latest == nil || latest.Size < out[n-1].Size) {
+		// DIR/checkpoint is missing or behind (a crash between the two
+		// writes, or a migrated ledger): rewrite it from the history.
+		if err := writeFileSync(filepath.Join(l.dir, latestName), out[n-1].Cosigned(), 0o644, false); err != nil {
+			return nil, fmt.Errorf("write %s: %w", filepath.Join(l.dir, latestName), err)
+		}
 	}
 	return out, nil
 }
@@ -700,6 +783,7 @@ func (l *Ledger) appendLocked(e *audit.Event, alert bool) uint64 {
 	}
 	seq := l.cur.next
 	l.cur.fr.add(h, nil)
+	l.leaves = append(l.leaves, h)
 	l.cur.prev = h
 	l.cur.next++
 	if alert {
@@ -743,6 +827,7 @@ func (l *Ledger) failLocked(err error, to *state) {
 	}
 	var snap state
 	snap.copyFrom(to)
+	l.rollbackLeaves(snap.next)
 	l.cur.copyFrom(&snap)
 	l.written.copyFrom(&snap)
 	if l.durable.next > snap.next {
@@ -821,6 +906,7 @@ func (l *Ledger) recoverLocked() {
 	l.stats.Bytes += uint64(n)
 	l.stats.Syncs++
 	l.cur.fr.add(h, nil)
+	l.leaves = append(l.leaves, h)
 	l.cur.prev = h
 	l.cur.next++
 	l.cur.alerts++
@@ -945,17 +1031,28 @@ func (l *Ledger) checkpointLocked() (*Checkpoint, error) {
 	if last != nil && last.Size == size {
 		return last, nil
 	}
+	// Proofs against the new checkpoint read the tree hash files.
+	l.flushTiles()
+	if err := l.tiles.sync(); err != nil {
+		l.mu.Lock()
+		l.lastErr = err
+		l.mu.Unlock()
+	}
 	now := time.Now()
+	l.ckptMu.Lock()
+	// DIR/checkpoint first: an append to the history cut short by a
+	// crash is then a prefix of it (see loadCheckpoints).
 	c, err := signCheckpoint(l.signer, l.origin, size, root, now)
 	if err == nil {
-		c.File = filepath.Join(l.dir, ckptName(size))
-		err = writeFileSync(c.File, c.Note, 0o644, false)
-		if err != nil {
-			err = fmt.Errorf("write checkpoint %s: %w", c.File, err)
-		}
+		c.File = filepath.Join(l.dir, latestName)
+		err = l.writeLatest(c)
+	}
+	if err == nil {
+		err = appendHistory(l.dir, c.Note)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.ckptMu.Unlock()
 	l.ckptAt = now
 	if err != nil {
 		l.stats.WriteFailures++
@@ -964,6 +1061,10 @@ func (l *Ledger) checkpointLocked() (*Checkpoint, error) {
 	}
 	l.lastCkpt = c
 	l.stats.Checkpoints++
+	select {
+	case l.ckptNotify <- struct{}{}:
+	default:
+	}
 	return c, nil
 }
 
@@ -1007,6 +1108,7 @@ func (l *Ledger) tick() {
 	if ckpt {
 		l.checkpointLocked()
 	}
+	l.flushTiles()
 }
 
 // summaryLocked appends a sample_summary record if anything was offered
@@ -1228,6 +1330,10 @@ func (l *Ledger) Close() error {
 	if _, err := l.checkpointLocked(); err != nil {
 		errs = append(errs, err)
 	}
+	l.flushTiles()
+	if err := l.tiles.sync(); err != nil {
+		errs = append(errs, err)
+	}
 	l.syncMu.Unlock()
 	l.mu.Lock()
 	if l.degraded {
@@ -1237,6 +1343,7 @@ func (l *Ledger) Close() error {
 		errs = append(errs, err)
 	}
 	l.mu.Unlock()
+	l.tiles.close()
 	if err := l.lock.Close(); err != nil {
 		errs = append(errs, err)
 	}

@@ -114,7 +114,7 @@ type Proof struct {
 // ckpt (verified with v). It reads the ledger once, keeping only the
 // subtree hashes the proof needs.
 func Prove(dir string, seq uint64, ckpt []byte, v note.Verifier) (*Proof, error) {
-	c, err := ParseCheckpoint(ckpt, v)
+	c, err := ParseCosigned(ckpt, v)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +234,7 @@ func Prove(dir string, seq uint64, ckpt []byte, v note.Verifier) (*Proof, error)
 // with v, the record's own hash, and the Merkle path to the signed root. It
 // returns the verified checkpoint and the decoded record.
 func CheckProof(p *Proof, v note.Verifier) (*Checkpoint, *Record, error) {
-	c, err := ParseCheckpoint([]byte(p.Checkpoint), v)
+	c, err := ParseCosigned([]byte(p.Checkpoint), v)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -265,11 +265,20 @@ func ReadProof(data []byte) (*Proof, error) {
 	return &p, nil
 }
 
-// LatestCheckpoint returns the raw note of the largest checkpoint in dir.
+// LatestCheckpoint returns the raw note of the latest checkpoint in dir,
+// with its cosignatures.
 func LatestCheckpoint(dir string) ([]byte, string, error) {
 	layout, err := scanDir(dir)
 	if err != nil {
 		return nil, "", err
+	}
+	if layout.hasLatest {
+		path := filepath.Join(dir, latestName)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, "", fmt.Errorf("read checkpoint: %w", err)
+		}
+		return data, path, nil
 	}
 	if len(layout.checkpoints) == 0 {
 		return nil, "", fmt.Errorf("%s: %w", dir, ErrNoCheckpoint)

@@ -193,7 +193,7 @@ func TestTamperBitFlips(t *testing.T) {
 	os.WriteFile(seg, data, 0o600)
 	requireClean(t, dir)
 	// Checkpoint files: every flip breaks the signature or the form.
-	ckpts, _ := filepath.Glob(filepath.Join(dir, "ckpt-*"))
+	ckpts := checkpointFiles(t, dir)
 	for _, c := range ckpts {
 		cd, _ := os.ReadFile(c)
 		for p := range cd {
@@ -313,7 +313,7 @@ func TestTamperRecordEdits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ck, _ := filepath.Glob(filepath.Join(dir, "ckpt-*"))
+		ck := checkpointFiles(t, dir)
 		for _, c := range ck {
 			os.Remove(c)
 		}

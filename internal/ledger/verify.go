@@ -31,6 +31,14 @@ type VerifyOptions struct {
 	Decode bool
 	// Progress, when set, is called about every 4 MiB read and at the end.
 	Progress func(Progress)
+	// Witnesses are the verifier keys (cosignature/v1 vkeys) of witnesses
+	// the verifier trusts. With any given, the ledger verifies only if a
+	// checkpoint that matches the records carries valid cosignatures of
+	// at least Quorum of them: a host that rewrote its history and
+	// re-signed it with the ledger key cannot produce one.
+	Witnesses []string
+	// Quorum is how many of Witnesses must have cosigned; 0 means all.
+	Quorum int
 }
 
 // Progress reports how far a verification got.
@@ -100,6 +108,11 @@ type Report struct {
 	// could have recomputed their hashes.
 	Checkpoints int
 	Covered     uint64
+	// Witnessed is the size of the largest matching checkpoint cosigned by
+	// a quorum of VerifyOptions.Witnesses, WitnessedBy who cosigned it.
+	// Records from Witnessed on rest on the ledger key alone.
+	Witnessed   uint64
+	WitnessedBy []string
 	// RemovedBefore is the highest "records before seq N removed" stated by
 	// retention records.
 	RemovedBefore uint64
@@ -138,8 +151,9 @@ func Verify(dir, pubkey string, progress func(Progress)) (*Report, error) {
 }
 
 type verifyCkpt struct {
-	c    *Checkpoint
-	name string
+	c         *Checkpoint
+	name      string
+	witnessed []string // quorum of trusted witnesses that cosigned it, or nil
 }
 
 // VerifyDir is Verify with options.
@@ -147,6 +161,21 @@ func VerifyDir(dir string, opts VerifyOptions) (*Report, error) {
 	v, err := note.NewVerifier(strings.TrimSpace(opts.PubKey))
 	if err != nil {
 		return nil, fmt.Errorf("public key: %w", err)
+	}
+	var witnesses []note.Verifier
+	for _, k := range opts.Witnesses {
+		wv, err := ParseWitnessKey(k)
+		if err != nil {
+			return nil, err
+		}
+		witnesses = append(witnesses, wv)
+	}
+	quorum := opts.Quorum
+	if quorum <= 0 || quorum > len(witnesses) {
+		if quorum > len(witnesses) {
+			return nil, fmt.Errorf("quorum %d is more than the %d witnesses given", quorum, len(witnesses))
+		}
+		quorum = len(witnesses)
 	}
 	layout, err := scanDir(dir)
 	if err != nil {
@@ -167,19 +196,46 @@ func VerifyDir(dir string, opts VerifyOptions) (*Report, error) {
 	}
 
 	// Checkpoints: signature and form first, roots during the walk.
-	var ckpts []verifyCkpt
-	addCkpt := func(name string, data []byte, wantSize int64) {
-		c, err := ParseCheckpoint(data, v)
+	var parsed []*Checkpoint
+	addCkpt := func(name string, off int64, data []byte, wantSize int64) {
+		c, err := ParseCosigned(data, v)
 		if err != nil {
-			rep.problem(Problem{File: name, Offset: -1, Reason: "checkpoint does not verify: " + err.Error()})
+			rep.problem(Problem{File: name, Offset: off, Reason: "checkpoint does not verify: " + err.Error()})
 			return
 		}
 		if wantSize >= 0 && c.Size != uint64(wantSize) {
-			rep.problem(Problem{File: name, Offset: -1, Reason: fmt.Sprintf("checkpoint covers %d records, not what its name says", c.Size)})
+			rep.problem(Problem{File: name, Offset: off, Reason: fmt.Sprintf("checkpoint covers %d records, not what its name says", c.Size)})
 			return
 		}
 		c.File = name
-		ckpts = append(ckpts, verifyCkpt{c, name})
+		if len(witnesses) > 0 {
+			// Each stored copy's cosignatures must verify on their own:
+			// a damaged copy is reported even when another is intact.
+			if _, err := c.Cosigners(witnesses); err != nil {
+				rep.problem(Problem{File: name, Offset: off, Reason: "checkpoint cosignature does not verify (altered): " + err.Error()})
+				return
+			}
+		}
+		parsed = append(parsed, c)
+	}
+	if layout.hasHistory {
+		path := filepath.Join(dir, historyName)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read checkpoint history: %w", err)
+		}
+		entries, torn := splitHistory(data)
+		for _, e := range entries {
+			addCkpt(path, e.off, e.note, -1)
+		}
+		if torn >= 0 {
+			latest, _ := readLatest(dir, v)
+			if err := checkTornHistory(path, torn, latest); err != nil {
+				rep.problem(Problem{File: path, Offset: torn, Reason: err.Error()})
+			} else {
+				rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: incomplete note at offset %d (an append cut short; the writer removes it)", path, torn))
+			}
+		}
 	}
 	for _, cf := range layout.checkpoints {
 		path := filepath.Join(dir, cf.Name)
@@ -187,12 +243,29 @@ func VerifyDir(dir string, opts VerifyOptions) (*Report, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read checkpoint: %w", err)
 		}
-		addCkpt(path, data, int64(cf.Size))
+		addCkpt(path, -1, data, int64(cf.Size))
+	}
+	if layout.hasLatest {
+		path := filepath.Join(dir, latestName)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read checkpoint: %w", err)
+		}
+		addCkpt(path, -1, data, -1)
 	}
 	for name, data := range opts.Checkpoints {
-		addCkpt(name, data, -1)
+		addCkpt(name, -1, data, -1)
 	}
-	sortCkpts(ckpts)
+	var ckpts []verifyCkpt
+	for _, c := range mergeCheckpoints(parsed) {
+		vc := verifyCkpt{c: c, name: c.File}
+		if len(witnesses) > 0 {
+			if names, err := c.Cosigners(witnesses); err == nil && len(names) >= quorum {
+				vc.witnessed = names
+			}
+		}
+		ckpts = append(ckpts, vc)
+	}
 
 	w := &walker{rep: rep, opts: &opts, vkey: strings.TrimSpace(opts.PubKey), ckpts: ckpts}
 	for _, s := range layout.segments {
@@ -220,19 +293,15 @@ func VerifyDir(dir string, opts VerifyOptions) (*Report, error) {
 			break
 		}
 	}
+	if len(witnesses) > 0 && rep.WitnessedBy == nil {
+		rep.problem(Problem{File: filepath.Join(dir, latestName), Offset: -1,
+			Reason: fmt.Sprintf("no checkpoint matching the records carries cosignatures of %d of the %d witnesses given: the ledger is not witnessed (rewritten and re-signed, or never cosigned)", quorum, len(witnesses))})
+	}
 	if rep.FirstSeq > rep.RemovedBefore {
 		rep.problem(Problem{File: w.firstFile, Offset: 0, Seq: rep.RemovedBefore, SeqEnd: rep.FirstSeq, HasSeq: true,
 			Reason: fmt.Sprintf("records before %d are missing and no retention record accounts for them", rep.FirstSeq)})
 	}
 	return rep, nil
-}
-
-func sortCkpts(c []verifyCkpt) {
-	for i := 1; i < len(c); i++ {
-		for j := i; j > 0 && c[j].c.Size < c[j-1].c.Size; j-- {
-			c[j], c[j-1] = c[j-1], c[j]
-		}
-	}
 }
 
 // walker carries verification state across segments.
@@ -287,6 +356,9 @@ func (w *walker) checkpoints(file string, off int64) bool {
 		w.rep.Checkpoints++
 		w.covered = c.c.Size
 		w.rep.Covered = c.c.Size
+		if c.witnessed != nil {
+			w.rep.Witnessed, w.rep.WitnessedBy = c.c.Size, c.witnessed
+		}
 	}
 	return false
 }

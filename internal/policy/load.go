@@ -439,6 +439,7 @@ func Marshal(p *Policy) ([]byte, error) {
 // give equal policies.
 func normalize(p *Policy) {
 	nilIfEmpty(&p.Agent.DNS.Upstreams)
+	nilIfEmpty(&p.Agent.Witnesses)
 	for i := range p.Sandboxes {
 		normalizeSandbox(&p.Sandboxes[i])
 	}

@@ -73,6 +73,23 @@ type Agent struct {
 	Sampling Sampling `yaml:"sampling"`
 	// DNS configures the DNS proxy shared by all sandboxes.
 	DNS AgentDNS `yaml:"dns"`
+	// Witnesses are C2SP tlog-witness services (litewitness, for one) the
+	// agent submits every new ledger checkpoint to. Their cosignatures,
+	// stored with the checkpoint, let `watcher verify --witness KEY`
+	// reject a history the host rewrote and re-signed. Empty: none.
+	Witnesses []Witness `yaml:"witnesses"`
+}
+
+// Witness is one tlog-witness the ledger's checkpoints are submitted to.
+// It must know the ledger's origin (watcher-ledger/<id>, printed by
+// `watcher ledger checkpoint`) and key (`watcher ledger pubkey`).
+type Witness struct {
+	// URL is the witness's base URL (http or https); checkpoints are
+	// POSTed to URL/add-checkpoint.
+	URL string `yaml:"url"`
+	// Key is the witness's verifier key, a C2SP signed-note vkey of type
+	// cosignature/v1 (name+hash+base64), as the witness prints it.
+	Key string `yaml:"key"`
 }
 
 // Sampling decides how many routine (non-alert) events travel to the

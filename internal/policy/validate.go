@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
 
+	tdnote "github.com/transparency-dev/formats/note"
 	"github.com/watcherhq/watcher/internal/containers"
 )
 
@@ -108,6 +110,22 @@ func (c *checker) agent(at path, a *Agent) {
 	}
 	for i, u := range a.DNS.Upstreams {
 		c.hostPort(d.key("upstreams").idx(i), u, true)
+	}
+	seen := map[string]bool{}
+	for i, w := range a.Witnesses {
+		at := at.key("witnesses").idx(i)
+		if u, err := url.Parse(w.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			c.add(at.key("url"), "%q: want http(s)://host[:port][/path]", w.URL)
+		}
+		if w.Key == "" {
+			c.add(at.key("key"), "required (the witness's cosignature/v1 verifier key)")
+		} else if _, err := tdnote.NewVerifierForCosignatureV1(w.Key); err != nil {
+			c.add(at.key("key"), "%q: not a witness verifier key (name+hash+base64): %v", w.Key, err)
+		} else if name, _, _ := strings.Cut(w.Key, "+"); seen[name] {
+			c.add(at.key("key"), "witness %s listed twice", name)
+		} else {
+			seen[name] = true
+		}
 	}
 }
 
