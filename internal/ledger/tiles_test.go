@@ -117,7 +117,7 @@ func TestTilesRebuilt(t *testing.T) {
 			b[len(b)-40] ^= 4
 			os.WriteFile(filepath.Join(dir, treeName(0)), b, 0o644)
 		},
-		"short": func() { os.Truncate(filepath.Join(dir, treeName(0)), 300*tlog.HashSize+7) },
+		"short":            func() { os.Truncate(filepath.Join(dir, treeName(0)), 300*tlog.HashSize+7) },
 		"upper-level-lost": func() { os.Remove(filepath.Join(dir, treeName(1))) },
 	} {
 		damage()
