@@ -34,6 +34,7 @@ test:
 # programs). KERNEL_PKG picks another kernel package.
 test-vm:
 	./test/vm/run.sh $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
+	./test/vm/run.sh --pkg ./internal/limits --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...

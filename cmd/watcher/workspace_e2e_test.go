@@ -252,3 +252,70 @@ func TestWorkspaceOverlay(t *testing.T) {
 		t.Errorf("control run: the shm segment of a direct-mode command is not on the host, so the overlay check above proves nothing:\n%s", out)
 	}
 }
+
+// TestWorkspacePrepareForRuntime: without an agent, `workspace prepare`
+// mounts the overlay for a container runtime; a container process (in the
+// sandbox cgroup) writes through it; rollback stops that process first,
+// throws its change away and records both operations in the policy's
+// ledger.
+func TestWorkspacePrepareForRuntime(t *testing.T) {
+	tb := newTestbed(t, "    workspace_options: {mode: overlay}\n", "{enabled: false}")
+	t.Cleanup(func() {
+		data, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], tb.dir) {
+				unix.Unmount(f[4], unix.MNT_DETACH)
+			}
+		}
+	})
+	os.WriteFile(filepath.Join(tb.ws, "a.txt"), []byte("a\n"), 0o644)
+	before := mustHash(t, tb.ws)
+	out, code := tb.watcher("workspace", "prepare", "--policy", tb.policy, "agents")
+	if code != 0 {
+		t.Fatalf("prepare: %d\n%s", code, out)
+	}
+	lower, merged, ok := strings.Cut(strings.TrimSpace(out), "\t")
+	if !ok || lower != tb.ws {
+		t.Fatalf("prepare printed %q, want LOWER<TAB>MERGED", out)
+	}
+	if b, err := os.ReadFile(filepath.Join(merged, "a.txt")); err != nil || string(b) != "a\n" {
+		t.Fatalf("the prepared overlay does not show the workspace: %q %v", b, err)
+	}
+	// What a runtime would bind into the container, written from inside
+	// the sandbox cgroup by a process that keeps running.
+	c := inSandbox(t, tb.cgAbs, "c1", "echo from-container > "+merged+"/c.txt; exec sleep 60")
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(merged, "c.txt")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the container process never wrote")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(filepath.Join(tb.ws, "c.txt")); err == nil {
+		t.Fatal("the container's write reached the real workspace")
+	}
+	out, code = tb.watcher("workspace", "rollback", "--policy", tb.policy, "agents")
+	if code != 0 || !strings.Contains(out, "1 cgroups stopped") || !strings.Contains(out, "result sha256:"+before) {
+		t.Fatalf("rollback: %d\n%s", code, out)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("rollback did not stop the container process")
+	}
+	if _, err := os.Stat(filepath.Join(merged, "c.txt")); err == nil {
+		t.Error("c.txt still visible after rollback")
+	}
+	out, _ = tb.watcher("ledger", "cat", "--kind", "workspace", tb.ledger)
+	if !strings.Contains(out, "overlay of 1 workspace directories mounted") || !strings.Contains(out, "rollback: 1 paths") {
+		t.Errorf("ledger lacks prepare and rollback:\n%s", out)
+	}
+}
