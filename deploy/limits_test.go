@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/watcherhq/watcher/internal/policy"
 )
 
 func TestPrometheusLimitRules(t *testing.T) {
@@ -45,5 +47,16 @@ func TestPrometheusLimitRules(t *testing.T) {
 		if out, err := run(t, dir, promtool, "test", "rules", "limits_test.yml"); err == nil || !strings.Contains(out, name) {
 			t.Errorf("broken %s passed the tests (err %v):\n%s", name, err, out)
 		}
+	}
+}
+
+func TestWorkspaceLimitsExamplePolicy(t *testing.T) {
+	p, err := policy.Load("policy/workspace-limits.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := p.Sandbox("coder")
+	if sb == nil || sb.WorkspaceOptions.Mode != policy.WorkspaceOverlay || sb.Limits.Memory.Bytes != 2<<30 || sb.Limits.PIDs != 512 {
+		t.Fatalf("example policy: %+v", sb)
 	}
 }
