@@ -120,6 +120,12 @@ func TestGatewayEndToEnd(t *testing.T) {
 	if sh.Outcome != "exited" {
 		t.Errorf("outcome %q", sh.Outcome)
 	}
+	// The call's timeout: SIGTERM at the limit (graded by watcher exec).
+	start := time.Now()
+	slow, err := c.Shell(ctx, "sh-slow", "sleep 30", 1)
+	if err != nil || slow.Outcome != "timeout-term" || slow.Signal == "" || time.Since(start) > 20*time.Second {
+		t.Errorf("shell with timeout_seconds 1: %+v %v", slow, err)
+	}
 
 	// ask: approved from the CLI, proceeds; another times out; a third is
 	// denied with a reason.

@@ -38,6 +38,7 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
 	"github.com/watcherhq/watcher/internal/egress"
+	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
@@ -1418,6 +1419,10 @@ func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.Sandbox
 		cfg.UnixPaths = append(cfg.UnixPaths, strings.TrimSuffix(w, "/")+"/")
 	}
 	cfg.UnixPaths = append(cfg.UnixPaths, sb.Egress.Unix...)
+	if sb.Tools.Enabled {
+		// The sandbox's own tool gateway, and no other sandbox's.
+		cfg.UnixPaths = append(cfg.UnixPaths, gateway.SocketPath(c.p.Agent.SocketDir, sb.Name))
+	}
 	unixNote := []string{fmt.Sprintf("cgroup/connect_unix and sendmsg_unix: only %d workspace and egress.unix paths; abstract, relative and '..' paths refused", len(cfg.UnixPaths)),
 		"judged on the path as passed, before the kernel resolves it: a symlink inside an allowed directory to a host socket is not seen"}
 	if c.env.UnixSockets != nil {

@@ -73,7 +73,7 @@ sandboxes:
 `)
 	plan, _ := compile(t, p, Env{DNSProxy4: netip.MustParseAddrPort("127.0.0.1:5300")})
 	caged, open := plan.Egress[plan.SandboxIDs["caged"]], plan.Egress[plan.SandboxIDs["open"]]
-	if !caged.ResolverPorts || !caged.RestrictUnix || !slices.Equal(caged.UnixPaths, []string{"/srv/agent/", "/run/app.sock"}) {
+	if !caged.ResolverPorts || !caged.RestrictUnix || !slices.Equal(caged.UnixPaths, []string{"/srv/agent/", "/run/app.sock", "/run/watcher/sandboxes/caged/tools.sock"}) {
 		t.Errorf("caged egress: %+v", caged)
 	}
 	if open.ResolverPorts || open.RestrictUnix {

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/gateway"
+)
+
+// TestGatewayClients runs the example agent loops (Go and stdlib Python)
+// against the real agent, a second time to show they resume, and the
+// Python client from inside the sandbox: it reaches its own sandbox's
+// gateway and not another sandbox's.
+func TestGatewayClients(t *testing.T) {
+	tbCgroupOther := ""
+	tb := newTestbed(t, `    tools:
+      rules:
+        - {tool: shell, action: allow}
+  - name: other
+    select: {cgroups: [OTHER]}
+    preset: restricted
+`, "{enabled: false}")
+	tbCgroupOther = tb.cgroup + "-benign"
+	pol, _ := os.ReadFile(tb.policy)
+	os.WriteFile(tb.policy, []byte(strings.Replace(string(pol), "OTHER", tbCgroupOther, 1)), 0o600)
+	if err := cgroupfs.Create(tb.cgAbs + "-benign"); err != nil {
+		t.Fatal(err)
+	}
+	tb.startAgent()
+	sock := gateway.SocketPath(tb.socketDir, "agents")
+	otherSock := gateway.SocketPath(tb.socketDir, "other")
+	os.WriteFile(filepath.Join(tb.ws, "README"), []byte("hello\n"), 0o644)
+
+	goAgent := filepath.Join(t.TempDir(), "go-agent")
+	if out, err := exec.Command("go", "build", "-o", goAgent, "../../examples/go-agent").CombinedOutput(); err != nil {
+		t.Fatalf("build go-agent: %v\n%s", err, out)
+	}
+	wantLoop := []string{
+		"-2 read_file: ", "hello",
+		"-3 write_file: ",
+		"-4 shell: exit 1", "refused by the kernel: refused read /etc/shadow",
+		"-5 read_file: REFUSED outside_workspace",
+		"-6 http_fetch: REFUSED denied",
+	}
+	out, err := exec.Command(goAgent, "-socket", sock, "-session", "go").CombinedOutput()
+	check(t, "go-agent", string(out), err, wantLoop)
+	out, err = exec.Command(goAgent, "-socket", sock, "-session", "go").CombinedOutput()
+	check(t, "go-agent again", string(out), err, []string{"go-1 list_dir: done before the restart, skipped", "go-6 http_fetch: done before the restart, skipped"})
+
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Log("python3 not installed: the Python client is not exercised")
+	} else {
+		loop, _ := filepath.Abs("../../examples/python/agent_loop.py")
+		out, err = exec.Command(py, loop, sock, "py").CombinedOutput()
+		t.Logf("agent_loop.py:\n%s", out)
+		check(t, "agent_loop.py", string(out), err, append(wantLoop, "tools: read_file:allow, write_file:allow, list_dir:allow, shell:allow"))
+		out, err = exec.Command(py, loop, sock, "py").CombinedOutput()
+		check(t, "agent_loop.py again", string(out), err, []string{"py-4 shell: done before the restart, skipped"})
+
+		// From inside the sandbox: its own gateway answers, the other
+		// sandbox's socket is refused by the kernel (cgroup connect_unix).
+		lib, _ := filepath.Abs("../../examples/python")
+		probe := `import sys; sys.path.insert(0, sys.argv[1]); from watcher_tools import Gateway
+for s in sys.argv[2:]:
+    try:
+        print(s, "OK", Gateway(s).list_tools()["sandbox"])
+    except OSError as e:
+        print(s, "REFUSED", e.errno)`
+		out, _ := tb.watcher("exec", "--socket", filepath.Join(tb.socketDir, "control.sock"), "--", py, "-c", probe, lib, sock, otherSock)
+		t.Logf("from inside the sandbox:\n%s", out)
+		if !strings.Contains(out, sock+" OK agents") || !strings.Contains(out, otherSock+" REFUSED") {
+			t.Errorf("from inside the sandbox:\n%s", out)
+		}
+	}
+	tb.stopAgent(15)
+	rep, code := tb.watcher("replay", "--session", "go", tb.ledger)
+	if code != 0 || !strings.Contains(rep, "call=go-4 session=go seq=4 tool=shell result=ok") || !strings.Contains(rep, `path="/etc/shadow" call=go-4`) {
+		t.Errorf("replay --session go (exit %d):\n%s", code, rep)
+	}
+}
+
+func check(t *testing.T, what, out string, err error, want []string) {
+	t.Helper()
+	if err != nil {
+		t.Errorf("%s: %v\n%s", what, err, out)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s output lacks %q:\n%s", what, w, out)
+		}
+	}
+}
