@@ -38,12 +38,12 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
 	"github.com/watcherhq/watcher/internal/egress"
-	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
 	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/policy"
 )
