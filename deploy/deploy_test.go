@@ -374,7 +374,8 @@ func TestExamplePolicyLoads(t *testing.T) {
 	// Every field of the example is set to something other than the zero
 	// value somewhere, so a field dropped from the types fails here.
 	if sb.Exec.CircuitBreaker != 3 || len(sb.Egress.Allow[0].Ports) != 2 || sb.DNS.Detection.HighCardinality[0] != "cloudfront.net" ||
-		len(p.Agent.DNS.Upstreams) != 1 || sb.Egress.Loopback[0].Port != 11434 {
+		len(p.Agent.DNS.Upstreams) != 1 || sb.Egress.Loopback[0].Port != 11434 ||
+		sb.Tools.Tool("shell").Action != "ask" || sb.Tools.Socket.GID != 1000 || sb.Tools.Exchange.OnMatch != "ask" {
 		t.Errorf("example policy decoded wrongly: %+v", sb)
 	}
 }
