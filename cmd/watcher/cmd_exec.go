@@ -249,9 +249,17 @@ func loadBreaker(pol *policy.Policy, sb *policy.Sandbox) (*launch.Breaker, func(
 	if sb.Exec.CircuitBreaker <= 0 {
 		return b, func() {}
 	}
-	state := filepath.Join(filepath.Dir(pol.Agent.LedgerDir), "breaker-"+sb.Name)
+	// Under the agent's protected files: a sandboxed command cannot reset it.
+	state := agent.BreakerFile(pol, sb.Name)
 	if data, err := os.ReadFile(state); err == nil {
-		n, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+		n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil || n < 0 {
+			// Emptied or garbled: where the kill backstop is the layer, a
+			// write-open with O_TRUNC empties a file before the kill.
+			// Fail closed: the breaker stays open until an operator
+			// removes the file.
+			n = sb.Exec.CircuitBreaker
+		}
 		for i := 0; i < n; i++ {
 			b.Record(sb.Name, true)
 		}

@@ -399,3 +399,50 @@ cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t
 		t.Fatalf("leaf %s frozen after watcher thaw without a new escape alert:\n%s", leaf, out)
 	}
 }
+
+// TestBreakerStateProtected: the circuit breaker's state file lives under
+// the agent's protected files. After one hard timeout, a process in the
+// sandbox tries to reset it. The strongest layer of this kernel stops it
+// (on a host without BPF LSM the kill backstop, which acts when the open
+// returns, after O_TRUNC may have emptied the file), the attempt is in the
+// ledger, a benign write to the workspace next to it works, and the count
+// survives: either intact (the breaker opens after the second hard timeout)
+// or emptied, which fails closed (the breaker is open at once).
+func TestBreakerStateProtected(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}\n    exec: {timeouts: {warn: 100ms, term: 200ms, kill: 400ms}, circuit_breaker: 2}")
+	tb.startAgent()
+	ctl := filepath.Join(tb.socketDir, "control.sock")
+	state := filepath.Join(tb.dir, "state", "breaker-agents")
+	hang := []string{"exec", "--socket", ctl, "--", "sh", "-c", "trap '' TERM; sleep 30"}
+	if out, code := tb.watcher(hang...); code == 0 || !strings.Contains(out, "timeout-kill") {
+		t.Fatalf("first run: exit %d, want a hard timeout:\n%s", code, out)
+	}
+	readState := func() string { data, _ := os.ReadFile(state); return strings.TrimSpace(string(data)) }
+	if s := readState(); s != "1" {
+		t.Fatalf("breaker state %s: %q, want 1", state, s)
+	}
+
+	benign := filepath.Join(tb.ws, "benign")
+	script := fmt.Sprintf(`(echo 0 > %s; echo WROTE); echo ok > %s; cat %s`, state, benign, benign)
+	out, _ := inSandbox(t, tb.cgAbs, "reset", script).CombinedOutput()
+	if !strings.Contains(string(out), "ok") || strings.Contains(string(out), "WROTE") {
+		t.Errorf("want the state write stopped and the workspace write done:\n%s", out)
+	}
+	switch s := readState(); s {
+	case "1":
+		if out, code := tb.watcher(hang...); code == 0 || !strings.Contains(out, "timeout-kill") {
+			t.Fatalf("second run: exit %d, want a hard timeout:\n%s", code, out)
+		}
+	case "":
+		t.Log("the kill came after O_TRUNC emptied the state: the breaker fails closed")
+	default:
+		t.Fatalf("breaker state changed by a sandboxed process to %q", s)
+	}
+	if out, code := tb.watcher("exec", "--socket", ctl, "--", "true"); code != 126 || !strings.Contains(out, "refused") {
+		t.Fatalf("run after 2 hard timeouts (or a tampered state): exit %d, want 126:\n%s", code, out)
+	}
+	tb.stopAgent(syscall.SIGTERM)
+	if led, _ := tb.watcher("ledger", "cat", "--kind", "file_open", tb.ledger); !strings.Contains(led, state) {
+		t.Errorf("the write-open of %s is not in the ledger:\n%s", state, led)
+	}
+}

@@ -1085,8 +1085,23 @@ func ledgerOptions(p *policy.Policy) ledger.Options {
 	return o
 }
 
+// StateDir is where the agent and `watcher exec` keep state they trust
+// across runs (the circuit breaker's counts): next to the ledger directory,
+// and protected with the agent's files.
+func StateDir(p *policy.Policy) string {
+	return filepath.Join(filepath.Dir(filepath.Clean(p.Agent.LedgerDir)), "state")
+}
+
+// BreakerFile is the circuit breaker's state file of a sandbox.
+func BreakerFile(p *policy.Policy, sandbox string) string {
+	return filepath.Join(StateDir(p), "breaker-"+sandbox)
+}
+
 func agentFiles(p *policy.Policy, policyPath string) []string {
-	files := []string{p.Agent.LedgerDir, p.Agent.SocketDir, p.Agent.PinDir}
+	// The state directory exists before the rules are compiled, so it is
+	// protected as a directory (everything below it).
+	_ = os.MkdirAll(StateDir(p), 0o700)
+	files := []string{p.Agent.LedgerDir, p.Agent.SocketDir, p.Agent.PinDir, StateDir(p)}
 	if policyPath != "" {
 		if abs, err := filepath.Abs(policyPath); err == nil {
 			files = append(files, abs)
