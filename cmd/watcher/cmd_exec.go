@@ -31,6 +31,8 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	sandboxName := fs.String("sandbox", "", "sandbox of the policy to run in (default: the first)")
 	label := fs.String("label", "", "label for this run (e.g. a tool-call id): names the leaf cgroup and tags its events")
 	workspace := fs.String("workspace", "", "the sandbox's workspace for this run, read-write wherever it lives (default with --preset or the built-in policy: the current directory); with a running agent it must be one of the sandbox's workspaces")
+	proofPath := fs.String("proof", "", "write a C2SP tlog-proof bundle of this run's ledger records, with the witnesses' cosignatures, to this file (check it with watcher ledger check-proof)")
+	fs.DurationVar(&proofWait, "proof-wait", proofWait, "with --proof, how long to wait for a checkpoint covering the run and the witnesses' cosignatures")
 	reportPath := fs.String("report", "", "write what was refused during the run (with the policy lines that would allow it) to this file as JSON")
 	warn := fs.Duration("warn", -1, "warn after this long (default: the sandbox's policy)")
 	term := fs.Duration("term", -1, "SIGTERM the command after this long (default: the sandbox's policy)")
@@ -166,6 +168,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		return &exitError{Code: 126, Err: err}
 	}
 	breaker, saveBreaker := loadBreaker(pol, sb)
+	proofFrom := runProofStart(a, *socket)
 	v, runErr := launch.Run(ctx, launch.Config{
 		Path: argv[0], Args: argv[1:], Env: os.Environ(),
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
@@ -197,6 +200,11 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	}
 	if *reportPath != "" {
 		if err := writeReport(*reportPath, rep); err != nil {
+			return errors.Join(runErr, err)
+		}
+	}
+	if *proofPath != "" {
+		if err := writeRunProof(ctx, pol, running, v.CgroupID, proofFrom, *proofPath, stderr); err != nil {
 			return errors.Join(runErr, err)
 		}
 	}

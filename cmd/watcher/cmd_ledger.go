@@ -30,7 +30,8 @@ const ledgerUsage = `Usage: watcher ledger SUBCOMMAND [flags] [args]
 Subcommands:
   cat DIR                  print records (filters: --since --until --sandbox --kind --verdict --call --session; --json)
   prove DIR SEQ            print an inclusion proof of record SEQ in the latest (or --checkpoint) checkpoint
-  check-proof FILE         check a proof offline against --pubkey
+  check-proof FILE         check a proof offline: a bundle from exec --proof against --witness keys,
+                           a proof from prove against --pubkey
   checkpoint DIR           print the latest signed checkpoint (copy it off the host)
   pubkey DIR               print the ledger's checkpoint verifier key
   keygen FILE              create a signing key (mode 0600) and print its verifier key
@@ -338,21 +339,63 @@ func runLedgerProve(args []string, stdout, stderr io.Writer) error {
 
 func runLedgerCheckProof(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ledger check-proof", flag.ContinueOnError)
-	pub := fs.String("pubkey", "", "verifier key file (required)")
-	pos, err := ledgerParse(fs, args, stderr, "Usage: watcher ledger check-proof --pubkey FILE PROOF", 1)
+	pub := fs.String("pubkey", "", "the ledger's verifier key file (required for a proof from 'ledger prove'; optional for a tlog-proof bundle)")
+	var witnesses checkpointFiles
+	fs.Var(&witnesses, "witness", "a trusted witness's verifier key, or a file holding it (repeatable; a tlog-proof bundle must carry their cosignatures)")
+	quorum := fs.Int("quorum", 0, "how many of the --witness keys must have cosigned (default all)")
+	pos, err := ledgerParse(fs, args, stderr, `Usage: watcher ledger check-proof [--witness KEY]... [--quorum N] [--pubkey FILE] PROOF
+
+PROOF is a tlog-proof bundle from 'watcher exec --proof' (checked against
+the witness keys: every record's inclusion in a checkpoint they cosigned)
+or a proof from 'watcher ledger prove' (checked against --pubkey).`, 1)
 	if err != nil {
 		return err
-	}
-	if *pub == "" {
-		return &exitError{Code: 2, Err: errors.New("check-proof needs --pubkey")}
-	}
-	v, _, err := ledger.ReadPublicKey(*pub)
-	if err != nil {
-		return &exitError{Code: 2, Err: err}
 	}
 	data, err := os.ReadFile(pos[0])
 	if err != nil {
 		return &exitError{Code: 2, Err: fmt.Errorf("read proof: %w", err)}
+	}
+	wkeys, err := witnessKeys(witnesses)
+	if err != nil {
+		return err
+	}
+	if *quorum < 0 || *quorum > len(wkeys) {
+		return &exitError{Code: 2, Err: fmt.Errorf("--quorum %d: want 1..%d (the number of --witness keys)", *quorum, len(wkeys))}
+	}
+	if strings.HasPrefix(string(data), "c2sp.org/tlog-proof@v1\n") {
+		opts := ledger.RunProofOptions{Witnesses: wkeys, Quorum: *quorum}
+		if *pub != "" {
+			_, vkey, err := ledger.ReadPublicKey(*pub)
+			if err != nil {
+				return &exitError{Code: 2, Err: err}
+			}
+			opts.PubKey = vkey
+		}
+		if len(wkeys) == 0 && *pub == "" {
+			return &exitError{Code: 2, Err: errors.New("check-proof needs --witness (or --pubkey): a bundle checked against nothing proves nothing")}
+		}
+		res, err := ledger.CheckRunProof(data, opts)
+		if err != nil {
+			return &exitError{Code: 1, Err: fmt.Errorf("%s: %w", pos[0], err)}
+		}
+		c := res.Checkpoint
+		by := "no witness"
+		if len(res.WitnessedBy) > 0 {
+			by = strings.Join(res.WitnessedBy, ", ")
+		}
+		fmt.Fprintf(stdout, "ok: %d records are included in checkpoint %s size %d signed %s, cosigned by %s\n",
+			len(res.Records), c.Origin, c.Size, c.Time.Format(time.RFC3339), by)
+		for i := range res.Records {
+			fmt.Fprintln(stdout, recordText(&res.Records[i]))
+		}
+		return nil
+	}
+	if *pub == "" {
+		return &exitError{Code: 2, Err: errors.New("check-proof of a 'ledger prove' proof needs --pubkey")}
+	}
+	v, _, err := ledger.ReadPublicKey(*pub)
+	if err != nil {
+		return &exitError{Code: 2, Err: err}
 	}
 	p, err := ledger.ReadProof(data)
 	if err != nil {

@@ -38,6 +38,19 @@ func NewReader(dir string) (*Reader, error) {
 	return &Reader{dir: dir, segs: layout.segments}, nil
 }
 
+// NewReaderFrom is NewReader starting at the segment that holds record
+// from (earlier records of that segment are still returned).
+func NewReaderFrom(dir string, from uint64) (*Reader, error) {
+	r, err := NewReader(dir)
+	if err != nil {
+		return nil, err
+	}
+	for r.i+1 < len(r.segs) && r.segs[r.i+1].First <= from {
+		r.i++
+	}
+	return r, nil
+}
+
 // Next returns the next record, or io.EOF after the last.
 func (r *Reader) Next() (*Record, error) {
 	for {

@@ -289,3 +289,72 @@ func TestWitnessDownThenUp(t *testing.T) {
 		t.Fatalf("status after recovery: %+v", st)
 	}
 }
+
+// A run proof (the tlog-proof bundle of some records) checks offline with
+// only the witness key, and fails after any changed byte: of a record, a
+// proof hash, the checkpoint, a signature, or the framing.
+func TestRunProof(t *testing.T) {
+	w := witnesstest.Start(t)
+	dir := t.TempDir()
+	l := openLedger(t, dir)
+	w.AddLog("watcher-ledger/"+l.ID(), l.PublicKey())
+	cs := startCosigner(t, l, w, make(alerts, 16))
+	appendN(t, l, 0, 100, "before")
+	appendN(t, l, 100, 5, "run")
+	c := appendN(t, l, 105, 200, "after")
+	if err := cs.Wait(waitCtx(t), c.Size, 1); err != nil {
+		t.Fatal(err)
+	}
+	cs.Stop()
+	c = l.LastCheckpoint()
+	recs, _, err := ledger.RunRecords(dir, 0, func(r *ledger.Record) bool { return r.Event.Message == "run" })
+	if err != nil || len(recs) != 5 {
+		t.Fatalf("run records: %d, %v", len(recs), err)
+	}
+	bundle, err := ledger.BuildRunProof(dir, c, l.PublicKey(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	opts := ledger.RunProofOptions{Witnesses: []string{w.VKey}}
+	res, err := ledger.CheckRunProof(bundle, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != 5 || res.Records[0].Seq != recs[0].Seq || res.Records[0].Event.File.Path != "/work/run-100" || len(res.WitnessedBy) != 1 {
+		t.Fatalf("checked %d records from %d, by %v", len(res.Records), res.Records[0].Seq, res.WitnessedBy)
+	}
+	// Not trusted: another witness's key, or a pinned ledger key that is
+	// not the one used.
+	other := witnesstest.Start(t)
+	if _, err := ledger.CheckRunProof(bundle, ledger.RunProofOptions{Witnesses: []string{other.VKey}}); err == nil {
+		t.Fatal("checked with an unrelated witness key")
+	}
+	otherDir := t.TempDir()
+	ol := openLedger(t, otherDir)
+	ol.Close()
+	if _, err := ledger.CheckRunProof(bundle, ledger.RunProofOptions{Witnesses: []string{w.VKey}, PubKey: ol.PublicKey()}); err == nil {
+		t.Fatal("checked with another ledger's key pinned")
+	}
+	// Every byte.
+	flips := 0
+	for p := range bundle {
+		bit := byte(1 << (p % 8))
+		bundle[p] ^= bit
+		if _, err := ledger.CheckRunProof(bundle, opts); err == nil {
+			t.Fatalf("flip of bit %#x at byte %d (%q) not detected", bit, p, bundle[max(0, p-20):min(len(bundle), p+20)])
+		}
+		bundle[p] ^= bit
+		flips++
+	}
+	// Cut or extended.
+	for _, b := range [][]byte{bundle[:len(bundle)-1], append(append([]byte(nil), bundle...), '\n'), bundle[:len(bundle)/2]} {
+		if _, err := ledger.CheckRunProof(b, opts); err == nil {
+			t.Fatalf("bundle of %d bytes (of %d) accepted", len(b), len(bundle))
+		}
+	}
+	if _, err := ledger.CheckRunProof(bundle, opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d single-bit flips over a %d-byte bundle of %d records, all refused", flips, len(bundle), len(recs))
+}
