@@ -70,10 +70,13 @@ var chain = []stage{
 	{name: "policy", fn: policyStage},
 	// 6. Encoded-name and stream detection on every name, allowed or not.
 	{name: "detect", fn: detectStage},
-	// 7. Shared TTL cache: policy was applied above, so one answer serves
+	// 7. Rare query types (TXT and the like): a small budget per sandbox,
+	//    spent only by names that would be answered.
+	{name: "rare", fn: rareStage},
+	// 8. Shared TTL cache: policy was applied above, so one answer serves
 	//    every sandbox allowed to have it.
 	{name: "cache", fn: cacheStage},
-	// 8. Forward to the upstream resolvers.
+	// 9. Forward to the upstream resolvers.
 	{name: "forward", fn: forwardStage, mayBlock: true},
 }
 
@@ -153,8 +156,34 @@ func parseStage(s *Server, r *request) bool {
 		return s.reply(r, dns.RcodeRefused, ReasonQType)
 	case dns.TypeOPT, dns.TypeTSIG, dns.TypeTKEY, dns.TypeNone:
 		return s.reply(r, dns.RcodeFormatError, ReasonQType)
+	case dns.TypeNULL:
+		// Arbitrary binary answers: iodine's favourite, no client needs it.
+		return s.reply(r, dns.RcodeNotImplemented, ReasonQType)
+	}
+	if r.q.Qtype >= 0xff00 && r.q.Qtype <= 0xfffe {
+		// Private-use types: nothing public answers them.
+		return s.reply(r, dns.RcodeRefused, ReasonQType)
 	}
 	return false
+}
+
+// clampUDPSize bounds the UDP answer size a client advertises to what the
+// proxy serves (1232, the DNS flag day size): a large EDNS buffer would let
+// one TXT answer carry kilobytes back into the sandbox; TCP still gets the
+// whole answer, one connection per query.
+func clampUDPSize(n int) int { return min(max(n, 512), ednsUDPSize) }
+
+// rareType reports query types ordinary clients seldom ask (TXT and
+// everything not on the list of address, service and DNSSEC types): they
+// carry the most data per answer, so each sandbox gets a small budget.
+func rareType(qtype uint16) bool {
+	switch qtype {
+	case dns.TypeA, dns.TypeAAAA, dns.TypeCNAME, dns.TypePTR, dns.TypeMX, dns.TypeSRV, dns.TypeNS,
+		dns.TypeSOA, dns.TypeHTTPS, dns.TypeSVCB, dns.TypeCAA, dns.TypeDS, dns.TypeDNSKEY, dns.TypeTLSA,
+		dns.TypeNAPTR:
+		return false
+	}
+	return true
 }
 
 // parseFull decodes the query with miekg/dns and checks what the fast path
@@ -192,7 +221,7 @@ func (s *Server) parseFull(r *request) bool {
 		if opt.Version() != 0 {
 			return s.reply(r, dns.RcodeBadVers, ReasonEDNSVersion)
 		}
-		r.udpSize = min(max(int(opt.UDPSize()), 512), 65535)
+		r.udpSize = clampUDPSize(int(opt.UDPSize()))
 	}
 	if end, err := skipName(raw, 12); err == nil && raw[end-1] == 0 {
 		r.qnameEnd = end
@@ -248,7 +277,7 @@ func (r *request) parseFast() bool {
 		if off+11 > len(raw) || raw[off] != 0 || raw[off+1] != 0 || raw[off+2] != 41 || raw[off+6] != 0 {
 			return false
 		}
-		r.udpSize = min(max(int(raw[off+3])<<8|int(raw[off+4]), 512), 65535)
+		r.udpSize = clampUDPSize(int(raw[off+3])<<8 | int(raw[off+4]))
 		rdlen := int(raw[off+9])<<8 | int(raw[off+10])
 		off += 11
 		if off+rdlen != len(raw) {
@@ -293,11 +322,22 @@ func sandboxStage(s *Server, r *request) bool {
 }
 
 func rateLimitStage(s *Server, r *request) bool {
-	if r.state.allow(r.sandbox.rate, r.now) {
-		return false
+	if !r.state.allow(r.sandbox.rate, r.now) {
+		s.stats.rateLimited.Add(1)
+		return s.reply(r, dns.RcodeRefused, ReasonRateLimited)
 	}
-	s.stats.rateLimited.Add(1)
-	return s.reply(r, dns.RcodeRefused, ReasonRateLimited)
+	return false
+}
+
+// rareStage spends the sandbox's budget of rare-type queries, for names
+// that would be answered (after policy and detection, so refused names
+// cost nothing and say why they were refused).
+func rareStage(s *Server, r *request) bool {
+	if rareType(r.q.Qtype) && !r.state.allowRare(r.sandbox.rare, r.now) {
+		s.stats.rateLimited.Add(1)
+		return s.reply(r, dns.RcodeRefused, ReasonRareType)
+	}
+	return false
 }
 
 func nameStage(s *Server, r *request) bool {
@@ -404,7 +444,10 @@ func cacheStage(s *Server, r *request) bool {
 }
 
 func forwardStage(s *Server, r *request) bool {
-	m, err := s.fwd.resolve(r.ctx, r.q.Name, r.q.Qtype)
+	// Forward exactly the name that was judged: in lower case, so the
+	// client's letter case (which DNS ignores) cannot carry bits to the
+	// name's authoritative server.
+	m, err := s.fwd.resolve(r.ctx, strings.ToLower(r.q.Name), r.q.Qtype)
 	if err != nil {
 		s.stats.upstreamErrors.Add(1)
 		return s.servfail(r, ReasonUpstream)
@@ -518,7 +561,7 @@ func (s *Server) reply(r *request, rcode int, reason string) bool {
 
 func edeFor(rcode int, reason string) (uint16, bool) {
 	switch reason {
-	case ReasonRateLimited, ReasonNoSandbox, ReasonClass, ReasonQType:
+	case ReasonRateLimited, ReasonRareType, ReasonNoSandbox, ReasonClass, ReasonQType:
 		return dns.ExtendedErrorCodeProhibited, true
 	case ReasonInvalidBytes:
 		return dns.ExtendedErrorCodeBlocked, true

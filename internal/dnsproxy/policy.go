@@ -50,6 +50,12 @@ type SandboxPolicy struct {
 	HighCardinality []string `yaml:"high_cardinality"`
 	// RateLimit bounds the queries per second of this sandbox.
 	RateLimit RateLimit `yaml:"rate_limit,omitempty"`
+	// RareTypes bounds queries of rarely needed types (TXT and every type
+	// but A, AAAA, CNAME, PTR, MX, SRV, NS, SOA, HTTPS, SVCB, CAA, DS,
+	// DNSKEY, TLSA, NAPTR), which carry the most data per answer. Default
+	// 0.2 per second with a burst of 20. NULL and private-use types are
+	// never served.
+	RareTypes RateLimit `yaml:"rare_types,omitempty"`
 	// Detection tunes the encoded-name and stream detection.
 	Detection Detection `yaml:"detection,omitempty"`
 	// LocalAllow lists the networks (CIDRs, or bare addresses) of local
@@ -183,7 +189,7 @@ func (p *Policy) validate(src []byte) error {
 			return fmt.Errorf("line %d: sandbox %q: detection mode must be enforce, record or off, not %q",
 				lineOf(src, "mode:"), name, sp.Detection.Mode)
 		}
-		if sp.RateLimit.QPS < 0 || sp.RateLimit.Burst < 0 {
+		if sp.RateLimit.QPS < 0 || sp.RateLimit.Burst < 0 || sp.RareTypes.QPS < 0 || sp.RareTypes.Burst < 0 {
 			return fmt.Errorf("line %d: sandbox %q: negative rate limit", lineOf(src, "rate_limit:"), name)
 		}
 		if sp.Detection.MaxDistinctNames < 0 || sp.Detection.MaxUniqueBytes < 0 ||
@@ -236,6 +242,7 @@ type compiledSandbox struct {
 	highCardinality nameSet
 	defaultAllow    bool
 	rate            RateLimit
+	rare            RateLimit
 	mode            string // enforce, record, off
 	limits          streamLimits
 	localAllow      []netip.Prefix
@@ -340,6 +347,13 @@ func compilePolicy(p *Policy) *compiledPolicy {
 		}
 		if cs.mode == "" {
 			cs.mode = "enforce"
+		}
+		cs.rare = sp.RareTypes
+		if cs.rare.QPS <= 0 {
+			cs.rare.QPS = 0.2
+		}
+		if cs.rare.Burst <= 0 {
+			cs.rare.Burst = max(20, cs.rare.QPS)
 		}
 		if cs.rate.QPS > 0 && cs.rate.Burst == 0 {
 			cs.rate.Burst = max(2*cs.rate.QPS, 1)

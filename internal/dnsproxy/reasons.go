@@ -11,6 +11,7 @@ const (
 	ReasonBadTLD       = "invalid top-level domain"
 	ReasonInvalidBytes = "invalid bytes in name"
 	ReasonRateLimited  = "rate limited"
+	ReasonRareType     = "rare query type rate limited"
 	ReasonNoSandbox    = "unknown client"
 	ReasonMalformed    = "malformed query"
 	ReasonQType        = "query type not served"

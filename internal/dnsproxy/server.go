@@ -116,7 +116,7 @@ type counters struct {
 
 var allReasons = []string{
 	ReasonNotAllowed, ReasonDenied, ReasonEncoded, ReasonOversized, ReasonBadTLD, ReasonInvalidBytes,
-	ReasonRateLimited, ReasonNoSandbox, ReasonMalformed, ReasonQType, ReasonClass, ReasonOpcode,
+	ReasonRateLimited, ReasonRareType, ReasonNoSandbox, ReasonMalformed, ReasonQType, ReasonClass, ReasonOpcode,
 	ReasonEDNSVersion, ReasonUpstream, ReasonLocalAnswer, ReasonTooManyNames, ReasonTooMuchData, ReasonEncodedStream,
 	ReasonRandomStream, ReasonNXStream, ReasonTunnelTypes,
 }

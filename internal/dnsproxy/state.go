@@ -28,9 +28,9 @@ type sandboxState struct {
 	domains map[string]*list.Element // of *domainState
 	lru     list.List                // front = most recent
 
-	// token bucket
-	tokens float64
-	last   time.Time
+	// token buckets: all queries, and rare types
+	tokens, rareTokens float64
+	last, rareLast     time.Time
 }
 
 // domainState counts what one sandbox asked under one tracking domain in the
@@ -73,6 +73,23 @@ func (st *sandboxState) allow(rl RateLimit, now time.Time) bool {
 		return false
 	}
 	st.tokens--
+	return true
+}
+
+// allowRare takes a token from the sandbox's rare-type bucket.
+func (st *sandboxState) allowRare(rl RateLimit, now time.Time) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.rareLast.IsZero() {
+		st.rareTokens = rl.Burst
+	} else {
+		st.rareTokens = min(rl.Burst, st.rareTokens+now.Sub(st.rareLast).Seconds()*rl.QPS)
+	}
+	st.rareLast = now
+	if st.rareTokens < 1 {
+		return false
+	}
+	st.rareTokens--
 	return true
 }
 
