@@ -122,4 +122,3 @@ func tcpQuery(t *testing.T, addr, name string, qtype uint16) *dns.Msg {
 	}
 	return r
 }
-
