@@ -1342,6 +1342,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 			Mode:             "off",
 			Window:           dnsproxy.Duration(d.Detection.Window.Duration),
 			MaxDistinctNames: d.Detection.MaxDistinctNames,
+			MaxInfoBits:      float64(d.Detection.InfoBudgetBits),
 		},
 	}
 	if d.Detection.Enabled {

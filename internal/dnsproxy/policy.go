@@ -85,17 +85,23 @@ type Detection struct {
 	// BlockFor is how long a domain stays cut off once a stream limit is
 	// reached. Default 30m.
 	BlockFor Duration `yaml:"block_for,omitempty"`
-	// MaxDistinctNames is the number of distinct names under one domain per
-	// window above which the domain is cut off. Default 16.
+	// MaxDistinctNames and MaxUniqueBytes are accepted for old policies and
+	// ignored: the information budget (MaxInfoBits) replaced both cuts.
 	MaxDistinctNames int `yaml:"max_distinct_names,omitempty"`
-	// MaxUniqueBytes caps the bytes of distinct name heads (the labels left
-	// of the domain) per window. Default 600.
-	MaxUniqueBytes int `yaml:"max_unique_bytes,omitempty"`
+	MaxUniqueBytes   int `yaml:"max_unique_bytes,omitempty"`
+	// MaxInfoBits is the information budget: the new bits name heads may
+	// carry under one domain per InfoWindow (info.go) before the domain is
+	// cut off. Default 4800 (600 bytes: a sustained byte per second is cut
+	// within 10 minutes).
+	MaxInfoBits float64 `yaml:"max_info_bits,omitempty"`
+	// InfoWindow is the sliding window of the information budget. Default
+	// 10m.
+	InfoWindow Duration `yaml:"info_window,omitempty"`
 	// MaxEncodedNames is the number of names judged encoded under one domain
 	// per window that cuts the domain off. Default 2.
 	MaxEncodedNames int `yaml:"max_encoded_names,omitempty"`
-	// MaxRandomBits caps the summed randomness evidence (bits) of distinct
-	// names under one domain per window. Default 120.
+	// MaxRandomBits is accepted for old policies and ignored: random names
+	// spend the information budget.
 	MaxRandomBits float64 `yaml:"max_random_bits,omitempty"`
 	// HighCardinalityFactor multiplies the limits above for domains listed
 	// in HighCardinality. Default 16.
@@ -193,7 +199,7 @@ func (p *Policy) validate(src []byte) error {
 			return fmt.Errorf("line %d: sandbox %q: negative rate limit", lineOf(src, "rate_limit:"), name)
 		}
 		if sp.Detection.MaxDistinctNames < 0 || sp.Detection.MaxUniqueBytes < 0 ||
-			sp.Detection.MaxEncodedNames < 0 || sp.Detection.MaxRandomBits < 0 || sp.Detection.HighCardinalityFactor < 0 {
+			sp.Detection.MaxEncodedNames < 0 || sp.Detection.MaxRandomBits < 0 || sp.Detection.MaxInfoBits < 0 || sp.Detection.HighCardinalityFactor < 0 {
 			return fmt.Errorf("line %d: sandbox %q: negative detection limit", lineOf(src, "detection:"), name)
 		}
 	}
@@ -251,10 +257,9 @@ type compiledSandbox struct {
 // streamLimits are the per-domain stream limits with defaults applied.
 type streamLimits struct {
 	window, blockFor time.Duration
-	distinct         int
-	uniqueBytes      int
+	infoBits         float64
+	infoWindow       time.Duration
 	encoded          int
-	randomBits       float64
 	hcFactor         int
 }
 
@@ -331,13 +336,12 @@ func compilePolicy(p *Policy) *compiledPolicy {
 			rate:            sp.RateLimit,
 			mode:            d.Mode,
 			limits: streamLimits{
-				window:      orDuration(d.Window, 5*time.Minute),
-				blockFor:    orDuration(d.BlockFor, 30*time.Minute),
-				distinct:    orInt(d.MaxDistinctNames, 16),
-				uniqueBytes: orInt(d.MaxUniqueBytes, 600),
-				encoded:     orInt(d.MaxEncodedNames, 2),
-				randomBits:  orFloat(d.MaxRandomBits, 120),
-				hcFactor:    orInt(d.HighCardinalityFactor, 16),
+				window:     orDuration(d.Window, 5*time.Minute),
+				blockFor:   orDuration(d.BlockFor, 30*time.Minute),
+				infoBits:   orFloat(d.MaxInfoBits, 4800),
+				infoWindow: orDuration(d.InfoWindow, 10*time.Minute),
+				encoded:    orInt(d.MaxEncodedNames, 2),
+				hcFactor:   orInt(d.HighCardinalityFactor, 16),
 			},
 		}
 		for _, c := range sp.LocalAllow {

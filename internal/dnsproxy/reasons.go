@@ -23,10 +23,8 @@ const (
 	ReasonLocalAnswer = "local address in answer"
 
 	// Stream reasons, suffixed with " under <domain>".
-	ReasonTooManyNames  = "too many distinct names"
-	ReasonTooMuchData   = "too much data in names"
+	ReasonInfoBudget    = "too much information in names"
 	ReasonEncodedStream = "encoded labels"
-	ReasonRandomStream  = "random-looking names"
 	ReasonNXStream      = "mostly nonexistent names"
 	ReasonTunnelTypes   = "tunnel record types"
 )

@@ -117,8 +117,8 @@ type counters struct {
 var allReasons = []string{
 	ReasonNotAllowed, ReasonDenied, ReasonEncoded, ReasonOversized, ReasonBadTLD, ReasonInvalidBytes,
 	ReasonRateLimited, ReasonRareType, ReasonNoSandbox, ReasonMalformed, ReasonQType, ReasonClass, ReasonOpcode,
-	ReasonEDNSVersion, ReasonUpstream, ReasonLocalAnswer, ReasonTooManyNames, ReasonTooMuchData, ReasonEncodedStream,
-	ReasonRandomStream, ReasonNXStream, ReasonTunnelTypes,
+	ReasonEDNSVersion, ReasonUpstream, ReasonLocalAnswer, ReasonInfoBudget, ReasonEncodedStream,
+	ReasonNXStream, ReasonTunnelTypes,
 }
 
 // Server is the DNS allowlist proxy.

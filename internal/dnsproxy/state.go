@@ -15,6 +15,9 @@ import (
 // (the count stops mattering once the limit is passed).
 const (
 	maxDomainsPerSandbox = 4096
+	// maxStreamNames bounds the distinct-name hashes kept per domain (the
+	// NXDOMAIN-ratio and record-type rules count distinct names).
+	maxStreamNames = 256
 	// minStreamQueries: the NXDOMAIN-ratio and record-type rules wait for
 	// this many distinct names before judging a domain.
 	minStreamQueries = 8
@@ -40,13 +43,15 @@ type domainState struct {
 	windowStart time.Time
 	names       []uint64 // distinct name hashes, capped
 	distinct    int
-	uniqueBytes int
 	encoded     int
-	randomBits  float64
 	answered    int
 	nxdomain    int
 	tunnelTypes int
 	queries     int
+
+	// info is the information estimate (info.go); it keeps its own
+	// sliding window.
+	info infoState
 
 	blockedUntil time.Time
 	blockReason  string
@@ -144,8 +149,9 @@ func (st *sandboxState) observe(sb *compiledSandbox, info *nameInfo, qtype uint1
 		return true, d.blockReason
 	}
 	if now.Sub(d.windowStart) > lim.window {
-		*d = domainState{domain: d.domain, windowStart: now, names: d.names[:0]}
+		*d = domainState{domain: d.domain, windowStart: now, names: d.names[:0], info: d.info}
 	}
+	bits := d.info.add(info.head, now, lim.infoWindow)
 	d.queries++
 	if isTunnelType(qtype) {
 		d.tunnelTypes++
@@ -163,23 +169,15 @@ func (st *sandboxState) observe(sb *compiledSandbox, info *nameInfo, qtype uint1
 	}
 	if !seen {
 		d.distinct++
-		if len(d.names) <= lim.distinct*factor {
+		if len(d.names) <= maxStreamNames {
 			d.names = append(d.names, h)
-		}
-		d.uniqueBytes += len(info.head)
-		if info.evidence >= evidenceNoticeBits {
-			d.randomBits += info.evidence
 		}
 	}
 	switch {
 	case d.encoded >= lim.encoded:
 		reason = ReasonEncodedStream
-	case d.distinct > lim.distinct*factor:
-		reason = ReasonTooManyNames
-	case d.uniqueBytes > lim.uniqueBytes*factor:
-		reason = ReasonTooMuchData
-	case d.randomBits > lim.randomBits*float64(factor):
-		reason = ReasonRandomStream
+	case bits > lim.infoBits*float64(factor):
+		reason = ReasonInfoBudget
 	case d.distinct >= minStreamQueries && d.tunnelTypes*2 >= d.queries:
 		reason = ReasonTunnelTypes
 	}

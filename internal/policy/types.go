@@ -407,13 +407,19 @@ type Detection struct {
 	// Action is block (NXDOMAIN) or record.
 	Action Action `yaml:"action"`
 	// HighCardinality lists registrable domains (CDNs, clouds) that
-	// legitimately have many distinct machine-made names, so the
-	// per-domain distinct-name limit does not apply to them.
+	// legitimately have many distinct machine-made names: their
+	// information budget is 16 times larger.
 	HighCardinality []string `yaml:"high_cardinality"`
-	// Window is the sliding window of the per-domain state.
+	// Window is the window of the per-domain stream counters (encoded
+	// names, record types, nonexistent names).
 	Window Duration `yaml:"window"`
-	// MaxDistinctNames per registrable domain and window before the domain
-	// is blocked for the sandbox.
+	// InfoBudgetBits is the information budget: the new bits name heads
+	// may carry under one registrable domain in 10 minutes before the
+	// domain is cut off for the sandbox. 0 means 4800 (600 bytes, so a
+	// sustained byte per second is cut within 10 minutes).
+	InfoBudgetBits int `yaml:"info_budget_bits"`
+	// MaxDistinctNames is accepted for old policies and ignored: the
+	// information budget replaced the distinct-name cut.
 	MaxDistinctNames int `yaml:"max_distinct_names"`
 	// RateLimit is the sandbox's query budget in queries per second; 0
 	// means unlimited.

@@ -222,6 +222,9 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	if sb.DNS.Detection.MaxDistinctNames < 0 {
 		c.add(det.key("max_distinct_names"), "must not be negative")
 	}
+	if sb.DNS.Detection.InfoBudgetBits < 0 {
+		c.add(det.key("info_budget_bits"), "must not be negative")
+	}
 	if sb.DNS.Detection.RateLimit < 0 {
 		c.add(det.key("rate_limit"), "must not be negative")
 	}
