@@ -322,6 +322,16 @@ func (p *planner) walk(class int, path string) error {
 			p.notes[fmt.Sprintf("%s of entries created in %s after launch are refused (Landlock grants what exists; blocked there: %s)", className(class), path, ruleList(differ))] = true
 		}
 	}
+	if !fresh && class != ClassWrite && p.allowed(ClassWrite, freshPath) {
+		// The run may create entries here that a rule allows by name
+		// ("/tmp/go-build" for go test's binaries): only a grant of the
+		// whole directory lets them be used.
+		if later := notYetThere(differ, path); len(later) > 0 {
+			p.grant(path, class, false)
+			p.notes[fmt.Sprintf("%s of %s granted whole (the run may create entries there that %s allow): the rest of it is left to the kernel hooks", className(class), path, ruleList(later))] = true
+			return nil
+		}
+	}
 	if class == ClassRead && self {
 		p.grant(path, class, true)
 	}
@@ -335,6 +345,23 @@ func (p *planner) walk(class int, path string) error {
 		}
 	}
 	return nil
+}
+
+// notYetThere returns the rules whose path's next component below dir
+// does not exist (yet).
+func notYetThere(rules []policy.FileRule, dir string) []policy.FileRule {
+	var out []policy.FileRule
+	for _, r := range rules {
+		rest := strings.TrimPrefix(r.Path, strings.TrimSuffix(dir, "/")+"/")
+		if rest == r.Path || strings.Contains(r.Path, "*") {
+			continue
+		}
+		next, _, _ := strings.Cut(rest, "/")
+		if _, err := os.Lstat(filepath.Join(dir, next)); errors.Is(err, os.ErrNotExist) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func (p *planner) list(dir string) ([]os.DirEntry, error) {

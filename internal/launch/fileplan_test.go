@@ -193,3 +193,29 @@ func TestPlanFilesResolvesRuleSymlinks(t *testing.T) {
 		t.Error("its sibling subtree is not readable")
 	}
 }
+
+// A rule allowing entries by name in a directory the run writes to
+// ("/tmp/go-build" for go test's binaries) cannot be listed ahead of time:
+// the directory is granted whole for that class, with a note.
+func TestPlanFilesNamePrefixInWritableDir(t *testing.T) {
+	root, r := planTree(t)
+	r.Exec = append(r.Exec, policy.FileRule{Name: "go-build", Path: root + "/tmp/go-build", Match: policy.MatchPrefix, Action: policy.ActionAllow})
+	plan, err := launch.PlanFiles(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if effective(plan, root+"/tmp/go-build123/b001/x.test", false)&launch.ClassExec == 0 {
+		t.Error("exec of a later go-build binary not granted")
+	}
+	if !strings.Contains(strings.Join(plan.Notes, "\n"), "execs of "+root+"/tmp granted whole (the run may create entries there that go-build") {
+		t.Errorf("no note for the whole grant:\n%s", strings.Join(plan.Notes, "\n"))
+	}
+	// Without the rule the scratch directory stays unexecutable.
+	_, r2 := planTree(t)
+	plan2, _ := launch.PlanFiles(r2)
+	for _, g := range plan2.Grants {
+		if strings.HasSuffix(g.Path, "/tmp") && g.Classes&launch.ClassExec != 0 {
+			t.Errorf("scratch directory executable without the rule: %+v", g)
+		}
+	}
+}

@@ -132,7 +132,9 @@ sandboxes:
 		{"/srv/wsx/evil", ActionBlock, ActionBlock, ActionBlock, ""},
 		{"/tmp/scratch", ActionBlock, ActionAllow, ActionAllow, ""},
 		{"/dev/null", ActionAllow, ActionAllow, ActionAllow, ""},
-		{"/root/.cache/go-build/ab/cd", ActionBlock, ActionBlock, ActionAllow, ""},
+		{"/root/.cache/go-build/ab/cd", ActionBlock, ActionAllow, ActionAllow, ""},
+		{"/root/.cargo/registry/x", ActionBlock, ActionBlock, ActionAllow, ""},
+		{"/root/.bashrc", ActionBlock, ActionBlock, ActionBlock, ""},
 		{"/etc/hosts", ActionBlock, ActionBlock, ActionBlock, ActionRecord},
 		{"/opt/app/config", ActionBlock, ActionBlock, ActionBlock, ""},
 		{"/boot/vmlinuz", ActionBlock, ActionBlock, ActionBlock, ActionBlock},
@@ -162,6 +164,7 @@ sandboxes:
 		{"/usr/bin/git", ActionAllow, ActionAllow, ActionAllow, ActionAllow},
 		{"/tmp/payload", ActionBlock, ActionBlock, ActionAllow, ActionAllow},
 		{"/srv/ws/run.sh", ActionBlock, ActionAllow, ActionAllow, ActionAllow},
+		{"/tmp/go-build1234/b001/pkg.test", ActionBlock, ActionAllow, ActionAllow, ActionAllow},
 	}
 	for _, e := range execs {
 		for _, c := range []struct {
