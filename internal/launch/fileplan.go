@@ -59,12 +59,12 @@ const (
 )
 
 // Grant is one Landlock rule of a plan: the classes granted on a path and
-// everything below it. DirOnly grants only READ_DIR (listing a divided
-// directory).
+// everything below it. ListDir adds READ_DIR alone (listing a divided
+// directory whose files are not all readable).
 type Grant struct {
 	Path    string
 	Classes int
-	DirOnly bool
+	ListDir bool
 }
 
 // FilePlan is the planner's output.
@@ -236,13 +236,10 @@ func (p *planner) grant(path string, class int, dirOnly bool) {
 		p.n++
 	}
 	if dirOnly {
-		if g.Classes == 0 {
-			g.DirOnly = true
-		}
+		g.ListDir = true
 		return
 	}
 	g.Classes |= class
-	g.DirOnly = false
 }
 
 func className(class int) string {

@@ -69,7 +69,7 @@ func effective(plan launch.FilePlan, path string, dir bool) int {
 	for p := path; ; p = filepath.Dir(p) {
 		if g, ok := by[p]; ok {
 			classes |= g.Classes
-			if g.DirOnly && dir {
+			if g.ListDir && dir {
 				classes |= launch.ClassRead
 			}
 		}

@@ -22,13 +22,10 @@ const (
 
 // grantRights returns the Landlock rights of g on a directory or a file.
 func grantRights(g Grant, dir bool) uint64 {
-	if g.DirOnly {
-		if dir {
-			return ll.AccessFSReadDir
-		}
-		return 0
-	}
 	var r uint64
+	if g.ListDir && dir {
+		r |= ll.AccessFSReadDir
+	}
 	if g.Classes&ClassRead != 0 {
 		r |= readFileRights
 		if dir {
