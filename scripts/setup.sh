@@ -14,6 +14,7 @@ packages=(
 	iproute2 openssh-client xxd python3 ed procps kmod util-linux binutils  # egress and Atomic Red Team tests
 	prometheus                             # promtool test rules
 	make git ca-certificates
+	gcc zstd curl python3-venv locales tzdata   # test/workloads: the benign battery
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -29,6 +30,12 @@ if ((${#missing[@]})); then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 	[ $had_prc = 1 ] || rm -f "$prc"
+fi
+
+# test/workloads runs npm; nodejs from another source may already bring it.
+if ! command -v npm >/dev/null; then
+	echo "== apt-get install npm"
+	apt-get install -y -qq --no-install-recommends npm >/dev/null
 fi
 
 echo "== go mod download"
