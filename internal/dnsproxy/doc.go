@@ -116,7 +116,7 @@
 // Domains marked high_cardinality in the policy (CDNs) get a budget 16
 // times larger. Memory is bounded: at most 4096 domains per sandbox (least
 // recently used evicted); per domain at most 256 name hashes for the stream
-// counters, and 512 name hashes, 512 token hashes and 64 recent tokens for
+// counters, and 256 name hashes, 256 token hashes and 32 recent tokens for
 // the information budget; an LRU answer cache (Config.CacheEntries), and a
 // two-generation memo of 32768 name analyses.
 //

@@ -30,12 +30,12 @@ const (
 	// maxInfoTokens and maxInfoNames bound the dictionary of one domain;
 	// beyond them new entries are not remembered (and so cost in full when
 	// repeated: the estimate errs towards more information).
-	maxInfoTokens = 512
-	maxInfoNames  = 512
+	maxInfoTokens = 256
+	maxInfoNames  = 256
 	// recentTokens new tokens are kept as text, so a token that extends or
 	// varies one of them ("onedscolprdeus06" after "onedscolprdcus73")
 	// costs a reference and its new suffix only.
-	recentTokens = 64
+	recentTokens = 32
 	// minSharedPrefix is the shortest shared prefix worth a reference.
 	minSharedPrefix = 4
 )
