@@ -30,14 +30,19 @@ type Root struct {
 	Dir string
 	// FollowSymlinks follows symbolic links that stay beneath Dir.
 	FollowSymlinks bool
+	// Check, when set, judges the resolved path (as the kernel names the
+	// opened file) before it is read or written: the sandbox's file rules
+	// apply to the gateway's opens as to the sandbox's own.
+	Check func(resolved string, write bool) error
 }
 
 // PathError is a path the kernel refused or could not find.
 type PathError struct {
 	Path  string
 	Errno unix.Errno
-	Type  string // TypeOutside, TypeSymlink, TypeHardlink, TypeNotRegular, TypeNotFound
+	Type  string // TypeOutside, TypeSymlink, TypeHardlink, TypeNotRegular, TypeNotFound, TypeDenied
 	Msg   string
+	Rule  string // the file rule, for TypeDenied
 }
 
 func (e *PathError) Error() string { return fmt.Sprintf("%s: %s", e.Path, e.Msg) }
@@ -122,6 +127,35 @@ func pathError(p string, err error) error {
 	return pe
 }
 
+// resolved is the kernel's name of an open descriptor.
+func resolved(fd int) (string, error) {
+	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return "", fmt.Errorf("name of the opened file: %w", err)
+	}
+	return p, nil
+}
+
+func (r Root) check(p string, fd int, base string, write bool) error {
+	if r.Check == nil {
+		return nil
+	}
+	name, err := resolved(fd)
+	if err != nil {
+		return err
+	}
+	if base != "" {
+		name = filepath.Join(name, base)
+	}
+	if err := r.Check(name, write); err != nil {
+		if pe, ok := err.(*PathError); ok {
+			pe.Path = p
+		}
+		return err
+	}
+	return nil
+}
+
 // openRegular opens an existing regular file for reading: resolved as
 // O_PATH first (no open side effects on devices or FIFOs), checked, then
 // reopened through its own descriptor.
@@ -142,6 +176,9 @@ func (r Root) openRegular(p string) (*os.File, unix.Stat_t, error) {
 	// file system; the walk cannot tell where else it is linked.
 	if st.Nlink > 1 {
 		return nil, st, &PathError{Path: p, Type: TypeHardlink, Msg: fmt.Sprintf("refused: the file has %d hard links and may be a file outside the workspace", st.Nlink)}
+	}
+	if err := r.check(p, pfd, "", false); err != nil {
+		return nil, st, err
 	}
 	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -245,6 +282,9 @@ func (r Root) WriteFile(p string, data []byte) (*WriteResult, error) {
 		return nil, err
 	}
 	defer unix.Close(dfd)
+	if err := r.check(p, dfd, base, true); err != nil {
+		return nil, err
+	}
 	var dst unix.Stat_t
 	if err := unix.Fstat(dfd, &dst); err != nil {
 		return nil, fmt.Errorf("%s: fstat parent: %w", p, err)
@@ -321,6 +361,9 @@ func (r Root) ListDir(p string, max int) (*Listing, error) {
 	}
 	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
+	if err := r.check(p, fd, "", false); err != nil {
+		return nil, err
+	}
 	names, err := f.Readdirnames(max + 1)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: %w", p, err)

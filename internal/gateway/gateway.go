@@ -93,13 +93,13 @@ func (m *Manager) Apply(pol *policy.Policy) error {
 		want[sb.Name] = true
 		if g := m.gateways[sb.Name]; g != nil {
 			if g.sameSocket(&sb) {
-				g.setPolicy(&sb)
+				g.setPolicy(pol, &sb)
 				continue
 			}
 			g.close()
 			delete(m.gateways, sb.Name)
 		}
-		g, err := m.startSandbox(&sb)
+		g, err := m.startSandbox(pol, &sb)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("gateway for sandbox %s: %w", sb.Name, err))
 			continue

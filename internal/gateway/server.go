@@ -28,6 +28,8 @@ type sandboxGateway struct {
 	m    *Manager
 	name string
 	sb   atomic.Pointer[policy.Sandbox]
+	// fileRules are the sandbox's file rules as the kernel enforces them.
+	fileRules atomic.Pointer[[]policy.FileRule]
 	ln   net.Listener
 	path string
 
@@ -40,7 +42,7 @@ type sandboxGateway struct {
 	conns    map[net.Conn]struct{}
 }
 
-func (m *Manager) startSandbox(sb *policy.Sandbox) (*sandboxGateway, error) {
+func (m *Manager) startSandbox(pol *policy.Policy, sb *policy.Sandbox) (*sandboxGateway, error) {
 	mode, err := sb.Tools.Socket.FileMode()
 	if err != nil {
 		return nil, err
@@ -71,13 +73,15 @@ func (m *Manager) startSandbox(sb *policy.Sandbox) (*sandboxGateway, error) {
 	g := &sandboxGateway{m: m, name: sb.Name, ln: ln, path: path, conns: map[net.Conn]struct{}{},
 		limiter: newLimiter(), sessions: newSessions()}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
-	g.setPolicy(sb)
+	g.setPolicy(pol, sb)
 	g.wg.Add(1)
 	go func() { defer g.wg.Done(); g.accept() }()
 	return g, nil
 }
 
-func (g *sandboxGateway) setPolicy(sb *policy.Sandbox) {
+func (g *sandboxGateway) setPolicy(pol *policy.Policy, sb *policy.Sandbox) {
+	rules := pol.FileRules(sb)
+	g.fileRules.Store(&rules)
 	if d := sb.Tools.Exchange.Dir; d != "" {
 		os.MkdirAll(d, 0o755) // an error shows at the first exchange call
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -324,5 +325,60 @@ func TestExchange(t *testing.T) {
 	rec.mu.Unlock()
 	if !hashed {
 		t.Error("content hash not in the record")
+	}
+}
+
+// The sandbox's file rules apply to the gateway's own opens, judged on the
+// path the kernel resolved (a symlink to a blocked file is refused too);
+// the unblocked neighbours work.
+func TestFileRulesApplyToGateway(t *testing.T) {
+	_, _, sock, ws := testGateway(t, `      follow_symlinks: true
+    files:
+      - {name: env-secrets, path: $workspace/.env, match: exact, access: any, action: block}
+      - {name: git-internals, path: $workspace/.git/, match: prefix, access: write, action: block}
+`)
+	must(t, os.WriteFile(filepath.Join(ws, ".env"), []byte("TOKEN=abc\n"), 0o600))
+	must(t, os.MkdirAll(filepath.Join(ws, ".git"), 0o755))
+	must(t, os.WriteFile(filepath.Join(ws, ".git", "config"), []byte("[core]\n"), 0o644))
+	must(t, os.Symlink(".env", filepath.Join(ws, "innocent")))
+	c := dial(t, sock)
+	ctx := context.Background()
+	for i, p := range []string{".env", "innocent", "./.git/../.env"} {
+		f, err := c.ReadFile(ctx, "env-"+string(rune('a'+i)), p)
+		var te *toolclient.Error
+		if !errors.As(err, &te) || te.Type() != TypeDenied || te.Data.Rule != "env-secrets" {
+			t.Errorf("read %s: %v", p, err)
+		}
+		if strings.Contains(f.Content, "TOKEN") {
+			t.Errorf("read %s leaked the secret", p)
+		}
+	}
+	if f, err := c.ReadFile(ctx, "git-read", ".git/config"); err != nil || f.Content != "[core]\n" {
+		t.Errorf("read .git/config (only writes are blocked): %+v %v", f, err)
+	}
+	if err := c.WriteFile(ctx, "git-write", ".git/config", "[evil]\n"); errType(err) != TypeDenied {
+		t.Errorf("write .git/config: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, ".git", "config")); string(b) != "[core]\n" {
+		t.Errorf(".git/config changed: %q", b)
+	}
+	if err := c.WriteFile(ctx, "ok-write", "notes.md", "fine\n"); err != nil {
+		t.Errorf("benign write: %v", err)
+	}
+}
+
+// The socket's mode and owner come from the policy.
+func TestSocketModeFromPolicy(t *testing.T) {
+	_, _, sock, _ := testGateway(t, "      socket: {mode: \"0660\", gid: 4242}\n")
+	st, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o660 || st.Sys().(*syscall.Stat_t).Gid != 4242 {
+		t.Errorf("socket mode %v gid %d", st.Mode().Perm(), st.Sys().(*syscall.Stat_t).Gid)
+	}
+	dir, _ := os.Stat(filepath.Dir(sock))
+	if dir.Mode().Perm() != 0o750 || dir.Sys().(*syscall.Stat_t).Gid != 4242 {
+		t.Errorf("socket dir mode %v gid %d", dir.Mode().Perm(), dir.Sys().(*syscall.Stat_t).Gid)
 	}
 }

@@ -48,7 +48,7 @@ func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, arg
 		if p.MaxBytes > 0 && p.MaxBytes < max {
 			max = p.MaxBytes
 		}
-		r, e := rootFor(sb, p.Path)
+		r, e := g.rootFor(sb, p.Path)
 		if e != nil {
 			return nil, e
 		}
@@ -70,7 +70,7 @@ func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, arg
 		default:
 			return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"encoding" must be utf-8 or base64`)
 		}
-		r, e := rootFor(sb, p.Path)
+		r, e := g.rootFor(sb, p.Path)
 		if e != nil {
 			return nil, e
 		}
@@ -81,7 +81,7 @@ func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, arg
 		if e := decodeParams(args, &p); e != nil {
 			return nil, e
 		}
-		r, e := rootFor(sb, p.Path)
+		r, e := g.rootFor(sb, p.Path)
 		if e != nil {
 			return nil, e
 		}
@@ -103,16 +103,39 @@ func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, arg
 // rootFor picks the workspace a path is in: the one whose absolute path it
 // starts with, else the first (relative paths). The kernel decides whether
 // the path really stays inside.
-func rootFor(sb *policy.Sandbox, p string) (Root, *Error) {
+func (g *sandboxGateway) rootFor(sb *policy.Sandbox, p string) (Root, *Error) {
 	if len(sb.Workspace) == 0 {
 		return Root{}, rpcErr(CodeToolFailed, TypeToolFailed, "%v", errNoRoot)
 	}
+	dir := sb.Workspace[0]
 	for _, w := range sb.Workspace {
 		if p == w || strings.HasPrefix(p, w+"/") {
-			return Root{Dir: w, FollowSymlinks: sb.Tools.FollowSymlinks}, nil
+			dir = w
+			break
 		}
 	}
-	return Root{Dir: sb.Workspace[0], FollowSymlinks: sb.Tools.FollowSymlinks}, nil
+	rules := *g.fileRules.Load()
+	return Root{Dir: dir, FollowSymlinks: sb.Tools.FollowSymlinks, Check: func(resolved string, write bool) error {
+		return fileRuleCheck(sb, rules, resolved, write)
+	}}, nil
+}
+
+// fileRuleCheck applies the sandbox's file rules to a path the gateway
+// resolved: what the kernel refuses the sandbox, the gateway refuses too.
+func fileRuleCheck(sb *policy.Sandbox, rules []policy.FileRule, resolved string, write bool) error {
+	r, ok := policy.DecideFile(rules, resolved, write)
+	if !ok {
+		return nil
+	}
+	switch sb.Effective(r.Action) {
+	case policy.ActionBlock, policy.ActionKill:
+		access := "read"
+		if write {
+			access = "write"
+		}
+		return &PathError{Type: TypeDenied, Rule: r.RuleName(), Msg: fmt.Sprintf("refused: the sandbox's file rule %s blocks %s of %s", r.RuleName(), access, resolved)}
+	}
+	return nil
 }
 
 // toolError turns a tool's error into a typed JSON-RPC error.
@@ -123,10 +146,14 @@ func toolError(err error) *Error {
 	var pe *PathError
 	if errors.As(err, &pe) {
 		code := CodePathRefused
-		if pe.Type == TypeNotFound || pe.Type == TypeNotRegular || pe.Type == TypeToolFailed {
+		switch pe.Type {
+		case TypeNotFound, TypeNotRegular, TypeToolFailed:
 			code = CodeToolFailed
+		case TypeDenied:
+			code = CodeDenied
 		}
 		e := rpcErr(code, pe.Type, "%s", pe.Error())
+		e.Data.Rule = pe.Rule
 		if pe.Errno != 0 {
 			e.Data.Errno = errnoName(pe.Errno)
 		}
