@@ -30,8 +30,8 @@ type sandboxGateway struct {
 	sb   atomic.Pointer[policy.Sandbox]
 	// fileRules are the sandbox's file rules as the kernel enforces them.
 	fileRules atomic.Pointer[[]policy.FileRule]
-	ln   net.Listener
-	path string
+	ln        net.Listener
+	path      string
 
 	limiter  *limiter
 	sessions *sessions
