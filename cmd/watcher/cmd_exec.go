@@ -204,7 +204,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		}
 	}
 	if *proofPath != "" {
-		if err := writeRunProof(ctx, pol, running, v.CgroupID, proofFrom, *proofPath, stderr); err != nil {
+		if err := writeRunProof(ctx, pol, running, *socket, v.CgroupID, proofFrom, *proofPath, stderr); err != nil {
 			return errors.Join(runErr, err)
 		}
 	}

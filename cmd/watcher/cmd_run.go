@@ -28,6 +28,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	requireLSM := fs.Bool("require-lsm", false, "refuse to start when a blocking rule has no BPF LSM program to enforce it")
 	logJSON := fs.Bool("log-json", false, "log as JSON instead of text")
 	quiet := fs.Bool("quiet", false, "do not log every alert, only agent events")
+	tilesAddr := fs.String("serve-tiles", "", "serve the ledger read-only as C2SP tlog-tiles (checkpoint, hash tiles, entry bundles) on this host:port, for monitors and mirrors; off by default")
 	var containers listFlag
 	fs.Var(&containers, "container", "also cage this container in the policy's first sandbox (docker://ID, containerd://ID, cri-o://ID, pod://UID; repeatable)")
 	if err := parseFlags(fs, args, stderr, `Usage: watcher run [flags]
@@ -60,6 +61,15 @@ policy is refused and the old one stays.`); err != nil {
 		return err
 	}
 	printLayers(stdout, a.Layers())
+	if *tilesAddr != "" {
+		srv, addr, err := serveTiles(*tilesAddr, a.Policy().Agent.LedgerDir)
+		if err != nil {
+			a.Stop()
+			return err
+		}
+		defer srv.Close()
+		log.Info("serving the ledger as tlog-tiles", "addr", addr)
+	}
 	log.Info("agent running", "pid", os.Getpid(), "dns", a.DNSAddr().String(),
 		"ledger", a.Policy().Agent.LedgerDir, "socket_dir", a.Policy().Agent.SocketDir,
 		"metrics", a.Policy().Agent.MetricsAddr)

@@ -39,7 +39,7 @@ func runProofStart(a *agent.Agent, socket string) uint64 {
 // checkpoint and builds the proof; with a running agent it waits for the
 // agent's next checkpoint that covers the run and carries the witnesses'
 // cosignatures.
-func writeRunProof(ctx context.Context, pol *policy.Policy, running bool, cg, from uint64, file string, stderr io.Writer) error {
+func writeRunProof(ctx context.Context, pol *policy.Policy, running bool, socket string, cg, from uint64, file string, stderr io.Writer) error {
 	if cg == 0 {
 		return errors.New("--proof: the run has no cgroup (it did not start)")
 	}
@@ -53,6 +53,8 @@ func writeRunProof(ctx context.Context, pol *policy.Policy, running bool, cg, fr
 	match := func(r *ledger.Record) bool { return r.Event.Process.CgroupID == cg || r.Event.Sandbox.CgroupID == cg }
 	var c *ledger.Checkpoint
 	if running {
+		// Best effort: an older agent signs at its next interval.
+		control.NewClient(socket).Checkpoint()
 		c, err = awaitCheckpoint(ctx, dir, from, len(ws), match, stderr)
 	} else {
 		c, err = cosignClosed(ctx, dir, ws)

@@ -53,3 +53,10 @@ func (a *Agent) stopWitnessing() {
 
 // Cosigner returns the witness submitter, nil without witnesses.
 func (a *Agent) Cosigner() *witness.Cosigner { return a.cosigner }
+
+// Checkpoint signs a ledger checkpoint of everything so far (for `watcher
+// exec --proof` with a running agent); the witnesses get it as usual.
+func (a *Agent) Checkpoint() error {
+	_, err := a.ledger.Checkpoint()
+	return err
+}

@@ -196,6 +196,13 @@ func Listen(path string, h Handler) (*Server, error) {
 			}
 		})
 	}
+	if cp, ok := h.(Checkpointer); ok {
+		mux.HandleFunc("POST /checkpoint", func(w http.ResponseWriter, _ *http.Request) {
+			if err := cp.Checkpoint(); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			}
+		})
+	}
 	s := &Server{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 	go s.srv.Serve(ln)
 	return s, nil
@@ -279,6 +286,18 @@ func (c *Client) Thaw(sandbox string) error {
 // PrepareExec tells the agent a `watcher exec` command is about to run.
 func (c *Client) PrepareExec() error {
 	_, err := c.do("POST", "/exec")
+	return err
+}
+
+// Checkpointer is implemented by agents that sign a ledger checkpoint on
+// request (submitted to the witnesses as any other).
+type Checkpointer interface {
+	Checkpoint() error
+}
+
+// Checkpoint asks the agent to sign a ledger checkpoint now.
+func (c *Client) Checkpoint() error {
+	_, err := c.do("POST", "/checkpoint")
 	return err
 }
 
