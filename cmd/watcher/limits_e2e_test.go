@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"os"
 	"io"
 	"net/http"
 	"os/exec"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/limits"
 )
 
@@ -31,11 +34,23 @@ func TestLimitsEndToEnd(t *testing.T) {
 	t.Cleanup(func() {
 		// The v1 groups beside the cgroup2 ones (hybrid hosts).
 		for _, mnt := range h.V1 {
-			for _, cg := range []string{tb.cgroup, tb.cgroup + "-exec"} {
+			for _, cg := range []string{tb.cgroup, tb.cgroup + "-exec", tb.cgroup + "-benign"} {
 				exec.Command("find", filepath.Join(mnt, cg), "-depth", "-type", "d", "-exec", "rmdir", "{}", ";").Run()
 			}
 		}
 	})
+	// A second sandbox for processes a runtime places itself (no watcher
+	// exec): the agent applies its limit and watches its counters.
+	rt := tb.cgroup + "-benign"
+	if err := cgroupfs.Create(tb.cgAbs + "-benign"); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(tb.policy, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "  - name: runtime\n    select: {cgroups: [%s]}\n    preset: restricted\n    limits: {memory: 32M}\n", rt)
+	f.Close()
 	tb.startAgent()
 	ctl := filepath.Join(tb.socketDir, "control.sock")
 
@@ -101,6 +116,42 @@ func TestLimitsEndToEnd(t *testing.T) {
 		case <-timeout:
 			t.Fatal("no pids limit event reached watcher tail")
 		}
+	}
+
+	// A runtime's process in the second sandbox (placed in the cgroup2 and
+	// the v1 groups of the same name, as a runtime does on a hybrid host):
+	// the agent records its OOM kill with the victim.
+	c := inSandbox(t, tb.cgAbs+"-benign", "c1", "read x; exec tail /dev/zero")
+	stdin, _ := c.StdinPipe()
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := h.Apply(rt+"/c1", limits.Limits{}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Enter(c.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(stdin, "go\n")
+	stdin.Close()
+	werr := c.Wait()
+	lb, _ := os.ReadFile(filepath.Join(h.V1["memory"], rt, "memory.limit_in_bytes"))
+	t.Logf("runtime process: %v; v1 limit %s; usage %+v", werr, lb, h.UsageOf(rt))
+	var rtKill *audit.Event
+	timeout = time.After(15 * time.Second)
+	for rtKill == nil {
+		select {
+		case e := <-lines:
+			if e.Sandbox.Name == "runtime" && e.Limit != nil && e.Limit.Resource == "memory" {
+				rtKill = &e
+			}
+		case <-timeout:
+			t.Fatalf("the agent recorded no OOM kill in the runtime's sandbox; agent log:\n%s", tb.agentLog)
+		}
+	}
+	if rtKill.Process.Comm != "tail" || rtKill.Process.PID != uint32(c.Process.Pid) || rtKill.Limit.Limit != 32<<20 {
+		t.Errorf("runtime OOM event: %+v %+v (want tail, pid %d)", rtKill, rtKill.Limit, c.Process.Pid)
 	}
 
 	// Metrics: usage, limits and the kill count.

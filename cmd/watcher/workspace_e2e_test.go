@@ -89,15 +89,25 @@ func TestWorkspaceOverlay(t *testing.T) {
 	tb.startAgent()
 	ctl := filepath.Join(tb.socketDir, "control.sock")
 	shmName := "watcher-e2e-" + filepath.Base(tb.cgroup)
+	state := filepath.Join(tb.dir, "workspaces")
 
 	out, code := tb.watcher("exec", "--socket", ctl, "--", "sh", "-c", "cd "+ws+
 		" && echo new > edit.txt && rm gone.txt && echo hi > added.txt && rm -r sub"+
-		" && ipcmk -M 4096 >/dev/null && ipcmk -S 2 >/dev/null && ipcs -m && ipcs -s && echo x > /dev/shm/"+shmName)
+		" && ipcmk -M 4096 >/dev/null && ipcmk -S 2 >/dev/null && ipcs -m && ipcs -s && echo x > /dev/shm/"+shmName+
+		// The upper layers are out of reach: the state directory is an
+		// empty read-only tmpfs in the command's mount namespace.
+		" && test -z \"$(ls -A "+state+")\" && ! touch "+state+"/x 2>/dev/null && echo state-hidden")
 	if code != 0 {
 		t.Fatalf("exec: %d\n%s", code, out)
 	}
 	if h := mustHash(t, ws); h != before {
 		t.Fatal("the real workspace changed before commit")
+	}
+	if !strings.Contains(out, "state-hidden") {
+		t.Fatalf("the state directory is visible in the sandbox:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(state, "agents", "layers")); err != nil {
+		t.Fatalf("no state on the host: %v", err)
 	}
 	keys := ipcKeys(out)
 	if len(keys) != 2 {

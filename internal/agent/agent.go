@@ -307,6 +307,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.periodic(ctx) }()
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.watchLimits(ctx) }()
 	if a.reloader != nil {
 		// Edits of the policy file take effect without a signal; a bad
 		// edit is refused and the policy in force stays.

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -182,6 +184,90 @@ func (c *limitsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if sb.Limits.PIDs > 0 {
 			ch <- prometheus.MustNewConstMetric(descPIDsLimit, prometheus.GaugeValue, float64(sb.Limits.PIDs), n)
+		}
+	}
+}
+
+// isExecLeaf reports a cgroup path inside a `watcher exec` leaf (launch
+// names them exec-LABEL-HEX).
+func isExecLeaf(rel string) bool {
+	return strings.Contains(rel, "/exec-")
+}
+
+// watchLimits records limit hits in the sandbox cgroups the agent watches
+// (containers and other runtime-placed processes): every second it
+// compares each root's OOM-kill and refused-fork counters with the last
+// reading and records the increase, naming OOM victims from the kernel
+// log. Kills inside `watcher exec` leaves are left to watcher exec, which
+// reports its own (on cgroup v2 they also add up in the sandbox cgroup's
+// counter; they are named in the kernel log and not counted twice).
+func (a *Agent) watchLimits(ctx context.Context) {
+	h, err := hostLimits()
+	if err != nil {
+		return
+	}
+	klog, _ := limits.OpenKernelLog()
+	defer klog.Close()
+	type seen struct{ oom, pids uint64 }
+	last := map[string]seen{}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pol := a.Policy()
+		kills := klog.AllOOMKills()
+		for i := range pol.Sandboxes {
+			sb := &pol.Sandboxes[i]
+			lim := LimitsOf(sb.Limits)
+			if lim.Zero() {
+				continue
+			}
+			for _, r := range a.rootsOf(sb.Name) {
+				rel := relOf(r.path)
+				u := h.UsageOf(rel)
+				prev, ok := last[r.path]
+				last[r.path] = seen{u.OOMKills, u.PIDsMaxHits}
+				if !ok {
+					continue // the baseline
+				}
+				base := audit.Event{Kind: audit.KindLimit, Severity: audit.SeverityAlert, Sandbox: audit.Sandbox{Name: sb.Name}}
+				if d := u.OOMKills - prev.oom; u.OOMKills > prev.oom {
+					named := 0
+					for _, o := range kills {
+						if !o.Under(rel) {
+							continue
+						}
+						named++
+						if isExecLeaf(o.TaskMemcg) {
+							continue // watcher exec reports its own
+						}
+						ev := base
+						ev.Verdict, ev.Mechanism = audit.VerdictKilled, h.Mechanism(limits.Memory)
+						ev.Process = audit.Process{PID: uint32(o.PID), TGID: uint32(o.PID), UID: uint32(o.UID), Comm: o.Comm}
+						ev.Limit = &audit.LimitDetail{Resource: limits.Memory, Limit: uint64(lim.Memory), Usage: uint64(u.MemoryPeak), Count: 1, Mechanism: ev.Mechanism}
+						ev.Message = fmt.Sprintf("%s (pid %d) OOM-killed at the memory limit %s in %s", o.Comm, o.PID, policy.FormatBytes(lim.Memory), rel)
+						a.emit(ev)
+					}
+					if int(d) > named {
+						ev := base
+						ev.Verdict, ev.Mechanism = audit.VerdictKilled, h.Mechanism(limits.Memory)
+						ev.Limit = &audit.LimitDetail{Resource: limits.Memory, Limit: uint64(lim.Memory), Usage: uint64(u.MemoryPeak), Count: d - uint64(named), Mechanism: ev.Mechanism}
+						ev.Message = fmt.Sprintf("%d processes OOM-killed at the memory limit %s in %s", int(d)-named, policy.FormatBytes(lim.Memory), rel)
+						a.emit(ev)
+					}
+				}
+				if u.PIDsMaxHits > prev.pids {
+					ev := base
+					ev.Verdict, ev.Mechanism = audit.VerdictDenied, h.Mechanism(limits.PIDs)
+					ev.Limit = &audit.LimitDetail{Resource: limits.PIDs, Limit: uint64(lim.PIDs), Usage: uint64(u.PIDs), Count: u.PIDsMaxHits - prev.pids, Mechanism: ev.Mechanism}
+					ev.Message = fmt.Sprintf("%d forks refused at the pids limit %d in %s", u.PIDsMaxHits-prev.pids, lim.PIDs, rel)
+					a.emit(ev)
+				}
+			}
 		}
 	}
 }

@@ -46,8 +46,26 @@ func (k *KernelLog) Close() error {
 }
 
 // OOMKills returns the OOM kills logged since the last call whose limit
-// cgroup is rel or below it.
+// cgroup or victim's cgroup is rel or below it.
 func (k *KernelLog) OOMKills(rel string) []OOMKill {
+	var out []OOMKill
+	for _, o := range k.AllOOMKills() {
+		if o.Under(rel) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// Under reports whether the kill's limit cgroup or the victim's cgroup is
+// rel or below it.
+func (o OOMKill) Under(rel string) bool {
+	in := func(p string) bool { return p == rel || strings.HasPrefix(p, rel+"/") }
+	return in(o.Memcg) || in(o.TaskMemcg)
+}
+
+// AllOOMKills returns every OOM kill logged since the last call.
+func (k *KernelLog) AllOOMKills() []OOMKill {
 	if k == nil {
 		return nil
 	}
@@ -61,13 +79,12 @@ func (k *KernelLog) OOMKills(rel string) []OOMKill {
 		if err != nil || n <= 0 {
 			return out
 		}
-		rec := string(buf[:n])
-		_, msg, ok := strings.Cut(rec, ";")
+		_, msg, ok := strings.Cut(string(buf[:n]), ";")
 		if !ok {
 			continue
 		}
 		msg, _, _ = strings.Cut(msg, "\n")
-		if o, ok := parseOOMLine(msg); ok && (o.Memcg == rel || strings.HasPrefix(o.Memcg, rel+"/") || o.TaskMemcg == rel || strings.HasPrefix(o.TaskMemcg, rel+"/")) {
+		if o, ok := parseOOMLine(msg); ok {
 			out = append(out, o)
 		}
 	}

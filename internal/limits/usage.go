@@ -3,6 +3,7 @@ package limits
 import (
 	"bufio"
 	"bytes"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -106,7 +107,9 @@ func (h *Host) usage(v2 string, v1 map[string]string) Usage {
 		d := v1["memory"]
 		u.MemoryBytes = readInt(filepath.Join(d, "memory.usage_in_bytes"))
 		u.MemoryPeak = readInt(filepath.Join(d, "memory.max_usage_in_bytes"))
-		u.OOMKills = uint64(readKV(filepath.Join(d, "memory.oom_control"))["oom_kill"])
+		// v1 counts a kill only in the victim's own cgroup: add up the
+		// subtree.
+		u.OOMKills = sumTree(d, func(dir string) int64 { return readKV(filepath.Join(dir, "memory.oom_control"))["oom_kill"] })
 	}
 	dir := v2
 	if h.Mechanism(PIDs) == Cgroup1 {
@@ -114,7 +117,25 @@ func (h *Host) usage(v2 string, v1 map[string]string) Usage {
 	}
 	if h.Mechanism(PIDs) != None {
 		u.PIDs = readInt(filepath.Join(dir, "pids.current"))
-		u.PIDsMaxHits = uint64(readKV(filepath.Join(dir, "pids.events"))["max"])
+		if _, err := os.Stat(filepath.Join(dir, "pids.events.local")); err == nil {
+			// Kernels with pids.events.local count hierarchically.
+			u.PIDsMaxHits = uint64(readKV(filepath.Join(dir, "pids.events"))["max"])
+		} else {
+			// Older ones count in the cgroup whose limit was hit.
+			u.PIDsMaxHits = sumTree(dir, func(dir string) int64 { return readKV(filepath.Join(dir, "pids.events"))["max"] })
+		}
 	}
 	return u
+}
+
+// sumTree adds f over the cgroup directory and its descendants.
+func sumTree(dir string, f func(string) int64) uint64 {
+	var n int64
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			n += f(p)
+		}
+		return nil
+	})
+	return uint64(max(n, 0))
 }

@@ -18,7 +18,7 @@ import (
 // Isolation is how `watcher exec` shows the workspace to a command: its
 // own mount namespace, in which each overlay is bound over the real
 // directory and the state directory is hidden (the command cannot reach
-// the upper layers or snapshots by path), and its own IPC namespace with a
+// its own or other sandboxes' upper layers or snapshots by path), and its own IPC namespace with a
 // fresh /dev/shm and /dev/mqueue, so System V and POSIX IPC objects the
 // command creates die with it instead of outliving a rollback.
 func (w *Workspace) Isolation() launch.Isolation {
@@ -27,7 +27,7 @@ func (w *Workspace) Isolation() launch.Isolation {
 		iso.Mounts = append(iso.Mounts, launch.Mount{Source: l.Merged, Target: l.Lower, Flags: unix.MS_BIND | unix.MS_REC})
 	}
 	iso.Mounts = append(iso.Mounts,
-		launch.Mount{Source: "watcher-hidden", Target: w.Dir, FSType: "tmpfs",
+		launch.Mount{Source: "watcher-hidden", Target: filepath.Dir(w.Dir), FSType: "tmpfs",
 			Flags: unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, Data: "size=4k,mode=0700"},
 		launch.Mount{Source: "shm", Target: "/dev/shm", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777", IfExists: true},
 		launch.Mount{Source: "mqueue", Target: "/dev/mqueue", FSType: "mqueue", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, IfExists: true},
