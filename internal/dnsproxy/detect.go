@@ -32,9 +32,6 @@ const (
 	// evidenceMinLabel: labels shorter than this carry too little to judge and
 	// are left out of the evidence.
 	evidenceMinLabel = 6
-	// evidenceNoticeBits: evidence from which a name counts towards the
-	// suspicion of its domain in the stream state.
-	evidenceNoticeBits = 12
 	// caseSwitchMin / caseSwitchMinLen: letters switching case this often in a
 	// label of at least this length means base64-style encoding.
 	caseSwitchMin    = 3

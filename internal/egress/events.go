@@ -98,6 +98,10 @@ func unixPath(p []int8, n int) string {
 	if len(b) > 0 && b[0] == 0 {
 		return "@" + strings.TrimRight(string(b[1:]), "\x00")
 	}
+	// The kernel ends a path at its first NUL.
+	if i := strings.IndexByte(string(b), 0); i >= 0 {
+		b = b[:i]
+	}
 	return string(b)
 }
 

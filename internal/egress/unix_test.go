@@ -119,16 +119,32 @@ func TestUnixSocketsAndResolverPorts(t *testing.T) {
 		if r.String() != c.inside {
 			t.Errorf("%s in the sandbox: %s, want %s", c.what, r, c.inside)
 		} else if c.reason != "" {
-			want := strings.TrimPrefix(c.addr, "@")
+			want := c.addr // as passed; abstract names as "@name"
 			ev := f.kernelEvents.wait(t, "refusal of "+c.what, func(ev audit.Event) bool {
 				return ev.Kind == audit.KindNet && ev.Net != nil && ev.Process.TGID == uint32(pid) && ev.Net.Family == 1
 			})
-			if !strings.Contains(ev.Net.Reason, c.reason) || !strings.Contains(ev.Net.Addr, want) || ev.Verdict != audit.VerdictDenied {
+			if !strings.Contains(ev.Net.Reason, c.reason) || ev.Net.Addr != want || ev.Verdict != audit.VerdictDenied {
 				t.Errorf("%s: event addr %q reason %q verdict %s, want %q and %q", c.what, ev.Net.Addr, ev.Net.Reason, ev.Verdict, want, c.reason)
 			}
 		}
 		if r, _ := f.op(t, f.outside, c.mode, env...); r.String() != c.outside {
 			t.Errorf("%s outside: %s, want %s", c.what, r, c.outside)
+		}
+	}
+
+	// A record-only sandbox reaches the broker, and the connect is recorded.
+	if err := f.eg.SetSandbox(recordID, egress.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6, RecordOnly: true,
+		RestrictUnix: true, UnixPaths: []string{ws + "/"}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, pid := f.op(t, f.record, "unix-connect", "WATCHER_ADDR="+broker); r.String() != "ok broker" {
+		t.Errorf("record-only sandbox: %s, want ok broker", r)
+	} else {
+		ev := f.kernelEvents.wait(t, "record of the broker connect", func(ev audit.Event) bool {
+			return ev.Kind == audit.KindNet && ev.Net != nil && ev.Process.TGID == uint32(pid) && ev.Net.Family == 1
+		})
+		if ev.Verdict != audit.VerdictRecorded || ev.Net.Addr != broker {
+			t.Errorf("record-only event: verdict %s addr %q", ev.Verdict, ev.Net.Addr)
 		}
 	}
 
