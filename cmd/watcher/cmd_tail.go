@@ -161,6 +161,8 @@ var lineBreaks = strings.NewReplacer("\n", `\n`, "\r", `\r`)
 
 func detailText(e *audit.Event) string {
 	switch {
+	case e.Tool != nil:
+		return strings.TrimSpace(toolText(e.Tool))
 	case e.File != nil:
 		return e.File.Path
 	case e.Mount != nil:

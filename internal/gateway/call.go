@@ -118,6 +118,15 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolParams, body fun
 	if len(p.Arguments) == 0 {
 		p.Arguments = json.RawMessage("{}")
 	}
+	// Over the rate: refused before anything is recorded per call (a flood
+	// must not flood the ledger); the refusals are counted and recorded
+	// once a second. The call gets no number: it never happened.
+	if !g.limiter.allow() {
+		g.fold.add(p.Tool)
+		e := rpcErr(CodeRateLimited, TypeRateLimited, "over the sandbox's rate of %g calls/s (burst %d): retry later", sb.Tools.Rate, sb.Tools.Burst)
+		e.Data.Tool, e.Data.CallID = p.Tool, p.CallID
+		return nil, e
+	}
 	sess := g.sessions.get(p.Session)
 	act, prev := sess.begin(p.CallID, p.Tool, p.Arguments)
 	if prev != nil {
@@ -133,9 +142,6 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolParams, body fun
 	case len(p.Arguments) > sb.Tools.MaxArgumentBytes:
 		rerr = cl.deny("limit:max_argument_bytes", fmt.Sprintf("arguments are %d bytes, over the limit of %d", len(p.Arguments), sb.Tools.MaxArgumentBytes))
 		rerr.Code, rerr.Data.Type, rerr.Data.Limit = CodeTooLarge, TypeTooLarge, int64(sb.Tools.MaxArgumentBytes)
-	case !g.limiter.allow():
-		rerr = cl.deny("limit:rate", fmt.Sprintf("over the sandbox's rate of %g calls/s (burst %d): retry later", sb.Tools.Rate, sb.Tools.Burst))
-		rerr.Code, rerr.Data.Type = CodeRateLimited, TypeRateLimited
 	default:
 		out, rerr = body(cl)
 	}
@@ -285,3 +291,44 @@ func (l *limiter) allow() bool {
 }
 
 var errNoRoot = errors.New("this sandbox has no workspace: file tools have nothing to work in")
+
+// rateFold counts calls refused by the rate limit and records them as one
+// event per second.
+type rateFold struct {
+	g     *sandboxGateway
+	mu    sync.Mutex
+	n     int
+	tools map[string]int
+	first time.Time
+	timer *time.Timer
+}
+
+func (f *rateFold) add(tool string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		f.first, f.tools = now(), map[string]int{}
+		f.timer = time.AfterFunc(time.Second, f.flush)
+	}
+	f.n++
+	f.tools[tool]++
+}
+
+func (f *rateFold) flush() {
+	f.mu.Lock()
+	n, tools, first := f.n, f.tools, f.first
+	f.n, f.tools = 0, nil
+	if f.timer != nil {
+		f.timer.Stop()
+		f.timer = nil
+	}
+	f.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	sb := f.g.sb.Load()
+	f.g.m.cfg.Emit(audit.Event{Time: now(), Kind: audit.KindTool, Verdict: audit.VerdictDenied, Severity: audit.SeverityAlert,
+		Mechanism: "gateway", Rule: "limit:rate", Sandbox: audit.Sandbox{Name: sb.Name},
+		Tool: &audit.ToolDetail{CallID: "-", Tool: "*", Stage: "decision", Decision: "deny", By: "policy",
+			Reason: fmt.Sprintf("%d calls refused by the rate limit (%g/s, burst %d) since %s: %v", n, sb.Tools.Rate, sb.Tools.Burst, first.UTC().Format(time.RFC3339Nano), tools)}})
+}

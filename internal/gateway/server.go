@@ -34,6 +34,7 @@ type sandboxGateway struct {
 	path      string
 
 	limiter  *limiter
+	fold     *rateFold
 	sessions *sessions
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -72,6 +73,7 @@ func (m *Manager) startSandbox(pol *policy.Policy, sb *policy.Sandbox) (*sandbox
 	}
 	g := &sandboxGateway{m: m, name: sb.Name, ln: ln, path: path, conns: map[net.Conn]struct{}{},
 		limiter: newLimiter(), sessions: newSessions()}
+	g.fold = &rateFold{g: g}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.setPolicy(pol, sb)
 	g.wg.Add(1)
@@ -102,6 +104,7 @@ func (g *sandboxGateway) close() {
 	}
 	g.mu.Unlock()
 	g.wg.Wait()
+	g.fold.flush()
 }
 
 func (g *sandboxGateway) accept() {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -141,7 +142,7 @@ func TestDefaultDenyAndList(t *testing.T) {
 }
 
 func TestLimits(t *testing.T) {
-	_, _, sock, _ := testGateway(t, "      rate: 1\n      burst: 2\n      max_argument_bytes: 100\n")
+	_, rec, sock, _ := testGateway(t, "      rate: 1\n      burst: 2\n      max_argument_bytes: 100\n")
 	c := dial(t, sock)
 	ctx := context.Background()
 	if err := c.WriteFile(ctx, "big", "x.txt", strings.Repeat("a", 200)); errType(err) != TypeTooLarge {
@@ -156,6 +157,57 @@ func TestLimits(t *testing.T) {
 	}
 	if !limited {
 		t.Error("5 calls at once within rate 1/s burst 2 were all served")
+	}
+	// The refused calls are not recorded one by one but counted in one
+	// record; they got no session number.
+	var folded *audit.Event
+	for start := time.Now(); folded == nil && time.Since(start) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+		rec.mu.Lock()
+		for i := range rec.evs {
+			if rec.evs[i].Rule == "limit:rate" {
+				folded = &rec.evs[i]
+			}
+		}
+		rec.mu.Unlock()
+	}
+	if folded == nil || !strings.Contains(folded.Tool.Reason, "calls refused by the rate limit") {
+		t.Errorf("rate-limit record: %+v", folded)
+	}
+	for _, id := range []string{"rc", "rd", "re"} {
+		if steps := rec.tool(id); len(steps) != 0 {
+			t.Errorf("rate-limited call %s recorded per call: %+v", id, steps)
+		}
+	}
+}
+
+// A session keeps at most maxSessionOutput bytes of outputs (older ones
+// dropped, the calls still listed) and a sandbox at most maxSessions
+// sessions.
+func TestSessionBounds(t *testing.T) {
+	ss := newSessions()
+	s := ss.get("big")
+	out := json.RawMessage(`"` + strings.Repeat("x", 1<<20) + `"`)
+	for i := 0; i < 10; i++ {
+		a, _ := s.begin("c"+string(rune('0'+i)), "read_file", nil)
+		a.finish(out, nil)
+	}
+	acts, last := s.after(0)
+	kept := 0
+	for _, a := range acts {
+		if len(a.Output) > 0 {
+			kept += len(a.Output)
+		} else if !a.OutputDropped {
+			t.Errorf("call %s lost its output without saying so", a.CallID)
+		}
+	}
+	if last != 10 || len(acts) != 10 || kept > maxSessionOutput || !acts[0].OutputDropped || acts[9].OutputDropped {
+		t.Errorf("last %d, %d actions, %d bytes kept", last, len(acts), kept)
+	}
+	for i := 0; i < maxSessions+10; i++ {
+		ss.get("s" + strconv.Itoa(i))
+	}
+	if len(ss.m) != maxSessions {
+		t.Errorf("%d sessions kept", len(ss.m))
 	}
 }
 

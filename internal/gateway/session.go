@@ -6,8 +6,16 @@ import (
 	"time"
 )
 
-// maxActions is how many calls a session remembers for resume.
-const maxActions = 10000
+// Memory bounds: a client must not grow the agent without limit.
+const (
+	// maxActions is how many calls a session remembers for resume.
+	maxActions = 10000
+	// maxSessionOutput caps the outputs a session keeps; older outputs are
+	// dropped first (the call stays listed, marked output_dropped).
+	maxSessionOutput = 4 << 20
+	// maxSessions per sandbox; the least recently used is forgotten.
+	maxSessions = 256
+)
 
 // Action is one call of a session as session.resume returns it.
 type Action struct {
@@ -24,15 +32,19 @@ type Action struct {
 	// Status is running, ok or error.
 	Status string          `json:"status"`
 	Output json.RawMessage `json:"output,omitempty"`
-	Error  *Error          `json:"error,omitempty"`
+	// OutputDropped says the output was forgotten to bound memory (the
+	// ledger keeps the call's records and hashes).
+	OutputDropped bool   `json:"output_dropped,omitempty"`
+	Error         *Error `json:"error,omitempty"`
 
 	session string
 	s       *session
 }
 
 type sessions struct {
-	mu sync.Mutex
-	m  map[string]*session
+	mu    sync.Mutex
+	m     map[string]*session
+	clock uint64
 }
 
 func newSessions() *sessions { return &sessions{m: map[string]*session{}} }
@@ -40,11 +52,22 @@ func newSessions() *sessions { return &sessions{m: map[string]*session{}} }
 func (ss *sessions) get(name string) *session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	ss.clock++
 	s := ss.m[name]
 	if s == nil {
+		if len(ss.m) >= maxSessions {
+			var oldest *session
+			for _, x := range ss.m {
+				if oldest == nil || x.used < oldest.used {
+					oldest = x
+				}
+			}
+			delete(ss.m, oldest.name)
+		}
 		s = &session{name: name, byID: map[string]*Action{}}
 		ss.m[name] = s
 	}
+	s.used = ss.clock
 	return s
 }
 
@@ -55,6 +78,8 @@ type session struct {
 	seq     uint64
 	actions []*Action
 	byID    map[string]*Action
+	used    uint64 // sessions.clock at the last use
+	outputs int    // bytes of outputs kept
 }
 
 // begin numbers a new call, or returns the earlier call with the same id.
@@ -70,6 +95,7 @@ func (s *session) begin(callID, tool string, args json.RawMessage) (*Action, *Ac
 	s.actions = append(s.actions, a)
 	s.byID[callID] = a
 	if len(s.actions) > maxActions {
+		s.outputs -= len(s.actions[0].Output)
 		delete(s.byID, s.actions[0].CallID)
 		s.actions = s.actions[1:]
 	}
@@ -99,8 +125,19 @@ func (a *Action) finish(out json.RawMessage, e *Error) {
 	defer a.s.mu.Unlock()
 	if e != nil {
 		a.Status, a.Error = "error", e
-	} else {
-		a.Status, a.Output = "ok", out
+		return
+	}
+	a.Status, a.Output = "ok", out
+	s := a.s
+	s.outputs += len(out)
+	for _, old := range s.actions {
+		if s.outputs <= maxSessionOutput {
+			break
+		}
+		if len(old.Output) > 0 {
+			s.outputs -= len(old.Output)
+			old.Output, old.OutputDropped = nil, true
+		}
 	}
 }
 
