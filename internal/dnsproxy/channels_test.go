@@ -112,13 +112,5 @@ func TestRareTypesAndPayload(t *testing.T) {
 
 func tcpQuery(t *testing.T, addr, name string, qtype uint16) *dns.Msg {
 	t.Helper()
-	m := new(dns.Msg)
-	m.SetQuestion(dns.Fqdn(name), qtype)
-	m.SetEdns0(1232, false)
-	c := &dns.Client{Net: "tcp", Timeout: 3 * time.Second}
-	r, _, err := c.Exchange(m, addr)
-	if err != nil {
-		t.Fatalf("tcp query %s: %v", name, err)
-	}
-	return r
+	return queryNet(t, "tcp", addr, name, qtype)
 }

@@ -170,13 +170,19 @@ func startProxy(t *testing.T, cfg Config) (*Server, string) {
 
 func query(t *testing.T, addr, name string, qtype uint16) *dns.Msg {
 	t.Helper()
+	return queryNet(t, "udp", addr, name, qtype)
+}
+
+// queryNet asks one EDNS query over network ("udp" or "tcp").
+func queryNet(t *testing.T, network, addr, name string, qtype uint16) *dns.Msg {
+	t.Helper()
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), qtype)
 	m.SetEdns0(1232, false)
-	c := &dns.Client{Net: "udp", Timeout: 3 * time.Second}
+	c := &dns.Client{Net: network, Timeout: 3 * time.Second}
 	r, _, err := c.Exchange(m, addr)
 	if err != nil {
-		t.Fatalf("query %s: %v", name, err)
+		t.Fatalf("query %s over %s: %v", name, network, err)
 	}
 	return r
 }

@@ -32,8 +32,7 @@ type sandboxState struct {
 	lru     list.List                // front = most recent
 
 	// token buckets: all queries, and rare types
-	tokens, rareTokens float64
-	last, rareLast     time.Time
+	all, rare bucket
 }
 
 // domainState counts what one sandbox asked under one tracking domain in the
@@ -68,33 +67,33 @@ func (st *sandboxState) allow(rl RateLimit, now time.Time) bool {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.last.IsZero() {
-		st.tokens = rl.Burst
-	} else {
-		st.tokens = min(rl.Burst, st.tokens+now.Sub(st.last).Seconds()*rl.QPS)
-	}
-	st.last = now
-	if st.tokens < 1 {
-		return false
-	}
-	st.tokens--
-	return true
+	return st.all.take(rl, now)
 }
 
 // allowRare takes a token from the sandbox's rare-type bucket.
 func (st *sandboxState) allowRare(rl RateLimit, now time.Time) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.rareLast.IsZero() {
-		st.rareTokens = rl.Burst
+	return st.rare.take(rl, now)
+}
+
+// bucket is a token bucket; the caller holds the sandbox's lock.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+func (b *bucket) take(rl RateLimit, now time.Time) bool {
+	if b.last.IsZero() {
+		b.tokens = rl.Burst
 	} else {
-		st.rareTokens = min(rl.Burst, st.rareTokens+now.Sub(st.rareLast).Seconds()*rl.QPS)
+		b.tokens = min(rl.Burst, b.tokens+now.Sub(b.last).Seconds()*rl.QPS)
 	}
-	st.rareLast = now
-	if st.rareTokens < 1 {
+	b.last = now
+	if b.tokens < 1 {
 		return false
 	}
-	st.rareTokens--
+	b.tokens--
 	return true
 }
 

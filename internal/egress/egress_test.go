@@ -419,7 +419,14 @@ func TestEgress(t *testing.T) {
 // listenLoopback starts a TCP banner server on addr:0 and returns its port.
 func listenLoopback(t *testing.T, addr string) netip.AddrPort {
 	t.Helper()
-	ln, err := net.Listen("tcp", addr+":0")
+	return netip.MustParseAddrPort(serveBanner(t, "tcp", addr+":0", "hello").String())
+}
+
+// serveBanner listens on network/addr and writes text to every connection
+// until the test ends; it returns the bound address.
+func serveBanner(t *testing.T, network, addr, text string) net.Addr {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,11 +437,11 @@ func listenLoopback(t *testing.T, addr string) netip.AddrPort {
 			if err != nil {
 				return
 			}
-			c.Write([]byte("hello\n"))
+			c.Write([]byte(text + "\n"))
 			c.Close()
 		}
 	}()
-	return netip.MustParseAddrPort(ln.Addr().String())
+	return ln.Addr()
 }
 
 // TestRulesOverflowAndReattach uses loopback servers only: policy rules

@@ -13,26 +13,6 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 )
 
-// unixBanner serves "text" to every connection on a unix stream socket.
-func unixBanner(t *testing.T, path, text string) {
-	t.Helper()
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte(text + "\n"))
-			c.Close()
-		}
-	}()
-}
-
 // TestUnixSocketsAndResolverPorts: a sandbox whose egress is not allow
 // cannot reach host brokers over unix sockets (a stand-in for the D-Bus
 // system bus, systemd-resolved's varlink socket, nscd, docker.sock): not by
@@ -55,10 +35,10 @@ func TestUnixSocketsAndResolverPorts(t *testing.T) {
 		}
 	}
 	broker := filepath.Join(hostRun, "system_bus_socket")
-	unixBanner(t, broker, "broker")
-	unixBanner(t, filepath.Join(ws, "dev.sock"), "workspace")
+	serveBanner(t, "unix", broker, "broker")
+	serveBanner(t, "unix", filepath.Join(ws, "dev.sock"), "workspace")
 	abstract := "@watcher-test-" + randHex(4)
-	unixBanner(t, abstract, "abstract")
+	serveBanner(t, "unix", abstract, "abstract")
 	gram, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(hostRun, "resolver.sock"), Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)
