@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The test binary doubles as the hogs the limits must stop.
@@ -33,6 +35,33 @@ func TestMain(m *testing.M) {
 		for i := 0; i < len(b); i += 4096 {
 			b[i] = 1
 		}
+		os.Exit(0)
+	case "high":
+		// 32M in 1M steps, above a 16M memory.high: throttled, not killed.
+		var keep [][]byte
+		for i := 0; i < 32; i++ {
+			b := make([]byte, 1<<20)
+			for j := 0; j < len(b); j += 4096 {
+				b[j] = 1
+			}
+			keep = append(keep, b)
+		}
+		os.Exit(len(keep) - 32)
+	case "io":
+		// 4 MiB of direct writes (throttling in v1 sees only direct I/O).
+		f, err := os.OpenFile(os.Getenv("WATCHER_LIMITS_FILE"), os.O_WRONLY|os.O_CREATE|syscall.O_DIRECT, 0o600)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		buf, _ := syscall.Mmap(-1, 0, 64<<10, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		for i := 0; i < 64; i++ {
+			if _, err := f.Write(buf); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(3)
+			}
+		}
+		f.Close()
 		os.Exit(0)
 	case "cpu":
 		end := time.Now().Add(2 * time.Second)
@@ -249,6 +278,70 @@ func TestCPUHogGetsItsShare(t *testing.T) {
 	}
 	if u.CPUThrottled == 0 {
 		t.Errorf("no throttled periods: the CPU limit never applied")
+	}
+}
+
+func TestMemoryHighThrottlesWithoutKilling(t *testing.T) {
+	h := testHost(t)
+	if h.Mechanism(Memory) != Cgroup2 {
+		t.Skipf("memory.high needs the memory controller on cgroup2 (here: %s; v1 maps memory_high to the soft limit)", h.Mechanism(Memory))
+	}
+	_, leaf := testGroup(t, h, Limits{Memory: 256 << 20, MemoryHigh: 16 << 20})
+	cmd := hog("high")
+	start(t, leaf, cmd)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("a command above memory.high but below memory.max: %v, want it throttled, not killed", err)
+	}
+	u := leaf.Usage()
+	t.Logf("usage: %+v", u)
+	if u.MemoryHighHits == 0 || u.OOMKills != 0 {
+		t.Errorf("memory.events high=%d oom_kill=%d, want high > 0 and no kill", u.MemoryHighHits, u.OOMKills)
+	}
+}
+
+// wholeDisk is the MAJOR:MINOR of the disk holding path (throttling
+// applies to whole disks, not partitions).
+func wholeDisk(t *testing.T, path string) string {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	sys := "/sys/dev/block/" + dev
+	if _, err := os.Stat(sys); err != nil {
+		t.Skipf("%s is not on a block device (%s): nothing to throttle", path, dev)
+	}
+	if _, err := os.Stat(sys + "/partition"); err == nil {
+		b, err := os.ReadFile(sys + "/../dev")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev = strings.TrimSpace(string(b))
+	}
+	return dev
+}
+
+func TestIOIsThrottled(t *testing.T) {
+	h := testHost(t)
+	needController(t, h, IO)
+	dir := t.TempDir()
+	dev := wholeDisk(t, dir)
+	const bps = 1 << 20
+	_, leaf := testGroup(t, h, Limits{IO: []IOLimit{{Device: dev, WriteBPS: bps}}})
+	cmd := hog("io")
+	cmd.Env = append(cmd.Env, "WATCHER_LIMITS_FILE="+filepath.Join(dir, "f"))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	began := time.Now()
+	start(t, leaf, cmd)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("io writer: %v %s", err, out.String())
+	}
+	rate := float64(4<<20) / time.Since(began).Seconds()
+	t.Logf("4 MiB of direct writes at %.0f KiB/s against a limit of %d KiB/s on %s (%s)", rate/1024, bps/1024, dev, h.Mechanism(IO))
+	// The throttle lets a little burst through at the start.
+	if rate > bps*1.5 {
+		t.Errorf("writes ran at %.0f B/s, above the %d B/s limit", rate, bps)
 	}
 }
 
