@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
@@ -94,5 +95,49 @@ func check(t *testing.T, what, out string, err error, want []string) {
 		if !strings.Contains(out, w) {
 			t.Errorf("%s output lacks %q:\n%s", what, w, out)
 		}
+	}
+}
+
+// TestGatewayNonRootCaller: a caller that is not root reaches a socket the
+// policy opens to it, and its shell commands run with its own uid and gid
+// (the gateway does not lend it root).
+func TestGatewayNonRootCaller(t *testing.T) {
+	tb := newTestbed(t, `    tools:
+      socket: {mode: "0666"}
+      rules:
+        - {tool: shell, action: allow}
+`, "{enabled: false}")
+	// The test's private directories, traversable for the caller.
+	for _, d := range []string{filepath.Dir(tb.dir), tb.dir, filepath.Dir(tb.ws), tb.ws} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tb.startAgent()
+	binDir, err := os.MkdirTemp("/var/lib", "watcher-e2e-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(binDir) })
+	os.Chmod(binDir, 0o755)
+	goAgent := filepath.Join(binDir, "go-agent")
+	if out, err := exec.Command("go", "build", "-o", goAgent, "../../examples/go-agent").CombinedOutput(); err != nil {
+		t.Fatalf("build go-agent: %v\n%s", err, out)
+	}
+	cmd := exec.Command(goAgent, "-socket", gateway.SocketPath(tb.socketDir, "agents"), "-session", "nobody", "-shell", "id -u; id -g; id -G")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("client as uid 65534: %v\n%s%s\n%s", err, out, errOut.String(), tb.agentLog)
+	}
+	if lines := strings.Fields(string(out)); len(lines) != 3 || lines[0] != "65534" || lines[1] != "65534" || lines[2] != "65534" {
+		t.Errorf("shell for uid 65534 ran as:\n%s", out)
+	}
+	// Root's own calls still run as root.
+	out, err = exec.Command(goAgent, "-socket", gateway.SocketPath(tb.socketDir, "agents"), "-session", "root", "-shell", "id -u").Output()
+	if err != nil || strings.TrimSpace(string(out)) != "0" {
+		t.Errorf("root caller: %v %s", err, out)
 	}
 }

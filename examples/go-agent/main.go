@@ -33,8 +33,15 @@ var plan = []step{
 func main() {
 	socket := flag.String("socket", "/run/watcher/sandboxes/agents/tools.sock", "the sandbox's gateway socket")
 	session := flag.String("session", "example-go", "session name (call ids are SESSION-N)")
+	shell := flag.String("shell", "", "run this one shell command through the gateway instead of the plan")
 	flag.Parse()
-	if err := run(context.Background(), *socket, *session); err != nil {
+	var err error
+	if *shell != "" {
+		err = runShell(context.Background(), *socket, *session, *shell)
+	} else {
+		err = run(context.Background(), *socket, *session)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "go-agent:", err)
 		os.Exit(1)
 	}
@@ -82,6 +89,29 @@ func run(ctx context.Context, socket, session string) error {
 				fmt.Printf("%s %s: %v\n", id, s.tool, out)
 			}
 		}
+	}
+	return nil
+}
+
+// runShell runs one command and prints its output.
+func runShell(ctx context.Context, socket, session, command string) error {
+	c, err := toolclient.Dial(socket)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.Session = session
+	out, err := c.Shell(ctx, session+"-shell", command, 0)
+	if err != nil {
+		return err
+	}
+	fmt.Print(out.Stdout)
+	fmt.Fprint(os.Stderr, out.Stderr)
+	if out.RefusalSummary != "" {
+		fmt.Fprintln(os.Stderr, "refused by the kernel:", out.RefusalSummary)
+	}
+	if out.ExitCode != 0 {
+		return fmt.Errorf("exit %d", out.ExitCode)
 	}
 	return nil
 }

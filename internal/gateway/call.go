@@ -66,6 +66,7 @@ type call struct {
 	sb      *policy.Sandbox
 	act     *Action
 	peer    string
+	cred    *unix.Ucred // the caller's, from the kernel
 	argsRec string
 }
 
@@ -134,7 +135,7 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolParams, body fun
 		e.Data.CallID = p.CallID
 		return nil, e
 	}
-	cl := &call{g: g, sb: sb, act: act, peer: c.peer, argsRec: capString(string(p.Arguments), maxRecordedArgs)}
+	cl := &call{g: g, sb: sb, act: act, peer: c.peer, cred: c.cred, argsRec: capString(string(p.Arguments), maxRecordedArgs)}
 	cl.emit("request", "", c.peer, "", "", "", audit.VerdictRecorded)
 	var out any
 	var rerr *Error
@@ -235,19 +236,27 @@ func capString(s string, n int) string {
 	return s[:n] + "...(cut)"
 }
 
-// peerName describes the connecting process from the kernel's credentials.
-func peerName(c net.Conn) string {
+// peerCred is the connecting process's credentials from the kernel
+// (SO_PEERCRED, fixed at connect), or nil.
+func peerCred(c net.Conn) *unix.Ucred {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return ""
+		return nil
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return ""
+		return nil
 	}
 	var cred *unix.Ucred
 	raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if err != nil || cred == nil {
+	if err != nil {
+		return nil
+	}
+	return cred
+}
+
+func credName(cred *unix.Ucred) string {
+	if cred == nil {
 		return ""
 	}
 	return "pid=" + strconv.Itoa(int(cred.Pid)) + " uid=" + strconv.Itoa(int(cred.Uid))

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -52,6 +54,21 @@ func (m *Manager) startSandbox(pol *policy.Policy, sb *policy.Sandbox) (*sandbox
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
+	}
+	// A socket for someone other than root needs its parents traversable
+	// (execute only: nothing in them can be listed).
+	if mode&0o077 != 0 || sb.Tools.Socket.UID != 0 {
+		for _, d := range []string{m.cfg.SocketDir, filepath.Dir(dir)} {
+			st, err := os.Stat(d)
+			if err != nil {
+				return nil, err
+			}
+			if st.Mode().Perm()&0o001 == 0 {
+				if err := os.Chmod(d, st.Mode().Perm()|0o001); err != nil {
+					return nil, err
+				}
+			}
+		}
 	}
 	// The directory opens to exactly whom the socket does.
 	dirMode := os.FileMode(0o700)
@@ -140,6 +157,7 @@ type conn struct {
 	inflight atomic.Int32
 	ctx      context.Context
 	peer     string
+	cred     *unix.Ucred
 }
 
 func (c *conn) reply(id json.RawMessage, result any, rerr *Error) {
@@ -180,7 +198,8 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 	defer nc.Close()
 	ctx, cancel := context.WithCancel(g.ctx)
 	defer cancel()
-	c := &conn{c: nc, ctx: ctx, peer: peerName(nc)}
+	cred := peerCred(nc)
+	c := &conn{c: nc, ctx: ctx, peer: credName(cred), cred: cred}
 	r := bufio.NewReaderSize(nc, 64<<10)
 	var calls sync.WaitGroup
 	defer calls.Wait()

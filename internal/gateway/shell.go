@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -110,7 +111,20 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 		grace := min(max(limit/10, time.Second), 10*time.Second)
 		args = append(args, "--warn", "0", "--term", limit.String(), "--kill", (limit + grace).String())
 	}
-	args = append(args, "--", "/bin/sh", "-c", p.Command)
+	args = append(args, "--")
+	// A caller that is not root gets its own uid and gid for the command
+	// (no supplementary groups): the gateway must not lend it root.
+	if cl.cred == nil {
+		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "the caller's credentials are unknown: shell refused")
+	}
+	if cl.cred.Uid != 0 {
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			return nil, rpcErr(CodeToolFailed, TypeToolFailed, "shell for a non-root caller needs setpriv (util-linux) to drop to its uid: %v", err)
+		}
+		args = append(args, setpriv, "--reuid="+strconv.Itoa(int(cl.cred.Uid)), "--regid="+strconv.Itoa(int(cl.cred.Gid)), "--clear-groups", "--")
+	}
+	args = append(args, "/bin/sh", "-c", p.Command)
 	dir := "/"
 	if len(sb.Workspace) > 0 {
 		dir = sb.Workspace[0]
@@ -121,7 +135,6 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 	max := sb.Tools.MaxOutputBytes
 	stdout, stderr := &capWriter{max: max}, &capWriter{max: max, tail: true}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "start watcher exec: %v", err)
