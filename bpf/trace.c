@@ -40,6 +40,18 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NR_openat 257
 #define NR_execveat 322
 #define NR_openat2 437
+/* Path syscalls Landlock refuses with EACCES (the path recorded is the one
+ * that needs the missing right: the new name for link, rename, symlink). */
+#define NR_rename 82
+#define NR_link 86
+#define NR_symlink 88
+#define NR_linkat 265
+#define NR_symlinkat 266
+#define NR_renameat 264
+#define NR_renameat2 316
+#define NR_mkdirat 258
+#define NR_mknodat 259
+#define NR_unlinkat 263
 
 #define EACCES 13
 #define O_WRONLY 01
@@ -319,7 +331,25 @@ int BPF_PROG(trace_sys_enter, struct pt_regs *regs, long id)
 /* Where the open family keeps its path argument, and its open flags. */
 static __always_inline int open_path_arg(long nr)
 {
-	return (nr == NR_openat || nr == NR_openat2 || nr == NR_execveat) ? 1 : 0;
+	switch (nr) {
+	case NR_openat:
+	case NR_openat2:
+	case NR_execveat:
+	case NR_rename:
+	case NR_link:
+	case NR_symlink:
+	case NR_mkdirat:
+	case NR_mknodat:
+	case NR_unlinkat:
+		return 1;
+	case NR_symlinkat:
+		return 2;
+	case NR_linkat:
+	case NR_renameat:
+	case NR_renameat2:
+		return 3;
+	}
+	return 0;
 }
 
 static __always_inline __u64 open_flags_of(long nr, struct pt_regs *regs)
@@ -425,7 +455,7 @@ int BPF_PROG(trace_sys_exit, struct pt_regs *regs, long ret)
 		e->flags |= DENY_F_DAC_OVERRIDE;
 	if (denial == DENIAL_OPEN) {
 		e->open_flags = open_flags_of(nr, regs);
-		void *p = (void *)e->args[open_path_arg(nr) & 1];
+		void *p = (void *)e->args[open_path_arg(nr) & 3];
 		long n = bpf_probe_read_user_str(e->path, sizeof(e->path), p);
 		if (n < 0) {
 			e->path[0] = 0;

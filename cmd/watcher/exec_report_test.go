@@ -58,7 +58,7 @@ func TestExecRefusalSummary(t *testing.T) {
 	ws, _ := filepath.EvalSymlinks(t.TempDir())
 	report := filepath.Join(t.TempDir(), "report.json")
 	cmd := exec.Command(watcherBinary(t), "exec", "--policy", pol, "--workspace", ws, "--label", "call-42", "--report", report, "--",
-		"sh", "-c", "cat /etc/shadow; cat /etc/hostname >/dev/null && echo hostname-ok; echo x > "+ws+"/out && echo ws-ok; echo y > /etc/watcher-files-test")
+		"sh", "-c", "cat /etc/shadow; cat /etc/hostname >/dev/null && echo hostname-ok; echo x > "+ws+"/out && echo ws-ok; mkdir /etc/watcher-files-dir; echo y > /etc/watcher-files-test")
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
 		t.Fatalf("exec: %v, want the last command's failure\n%s", err, out)
@@ -69,6 +69,10 @@ func TestExecRefusalSummary(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+	if _, err := os.Stat("/etc/watcher-files-dir"); err == nil {
+		os.Remove("/etc/watcher-files-dir")
+		t.Error("the mkdir outside the workspace happened")
 	}
 	if _, err := os.Stat("/etc/watcher-files-test"); err == nil {
 		os.Remove("/etc/watcher-files-test")
@@ -82,7 +86,14 @@ func TestExecRefusalSummary(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Label != "call-42" || rep.Killed || len(rep.Refusals) != 2 {
+	ops := map[string]bool{}
+	for _, r := range rep.Refusals {
+		ops[r.Operation+" "+r.Path] = true
+	}
+	if !ops["read /etc/shadow"] || !ops["mkdir /etc/watcher-files-dir"] || !ops["write /etc/watcher-files-test"] {
+		t.Errorf("refusals: %v", ops)
+	}
+	if rep.Label != "call-42" || rep.Killed || len(rep.Refusals) != 3 {
 		t.Fatalf("report: %s", b)
 	}
 	for _, r := range rep.Refusals {

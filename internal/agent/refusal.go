@@ -123,6 +123,8 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 		exec := e.Syscall != nil && (e.Syscall.Name == "execve" || e.Syscall.Name == "execveat")
 		if exec {
 			r.Operation = "exec"
+		} else if e.Syscall != nil && write && !strings.HasPrefix(e.Syscall.Name, "open") && e.Syscall.Name != "creat" && e.Syscall.Name != "" {
+			r.Operation = e.Syscall.Name // mkdir, unlink, rename...: a write of the directory entry
 		}
 		path := r.Path
 		if path != "" && !filepath.IsAbs(path) && workdir != "" {

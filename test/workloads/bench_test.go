@@ -38,9 +38,10 @@ func TestWallTime(t *testing.T) {
 		dir := filepath.Join(b.base, "ws-restricted", session+"-bare")
 		if session == "read" {
 			dir = b.src
+		} else {
+			os.RemoveAll(dir)
+			os.MkdirAll(dir, 0o755)
 		}
-		os.RemoveAll(dir)
-		os.MkdirAll(dir, 0o755)
 		cmd := exec.Command("bash", sessionScript(session))
 		cmd.Dir, cmd.Env = dir, b.env(dir)
 		start := time.Now()

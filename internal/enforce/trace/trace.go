@@ -85,8 +85,18 @@ var DefaultSeccompSyscalls = []string{
 }
 
 // OpenSyscalls are the syscalls whose EACCES/EPERM is recorded with the
-// path argument (bpf/trace.c knows where each keeps its path and flags).
-var OpenSyscalls = []string{"open", "openat", "openat2", "creat", "execve", "execveat"}
+// path argument (bpf/trace.c knows where each keeps its path and flags):
+// the open family and exec, and the path operations Landlock also refuses
+// (creating, removing, linking and renaming entries, truncate), recorded
+// as writes of the path that needed the right.
+var OpenSyscalls = []string{"open", "openat", "openat2", "creat", "execve", "execveat",
+	"mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2",
+	"link", "linkat", "symlink", "symlinkat", "mknod", "mknodat", "truncate"}
+
+// pathWrites are the OpenSyscalls that change the tree rather than open.
+var pathWrites = map[string]bool{"mkdir": true, "mkdirat": true, "rmdir": true, "unlink": true, "unlinkat": true,
+	"rename": true, "renameat": true, "renameat2": true, "link": true, "linkat": true, "symlink": true,
+	"symlinkat": true, "mknod": true, "mknodat": true, "truncate": true}
 
 // watchSize is WATCH_NRS in bpf/trace.c.
 const watchSize = 512
@@ -497,7 +507,7 @@ func decodeOpenDenial(e *SyscallEvent, ev *audit.Event) {
 	ev.Kind = audit.KindFileOpen
 	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: name, Ret: e.Ret, Count: 1}
 	flags := e.OpenFlags
-	write := flags&unix.O_ACCMODE != unix.O_RDONLY || flags&(unix.O_CREAT|unix.O_TRUNC) != 0
+	write := flags&unix.O_ACCMODE != unix.O_RDONLY || flags&(unix.O_CREAT|unix.O_TRUNC) != 0 || pathWrites[name]
 	ev.File = &audit.FileDetail{Path: cstr(e.Path[:]), Flags: uint32(flags), Write: write}
 
 	var b strings.Builder
@@ -516,8 +526,11 @@ func decodeOpenDenial(e *SyscallEvent, ev *audit.Event) {
 		b.WriteString(" (not Landlock, which answers EACCES)")
 	}
 	b.WriteString("; path is the string the caller passed, not the resolved file")
-	if name == "openat" || name == "openat2" || name == "execveat" {
-		if dirfd := int32(e.Args[0]); dirfd != unix.AT_FDCWD {
+	// The directory descriptor of the recorded path, for the *at calls.
+	dirArg := map[string]int{"openat": 0, "openat2": 0, "execveat": 0, "mkdirat": 0, "mknodat": 0, "unlinkat": 0,
+		"symlinkat": 1, "renameat": 2, "renameat2": 2, "linkat": 2}
+	if i, ok := dirArg[name]; ok {
+		if dirfd := int32(e.Args[i]); dirfd != unix.AT_FDCWD {
 			fmt.Fprintf(&b, " (relative to dirfd %d)", dirfd)
 		}
 	}
