@@ -111,7 +111,8 @@ func (c *refusalCollector) report(pol *policy.Policy, sb *policy.Sandbox, v laun
 		rep.Signal = v.Signal.String()
 	}
 	for _, r := range rep.Refusals {
-		if r.Result == "killed" {
+		// An OOM kill at a limit is the kernel's, not the backstop's.
+		if r.Result == "killed" && r.Operation != string(audit.KindLimit) {
 			rep.Killed = true
 		}
 	}

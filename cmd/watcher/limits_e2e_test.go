@@ -83,6 +83,9 @@ func TestLimitsEndToEnd(t *testing.T) {
 		t.Fatalf("memory hog: exit %d, want 137 and oom_kills=1:\n%s", code, out)
 	}
 	t.Logf("hog: %s", grepLines([]byte(out), "watcher: limits"))
+	if strings.Contains(out, "kill backstop") || !strings.Contains(out, "OOM-killed at the memory limit 48M") {
+		t.Errorf("the run's summary does not tell the OOM kill at the limit apart from a backstop kill:\n%s", out)
+	}
 	var oom *audit.Event
 	timeout := time.After(10 * time.Second)
 	for oom == nil {
