@@ -272,3 +272,54 @@ func TestStateInsideWorkspaceRefused(t *testing.T) {
 		t.Fatalf("Open: %v", err)
 	}
 }
+
+// TestCommitAcrossFilesystems: the state directory on another filesystem
+// than the workspace (a tmpfs here) is fine; commit copies instead of
+// renaming.
+func TestCommitAcrossFilesystems(t *testing.T) {
+	needRoot(t)
+	base := t.TempDir()
+	real := filepath.Join(base, "real")
+	write(t, filepath.Join(real, "edit.txt"), "old\n")
+	write(t, filepath.Join(real, "gone.txt"), "bye\n")
+	state := filepath.Join(base, "state")
+	os.MkdirAll(state, 0o700)
+	if err := unix.Mount("tmpfs", state, "tmpfs", 0, "size=16m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(state, unix.MNT_DETACH)
+	w, err := Open(state, "sb", []string{real})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mount(t, w)
+	defer unix.Unmount(w.Layers[0].Merged, unix.MNT_DETACH)
+	merged := w.Layers[0].Merged
+	write(t, filepath.Join(merged, "edit.txt"), "new\n")
+	write(t, filepath.Join(merged, "d", "n.txt"), "n\n")
+	os.Symlink("edit.txt", filepath.Join(merged, "link"))
+	os.Remove(filepath.Join(merged, "gone.txt"))
+	if err := os.Chmod(filepath.Join(merged, "edit.txt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	seen := treeHash(t, merged)
+	res, err := w.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := treeHash(t, real); h != seen || res.Hash != seen {
+		t.Errorf("after a cross-filesystem commit the real tree differs from what the overlay showed")
+	}
+	if fi, err := os.Lstat(filepath.Join(real, "link")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("symlink not committed: %v", err)
+	}
+	if fi, _ := os.Stat(filepath.Join(real, "edit.txt")); fi == nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode not committed: %v", fi)
+	}
+	ents, _ := os.ReadDir(real)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".watcher-commit-") {
+			t.Errorf("temporary %s left behind", e.Name())
+		}
+	}
+}
