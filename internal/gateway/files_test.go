@@ -53,7 +53,7 @@ func TestReadFileConfined(t *testing.T) {
 		if follow && (err != nil || inLink.Content != "package main\n") {
 			t.Errorf("symlink inside the workspace not followed: %v", err)
 		}
-		if !follow && typeOf(err) != TypeSymlink {
+		if !follow && pathErrType(err) != TypeSymlink {
 			t.Errorf("follow=false: in-link err = %v, want %s", err, TypeSymlink)
 		}
 		refused := map[string]string{
@@ -79,7 +79,7 @@ func TestReadFileConfined(t *testing.T) {
 		}
 		for p, want := range refused {
 			fc, err := r.ReadFile(p, 0, 1024)
-			if typeOf(err) != want {
+			if pathErrType(err) != want {
 				t.Errorf("follow=%v %s: err = %v (%+v), want %s", follow, p, err, fc, want)
 			}
 			if fc != nil && strings.Contains(fc.Content, "secret") {
@@ -90,7 +90,7 @@ func TestReadFileConfined(t *testing.T) {
 	_ = outside
 }
 
-func typeOf(err error) string {
+func pathErrType(err error) string {
 	var pe *PathError
 	if errors.As(err, &pe) {
 		return pe.Type
@@ -133,7 +133,7 @@ func TestWriteFileConfined(t *testing.T) {
 		"nodir/x.txt":           TypeNotFound,
 		"/proc/self/root/tmp/x": TypeOutside,
 	} {
-		if _, err := r.WriteFile(p, []byte("x")); typeOf(err) != want {
+		if _, err := r.WriteFile(p, []byte("x")); pathErrType(err) != want {
 			t.Errorf("write %s: err = %v, want %s", p, err, want)
 		}
 	}
@@ -166,7 +166,7 @@ func TestListDirConfined(t *testing.T) {
 		t.Errorf("cap: %+v %v", l, err)
 	}
 	for p, want := range map[string]string{"..": TypeOutside, "/": TypeOutside, "procroot": TypeSymlink, "/proc/self/root": TypeOutside} {
-		if _, err := r.ListDir(p, 10); typeOf(err) != want {
+		if _, err := r.ListDir(p, 10); pathErrType(err) != want {
 			t.Errorf("list %s: %v, want %s", p, err, want)
 		}
 	}

@@ -84,17 +84,6 @@ func dial(t *testing.T, path string) *toolclient.Client {
 	return c
 }
 
-func errType(err error) string {
-	var te *toolclient.Error
-	if errors.As(err, &te) {
-		return te.Type()
-	}
-	if err != nil {
-		return "other:" + err.Error()
-	}
-	return ""
-}
-
 func TestDefaultDenyAndList(t *testing.T) {
 	_, rec, sock, _ := testGateway(t, "      rate: 0\n")
 	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
@@ -117,7 +106,7 @@ func TestDefaultDenyAndList(t *testing.T) {
 	// recorded with the rule.
 	for _, tool := range []string{"shell", "rm_rf"} {
 		_, err := c.Call(ctx, "c-"+tool, tool, map[string]any{"command": "id"}, nil)
-		if errType(err) != TypeDenied {
+		if toolclient.TypeOf(err) != TypeDenied {
 			t.Fatalf("%s: %v", tool, err)
 		}
 		steps := rec.tool("c-" + tool)
@@ -130,13 +119,13 @@ func TestDefaultDenyAndList(t *testing.T) {
 	if err != nil || f.Content != "hello\n" {
 		t.Fatalf("read: %+v %v", f, err)
 	}
-	if _, err := c.ReadFile(ctx, "c-esc", "../../etc/passwd"); errType(err) != TypeOutside {
+	if _, err := c.ReadFile(ctx, "c-esc", "../../etc/passwd"); toolclient.TypeOf(err) != TypeOutside {
 		t.Errorf("escape: %v", err)
 	}
-	if _, err := c.ReadFile(ctx, "c-read", "README"); errType(err) != TypeDuplicateCall {
+	if _, err := c.ReadFile(ctx, "c-read", "README"); toolclient.TypeOf(err) != TypeDuplicateCall {
 		t.Errorf("duplicate call id: %v", err)
 	}
-	if _, err := c.ReadFile(ctx, "bad id!", "README"); errType(err) != TypeInvalidParams {
+	if _, err := c.ReadFile(ctx, "bad id!", "README"); toolclient.TypeOf(err) != TypeInvalidParams {
 		t.Errorf("bad call id: %v", err)
 	}
 }
@@ -145,13 +134,13 @@ func TestLimits(t *testing.T) {
 	_, rec, sock, _ := testGateway(t, "      rate: 1\n      burst: 2\n      max_argument_bytes: 100\n")
 	c := dial(t, sock)
 	ctx := context.Background()
-	if err := c.WriteFile(ctx, "big", "x.txt", strings.Repeat("a", 200)); errType(err) != TypeTooLarge {
+	if err := c.WriteFile(ctx, "big", "x.txt", strings.Repeat("a", 200)); toolclient.TypeOf(err) != TypeTooLarge {
 		t.Errorf("oversized arguments: %v", err)
 	}
 	var limited bool
 	for i := 0; i < 5; i++ {
 		_, err := c.ReadFile(ctx, "r"+string(rune('a'+i)), "README")
-		if errType(err) == TypeRateLimited {
+		if toolclient.TypeOf(err) == TypeRateLimited {
 			limited = true
 		}
 	}
@@ -251,7 +240,7 @@ func TestBadFramesCloseOnlyTheirConnection(t *testing.T) {
 		}
 	}
 	// An unknown method is an error but keeps the connection.
-	if err := good.Raw(ctx, "tool.nope", nil, nil); errType(err) != TypeMethodNotFound {
+	if err := good.Raw(ctx, "tool.nope", nil, nil); toolclient.TypeOf(err) != TypeMethodNotFound {
 		t.Errorf("unknown method: %v", err)
 	}
 	if _, err := good.List(ctx); err != nil {
@@ -297,7 +286,7 @@ func TestApprovals(t *testing.T) {
 		t.Errorf("approval record = %+v", ap)
 	}
 	// Nobody answers: denied at the timeout.
-	if err := c.WriteFile(ctx, "w-2", "late.txt", "no\n"); errType(err) != TypeApprovalTimeout {
+	if err := c.WriteFile(ctx, "w-2", "late.txt", "no\n"); toolclient.TypeOf(err) != TypeApprovalTimeout {
 		t.Errorf("unanswered: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(ws, "late.txt")); err == nil {
@@ -310,7 +299,7 @@ func TestApprovals(t *testing.T) {
 			break
 		}
 	}
-	if err := <-done; errType(err) != TypeApprovalDenied || !strings.Contains(err.Error(), "not now") {
+	if err := <-done; toolclient.TypeOf(err) != TypeApprovalDenied || !strings.Contains(err.Error(), "not now") {
 		t.Errorf("denied call: %v", err)
 	}
 }
@@ -358,7 +347,7 @@ func TestExchange(t *testing.T) {
 		{"bin.txt", "a\x00b", TypeExchangeRefused},
 		{"../escape.txt", "hi", TypeInvalidParams},
 	} {
-		if _, err := c.Put(ctx, bad.name, bad.content); errType(err) != bad.typ {
+		if _, err := c.Put(ctx, bad.name, bad.content); toolclient.TypeOf(err) != bad.typ {
 			t.Errorf("%s: %v, want %s", bad.name, err, bad.typ)
 		}
 		if _, err := os.Stat(filepath.Join(dir, bad.name)); err == nil {
@@ -408,7 +397,7 @@ func TestFileRulesApplyToGateway(t *testing.T) {
 	if f, err := c.ReadFile(ctx, "git-read", ".git/config"); err != nil || f.Content != "[core]\n" {
 		t.Errorf("read .git/config (only writes are blocked): %+v %v", f, err)
 	}
-	if err := c.WriteFile(ctx, "git-write", ".git/config", "[evil]\n"); errType(err) != TypeDenied {
+	if err := c.WriteFile(ctx, "git-write", ".git/config", "[evil]\n"); toolclient.TypeOf(err) != TypeDenied {
 		t.Errorf("write .git/config: %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(ws, ".git", "config")); string(b) != "[core]\n" {

@@ -44,6 +44,20 @@ func (e *Error) Error() string {
 // Type is the error's type.
 func (e *Error) Type() string { return e.Data.Type }
 
+// TypeOf returns the gateway's error type of err ("" for nil, "other"
+// for errors that did not come from the gateway), so a loop can switch on
+// it.
+func TypeOf(err error) string {
+	var te *Error
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &te):
+		return te.Type()
+	}
+	return "other"
+}
+
 // ErrClosed is returned for calls on a connection the gateway closed.
 var ErrClosed = errors.New("gateway connection closed")
 
