@@ -24,6 +24,6 @@ PY
 venv/bin/pip install -q --no-index --find-links wheels wlpkg
 mkdir -p tests
 printf 'import unittest, wlpkg\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(wlpkg.add(2, 3), 5)\n' > tests/test_add.py
-venv/bin/python -m unittest discover -q -s tests 2>&1 | tail -1 | grep -q OK
+venv/bin/python -m unittest discover -q -s tests 2>&1 | tail -1 | grep OK
 venv/bin/python -c 'import sys, ssl, locale, json; ssl.create_default_context(); print(json.dumps({"ok": True}))' >/dev/null
 echo python-ok
