@@ -35,6 +35,7 @@ test:
 test-vm:
 	./test/vm/run.sh $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./internal/limits --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
+	./test/vm/run.sh --pkg ./internal/launch --run TestDerivedFileModel --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
