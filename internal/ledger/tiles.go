@@ -108,12 +108,15 @@ func openTiles(dir string) (*tileStore, error) {
 }
 
 func (t *tileStore) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	for _, f := range t.f {
 		if f != nil {
 			f.Close()
 		}
 	}
 	t.f = nil
+	t.err = errors.New("ledger closed")
 }
 
 // size is the number of records in the tree files.

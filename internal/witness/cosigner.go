@@ -166,7 +166,8 @@ func (c *Cosigner) run(ctx context.Context, i int, w *Witness, wake <-chan struc
 		}
 	}
 	failures := 0
-	refusedAt := uint64(0) // checkpoint size the witness refused; not retried
+	var downSince time.Time // first failure of the current outage, once reported
+	refusedAt := uint64(0)  // checkpoint size the witness refused; not retried
 	for {
 		cp := c.log.LastCheckpoint()
 		pending := cp != nil && cp.Size > c.cosigned(i) && cp.Size != refusedAt
@@ -185,6 +186,10 @@ func (c *Cosigner) run(ctx context.Context, i int, w *Witness, wake <-chan struc
 		var refusal *refusalError
 		switch {
 		case err == nil:
+			if !downSince.IsZero() {
+				c.opts.Notify(noticeEvent(fmt.Sprintf("witness %s reachable again after %s; cosigned checkpoint size %d", w.Name, time.Since(downSince).Round(time.Second), cp.Size)))
+				downSince = time.Time{}
+			}
 			failures = 0
 			c.update(i, func(s *Status) { s.Cosigned, s.Failures, s.LastError, s.Refused = cp.Size, 0, "", false })
 			continue
@@ -198,6 +203,11 @@ func (c *Cosigner) run(ctx context.Context, i int, w *Witness, wake <-chan struc
 			continue
 		}
 		failures++
+		if failures == unreachableNotice {
+			// Once per outage: the checkpoints wait, nothing is lost.
+			downSince = time.Now()
+			c.opts.Notify(noticeEvent(fmt.Sprintf("witness %s unreachable (%d attempts): %v; checkpoints wait for it", w.Name, failures, err)))
+		}
 		c.update(i, func(s *Status) { s.Failures, s.LastError = failures, err.Error() })
 		d := backoff(failures-1, c.opts.MinBackoff, c.opts.MaxBackoff)
 		t := time.NewTimer(d)
@@ -270,6 +280,15 @@ func cosignedBy(cp *ledger.Checkpoint, w *Witness) (bool, error) {
 func alertEvent(w *Witness, cp *ledger.Checkpoint, err error) audit.Event {
 	return audit.Event{Time: time.Now(), Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Mechanism: "witness", Message: err.Error() + " (checkpoint " + cp.Origin + " size " + fmt.Sprint(cp.Size) + ", witness " + w.URL + ")"}
+}
+
+// unreachableNotice is the failed attempt that is reported (the first few
+// are ordinary hiccups).
+const unreachableNotice = 3
+
+func noticeEvent(msg string) audit.Event {
+	return audit.Event{Time: time.Now(), Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityRoutine,
+		Mechanism: "witness", Message: msg}
 }
 
 func jitter() float64 { return rand.Float64() }

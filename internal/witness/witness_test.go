@@ -250,7 +250,7 @@ func TestWitnessDownThenUp(t *testing.T) {
 	w := witnesstest.Start(t)
 	dir := t.TempDir()
 	l := openLedger(t, dir)
-	defer l.Close()
+	t.Cleanup(func() { l.Close() }) // after the cosigner stops
 	origin := "watcher-ledger/" + l.ID()
 	w.AddLog(origin, l.PublicKey())
 	w.Stop()
@@ -258,8 +258,9 @@ func TestWitnessDownThenUp(t *testing.T) {
 	cs := startCosigner(t, l, w, al)
 	ctx := waitCtx(t)
 	c1 := appendN(t, l, 0, 10, "while-down")
-	// Wait for two failed attempts (backoff retries).
-	for cs.Status()[0].Failures < 2 {
+	// Wait for three failed attempts (backoff retries; the third is
+	// reported).
+	for cs.Status()[0].Failures < 3 {
 		if ctx.Err() != nil {
 			t.Fatal("no failed attempts recorded")
 		}
@@ -279,7 +280,18 @@ func TestWitnessDownThenUp(t *testing.T) {
 	if got := w.Size(origin); got != int64(c2.Size) {
 		t.Fatalf("witness at %d, want %d", got, c2.Size)
 	}
-	noAlert(t, al)
+	// The outage was reported once, as a notice, and its end too; no alert.
+	var notices []string
+	for len(al) > 0 {
+		e := <-al
+		if e.Severity == audit.SeverityAlert {
+			t.Fatalf("alert for an outage: %s", e.Message)
+		}
+		notices = append(notices, e.Message)
+	}
+	if len(notices) != 2 || !strings.Contains(notices[0], "unreachable") || !strings.Contains(notices[1], "reachable again") {
+		t.Fatalf("notices %q", notices)
+	}
 	// Later checkpoints continue from the witnessed size.
 	c3 := appendN(t, l, 20, 10, "up")
 	if err := cs.Wait(ctx, c3.Size, 1); err != nil {
