@@ -220,6 +220,25 @@ func TestGatewayEndToEnd(t *testing.T) {
 	if t.Failed() {
 		t.Logf("replay --session:\n%s", out)
 	}
+
+	// The agent restarted: the session resumes where it was.
+	tb.startAgent()
+	c3, err := toolclient.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	c3.Session = "e2e"
+	again, last3, err := c3.Resume(ctx, after)
+	if err != nil || last3 != last || len(again) != 3 || again[0].CallID != acts[0].CallID {
+		t.Errorf("resume after an agent restart: last %d (want %d), %d actions, %v", last3, last, len(again), err)
+	}
+	if res, err := c3.Call(ctx, "rd-1", "read_file", map[string]any{"path": "README"}, nil); toolclient.TypeOf(err) != "duplicate_call" {
+		t.Errorf("call id reused after the restart: %+v %v", res, err)
+	}
+	if res, err := c3.Call(ctx, "rd-after", "read_file", map[string]any{"path": "README"}, nil); err != nil || res.Seq != last+1 {
+		t.Errorf("numbering after the restart: %+v %v", res, err)
+	}
 }
 
 // waitPending polls `watcher approvals --json` until the call waits.

@@ -19,7 +19,10 @@ func (a *Agent) startGateway() error {
 	}
 	dir := a.pol.Agent.SocketDir
 	gw, err := gateway.Start(gateway.Config{SocketDir: dir, ExecPath: exe,
-		ControlSocket: filepath.Join(dir, "control.sock"), Emit: a.emit})
+		ControlSocket: filepath.Join(dir, "control.sock"), Emit: a.emit,
+		// Under the socket directory: root-only, covered by the agent-files
+		// rules, kept across agent restarts (not reboots).
+		StateDir: filepath.Join(dir, "gateway-state")})
 	if err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}

@@ -42,6 +42,10 @@ type Config struct {
 	ExecPath string
 	// ControlSocket is the agent's control socket, passed to watcher exec.
 	ControlSocket string
+	// StateDir keeps each session's calls (STATE_DIR/SANDBOX/SESSION.jsonl)
+	// so call numbers and session.resume survive an agent restart; empty
+	// keeps them in memory only.
+	StateDir string
 	// Emit records an event (the agent's fan-out to ledger and tail).
 	Emit func(audit.Event)
 }
@@ -113,6 +117,13 @@ func (m *Manager) Apply(pol *policy.Policy) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (m *Manager) stateDir(sandbox string) string {
+	if m.cfg.StateDir == "" {
+		return ""
+	}
+	return filepath.Join(m.cfg.StateDir, sandbox)
 }
 
 // SocketPath is where the gateway of a sandbox listens.

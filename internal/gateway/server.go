@@ -89,7 +89,7 @@ func (m *Manager) startSandbox(pol *policy.Policy, sb *policy.Sandbox) (*sandbox
 		return nil, err
 	}
 	g := &sandboxGateway{m: m, name: sb.Name, ln: ln, path: path, conns: map[net.Conn]struct{}{},
-		limiter: newLimiter(), sessions: newSessions()}
+		limiter: newLimiter(), sessions: newSessions(m.stateDir(sb.Name))}
 	g.fold = &rateFold{g: g}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.setPolicy(pol, sb)
@@ -122,6 +122,7 @@ func (g *sandboxGateway) close() {
 	g.mu.Unlock()
 	g.wg.Wait()
 	g.fold.flush()
+	g.sessions.closeAll()
 }
 
 func (g *sandboxGateway) accept() {

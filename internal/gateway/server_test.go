@@ -173,7 +173,7 @@ func TestLimits(t *testing.T) {
 // dropped, the calls still listed) and a sandbox at most maxSessions
 // sessions.
 func TestSessionBounds(t *testing.T) {
-	ss := newSessions()
+	ss := newSessions("")
 	s := ss.get("big")
 	out := json.RawMessage(`"` + strings.Repeat("x", 1<<20) + `"`)
 	for i := 0; i < 10; i++ {
@@ -421,5 +421,39 @@ func TestSocketModeFromPolicy(t *testing.T) {
 	dir, _ := os.Stat(filepath.Dir(sock))
 	if dir.Mode().Perm() != 0o750 || dir.Sys().(*syscall.Stat_t).Gid != 4242 {
 		t.Errorf("socket dir mode %v gid %d", dir.Mode().Perm(), dir.Sys().(*syscall.Stat_t).Gid)
+	}
+}
+
+// Sessions kept in the state directory survive a restart of the gateway:
+// numbering continues, resume returns the calls from before, a call id
+// cannot be reused, and a call cut off by the stop is marked interrupted.
+func TestSessionsSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	ss := newSessions(dir)
+	s := ss.get("run-1")
+	for i := 1; i <= 3; i++ {
+		a, _ := s.begin("c"+strconv.Itoa(i), "read_file", json.RawMessage(`{"path":"x"}`))
+		a.setDecision("allow", "tool:read_file")
+		if i < 3 {
+			a.finish(json.RawMessage(`{"n":`+strconv.Itoa(i)+`}`), nil)
+		}
+	}
+	ss.closeAll()
+
+	ss2 := newSessions(dir)
+	s2 := ss2.get("run-1")
+	acts, last := s2.after(1)
+	if last != 3 || len(acts) != 2 || acts[0].CallID != "c2" || string(acts[0].Output) != `{"n":2}` || acts[0].Decision != "allow" {
+		t.Fatalf("after restart: last %d %+v", last, acts)
+	}
+	if acts[1].Status != "interrupted" || acts[1].Error == nil {
+		t.Errorf("cut-off call: %+v", acts[1])
+	}
+	if _, prev := s2.begin("c1", "read_file", nil); prev == nil {
+		t.Error("call id reused after a restart")
+	}
+	a, _ := s2.begin("c4", "read_file", nil)
+	if a.Seq != 4 {
+		t.Errorf("numbering restarted: %d", a.Seq)
 	}
 }

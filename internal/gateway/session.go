@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"bufio"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 )
@@ -45,9 +48,12 @@ type sessions struct {
 	mu    sync.Mutex
 	m     map[string]*session
 	clock uint64
+	// dir keeps each session's calls (DIR/SESSION.jsonl), so numbering
+	// and resume survive an agent restart; "" keeps them in memory only.
+	dir string
 }
 
-func newSessions() *sessions { return &sessions{m: map[string]*session{}} }
+func newSessions(dir string) *sessions { return &sessions{m: map[string]*session{}, dir: dir} }
 
 func (ss *sessions) get(name string) *session {
 	ss.mu.Lock()
@@ -62,9 +68,13 @@ func (ss *sessions) get(name string) *session {
 					oldest = x
 				}
 			}
+			oldest.close()
 			delete(ss.m, oldest.name)
 		}
 		s = &session{name: name, byID: map[string]*Action{}}
+		if ss.dir != "" {
+			s.load(filepath.Join(ss.dir, name+".jsonl"))
+		}
 		ss.m[name] = s
 	}
 	s.used = ss.clock
@@ -80,6 +90,109 @@ type session struct {
 	byID    map[string]*Action
 	used    uint64 // sessions.clock at the last use
 	outputs int    // bytes of outputs kept
+	f       *os.File
+}
+
+// load reads the session's file: the last line of each call wins; a call
+// still running when the agent stopped is marked interrupted (its records
+// in the ledger say how far it got). Best effort: the ledger is the
+// record, this file only numbering and resume.
+func (s *session) load(path string) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return
+	}
+	lines := 0
+	if f, err := os.Open(path); err == nil {
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		bySeq := map[uint64]*Action{}
+		for sc.Scan() {
+			var a Action
+			if json.Unmarshal(sc.Bytes(), &a) != nil || a.Seq == 0 {
+				continue
+			}
+			lines++
+			if prev := bySeq[a.Seq]; prev == nil {
+				s.actions = append(s.actions, &a)
+			} else {
+				*prev = a
+				continue
+			}
+			bySeq[a.Seq] = s.actions[len(s.actions)-1]
+		}
+		f.Close()
+		if len(s.actions) > maxActions {
+			s.actions = s.actions[len(s.actions)-maxActions:]
+		}
+		for _, a := range s.actions {
+			a.session, a.s = s.name, s
+			if a.Status == "running" {
+				a.Status = "interrupted"
+				a.Error = rpcErr(CodeToolFailed, TypeToolFailed, "the agent stopped while the call ran: see watcher replay --call %s", a.CallID)
+			}
+			s.byID[a.CallID] = a
+			s.seq = max(s.seq, a.Seq)
+			s.outputs += len(a.Output)
+		}
+		s.trimOutputs()
+	}
+	if lines > 2*len(s.actions)+100 {
+		s.rewrite(path)
+	}
+	s.f, _ = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+}
+
+// rewrite compacts the file to one line per call.
+func (s *session) rewrite(path string) {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return
+	}
+	w := bufio.NewWriter(f)
+	for _, a := range s.actions {
+		if b, err := json.Marshal(a); err == nil {
+			w.Write(append(b, '\n'))
+		}
+	}
+	if w.Flush() == nil && f.Close() == nil {
+		os.Rename(tmp, path)
+	} else {
+		os.Remove(tmp)
+	}
+}
+
+// persist appends a's state; s.mu is held.
+func (s *session) persist(a *Action) {
+	if s.f == nil {
+		return
+	}
+	if b, err := json.Marshal(a); err == nil {
+		s.f.Write(append(b, '\n'))
+	}
+}
+
+func (s *session) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil {
+		s.f.Close()
+		s.f = nil
+	}
+}
+
+// trimOutputs drops the oldest outputs over maxSessionOutput; s.mu is
+// held (or s not yet shared).
+func (s *session) trimOutputs() {
+	for _, old := range s.actions {
+		if s.outputs <= maxSessionOutput {
+			break
+		}
+		if len(old.Output) > 0 {
+			s.outputs -= len(old.Output)
+			old.Output, old.OutputDropped = nil, true
+		}
+	}
 }
 
 // begin numbers a new call, or returns the earlier call with the same id.
@@ -99,12 +212,14 @@ func (s *session) begin(callID, tool string, args json.RawMessage) (*Action, *Ac
 		delete(s.byID, s.actions[0].CallID)
 		s.actions = s.actions[1:]
 	}
+	s.persist(a)
 	return a, nil
 }
 
 func (a *Action) setDecision(d, rule string) {
 	a.s.mu.Lock()
 	a.Decision, a.Rule = d, rule
+	a.s.persist(a)
 	a.s.mu.Unlock()
 }
 
@@ -117,6 +232,7 @@ func (a *Action) decided() bool {
 func (a *Action) setApproval(ans Answer) {
 	a.s.mu.Lock()
 	a.Approval = &ans
+	a.s.persist(a)
 	a.s.mu.Unlock()
 }
 
@@ -125,20 +241,13 @@ func (a *Action) finish(out json.RawMessage, e *Error) {
 	defer a.s.mu.Unlock()
 	if e != nil {
 		a.Status, a.Error = "error", e
+		a.s.persist(a)
 		return
 	}
 	a.Status, a.Output = "ok", out
-	s := a.s
-	s.outputs += len(out)
-	for _, old := range s.actions {
-		if s.outputs <= maxSessionOutput {
-			break
-		}
-		if len(old.Output) > 0 {
-			s.outputs -= len(old.Output)
-			old.Output, old.OutputDropped = nil, true
-		}
-	}
+	a.s.outputs += len(out)
+	a.s.trimOutputs()
+	a.s.persist(a)
 }
 
 // after returns copies of the calls numbered above seq, in order.
@@ -179,4 +288,12 @@ func (g *sandboxGateway) resume(raw json.RawMessage) (any, *Error) {
 	}
 	acts, last := g.sessions.get(p.Session).after(p.AfterSeq)
 	return &Resumed{Session: p.Session, LastSeq: last, Actions: acts}, nil
+}
+
+func (ss *sessions) closeAll() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, s := range ss.m {
+		s.close()
+	}
 }
