@@ -110,7 +110,24 @@ func printLayers(w io.Writer, layers []control.Layer) {
 func logEvent(log *slog.Logger, e *audit.Event, quiet bool) {
 	switch {
 	case e.Kind == audit.KindAgent || e.Kind == audit.KindLoss || e.Kind == audit.KindEscape:
-		log.Warn(string(e.Kind), "sandbox", e.Sandbox.Name, "msg", e.Message, "loss", e.Loss)
+		// The message is the record's message (one msg key); a multi-line
+		// one (the layer table, printed on stdout as a table) is logged by
+		// its first line.
+		msg, rest, multi := strings.Cut(e.Message, "\n")
+		attrs := []any{"kind", e.Kind}
+		if e.Sandbox.Name != "" {
+			attrs = append(attrs, "sandbox", e.Sandbox.Name)
+		}
+		if e.Loss != nil {
+			attrs = append(attrs, "stage", e.Loss.Stage, "lost", e.Loss.Count)
+		}
+		if multi {
+			attrs = append(attrs, "more_lines", strings.Count(rest, "\n")+1, "full_text", "ledger")
+		}
+		if msg == "" {
+			msg = string(e.Kind)
+		}
+		log.Warn(msg, attrs...)
 	case !quiet && e.IsAlert():
 		log.Info("alert", "sandbox", e.Sandbox.Name, "kind", e.Kind, "verdict", e.Verdict,
 			"pid", e.Process.TGID, "comm", e.Process.Comm, "what", detailText(e), "rule", e.Rule, "by", e.Mechanism)

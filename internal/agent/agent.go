@@ -39,6 +39,7 @@ import (
 	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
+	"github.com/watcherhq/watcher/internal/pipeline"
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/witness"
@@ -97,7 +98,7 @@ type Agent struct {
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses
-	fan      *audit.Fanout
+	pipe     *pipeline.Pipeline
 	tail     *tail.Server
 	metrics  *metrics.Metrics
 	bpfStats *metrics.BPFStats
@@ -172,17 +173,10 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	ag := pol.Agent
 
 	// Sinks first, so nothing the layers report is lost.
-	a.fan = audit.NewFanout()
-	a.fan.OnRemove = func(name string, err error) {
-		a.emit(audit.Event{Kind: audit.KindLoss, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-			Loss: &audit.LossDetail{Stage: "sink:" + name}, Message: "sink removed after an error: " + err.Error()})
-	}
 	if a.ledger, err = ledger.Open(ag.LedgerDir, ledgerOptions(pol)); err != nil {
 		return a, fmt.Errorf("open ledger: %w", err)
 	}
-	a.fan.Add("ledger", a.ledger)
 	a.metrics = metrics.New()
-	a.fan.Add("metrics", a.metrics)
 	if ag.MetricsAddr != "" {
 		if a.httpSrv, _, err = a.metrics.Serve(ag.MetricsAddr); err != nil {
 			return a, err
@@ -191,8 +185,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if a.tail, err = tail.Listen(filepath.Join(ag.SocketDir, "events.sock"), 4096); err != nil {
 		return a, err
 	}
-	a.fan.Add("tail", a.tail)
 	a.escape = escape.New(escape.Config{Limits: a.escapeLimits, Leaf: a.escapeLeaf})
+	a.pipe = a.newPipeline()
 	if a.cosigner, err = startWitnessing(pol, a.ledger, a.emit); err != nil {
 		return a, fmt.Errorf("witnesses: %w", err)
 	}
@@ -697,102 +691,15 @@ func (a *Agent) pump() {
 	}
 }
 
-// emit enriches an event and hands it to every sink and the escape watch.
-func (a *Agent) emit(ev audit.Event) {
-	if ev.Time.IsZero() {
-		ev.Time = time.Now()
-	}
-	if ev.Severity == "" {
-		ev.Severity = audit.SeverityRoutine
-		if ev.IsAlert() {
-			ev.Severity = audit.SeverityAlert
-		}
-	}
-	if ev.Kind == audit.KindAgent && ev.Mechanism == "" {
-		ev.Mechanism = "agent"
-	}
-	if ev.Sandbox.Name == "" && ev.Sandbox.CgroupID != 0 {
-		a.mu.Lock()
-		if r := a.roots[ev.Sandbox.CgroupID]; r != nil {
-			ev.Sandbox.Name = r.sandbox
-		}
-		a.mu.Unlock()
-	}
-	if label := a.labelOf(ev.Process.CgroupID); label != "" {
-		ev.Sandbox.Labels = map[string]string{"label": label}
-	}
-	if ev.Sandbox.Name != "" {
-		a.count(ev.Sandbox.Name, ev.Verdict, ev.Count())
-	}
-	if ev.Kind == audit.KindLoss && ev.Loss != nil {
-		v, _ := a.losses.LoadOrStore(ev.Loss.Stage, new(atomic.Uint64))
-		v.(*atomic.Uint64).Add(ev.Loss.Count)
-	}
-	// Once, before anyone sees the event: the ledger, the tail, metrics,
-	// logs (OnEvent) and the escape watch's evidence get the same form.
-	audit.Redact(&ev)
-	a.fan.Notify(ev)
-	if a.opts.OnEvent != nil {
-		a.opts.OnEvent(ev)
-	}
-	if d := a.escape.Observe(ev); d != nil {
-		a.emit(a.escaped(d))
-	}
-}
+// emit runs an event through the pipeline (telemetry.go): every producer
+// (layers, the DNS proxy, the agent itself) calls it.
+func (a *Agent) emit(ev audit.Event) { a.pipe.Emit(&ev) }
 
 func (a *Agent) emitErr(ev audit.Event) error { a.emit(ev); return nil }
 
 type sinkFunc func(audit.Event) error
 
 func (f sinkFunc) Notify(e audit.Event) error { return f(e) }
-
-// labelOf returns the `watcher exec` label of a leaf cgroup, from its name
-// (exec-LABEL-RANDOM), looked up once per cgroup.
-func (a *Agent) labelOf(cg uint64) string {
-	if cg == 0 {
-		return ""
-	}
-	if v, ok := a.labels.Load(cg); ok {
-		return v.(string)
-	}
-	label := ""
-	a.mu.Lock()
-	var parents []string
-	for _, r := range a.roots {
-		parents = append(parents, r.path)
-	}
-	a.mu.Unlock()
-	for _, p := range parents {
-		entries, _ := os.ReadDir(p)
-		for _, e := range entries {
-			if !e.IsDir() || !strings.HasPrefix(e.Name(), "exec-") {
-				continue
-			}
-			if id, err := cgroupfs.ID(filepath.Join(p, e.Name())); err == nil && id == cg {
-				label = leafLabel(e.Name())
-			}
-		}
-	}
-	a.labels.Store(cg, label)
-	return label
-}
-
-func (a *Agent) count(sandbox string, v audit.Verdict, n uint64) {
-	c, ok := a.counts.Load(sandbox)
-	if !ok {
-		c, _ = a.counts.LoadOrStore(sandbox, new([4]atomic.Uint64))
-	}
-	idx := 0
-	switch v {
-	case audit.VerdictRecorded:
-		idx = 1
-	case audit.VerdictDenied:
-		idx = 2
-	case audit.VerdictKilled:
-		idx = 3
-	}
-	c.(*[4]atomic.Uint64)[idx].Add(n)
-}
 
 // PrepareExec makes sure refusals by the seccomp filter and Landlock
 // ruleset of `watcher exec` are recorded before a command runs
@@ -912,38 +819,6 @@ func (a *Agent) lsmMechanisms() map[string]string {
 	return a.lsmProbeMech
 }
 
-// periodic feeds the ledger's counters to Prometheus.
-func (a *Agent) periodic(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	var last ledger.Stats
-	var tailDrops uint64
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		st := a.ledger.Stats()
-		a.metrics.LedgerRecords.Add(float64(st.Records - last.Records))
-		a.metrics.LedgerBytes.Add(float64(st.Bytes - last.Bytes))
-		last = st
-		if cp := a.ledger.LastCheckpoint(); cp != nil {
-			a.metrics.LedgerCheckpoint.Set(float64(cp.Time.Unix()))
-		}
-		// A tail client dropped for falling behind lost events: say so.
-		if d := a.tail.DroppedClients(); d > tailDrops {
-			a.emit(audit.Event{Kind: audit.KindLoss, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-				Mechanism: "agent", Loss: &audit.LossDetail{Stage: "tail_client", Count: d - tailDrops},
-				Message: "live tail clients dropped for falling behind (the ledger is complete)"})
-			tailDrops = d
-		}
-		for sb, s := range a.escape.Scores() {
-			a.metrics.EscapeScore.WithLabelValues(sb).Set(s)
-		}
-	}
-}
-
 // Status reports the agent's health (control.Handler).
 func (a *Agent) Status() control.Status {
 	ks := Kernel()
@@ -998,7 +873,7 @@ func (a *Agent) Status() control.Status {
 // enforcing) for the next agent; the ledger gets a final checkpoint.
 func (a *Agent) Stop() error {
 	a.stopOnce.Do(func() {
-		if a.ledger != nil && a.fan != nil {
+		if a.ledger != nil && a.pipe != nil {
 			a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 				Message: "agent stopping; pinned programs keep enforcing"})
 		}
@@ -1031,8 +906,8 @@ func (a *Agent) Stop() error {
 			a.httpSrv.Close()
 		}
 		a.stopWitnessing()
-		if a.fan != nil {
-			errs = append(errs, a.fan.Close()) // closes the ledger (final checkpoint) and the tail
+		if a.pipe != nil {
+			errs = append(errs, a.pipe.Close()) // closes the ledger (final checkpoint) and the tail
 		}
 		a.stopErr = errors.Join(errs...)
 	})

@@ -164,7 +164,6 @@ func (a *Agent) escaped(d *escape.Decision) audit.Event {
 		}
 		if len(froze) > 0 {
 			a.frozen.add(d.Sandbox, froze...)
-			a.metrics.Frozen.WithLabelValues(d.Sandbox).Set(1)
 			msg += "; frozen: " + strings.Join(froze, ", ") + " (watcher thaw " + d.Sandbox + ")"
 		} else {
 			msg += "; nothing left to freeze (the cgroup is gone)"
@@ -223,7 +222,6 @@ func (a *Agent) Thaw(sandbox string) error {
 		}
 	}
 	a.escape.Reset(sandbox)
-	a.metrics.Frozen.WithLabelValues(sandbox).Set(0)
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Sandbox: audit.Sandbox{Name: sandbox}, Message: "sandbox thawed by an operator"})
 	return nil

@@ -1,5 +1,5 @@
-// Package audit defines watcher's single event model and the fan-out of
-// events to sinks (ledger, live tail, Prometheus).
+// Package audit defines watcher's single event model (and its redaction
+// and burst folding); internal/pipeline carries events to their sinks.
 //
 // Every producer (kernel programs, the DNS proxy, the agent itself) builds an
 // Event; every consumer takes an Event. Kind-specific details live in typed,

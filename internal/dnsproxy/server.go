@@ -18,9 +18,8 @@ import (
 	"golang.org/x/net/ipv6"
 )
 
-// EventSink receives one audit event per decision. audit.Fanout and the
-// audit queue satisfy it. Notify must not block for long: it runs on the
-// query path.
+// EventSink receives one audit event per decision (the agent's pipeline).
+// Notify must not block for long: it runs on the query path.
 type EventSink interface {
 	Notify(audit.Event) error
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,24 +17,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/pipeline"
 )
 
 // Metrics holds watcher's collectors in their own registry.
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Events           *prometheus.CounterVec
-	DNSDecisions     *prometheus.CounterVec
-	Losses           *prometheus.CounterVec
-	LedgerRecords    prometheus.Counter
-	LedgerBytes      prometheus.Counter
-	LedgerCheckpoint prometheus.Gauge
-	EscapeScore      *prometheus.GaugeVec
-	Frozen           *prometheus.GaugeVec
-	Info             *prometheus.GaugeVec
+	// Counters of the event pipeline (Consume).
+	Events       *prometheus.CounterVec
+	DNSDecisions *prometheus.CounterVec
+	Losses       *prometheus.CounterVec
+	Info         *prometheus.GaugeVec
 
-	mu     sync.Mutex
-	closed bool
+	mu         sync.Mutex
+	closed     bool
+	eventCache atomic.Value // map[eventKey]prometheus.Counter, copied on write
 }
 
 // New registers every collector, plus process and Go runtime collectors.
@@ -48,48 +47,75 @@ func New() *Metrics {
 	m.Losses = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watcher_losses_total", Help: "Events the agent knows it lost, by stage.",
 	}, []string{"stage"})
-	m.LedgerRecords = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "watcher_ledger_records_total", Help: "Records appended to the ledger.",
-	})
-	m.LedgerBytes = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "watcher_ledger_bytes_total", Help: "Bytes appended to the ledger.",
-	})
-	m.LedgerCheckpoint = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "watcher_ledger_last_checkpoint_timestamp_seconds", Help: "Unix time of the last signed checkpoint.",
-	})
-	m.EscapeScore = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "watcher_escape_score", Help: "Escape-attempt score over the sliding window, by sandbox.",
-	}, []string{"sandbox"})
-	m.Frozen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "watcher_sandbox_frozen", Help: "1 while the sandbox is frozen by the escape watch.",
-	}, []string{"sandbox"})
 	m.Info = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "watcher_enforcement_layer", Help: "1 for each rule and the layer enforcing it on this kernel.",
 	}, []string{"rule", "layer"})
-	m.Registry.MustRegister(m.Events, m.DNSDecisions, m.Losses, m.LedgerRecords, m.LedgerBytes,
-		m.LedgerCheckpoint, m.EscapeScore, m.Frozen, m.Info,
+	m.Registry.MustRegister(m.Events, m.DNSDecisions, m.Losses, m.Info,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewGoCollector())
 	return m
 }
 
-// Notify counts one event (audit.Sink). It never fails.
-func (m *Metrics) Notify(e audit.Event) error {
-	sb := e.Sandbox.Name
-	m.Events.WithLabelValues(sb, string(e.Kind), string(e.Verdict)).Add(float64(e.Count()))
+// Name implements pipeline.Sink.
+func (m *Metrics) Name() string { return "metrics" }
+
+// Consume counts one event (pipeline.Sink): the event counters come from
+// the pipeline only. It never fails.
+func (m *Metrics) Consume(e *audit.Event) (pipeline.Decision, error) {
+	m.events(e.Sandbox.Name, e.Kind, e.Verdict).Add(float64(e.Count()))
 	switch e.Kind {
 	case audit.KindDNS:
 		reason := ""
 		if e.DNS != nil {
 			reason = e.DNS.Reason
 		}
-		m.DNSDecisions.WithLabelValues(sb, string(e.Verdict), reason).Inc()
+		m.DNSDecisions.WithLabelValues(e.Sandbox.Name, string(e.Verdict), reason).Inc()
 	case audit.KindLoss:
 		if e.Loss != nil {
 			m.Losses.WithLabelValues(e.Loss.Stage).Add(float64(e.Loss.Count))
 		}
 	}
-	return nil
+	return pipeline.Decision{}, nil
+}
+
+// Notify counts one event (audit.Sink).
+func (m *Metrics) Notify(e audit.Event) error {
+	_, err := m.Consume(&e)
+	return err
+}
+
+// eventKey is one watcher_events_total series.
+type eventKey struct {
+	sandbox string
+	kind    audit.Kind
+	verdict audit.Verdict
+}
+
+// maxEventSeries bounds the cache of event counters (cleared when full;
+// the series stay registered).
+const maxEventSeries = 4096
+
+// events returns the counter of a series from a cache: hashing three label
+// values per event costs more than the rest of the sink.
+func (m *Metrics) events(sandbox string, kind audit.Kind, verdict audit.Verdict) prometheus.Counter {
+	k := eventKey{sandbox, kind, verdict}
+	cache, _ := m.eventCache.Load().(map[eventKey]prometheus.Counter)
+	if c, ok := cache[k]; ok {
+		return c
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old, _ := m.eventCache.Load().(map[eventKey]prometheus.Counter)
+	c := m.Events.WithLabelValues(sandbox, string(kind), string(verdict))
+	next := make(map[eventKey]prometheus.Counter, len(old)+1)
+	if len(old) < maxEventSeries {
+		for k2, v := range old {
+			next[k2] = v
+		}
+	}
+	next[k] = c
+	m.eventCache.Store(next)
+	return c
 }
 
 // Close implements io.Closer.
@@ -111,4 +137,63 @@ func (m *Metrics) Serve(addr string) (*http.Server, net.Addr, error) {
 		}
 	}()
 	return srv, ln.Addr(), nil
+}
+
+// Sources are the state the agent's other parts own, read at scrape time
+// (never pushed): the ledger's counters, escape scores, frozen sandboxes.
+type Sources struct {
+	// Ledger returns records and bytes appended, and the last checkpoint's
+	// time (zero before the first).
+	Ledger func() (records, bytes uint64, checkpoint time.Time)
+	// EscapeScores returns each sandbox's current escape score.
+	EscapeScores func() map[string]float64
+	// Frozen says, per sandbox, whether the escape watch keeps a cgroup of
+	// it frozen.
+	Frozen func() map[string]bool
+}
+
+// Pull registers the collector reading src at every scrape.
+func (m *Metrics) Pull(src Sources) {
+	m.Registry.MustRegister(&pullCollector{src: src})
+}
+
+var (
+	descLedgerRecords = prometheus.NewDesc("watcher_ledger_records_total", "Records appended to the ledger.", nil, nil)
+	descLedgerBytes   = prometheus.NewDesc("watcher_ledger_bytes_total", "Bytes appended to the ledger.", nil, nil)
+	descCheckpoint    = prometheus.NewDesc("watcher_ledger_last_checkpoint_timestamp_seconds", "Unix time of the last signed checkpoint.", nil, nil)
+	descEscapeScore   = prometheus.NewDesc("watcher_escape_score", "Escape-attempt score over the sliding window, by sandbox (the highest of its leaves).", []string{"sandbox"}, nil)
+	descFrozen        = prometheus.NewDesc("watcher_sandbox_frozen", "1 while the escape watch keeps a cgroup of the sandbox frozen.", []string{"sandbox"}, nil)
+)
+
+type pullCollector struct{ src Sources }
+
+func (c *pullCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLedgerRecords, descLedgerBytes, descCheckpoint, descEscapeScore, descFrozen} {
+		ch <- d
+	}
+}
+
+func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.src.Ledger != nil {
+		records, bytes, cp := c.src.Ledger()
+		ch <- prometheus.MustNewConstMetric(descLedgerRecords, prometheus.CounterValue, float64(records))
+		ch <- prometheus.MustNewConstMetric(descLedgerBytes, prometheus.CounterValue, float64(bytes))
+		if !cp.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descCheckpoint, prometheus.GaugeValue, float64(cp.Unix()))
+		}
+	}
+	if c.src.EscapeScores != nil {
+		for sb, v := range c.src.EscapeScores() {
+			ch <- prometheus.MustNewConstMetric(descEscapeScore, prometheus.GaugeValue, v, sb)
+		}
+	}
+	if c.src.Frozen != nil {
+		for sb, frozen := range c.src.Frozen() {
+			v := 0.0
+			if frozen {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descFrozen, prometheus.GaugeValue, v, sb)
+		}
+	}
 }

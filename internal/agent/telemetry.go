@@ -1,0 +1,193 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/escape"
+	"github.com/watcherhq/watcher/internal/metrics"
+	"github.com/watcherhq/watcher/internal/pipeline"
+)
+
+// newPipeline is the agent's event path, in order (see package pipeline):
+// the kernel reader has decoded; enrich and redact once; then the sinks.
+// Sinks return decisions (the escape watch's freeze), carried out by
+// decide; metrics count from here and read the rest at scrape time.
+func (a *Agent) newPipeline() *pipeline.Pipeline {
+	p := pipeline.New(
+		[]pipeline.Stage{
+			{Name: "enrich", Run: a.enrich},
+			{Name: "redact", Run: pipeline.Redact},
+		},
+		pipeline.Notifier{SinkName: "ledger", Sink: a.ledger},
+		pipeline.Notifier{SinkName: "tail", Sink: a.tail},
+		a.metrics,
+		pipeline.SinkFunc{SinkName: "status", Fn: a.countEvent},
+		escapeSink{a.escape},
+	)
+	if a.opts.OnEvent != nil {
+		p.Add(pipeline.SinkFunc{SinkName: "log", Fn: func(ev *audit.Event) { a.opts.OnEvent(*ev) }})
+	}
+	p.Decide = a.decide
+	a.metrics.Pull(metrics.Sources{
+		Ledger: func() (uint64, uint64, time.Time) {
+			st := a.ledger.Stats()
+			var at time.Time
+			if cp := a.ledger.LastCheckpoint(); cp != nil {
+				at = cp.Time
+			}
+			return st.Records, st.Bytes, at
+		},
+		EscapeScores: a.escape.Scores,
+		Frozen:       a.frozenBySandbox,
+	})
+	return p
+}
+
+// enrich is the enrich stage: what the producer left out, set once.
+// Kernel events arrive with sandbox, rule and severity from the reader's
+// decode (ids to names); the rest comes here.
+func (a *Agent) enrich(ev *audit.Event) bool {
+	if ev.Time.IsZero() {
+		ev.Time = time.Now()
+	}
+	if ev.Severity == "" {
+		ev.Severity = audit.SeverityRoutine
+		if ev.IsAlert() {
+			ev.Severity = audit.SeverityAlert
+		}
+	}
+	if ev.Kind == audit.KindAgent && ev.Mechanism == "" {
+		ev.Mechanism = "agent"
+	}
+	if ev.Sandbox.Name == "" && ev.Sandbox.CgroupID != 0 {
+		a.mu.Lock()
+		if r := a.roots[ev.Sandbox.CgroupID]; r != nil {
+			ev.Sandbox.Name = r.sandbox
+		}
+		a.mu.Unlock()
+	}
+	if label := a.labelOf(ev.Process.CgroupID); label != "" {
+		ev.Sandbox.Labels = map[string]string{"label": label}
+	}
+	return true
+}
+
+// escapeSink feeds the escape watch; a score over the threshold comes back
+// as a decision, not a call into the agent.
+type escapeSink struct{ s *escape.Scorer }
+
+func (e escapeSink) Name() string { return "escape_watch" }
+func (e escapeSink) Close() error { return nil }
+func (e escapeSink) Consume(ev *audit.Event) (pipeline.Decision, error) {
+	if d := e.s.Observe(*ev); d != nil {
+		return pipeline.Decision{Kind: "escape", Value: d}, nil
+	}
+	return pipeline.Decision{}, nil
+}
+
+// decide carries out a sink's decision and returns the events that record
+// it.
+func (a *Agent) decide(d pipeline.Decision) []audit.Event {
+	switch v := d.Value.(type) {
+	case *escape.Decision:
+		return []audit.Event{a.escaped(v)}
+	}
+	return nil
+}
+
+// countEvent is the status sink: per-sandbox counts by verdict and losses
+// by stage, for `watcher status`.
+func (a *Agent) countEvent(ev *audit.Event) {
+	if ev.Sandbox.Name != "" {
+		a.count(ev.Sandbox.Name, ev.Verdict, ev.Count())
+	}
+	if ev.Kind == audit.KindLoss && ev.Loss != nil {
+		v, _ := a.losses.LoadOrStore(ev.Loss.Stage, new(atomic.Uint64))
+		v.(*atomic.Uint64).Add(ev.Loss.Count)
+	}
+}
+
+func (a *Agent) count(sandbox string, v audit.Verdict, n uint64) {
+	c, ok := a.counts.Load(sandbox)
+	if !ok {
+		c, _ = a.counts.LoadOrStore(sandbox, new([4]atomic.Uint64))
+	}
+	idx := 0
+	switch v {
+	case audit.VerdictRecorded:
+		idx = 1
+	case audit.VerdictDenied:
+		idx = 2
+	case audit.VerdictKilled:
+		idx = 3
+	}
+	c.(*[4]atomic.Uint64)[idx].Add(n)
+}
+
+// frozenBySandbox is the watcher_sandbox_frozen gauge's source.
+func (a *Agent) frozenBySandbox() map[string]bool {
+	out := map[string]bool{}
+	for _, sb := range a.Policy().Sandboxes {
+		out[sb.Name] = a.frozen.any(sb.Name)
+	}
+	return out
+}
+
+// labelOf returns the `watcher exec` label of a leaf cgroup, from its name
+// (exec-LABEL-RANDOM), looked up once per cgroup.
+func (a *Agent) labelOf(cg uint64) string {
+	if cg == 0 {
+		return ""
+	}
+	if v, ok := a.labels.Load(cg); ok {
+		return v.(string)
+	}
+	label := ""
+	a.mu.Lock()
+	var parents []string
+	for _, r := range a.roots {
+		parents = append(parents, r.path)
+	}
+	a.mu.Unlock()
+	for _, p := range parents {
+		entries, _ := os.ReadDir(p)
+		for _, e := range entries {
+			if !e.IsDir() || !strings.HasPrefix(e.Name(), "exec-") {
+				continue
+			}
+			if id, err := cgroupfs.ID(filepath.Join(p, e.Name())); err == nil && id == cg {
+				label = leafLabel(e.Name())
+			}
+		}
+	}
+	a.labels.Store(cg, label)
+	return label
+}
+
+// periodic turns dropped tail clients into loss events (the tail server
+// counts them; the loss record says events were missed by a live client).
+func (a *Agent) periodic(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var tailDrops uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if d := a.tail.DroppedClients(); d > tailDrops {
+			a.emit(audit.Event{Kind: audit.KindLoss, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+				Mechanism: "agent", Loss: &audit.LossDetail{Stage: "tail_client", Count: d - tailDrops},
+				Message: "live tail clients dropped for falling behind (the ledger is complete)"})
+			tailDrops = d
+		}
+	}
+}
