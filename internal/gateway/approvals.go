@@ -73,7 +73,7 @@ func (a *approvals) wait(ctx context.Context, p Pending, timeout time.Duration) 
 	case <-t.C:
 		ans = Answer{TimedOut: true, By: "timeout"}
 	case <-ctx.Done():
-		ans = Answer{By: "gateway", Reason: "the client disconnected or the gateway stopped before an answer"}
+		ans = Answer{By: "gateway", Reason: "the gateway stopped before an answer"}
 	}
 	a.mu.Lock()
 	delete(a.pending, p.ID)

@@ -202,6 +202,9 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 	cred := peerCred(nc)
 	c := &conn{c: nc, ctx: ctx, peer: credName(cred), cred: cred}
 	r := bufio.NewReaderSize(nc, 64<<10)
+	// Calls in flight finish when the client leaves (an agent that crashed
+	// reads their results with session.resume); the connection counts
+	// against maxConns until they do.
 	var calls sync.WaitGroup
 	defer calls.Wait()
 	for {

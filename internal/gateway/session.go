@@ -13,11 +13,13 @@ import (
 const (
 	// maxActions is how many calls a session remembers for resume.
 	maxActions = 10000
-	// maxSessionOutput caps the outputs a session keeps; older outputs are
-	// dropped first (the call stays listed, marked output_dropped).
+	// maxSessionOutput caps the outputs and arguments a session keeps;
+	// the oldest are dropped first (the call stays listed, marked
+	// output_dropped).
 	maxSessionOutput = 4 << 20
-	// maxSessions per sandbox; the least recently used is forgotten.
-	maxSessions = 256
+	// maxSessions per sandbox; the least recently used is forgotten. With
+	// maxSessionOutput this bounds a sandbox's sessions near 256 MiB.
+	maxSessions = 64
 )
 
 // Action is one call of a session as session.resume returns it.
@@ -35,8 +37,8 @@ type Action struct {
 	// Status is running, ok or error.
 	Status string          `json:"status"`
 	Output json.RawMessage `json:"output,omitempty"`
-	// OutputDropped says the output was forgotten to bound memory (the
-	// ledger keeps the call's records and hashes).
+	// OutputDropped says the output (and arguments) were forgotten to
+	// bound memory (the ledger keeps the call's records and hashes).
 	OutputDropped bool   `json:"output_dropped,omitempty"`
 	Error         *Error `json:"error,omitempty"`
 
@@ -132,7 +134,7 @@ func (s *session) load(path string) {
 			}
 			s.byID[a.CallID] = a
 			s.seq = max(s.seq, a.Seq)
-			s.outputs += len(a.Output)
+			s.outputs += a.size()
 		}
 		s.trimOutputs()
 	}
@@ -188,9 +190,9 @@ func (s *session) trimOutputs() {
 		if s.outputs <= maxSessionOutput {
 			break
 		}
-		if len(old.Output) > 0 {
-			s.outputs -= len(old.Output)
-			old.Output, old.OutputDropped = nil, true
+		if n := old.size(); n > 0 && !old.OutputDropped && old.Status != "running" {
+			s.outputs -= n
+			old.Output, old.Arguments, old.OutputDropped = nil, json.RawMessage("null"), true
 		}
 	}
 }
@@ -205,16 +207,23 @@ func (s *session) begin(callID, tool string, args json.RawMessage) (*Action, *Ac
 	}
 	s.seq++
 	a := &Action{Seq: s.seq, CallID: callID, Tool: tool, Arguments: append(json.RawMessage(nil), args...), Time: now(), Status: "running", session: s.name, s: s}
+	s.outputs += len(a.Arguments)
+	s.trimOutputs()
 	s.actions = append(s.actions, a)
 	s.byID[callID] = a
 	if len(s.actions) > maxActions {
-		s.outputs -= len(s.actions[0].Output)
+		if !s.actions[0].OutputDropped {
+			s.outputs -= s.actions[0].size()
+		}
 		delete(s.byID, s.actions[0].CallID)
 		s.actions = s.actions[1:]
 	}
 	s.persist(a)
 	return a, nil
 }
+
+// size is what the call's arguments and output weigh in memory.
+func (a *Action) size() int { return len(a.Arguments) + len(a.Output) }
 
 func (a *Action) setDecision(d, rule string) {
 	a.s.mu.Lock()
