@@ -276,8 +276,10 @@ func TestCPUHogGetsItsShare(t *testing.T) {
 	if ratio > share*1.5 {
 		t.Errorf("the hog used %.3f cores, more than its share of %.2f", ratio, share)
 	}
-	if u.CPUThrottled == 0 {
-		t.Errorf("no throttled periods: the CPU limit never applied")
+	// Using about its whole share, it must have been throttled (on a host
+	// too busy to give it that much, it may not be).
+	if u.CPUThrottled == 0 && ratio > share*0.9 {
+		t.Errorf("no throttled periods at %.3f cores: the CPU limit never applied", ratio)
 	}
 }
 
