@@ -17,14 +17,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/containers"
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
@@ -455,26 +453,6 @@ func (a *Agent) onMountKill(mk backstop.MountKill) {
 	}()
 }
 
-// Layers says which mechanism enforces each rule on this host.
-func (a *Agent) Layers() []control.Layer { return a.layers }
-
-// DNSAddr is where the DNS proxy listens.
-func (a *Agent) DNSAddr() netip.AddrPort { return a.dnsAddr }
-
-// Policy returns the policy in force.
-func (a *Agent) Policy() *policy.Policy {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.pol
-}
-
-// Plan returns the compiled policy in force.
-func (a *Agent) Plan() *Plan {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.plan
-}
-
 // applyPlan writes the compiled rules into every layer. New rules are
 // written before old ones are removed by each layer, so a reload leaves no
 // gap.
@@ -522,168 +500,6 @@ func (a *Agent) applyPlan() error {
 	return nil
 }
 
-// registerSandboxes registers every cgroup the policy names exactly, and
-// the exec parent of each sandbox (created if missing).
-func (a *Agent) registerSandboxes() error {
-	for _, sb := range a.pol.Sandboxes {
-		for _, cg := range ExecParents(a.pol, &sb) {
-			abs, err := cgroupfs.Abs(cg)
-			if err != nil {
-				return err
-			}
-			if err := cgroupfs.Create(abs); err != nil {
-				return err
-			}
-			if err := a.addRoot(sb.Name, abs, true); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// ExecParents returns the cgroups under which `watcher exec` creates leaves
-// for a sandbox: its exact cgroups, or ExecCgroup/NAME when it has none.
-func ExecParents(p *policy.Policy, sb *policy.Sandbox) []string {
-	if len(sb.Select.Cgroups) > 0 {
-		return sb.Select.Cgroups
-	}
-	return []string{filepath.Join(p.Agent.ExecCgroup, sb.Name)}
-}
-
-// addRoot registers the cgroup at abs as a root of the named sandbox and
-// attaches the per-cgroup programs.
-func (a *Agent) addRoot(sandbox, abs string, exact bool) error {
-	a.mu.Lock()
-	id, ok := a.plan.SandboxIDs[sandbox]
-	flags := a.plan.Flags[id]
-	a.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("unknown sandbox %q", sandbox)
-	}
-	cg, err := a.eng.AddSandbox(abs, id, flags)
-	if err != nil {
-		return err
-	}
-	if _, err := a.cgroups.Attach(abs); err != nil {
-		return fmt.Errorf("sandbox %s: %w", sandbox, err)
-	}
-	a.applyLimits(sandbox, abs)
-	if err := a.egress.Attach(abs); err != nil {
-		return fmt.Errorf("sandbox %s: %w", sandbox, err)
-	}
-	a.mu.Lock()
-	a.roots[cg] = &root{sandbox: sandbox, id: id, path: abs, exact: exact}
-	a.mu.Unlock()
-	return nil
-}
-
-// pruneRoots unregisters the cgroups the policy no longer names: roots of
-// sandboxes that are gone, and exact cgroups dropped from a selector (the
-// watcher reports glob and container matches that no longer apply).
-func (a *Agent) pruneRoots() {
-	want := map[string]bool{}
-	for _, sb := range a.pol.Sandboxes {
-		for _, cg := range ExecParents(a.pol, &sb) {
-			if abs, err := cgroupfs.Abs(cg); err == nil {
-				want[sb.Name+"\x00"+abs] = true
-			}
-		}
-	}
-	a.mu.Lock()
-	var stale []string
-	for _, r := range a.roots {
-		_, known := a.plan.SandboxIDs[r.sandbox]
-		if !known || (r.exact && !want[r.sandbox+"\x00"+r.path]) {
-			stale = append(stale, r.path)
-		}
-	}
-	a.mu.Unlock()
-	for _, p := range stale {
-		a.removeRoot(p)
-		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-			Message: "cgroup " + p + " left the sandboxes with the new policy"})
-	}
-}
-
-func (a *Agent) removeRoot(abs string) {
-	a.mu.Lock()
-	var cg uint64
-	for id, r := range a.roots {
-		if r.path == abs {
-			cg = id
-		}
-	}
-	delete(a.roots, cg)
-	a.mu.Unlock()
-	if cg != 0 {
-		a.eng.RemoveSandbox(cg)
-		a.cgroups.Detach(cg)
-		a.egress.Detach(strconv.FormatUint(cg, 10))
-	}
-}
-
-// watchTargets turns the policy's globs and container ids into watcher
-// targets named after their sandbox.
-func (a *Agent) watchTargets() []containers.Target {
-	var ts []containers.Target
-	for _, sb := range a.pol.Sandboxes {
-		for _, g := range sb.Select.Globs {
-			if cg, err := containers.CompileGlob(g); err == nil {
-				ts = append(ts, containers.Target{Name: sb.Name, Glob: cg})
-			}
-		}
-		for _, ref := range sb.Select.Refs() {
-			ts = append(ts, containers.Target{Name: sb.Name, Ref: &ref})
-		}
-		// The leaves `watcher exec` creates, to learn their labels while
-		// they exist: events are often read after the leaf is gone.
-		for _, parent := range ExecParents(a.pol, &sb) {
-			if cg, err := containers.CompileGlob(filepath.Join(parent, "exec-*")); err == nil {
-				ts = append(ts, containers.Target{Name: labelTarget + sb.Name, Glob: cg})
-			}
-		}
-	}
-	return ts
-}
-
-// labelTarget prefixes watcher targets that report exec leaves.
-const labelTarget = "label:"
-
-// leafLabel extracts LABEL from a leaf named exec-LABEL-RANDOM.
-func leafLabel(name string) string {
-	name = strings.TrimPrefix(name, "exec-")
-	if i := strings.LastIndexByte(name, '-'); i > 0 {
-		name = name[:i]
-	}
-	return name
-}
-
-func (a *Agent) onCgroup(ev containers.Event) {
-	if strings.HasPrefix(ev.Target, labelTarget) {
-		switch ev.Op {
-		case containers.Appeared:
-			a.labels.Store(ev.ID, leafLabel(filepath.Base(ev.Path)))
-		case containers.Gone:
-			// Events of the leaf may still be in the rings: forget later.
-			id := ev.ID
-			time.AfterFunc(time.Minute, func() { a.labels.Delete(id) })
-		}
-		return
-	}
-	switch ev.Op {
-	case containers.Appeared:
-		err := a.addRoot(ev.Target, ev.Abs, false)
-		msg := fmt.Sprintf("cgroup %s joined sandbox %s", ev.Path, ev.Target)
-		if err != nil {
-			msg = fmt.Sprintf("cgroup %s matched sandbox %s but could not be registered: %v", ev.Path, ev.Target, err)
-		}
-		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Sandbox: audit.Sandbox{Name: ev.Target}, Message: msg})
-	case containers.Gone:
-		a.removeRoot(ev.Abs)
-	}
-}
-
 // pump moves kernel events to the fan-out.
 func (a *Agent) pump() {
 	for ev := range a.reader.Events() {
@@ -700,58 +516,6 @@ func (a *Agent) emitErr(ev audit.Event) error { a.emit(ev); return nil }
 type sinkFunc func(audit.Event) error
 
 func (f sinkFunc) Notify(e audit.Event) error { return f(e) }
-
-// PrepareExec makes sure refusals by the seccomp filter and Landlock
-// ruleset of `watcher exec` are recorded before a command runs
-// (control.Handler): the first call attaches the sys_enter/sys_exit
-// tracepoints, later calls return at once.
-func (a *Agent) PrepareExec() error {
-	a.prepMu.Lock()
-	defer a.prepMu.Unlock()
-	if a.denialsOn.Load() {
-		return nil
-	}
-	if err := a.tracer.EnableDenials(); err != nil {
-		return fmt.Errorf("record exec denials: %w", err)
-	}
-	a.denialsOn.Store(true)
-	a.mu.Lock()
-	tc := a.plan.Trace
-	a.mu.Unlock()
-	tc.RecordDenials = true
-	if err := a.tracer.SetConfig(tc); err != nil {
-		return fmt.Errorf("record exec denials: %w", err)
-	}
-	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
-		Message: "recording seccomp and Landlock refusals of watcher exec commands (syscall tracepoints attached)"})
-	return nil
-}
-
-// Reload rereads the policy file. A policy that does not load or compile is
-// refused and the one in force stays (control.Handler, SIGHUP; changes to
-// the file are picked up by the reloader on their own).
-func (a *Agent) Reload() error {
-	if a.reloader == nil {
-		return errors.New("no policy file to reload (running on the built-in default)")
-	}
-	_, changed, err := a.reloader.Reload()
-	if err != nil {
-		a.refused(err)
-		return fmt.Errorf("reload refused, previous policy stays: %w", err)
-	}
-	if !changed {
-		return nil
-	}
-	a.mu.Lock()
-	err = a.applyErr
-	a.mu.Unlock()
-	return err
-}
-
-func (a *Agent) refused(err error) {
-	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-		Message: "policy reload refused, the previous policy stays: " + err.Error()})
-}
 
 // applyPolicy compiles pol and writes it into every layer; on failure the
 // previous policy is written back and stays in force.
@@ -800,73 +564,6 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 	a.applyGateway()
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("policy reloaded from %s (%s)", a.opts.PolicyPath, short(pol.Hash))})
-}
-
-// lsmStatus is the LSM load status; without loaded LSM programs, the
-// probe made at start (probing loads programs: not on every status call).
-func (a *Agent) lsmStatus() map[string]error {
-	if a.lsm != nil {
-		return a.lsm.Status()
-	}
-	return a.lsmProbe
-}
-
-// lsmMechanisms is lsmStatus's companion: the mechanism per hook.
-func (a *Agent) lsmMechanisms() map[string]string {
-	if a.lsm != nil {
-		return a.lsm.Mechanisms()
-	}
-	return a.lsmProbeMech
-}
-
-// Status reports the agent's health (control.Handler).
-func (a *Agent) Status() control.Status {
-	ks := Kernel()
-	st := a.lsmStatus()
-	ks.BPFLSM = a.lsm != nil && anyLoaded(st)
-	if a.lsm != nil {
-		ks.LSMLayer = map[string]int{}
-		for _, m := range a.lsm.Mechanisms() {
-			ks.LSMLayer[m]++
-		}
-	}
-	if !ks.BPFLSM {
-		ks.BPFLSMWhy = bpfLSMReason(ks.LSMList, firstErr(st))
-	} else {
-		ks.BPFLSMWhy = ""
-	}
-	s := control.Status{PID: os.Getpid(), Started: a.started, Version: Version, Kernel: ks,
-		Losses: map[string]uint64{}, Policy: a.opts.PolicyPath}
-	a.mu.Lock()
-	s.Layers, s.Missing = append(append([]control.Layer(nil), a.layers...), limitLayers(a.pol)...), a.missing
-	for cg, r := range a.roots {
-		ss := control.SandboxStatus{Name: r.sandbox, CgroupID: cg, Path: r.path, Mode: "enforce", Events: map[string]uint64{}}
-		if sb := a.pol.Sandbox(r.sandbox); sb != nil && sb.Mode != "" {
-			ss.Mode = string(sb.Mode)
-		}
-		if c, ok := a.counts.Load(r.sandbox); ok {
-			for i, v := range []string{"allowed", "recorded", "denied", "killed"} {
-				ss.Events[v] = c.(*[4]atomic.Uint64)[i].Load()
-			}
-		}
-		ss.Frozen = a.frozen.any(r.sandbox)
-		ss.Usage = rootUsage(a.pol, a.pol.Sandbox(r.sandbox), r.path)
-		s.Sandboxes = append(s.Sandboxes, ss)
-	}
-	dir := a.pol.Agent.LedgerDir
-	a.mu.Unlock()
-	// The scorer calls back into the agent for limits: no lock held here.
-	for i := range s.Sandboxes {
-		s.Sandboxes[i].Escape = a.escape.Score(s.Sandboxes[i].Name)
-	}
-	a.losses.Range(func(k, v any) bool { s.Losses[k.(string)] = v.(*atomic.Uint64).Load(); return true })
-	ls := a.ledger.Stats()
-	seq, hash := a.ledger.Head()
-	s.Ledger = control.LedgerStatus{Dir: dir, Records: ls.Records, HeadSeq: seq, HeadHash: hash.String(), WriteFailures: ls.WriteFailures}
-	if cp := a.ledger.LastCheckpoint(); cp != nil {
-		s.Ledger.LastCheckpoint = cp.Time
-	}
-	return s
 }
 
 // Stop shuts the agent down gracefully: the programs stay pinned (and
@@ -943,15 +640,6 @@ func (a *Agent) egressCloser() interface{ Close() error } {
 		return nil
 	}
 	return a.egress
-}
-
-// sandboxName maps a kernel sandbox id to its name; it runs per event, so
-// it reads a snapshot rebuilt whenever a plan is applied.
-func (a *Agent) sandboxName(id uint32) string {
-	if names := a.names.Load(); names != nil {
-		return (*names)[id]
-	}
-	return ""
 }
 
 func ledgerOptions(p *policy.Policy) ledger.Options {

@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync/atomic"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// The control handler (control.Handler, served on the control socket) and
+// the accessors the commands use: status, reload, thaw (escape.go), the
+// first watcher exec's PrepareExec.
+
+// Layers says which mechanism enforces each rule on this host.
+func (a *Agent) Layers() []control.Layer { return a.layers }
+
+// DNSAddr is where the DNS proxy listens.
+func (a *Agent) DNSAddr() netip.AddrPort { return a.dnsAddr }
+
+// Policy returns the policy in force.
+func (a *Agent) Policy() *policy.Policy {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pol
+}
+
+// Plan returns the compiled policy in force.
+func (a *Agent) Plan() *Plan {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.plan
+}
+
+// PrepareExec makes sure refusals by the seccomp filter and Landlock
+// ruleset of `watcher exec` are recorded before a command runs
+// (control.Handler): the first call attaches the sys_enter/sys_exit
+// tracepoints, later calls return at once.
+func (a *Agent) PrepareExec() error {
+	a.prepMu.Lock()
+	defer a.prepMu.Unlock()
+	if a.denialsOn.Load() {
+		return nil
+	}
+	if err := a.tracer.EnableDenials(); err != nil {
+		return fmt.Errorf("record exec denials: %w", err)
+	}
+	a.denialsOn.Store(true)
+	a.mu.Lock()
+	tc := a.plan.Trace
+	a.mu.Unlock()
+	tc.RecordDenials = true
+	if err := a.tracer.SetConfig(tc); err != nil {
+		return fmt.Errorf("record exec denials: %w", err)
+	}
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
+		Message: "recording seccomp and Landlock refusals of watcher exec commands (syscall tracepoints attached)"})
+	return nil
+}
+
+// Reload rereads the policy file. A policy that does not load or compile is
+// refused and the one in force stays (control.Handler, SIGHUP; changes to
+// the file are picked up by the reloader on their own).
+func (a *Agent) Reload() error {
+	if a.reloader == nil {
+		return errors.New("no policy file to reload (running on the built-in default)")
+	}
+	_, changed, err := a.reloader.Reload()
+	if err != nil {
+		a.refused(err)
+		return fmt.Errorf("reload refused, previous policy stays: %w", err)
+	}
+	if !changed {
+		return nil
+	}
+	a.mu.Lock()
+	err = a.applyErr
+	a.mu.Unlock()
+	return err
+}
+
+func (a *Agent) refused(err error) {
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Message: "policy reload refused, the previous policy stays: " + err.Error()})
+}
+
+// Status reports the agent's health (control.Handler).
+func (a *Agent) Status() control.Status {
+	ks := Kernel()
+	st := a.lsmStatus()
+	ks.BPFLSM = a.lsm != nil && anyLoaded(st)
+	if a.lsm != nil {
+		ks.LSMLayer = map[string]int{}
+		for _, m := range a.lsm.Mechanisms() {
+			ks.LSMLayer[m]++
+		}
+	}
+	if !ks.BPFLSM {
+		ks.BPFLSMWhy = bpfLSMReason(ks.LSMList, firstErr(st))
+	} else {
+		ks.BPFLSMWhy = ""
+	}
+	s := control.Status{PID: os.Getpid(), Started: a.started, Version: Version, Kernel: ks,
+		Losses: map[string]uint64{}, Policy: a.opts.PolicyPath}
+	a.mu.Lock()
+	s.Layers, s.Missing = append(append([]control.Layer(nil), a.layers...), limitLayers(a.pol)...), a.missing
+	for cg, r := range a.roots {
+		ss := control.SandboxStatus{Name: r.sandbox, CgroupID: cg, Path: r.path, Mode: "enforce", Events: map[string]uint64{}}
+		if sb := a.pol.Sandbox(r.sandbox); sb != nil && sb.Mode != "" {
+			ss.Mode = string(sb.Mode)
+		}
+		if c, ok := a.counts.Load(r.sandbox); ok {
+			for i, v := range []string{"allowed", "recorded", "denied", "killed"} {
+				ss.Events[v] = c.(*[4]atomic.Uint64)[i].Load()
+			}
+		}
+		ss.Frozen = a.frozen.any(r.sandbox)
+		ss.Usage = rootUsage(a.pol, a.pol.Sandbox(r.sandbox), r.path)
+		s.Sandboxes = append(s.Sandboxes, ss)
+	}
+	dir := a.pol.Agent.LedgerDir
+	a.mu.Unlock()
+	// The scorer calls back into the agent for limits: no lock held here.
+	for i := range s.Sandboxes {
+		s.Sandboxes[i].Escape = a.escape.Score(s.Sandboxes[i].Name)
+	}
+	a.losses.Range(func(k, v any) bool { s.Losses[k.(string)] = v.(*atomic.Uint64).Load(); return true })
+	ls := a.ledger.Stats()
+	seq, hash := a.ledger.Head()
+	s.Ledger = control.LedgerStatus{Dir: dir, Records: ls.Records, HeadSeq: seq, HeadHash: hash.String(), WriteFailures: ls.WriteFailures}
+	if cp := a.ledger.LastCheckpoint(); cp != nil {
+		s.Ledger.LastCheckpoint = cp.Time
+	}
+	return s
+}
+
+// lsmStatus is the LSM load status; without loaded LSM programs, the
+// probe made at start (probing loads programs: not on every status call).
+func (a *Agent) lsmStatus() map[string]error {
+	if a.lsm != nil {
+		return a.lsm.Status()
+	}
+	return a.lsmProbe
+}
+
+// lsmMechanisms is lsmStatus's companion: the mechanism per hook.
+func (a *Agent) lsmMechanisms() map[string]string {
+	if a.lsm != nil {
+		return a.lsm.Mechanisms()
+	}
+	return a.lsmProbeMech
+}
