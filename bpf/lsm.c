@@ -55,7 +55,11 @@ enum lsm_op {
 	LSM_OP_PROC_MEM = 13,        /* opening /proc/PID/mem, any PID including self */
 	LSM_OP_AGENT_SIGNAL = 14,    /* signals to the agent: blocked unless a rule says otherwise */
 	LSM_OP_AGENT_PTRACE = 15,    /* ptrace access to the agent: likewise */
-	LSM_OP_MAX = 16,
+	LSM_OP_CLONE_INTO_CGROUP = 16, /* clone3(CLONE_INTO_CGROUP): a child started in another cgroup */
+	LSM_OP_PERF_EVENT = 17,      /* perf_event_open(2) */
+	LSM_OP_USERNS = 18,          /* creating a user namespace (clone, unshare) */
+	LSM_OP_KEYRING = 19,         /* creating a key or keyring (add_key, keyctl) */
+	LSM_OP_MAX = 20,
 };
 
 /* Which table decided a file_open. */
@@ -213,7 +217,7 @@ struct file_event {
 	__u32 rdev;    /* device nodes: the device's dev_t */
 	__u32 match;   /* enum file_match */
 	__u32 fflags;  /* FILE_F_* */
-	__u32 pad;
+	__u32 op;      /* enum path_op; 0 for file_open */
 	__u64 magic;   /* filesystem magic */
 	char path[PATH_MAX_LEN];
 };
@@ -792,7 +796,7 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 		e->rdev = rdev;
 		e->match = v.match;
 		e->fflags = (write ? FILE_F_WRITE : 0) | (truncated ? FILE_F_TRUNCATED : 0);
-		e->pad = 0;
+		e->op = 0;
 		e->magic = magic;
 		bpf_probe_read_kernel_str(e->path, sizeof(e->path), key->path);
 		submit_event(e, true);
@@ -801,3 +805,281 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 }
 /* bpf_d_path is allowed on security_file_open for fmod_ret too. */
 WATCHER_HOOK(file_open, security_file_open, decide_file_open(mech, file, ret), struct file *file, int ret)
+
+/* --- path operations: changing data without opening for write ------------ */
+
+/* Each is judged by the file write rules, the tables file_open uses, on
+ * the path the operation changes (a new name's path is its parent's plus
+ * the name: the negative dentry already hangs below the parent). The path
+ * walk of pathwalk.h works under both mechanisms. */
+enum path_op {
+	PATH_OP_TRUNCATE = 1,    /* truncate, ftruncate, open(O_TRUNC) with any access mode */
+	PATH_OP_CREATE = 2,      /* mknod(2), and open(O_CREAT) creating a file */
+	PATH_OP_MKDIR = 3,
+	PATH_OP_UNLINK = 4,
+	PATH_OP_RMDIR = 5,
+	PATH_OP_SYMLINK = 6,     /* the new symlink's name */
+	PATH_OP_LINK_SOURCE = 7, /* the file a hard link would give another name: read and write rules */
+	PATH_OP_LINK = 8,        /* the new name */
+	PATH_OP_RENAME_FROM = 9,
+	PATH_OP_RENAME_TO = 10,
+	PATH_OP_CHMOD = 11,
+	PATH_OP_CHOWN = 12,
+	PATH_OP_SETXATTR = 13,
+	PATH_OP_REMOVEXATTR = 14,
+};
+
+/* judge_path judges op on the file at {mnt, dentry} (dentry may be
+ * negative: a name about to be created). read_too adds the read rules
+ * (strictest wins): a new name for a file is a way to read it too. */
+static __always_inline int judge_path(__u32 mech, __u32 op, struct vfsmount *mnt, struct dentry *dentry, bool read_too)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 zero = 0;
+	struct path_key *key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
+	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
+	if (!key || !pw)
+		return 0;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct path rootp = BPF_CORE_READ(task, fs, root);
+	struct path p = { .mnt = mnt, .dentry = dentry };
+	pw_resolve(pw, &p, &rootp);
+	long n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
+	bool truncated = (pw->flags & PW_F_TRUNCATED) || pw->len + 1 > LSM_PATH_LEN;
+	if (n <= 0) {
+		key->path[0] = 0;
+		n = 1;
+		truncated = true;
+	}
+	if (n > LSM_PATH_LEN)
+		n = LSM_PATH_LEN;
+	if (truncated)
+		n--;
+	key->prefixlen = 32 + 8 * (__u32)n;
+
+	struct inode *inode = BPF_CORE_READ(dentry, d_inode);
+	__u64 ino = 0;
+	__u32 mode = 0, rdev = 0;
+	if (inode) {
+		ino = BPF_CORE_READ(inode, i_ino);
+		mode = BPF_CORE_READ(inode, i_mode);
+		rdev = BPF_CORE_READ(inode, i_rdev);
+	}
+	struct super_block *s = BPF_CORE_READ(dentry, d_sb);
+	__u32 dev = BPF_CORE_READ(s, s_dev);
+	__u64 magic = BPF_CORE_READ(s, s_magic);
+
+	struct file_verdict v = {};
+	judge_file_tables(&v, sb->id, key, dev, ino, magic, mode, rdev, true);
+	if (read_too)
+		judge_file_tables(&v, sb->id, key, dev, ino, magic, mode, rdev, false);
+	if (v.match == MATCH_NONE) {
+		judge_file_tables(&v, 0, key, dev, ino, magic, mode, rdev, true);
+		if (read_too)
+			judge_file_tables(&v, 0, key, dev, ino, magic, mode, rdev, false);
+	}
+	if (v.action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict = effective_verdict(sb, v.action);
+	struct file_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->hdr, EV_FILE_OP + mech, verdict, v.rule_id, root, sb);
+		e->ino = ino;
+		e->flags = 0;
+		e->fmode = 0;
+		e->i_mode = mode;
+		e->dev = dev;
+		e->rdev = rdev;
+		e->match = v.match;
+		e->fflags = FILE_F_WRITE | (truncated ? FILE_F_TRUNCATED : 0);
+		e->op = op;
+		e->magic = magic;
+		bpf_probe_read_kernel_str(e->path, sizeof(e->path), key->path);
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+static __always_inline int judge_path_at(__u32 mech, __u32 op, const struct path *path, int ret)
+{
+	if (ret)
+		return ret;
+	return judge_path(mech, op, BPF_CORE_READ(path, mnt), BPF_CORE_READ(path, dentry), false);
+}
+
+/* judge_entry judges a name in dir (existing or about to be created). */
+static __always_inline int judge_entry(__u32 mech, __u32 op, const struct path *dir, struct dentry *dentry, int ret)
+{
+	if (ret)
+		return ret;
+	return judge_path(mech, op, BPF_CORE_READ(dir, mnt), dentry, false);
+}
+
+/* 6.1 truncates through path_truncate for truncate(2), ftruncate(2) and
+ * open(O_TRUNC); from 6.2 the last two go through file_truncate. */
+WATCHER_HOOK(path_truncate, security_path_truncate, judge_path_at(mech, PATH_OP_TRUNCATE, path, ret),
+	     const struct path *path, int ret)
+
+static __always_inline int decide_file_truncate(__u32 mech, struct file *file, int ret)
+{
+	if (ret)
+		return ret;
+	return judge_path(mech, PATH_OP_TRUNCATE, BPF_CORE_READ(file, f_path.mnt), BPF_CORE_READ(file, f_path.dentry), false);
+}
+WATCHER_HOOK(file_truncate, security_file_truncate, decide_file_truncate(mech, file, ret), struct file *file, int ret)
+
+/* open(O_CREAT) of a name that does not exist calls path_mknod too
+ * (may_o_create), whatever the access mode. */
+WATCHER_HOOK(path_mknod, security_path_mknod, judge_entry(mech, PATH_OP_CREATE, dir, dentry, ret),
+	     const struct path *dir, struct dentry *dentry, umode_t mode, unsigned int dev, int ret)
+WATCHER_HOOK(path_mkdir, security_path_mkdir, judge_entry(mech, PATH_OP_MKDIR, dir, dentry, ret),
+	     const struct path *dir, struct dentry *dentry, umode_t mode, int ret)
+WATCHER_HOOK(path_unlink, security_path_unlink, judge_entry(mech, PATH_OP_UNLINK, dir, dentry, ret),
+	     const struct path *dir, struct dentry *dentry, int ret)
+WATCHER_HOOK(path_rmdir, security_path_rmdir, judge_entry(mech, PATH_OP_RMDIR, dir, dentry, ret),
+	     const struct path *dir, struct dentry *dentry, int ret)
+WATCHER_HOOK(path_symlink, security_path_symlink, judge_entry(mech, PATH_OP_SYMLINK, dir, dentry, ret),
+	     const struct path *dir, struct dentry *dentry, const char *old_name, int ret)
+
+/* A hard link stays on one mount (EXDEV otherwise): the source's mount is
+ * the new directory's. */
+static __always_inline int decide_path_link(__u32 mech, struct dentry *old_dentry, const struct path *new_dir,
+					    struct dentry *new_dentry, int ret)
+{
+	if (ret)
+		return ret;
+	struct vfsmount *mnt = BPF_CORE_READ(new_dir, mnt);
+	int r = judge_path(mech, PATH_OP_LINK_SOURCE, mnt, old_dentry, true);
+	if (r)
+		return r;
+	return judge_path(mech, PATH_OP_LINK, mnt, new_dentry, false);
+}
+WATCHER_HOOK(path_link, security_path_link, decide_path_link(mech, old_dentry, new_dir, new_dentry, ret),
+	     struct dentry *old_dentry, const struct path *new_dir, struct dentry *new_dentry, int ret)
+
+/* Both names are judged: moving a protected file away, and replacing one
+ * (RENAME_EXCHANGE swaps both). */
+static __always_inline int decide_path_rename(__u32 mech, const struct path *old_dir, struct dentry *old_dentry,
+					      const struct path *new_dir, struct dentry *new_dentry, int ret)
+{
+	if (ret)
+		return ret;
+	int r = judge_path(mech, PATH_OP_RENAME_FROM, BPF_CORE_READ(old_dir, mnt), old_dentry, false);
+	if (r)
+		return r;
+	return judge_path(mech, PATH_OP_RENAME_TO, BPF_CORE_READ(new_dir, mnt), new_dentry, false);
+}
+WATCHER_HOOK(path_rename, security_path_rename, decide_path_rename(mech, old_dir, old_dentry, new_dir, new_dentry, ret),
+	     const struct path *old_dir, struct dentry *old_dentry, const struct path *new_dir,
+	     struct dentry *new_dentry, unsigned int flags, int ret)
+
+WATCHER_HOOK(path_chmod, security_path_chmod, judge_path_at(mech, PATH_OP_CHMOD, path, ret),
+	     const struct path *path, umode_t mode, int ret)
+WATCHER_HOOK(path_chown, security_path_chown, judge_path_at(mech, PATH_OP_CHOWN, path, ret),
+	     const struct path *path, unsigned int uid, unsigned int gid, int ret)
+
+/* The xattr hooks get a dentry without its mount: walk from the
+ * superblock's first mount, which names the file where it was first
+ * mounted (a bind mount elsewhere reports the original path, which is
+ * what the rules name). */
+struct super_block___list {
+	struct list_head s_mounts;
+} __attribute__((preserve_access_index));
+
+struct mount___list {
+	struct list_head mnt_instance;
+} __attribute__((preserve_access_index));
+
+static __always_inline int judge_dentry(__u32 mech, __u32 op, struct dentry *dentry, int ret)
+{
+	if (ret)
+		return ret;
+	struct super_block *s = BPF_CORE_READ(dentry, d_sb);
+	void *m;
+	if (bpf_core_field_exists(struct mount, mnt_next_for_sb)) {
+		/* 6.13+: s_mounts points at the first mount. */
+		m = BPF_CORE_READ(s, s_mounts);
+	} else {
+		/* Before: a list of struct mount through mnt_instance. */
+		struct super_block___list *sl = (void *)s;
+		void *first = BPF_CORE_READ(sl, s_mounts.next);
+		m = first - bpf_core_field_offset(struct mount___list, mnt_instance);
+	}
+	if (!m)
+		return 0;
+	struct vfsmount *mnt = (struct vfsmount *)(m + bpf_core_field_offset(struct mount, mnt));
+	return judge_path(mech, op, mnt, dentry, false);
+}
+/* The first argument is a user namespace on 6.1, an idmap from 6.3: unused. */
+WATCHER_HOOK(inode_setxattr, security_inode_setxattr, judge_dentry(mech, PATH_OP_SETXATTR, dentry, ret),
+	     void *idmap, struct dentry *dentry, const char *name, const void *value, size_t size, int flags, int ret)
+WATCHER_HOOK(inode_removexattr, security_inode_removexattr, judge_dentry(mech, PATH_OP_REMOVEXATTR, dentry, ret),
+	     void *idmap, struct dentry *dentry, const char *name, int ret)
+
+/* --- leaving the sandbox at creation, namespaces, perf, keys ------------- */
+
+#define CLONE_INTO_CGROUP 0x200000000ULL
+
+/* clone3(CLONE_INTO_CGROUP) starts the child in the cgroup of a directory
+ * fd, without a cgroup.procs write the file rules would see. task_alloc
+ * runs before the kernel resolves that fd, so the flag itself is judged:
+ * kernel state (the flags the kernel copied), not user memory. */
+static __always_inline int decide_task_alloc(__u32 mech, unsigned long long clone_flags, int ret)
+{
+	if (ret)
+		return ret;
+	if (!(clone_flags & CLONE_INTO_CGROUP))
+		return 0;
+	return judge_op(mech, LSM_OP_CLONE_INTO_CGROUP, EV_OPERATION, (__u32)(clone_flags >> 32));
+}
+WATCHER_HOOK(task_alloc, security_task_alloc, decide_task_alloc(mech, clone_flags, ret),
+	     struct task_struct *task, unsigned long long clone_flags, int ret)
+
+/* perf_event_open: 6.1 passes (attr, type), 6.18 only (type), so the
+ * previous return value moves: not read (see bpf above). */
+WATCHER_HOOK(perf_event_open, security_perf_event_open, judge_op(mech, LSM_OP_PERF_EVENT, EV_OPERATION, 0), void *unused)
+
+static __always_inline int decide_op(__u32 mech, __u32 op, int ret)
+{
+	if (ret)
+		return ret;
+	return judge_op(mech, op, EV_OPERATION, 0);
+}
+/* clone(CLONE_NEWUSER) and unshare(CLONE_NEWUSER); the kernel function is
+ * security_create_user_ns. */
+WATCHER_HOOK(userns_create, security_create_user_ns, decide_op(mech, LSM_OP_USERNS, ret),
+	     const struct cred *cred, int ret)
+/* add_key(2) and keyctl(2) creating keys or keyrings (KEYCTL_JOIN_SESSION_KEYRING...). */
+WATCHER_HOOK(key_alloc, security_key_alloc, decide_op(mech, LSM_OP_KEYRING, ret),
+	     struct key *key, const struct cred *cred, unsigned long flags, int ret)
+
+/* --- SIGIO and SIGURG to the agent ------------------------------------------ */
+
+/* F_SETOWN (or F_SETOWN_EX, or a process group containing the agent) plus
+ * O_ASYNC makes the kernel signal the owner when I/O is ready: no kill
+ * syscall and no task_kill hook. The agent never asks for SIGIO, so every
+ * such delivery to it is refused; the sandbox is the current task's when
+ * it is in one (the delivery may run in another task's context). */
+static __always_inline int decide_file_send_sigiotask(__u32 mech, struct task_struct *tsk, int sig, int ret)
+{
+	if (ret)
+		return ret;
+	if (!is_agent(BPF_CORE_READ(tsk, tgid)))
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	struct sandbox none = {};
+	struct decision d = { .action = ACTION_BLOCK };
+	if (sb)
+		d = op_decision(sb->id, LSM_OP_AGENT_SIGNAL, ACTION_BLOCK);
+	else
+		sb = &none;
+	if (d.action < ACTION_BLOCK && sig != 0)
+		d.action = ACTION_RECORD;
+	return judge_task(mech, LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, tsk, (__u32)(sig ? sig : 29 /* SIGIO */), -1);
+}
+WATCHER_HOOK(file_send_sigiotask, security_file_send_sigiotask, decide_file_send_sigiotask(mech, tsk, sig, ret),
+	     struct task_struct *tsk, struct fown_struct *fown, int sig, int ret)

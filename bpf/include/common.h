@@ -65,6 +65,9 @@ enum event_kind {
 	EV_SOCKET = 13,
 	EV_NET = 14,
 	EV_CGROUP_MOVE = 15,
+	EV_FILE_OP = 16,   /* LSM path operations (unlink, rename, chmod...): struct file_event of lsm.c */
+	EV_OPERATION = 17, /* LSM operations judged as a whole (perf_event_open...): struct task_event */
+	/* 64 and up: EV_FMOD_RET + an LSM kind (bpf/include/lsm_hook.h) */
 };
 
 /* Value of the sandboxes map, keyed by the sandbox root's cgroup v2 id. */

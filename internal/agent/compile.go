@@ -302,6 +302,25 @@ func (c *compiler) lsmMechanism(notes []string) (string, []string) {
 	return MechLSM, append(slices.Clone(notes), "fmod_ret for "+strings.Join(fmod, ", "))
 }
 
+// changeHooks judge changes made without an open for write by the file
+// write rules (bpf/lsm.c, path operations).
+var changeHooks = []string{"path_truncate", "path_mknod", "path_mkdir", "path_unlink", "path_rmdir",
+	"path_symlink", "path_link", "path_rename", "path_chmod", "path_chown", "inode_setxattr", "inode_removexattr"}
+
+// changeHooksNote says which of the change hooks enforce a write rule here.
+func (c *compiler) changeHooksNote() string {
+	var missing []string
+	for _, h := range changeHooks {
+		if !c.hook(h) {
+			missing = append(missing, h)
+		}
+	}
+	if len(missing) == 0 {
+		return "truncate, O_CREAT/mknod, link, rename, unlink, symlink, chmod, chown, xattr refused by lsm path hooks"
+	}
+	return "not judged here (hooks missing): " + strings.Join(missing, ", ")
+}
+
 // kernelAction maps a policy action to the kernel's.
 func kernelAction(a policy.Action) uint32 {
 	switch a {
@@ -399,6 +418,7 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	lr := lsm.Rules{Ops: map[lsm.Op]lsm.Decision{}}
 
 	c.operations(sb, &lr)
+	c.fixed(sb, &lr)
 	if err := c.files(sb, sid, &lr); err != nil {
 		return err
 	}
@@ -486,8 +506,35 @@ var operations = []operation{
 			// Without the hook, ptrace of the agent is covered by the
 			// ptrace rule's backstop (every ptrace is killed).
 			{op: lsm.OpAgentPtrace, hook: "ptrace_access_check"},
+			// SIGIO/SIGURG through F_SETOWN: no kill syscall at all.
+			{op: lsm.OpAgentSignal, hook: "file_send_sigiotask"},
 		},
 	},
+}
+
+// fixedOperations are refused by watcher exec's seccomp filter whatever
+// the policy says; where their LSM hook runs, enforce-mode sandboxes get
+// the same refusal on the kernel-hook path (record mode records). Without
+// the hook they are left to the backstop's list of dangerous operations.
+var fixedOperations = []struct {
+	name, hook, seccomp string
+	op                  lsm.Op
+}{
+	{"perf-event-open", "perf_event_open", "perf_event_open", lsm.OpPerfEvent},
+	{"keyrings", "key_alloc", "add_key, keyctl, request_key", lsm.OpKeyring},
+	{"user-namespaces", "userns_create", "unshare/clone of namespaces", lsm.OpUserNS},
+}
+
+func (c *compiler) fixed(sb *policy.Sandbox, lr *lsm.Rules) {
+	for _, f := range fixedOperations {
+		if !c.hook(f.hook) {
+			continue
+		}
+		id := c.rules.ID(f.name)
+		lr.Ops[f.op] = lsm.Decision{Action: enforce.ActionBlock, RuleID: id}
+		c.add(sb, f.name, policy.ActionBlock, layer{mech: MechLSM, notes: []string{
+			"lsm " + f.hook, "watcher exec: seccomp refuses " + f.seccomp}})
+	}
 }
 
 func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
@@ -585,6 +632,12 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			lr.FS = append(lr.FS, lsm.FSRule{Magic: magic, Access: lsm.AccessWrite, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
 		}
 		l = layer{mech: MechLSM, notes: []string{"lsm file_open: write-opens on cgroupfs"}}
+		if c.hook("task_alloc") {
+			// clone3(CLONE_INTO_CGROUP) moves a child without a write:
+			// refused with the rule, recorded at least.
+			lr.Ops[lsm.OpCloneIntoCgroup] = lsm.Decision{Action: max(kernelAction(a), enforce.ActionRecord), RuleID: id}
+			l.notes = append(l.notes, "lsm task_alloc: clone3(CLONE_INTO_CGROUP)")
+		}
 		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, min(backstopAction(a), enforce.ActionRecord)), id)
 		l.notes = append(l.notes, "moves out of the sandbox recorded by the backstop")
 	} else {
@@ -1118,6 +1171,9 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 			}
 		case fileOpen:
 			l = layer{mech: MechLSM, notes: []string{"lsm file_open on the resolved path"}}
+			if r.Access != policy.AccessRead {
+				l.notes = append(l.notes, c.changeHooksNote())
+			}
 		default:
 			l = layer{mech: MechKill, lsmMissing: []string{"file_open"}, notes: []string{"backstop at open, on the resolved path"}}
 		}

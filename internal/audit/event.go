@@ -36,6 +36,12 @@ const (
 	// KindTool is one step of a tool call through the gateway (request,
 	// decision, approval, result); see ToolDetail.
 	KindTool Kind = "tool"
+	// KindFileOp: a change to a file without opening it for write
+	// (truncate, create, link, rename, unlink, chmod, chown, xattr).
+	KindFileOp Kind = "file_op"
+	// KindOperation: an operation judged as a whole (perf_event_open,
+	// clone into another cgroup, user namespaces, keys).
+	KindOperation Kind = "operation"
 )
 
 // Kinds recorded by commands and the resource monitor.
@@ -142,6 +148,8 @@ type FileDetail struct {
 	Mode  uint32 `json:"mode,omitempty"`  // inode mode (type bits)
 	Dev   uint32 `json:"dev,omitempty"`   // kernel dev_t of the inode (MAJOR<<20|MINOR)
 	Write bool   `json:"write,omitempty"`
+	// Op is the path operation for KindFileOp (unlink, rename_from...).
+	Op string `json:"op,omitempty"`
 }
 
 // TargetDetail describes the other party of ptrace, signals and capabilities.

@@ -41,6 +41,8 @@ const (
 	EvSocket     uint32 = 13
 	EvNet        uint32 = 14
 	EvCgroupMove uint32 = 15
+	EvFileOp     uint32 = 16 // LSM path operations (unlink, rename, chmod...)
+	EvOperation  uint32 = 17 // LSM operations judged as a whole (perf_event_open...)
 )
 
 // Actions of policy rules (enum action in common.h).

@@ -131,7 +131,7 @@ chmod 0640 "$root/etc/shadow"
 echo 'vm' >"$root/etc/hostname"
 
 testargs="-test.v -test.count=1 -test.timeout=$((timeout_s - 30))s"
-[[ -n $run_re ]] && testargs="$testargs -test.run=$run_re"
+[[ -n $run_re ]] && testargs="$testargs '-test.run=$run_re'"
 cat >"$root/init" <<EOF
 #!/bin/busybox sh
 /bin/busybox --install -s /bin

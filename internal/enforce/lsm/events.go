@@ -32,6 +32,8 @@ func Register(r *enforce.Reader) {
 		{enforce.EvBPF, audit.KindBPF, decodeTask},
 		{enforce.EvMount, audit.KindMount, decodeMount},
 		{enforce.EvModule, audit.KindModule, decodeModule},
+		{enforce.EvFileOp, audit.KindFileOp, decodeFile},
+		{enforce.EvOperation, audit.KindOperation, decodeTask},
 	} {
 		r.Register(k.kind, k.ak, MechLSM, k.dec)
 		r.Register(k.kind+evFmodRet, k.ak, MechFmodRet, k.dec)
@@ -74,6 +76,10 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 		match = matchNames[e.Match]
 	}
 	ev.Message = "matched by " + match + " rule"
+	if e.Op != 0 {
+		d.Op = PathOp(e.Op).String()
+		ev.Message = d.Op + ": " + ev.Message
+	}
 	if e.Fflags&2 != 0 {
 		ev.Message += "; path truncated"
 	}

@@ -195,18 +195,25 @@ func doOp(op opSpec) string {
 		rl.Max++ // raising the hard limit needs CAP_SYS_RESOURCE
 		return errnoResult(unix.Setrlimit(unix.RLIMIT_NOFILE, &rl))
 	}
-	return "ERR: unknown op kind " + op.Kind
+	return doChangeOp(op)
 }
 
 // runOps runs ops in a child started directly in cgPath ("" for none) and
 // returns the results and the child's pid.
 func runOps(t *testing.T, cgPath string, ops []opSpec) (opResults, int) {
 	t.Helper()
+	return runOpsFiles(t, cgPath, ops, nil)
+}
+
+// runOpsFiles is runOps with files passed to the child as fd 3 and up.
+func runOpsFiles(t *testing.T, cgPath string, ops []opSpec, extraFiles []*os.File) (opResults, int) {
+	t.Helper()
 	b, err := json.Marshal(ops)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := enforcetest.SelfCommand(t, cgPath, "TestLSMHelper", "ops", helperEnv+"="+string(b))
+	cmd.ExtraFiles = extraFiles
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -67,7 +67,7 @@ type lsmFileEvent struct {
 	Rdev   uint32
 	Match  uint32
 	Fflags uint32
-	Pad    uint32
+	Op     uint32
 	Magic  uint64
 	Path   [256]int8
 }
@@ -213,31 +213,67 @@ const (
 	lsmProgFmodBpf                 = "fmod_bpf"
 	lsmProgFmodCapable             = "fmod_capable"
 	lsmProgFmodFileOpen            = "fmod_file_open"
+	lsmProgFmodFileSendSigiotask   = "fmod_file_send_sigiotask"
+	lsmProgFmodFileTruncate        = "fmod_file_truncate"
 	lsmProgFmodFsContextParseParam = "fmod_fs_context_parse_param"
+	lsmProgFmodInodeRemovexattr    = "fmod_inode_removexattr"
+	lsmProgFmodInodeSetxattr       = "fmod_inode_setxattr"
 	lsmProgFmodKernelLoadData      = "fmod_kernel_load_data"
 	lsmProgFmodKernelReadFile      = "fmod_kernel_read_file"
+	lsmProgFmodKeyAlloc            = "fmod_key_alloc"
 	lsmProgFmodMoveMount           = "fmod_move_mount"
+	lsmProgFmodPathChmod           = "fmod_path_chmod"
+	lsmProgFmodPathChown           = "fmod_path_chown"
 	lsmProgFmodPathChroot          = "fmod_path_chroot"
+	lsmProgFmodPathLink            = "fmod_path_link"
+	lsmProgFmodPathMkdir           = "fmod_path_mkdir"
+	lsmProgFmodPathMknod           = "fmod_path_mknod"
+	lsmProgFmodPathRename          = "fmod_path_rename"
+	lsmProgFmodPathRmdir           = "fmod_path_rmdir"
+	lsmProgFmodPathSymlink         = "fmod_path_symlink"
+	lsmProgFmodPathTruncate        = "fmod_path_truncate"
+	lsmProgFmodPathUnlink          = "fmod_path_unlink"
+	lsmProgFmodPerfEventOpen       = "fmod_perf_event_open"
 	lsmProgFmodPtraceAccessCheck   = "fmod_ptrace_access_check"
 	lsmProgFmodPtraceTraceme       = "fmod_ptrace_traceme"
 	lsmProgFmodSbMount             = "fmod_sb_mount"
 	lsmProgFmodSbPivotroot         = "fmod_sb_pivotroot"
 	lsmProgFmodSbUmount            = "fmod_sb_umount"
+	lsmProgFmodTaskAlloc           = "fmod_task_alloc"
 	lsmProgFmodTaskKill            = "fmod_task_kill"
+	lsmProgFmodUsernsCreate        = "fmod_userns_create"
 	lsmProgLsmBpf                  = "lsm_bpf"
 	lsmProgLsmCapable              = "lsm_capable"
 	lsmProgLsmFileOpen             = "lsm_file_open"
+	lsmProgLsmFileSendSigiotask    = "lsm_file_send_sigiotask"
+	lsmProgLsmFileTruncate         = "lsm_file_truncate"
 	lsmProgLsmFsContextParseParam  = "lsm_fs_context_parse_param"
+	lsmProgLsmInodeRemovexattr     = "lsm_inode_removexattr"
+	lsmProgLsmInodeSetxattr        = "lsm_inode_setxattr"
 	lsmProgLsmKernelLoadData       = "lsm_kernel_load_data"
 	lsmProgLsmKernelReadFile       = "lsm_kernel_read_file"
+	lsmProgLsmKeyAlloc             = "lsm_key_alloc"
 	lsmProgLsmMoveMount            = "lsm_move_mount"
+	lsmProgLsmPathChmod            = "lsm_path_chmod"
+	lsmProgLsmPathChown            = "lsm_path_chown"
 	lsmProgLsmPathChroot           = "lsm_path_chroot"
+	lsmProgLsmPathLink             = "lsm_path_link"
+	lsmProgLsmPathMkdir            = "lsm_path_mkdir"
+	lsmProgLsmPathMknod            = "lsm_path_mknod"
+	lsmProgLsmPathRename           = "lsm_path_rename"
+	lsmProgLsmPathRmdir            = "lsm_path_rmdir"
+	lsmProgLsmPathSymlink          = "lsm_path_symlink"
+	lsmProgLsmPathTruncate         = "lsm_path_truncate"
+	lsmProgLsmPathUnlink           = "lsm_path_unlink"
+	lsmProgLsmPerfEventOpen        = "lsm_perf_event_open"
 	lsmProgLsmPtraceAccessCheck    = "lsm_ptrace_access_check"
 	lsmProgLsmPtraceTraceme        = "lsm_ptrace_traceme"
 	lsmProgLsmSbMount              = "lsm_sb_mount"
 	lsmProgLsmSbPivotroot          = "lsm_sb_pivotroot"
 	lsmProgLsmSbUmount             = "lsm_sb_umount"
+	lsmProgLsmTaskAlloc            = "lsm_task_alloc"
 	lsmProgLsmTaskKill             = "lsm_task_kill"
+	lsmProgLsmUsernsCreate         = "lsm_userns_create"
 	lsmVarUnusedAccessRule         = "unused_access_rule"
 	lsmVarUnusedCapRules           = "unused_cap_rules"
 	lsmVarUnusedDecision           = "unused_decision"
@@ -299,31 +335,67 @@ type lsmProgramSpecs struct {
 	FmodBpf                 *ebpf.ProgramSpec `ebpf:"fmod_bpf"`
 	FmodCapable             *ebpf.ProgramSpec `ebpf:"fmod_capable"`
 	FmodFileOpen            *ebpf.ProgramSpec `ebpf:"fmod_file_open"`
+	FmodFileSendSigiotask   *ebpf.ProgramSpec `ebpf:"fmod_file_send_sigiotask"`
+	FmodFileTruncate        *ebpf.ProgramSpec `ebpf:"fmod_file_truncate"`
 	FmodFsContextParseParam *ebpf.ProgramSpec `ebpf:"fmod_fs_context_parse_param"`
+	FmodInodeRemovexattr    *ebpf.ProgramSpec `ebpf:"fmod_inode_removexattr"`
+	FmodInodeSetxattr       *ebpf.ProgramSpec `ebpf:"fmod_inode_setxattr"`
 	FmodKernelLoadData      *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile      *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
+	FmodKeyAlloc            *ebpf.ProgramSpec `ebpf:"fmod_key_alloc"`
 	FmodMoveMount           *ebpf.ProgramSpec `ebpf:"fmod_move_mount"`
+	FmodPathChmod           *ebpf.ProgramSpec `ebpf:"fmod_path_chmod"`
+	FmodPathChown           *ebpf.ProgramSpec `ebpf:"fmod_path_chown"`
 	FmodPathChroot          *ebpf.ProgramSpec `ebpf:"fmod_path_chroot"`
+	FmodPathLink            *ebpf.ProgramSpec `ebpf:"fmod_path_link"`
+	FmodPathMkdir           *ebpf.ProgramSpec `ebpf:"fmod_path_mkdir"`
+	FmodPathMknod           *ebpf.ProgramSpec `ebpf:"fmod_path_mknod"`
+	FmodPathRename          *ebpf.ProgramSpec `ebpf:"fmod_path_rename"`
+	FmodPathRmdir           *ebpf.ProgramSpec `ebpf:"fmod_path_rmdir"`
+	FmodPathSymlink         *ebpf.ProgramSpec `ebpf:"fmod_path_symlink"`
+	FmodPathTruncate        *ebpf.ProgramSpec `ebpf:"fmod_path_truncate"`
+	FmodPathUnlink          *ebpf.ProgramSpec `ebpf:"fmod_path_unlink"`
+	FmodPerfEventOpen       *ebpf.ProgramSpec `ebpf:"fmod_perf_event_open"`
 	FmodPtraceAccessCheck   *ebpf.ProgramSpec `ebpf:"fmod_ptrace_access_check"`
 	FmodPtraceTraceme       *ebpf.ProgramSpec `ebpf:"fmod_ptrace_traceme"`
 	FmodSbMount             *ebpf.ProgramSpec `ebpf:"fmod_sb_mount"`
 	FmodSbPivotroot         *ebpf.ProgramSpec `ebpf:"fmod_sb_pivotroot"`
 	FmodSbUmount            *ebpf.ProgramSpec `ebpf:"fmod_sb_umount"`
+	FmodTaskAlloc           *ebpf.ProgramSpec `ebpf:"fmod_task_alloc"`
 	FmodTaskKill            *ebpf.ProgramSpec `ebpf:"fmod_task_kill"`
+	FmodUsernsCreate        *ebpf.ProgramSpec `ebpf:"fmod_userns_create"`
 	LsmBpf                  *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
 	LsmCapable              *ebpf.ProgramSpec `ebpf:"lsm_capable"`
 	LsmFileOpen             *ebpf.ProgramSpec `ebpf:"lsm_file_open"`
+	LsmFileSendSigiotask    *ebpf.ProgramSpec `ebpf:"lsm_file_send_sigiotask"`
+	LsmFileTruncate         *ebpf.ProgramSpec `ebpf:"lsm_file_truncate"`
 	LsmFsContextParseParam  *ebpf.ProgramSpec `ebpf:"lsm_fs_context_parse_param"`
+	LsmInodeRemovexattr     *ebpf.ProgramSpec `ebpf:"lsm_inode_removexattr"`
+	LsmInodeSetxattr        *ebpf.ProgramSpec `ebpf:"lsm_inode_setxattr"`
 	LsmKernelLoadData       *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile       *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
+	LsmKeyAlloc             *ebpf.ProgramSpec `ebpf:"lsm_key_alloc"`
 	LsmMoveMount            *ebpf.ProgramSpec `ebpf:"lsm_move_mount"`
+	LsmPathChmod            *ebpf.ProgramSpec `ebpf:"lsm_path_chmod"`
+	LsmPathChown            *ebpf.ProgramSpec `ebpf:"lsm_path_chown"`
 	LsmPathChroot           *ebpf.ProgramSpec `ebpf:"lsm_path_chroot"`
+	LsmPathLink             *ebpf.ProgramSpec `ebpf:"lsm_path_link"`
+	LsmPathMkdir            *ebpf.ProgramSpec `ebpf:"lsm_path_mkdir"`
+	LsmPathMknod            *ebpf.ProgramSpec `ebpf:"lsm_path_mknod"`
+	LsmPathRename           *ebpf.ProgramSpec `ebpf:"lsm_path_rename"`
+	LsmPathRmdir            *ebpf.ProgramSpec `ebpf:"lsm_path_rmdir"`
+	LsmPathSymlink          *ebpf.ProgramSpec `ebpf:"lsm_path_symlink"`
+	LsmPathTruncate         *ebpf.ProgramSpec `ebpf:"lsm_path_truncate"`
+	LsmPathUnlink           *ebpf.ProgramSpec `ebpf:"lsm_path_unlink"`
+	LsmPerfEventOpen        *ebpf.ProgramSpec `ebpf:"lsm_perf_event_open"`
 	LsmPtraceAccessCheck    *ebpf.ProgramSpec `ebpf:"lsm_ptrace_access_check"`
 	LsmPtraceTraceme        *ebpf.ProgramSpec `ebpf:"lsm_ptrace_traceme"`
 	LsmSbMount              *ebpf.ProgramSpec `ebpf:"lsm_sb_mount"`
 	LsmSbPivotroot          *ebpf.ProgramSpec `ebpf:"lsm_sb_pivotroot"`
 	LsmSbUmount             *ebpf.ProgramSpec `ebpf:"lsm_sb_umount"`
+	LsmTaskAlloc            *ebpf.ProgramSpec `ebpf:"lsm_task_alloc"`
 	LsmTaskKill             *ebpf.ProgramSpec `ebpf:"lsm_task_kill"`
+	LsmUsernsCreate         *ebpf.ProgramSpec `ebpf:"lsm_userns_create"`
 }
 
 // lsmMapSpecs contains maps before they are loaded into the kernel.
@@ -451,31 +523,67 @@ type lsmPrograms struct {
 	FmodBpf                 *ebpf.Program `ebpf:"fmod_bpf"`
 	FmodCapable             *ebpf.Program `ebpf:"fmod_capable"`
 	FmodFileOpen            *ebpf.Program `ebpf:"fmod_file_open"`
+	FmodFileSendSigiotask   *ebpf.Program `ebpf:"fmod_file_send_sigiotask"`
+	FmodFileTruncate        *ebpf.Program `ebpf:"fmod_file_truncate"`
 	FmodFsContextParseParam *ebpf.Program `ebpf:"fmod_fs_context_parse_param"`
+	FmodInodeRemovexattr    *ebpf.Program `ebpf:"fmod_inode_removexattr"`
+	FmodInodeSetxattr       *ebpf.Program `ebpf:"fmod_inode_setxattr"`
 	FmodKernelLoadData      *ebpf.Program `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile      *ebpf.Program `ebpf:"fmod_kernel_read_file"`
+	FmodKeyAlloc            *ebpf.Program `ebpf:"fmod_key_alloc"`
 	FmodMoveMount           *ebpf.Program `ebpf:"fmod_move_mount"`
+	FmodPathChmod           *ebpf.Program `ebpf:"fmod_path_chmod"`
+	FmodPathChown           *ebpf.Program `ebpf:"fmod_path_chown"`
 	FmodPathChroot          *ebpf.Program `ebpf:"fmod_path_chroot"`
+	FmodPathLink            *ebpf.Program `ebpf:"fmod_path_link"`
+	FmodPathMkdir           *ebpf.Program `ebpf:"fmod_path_mkdir"`
+	FmodPathMknod           *ebpf.Program `ebpf:"fmod_path_mknod"`
+	FmodPathRename          *ebpf.Program `ebpf:"fmod_path_rename"`
+	FmodPathRmdir           *ebpf.Program `ebpf:"fmod_path_rmdir"`
+	FmodPathSymlink         *ebpf.Program `ebpf:"fmod_path_symlink"`
+	FmodPathTruncate        *ebpf.Program `ebpf:"fmod_path_truncate"`
+	FmodPathUnlink          *ebpf.Program `ebpf:"fmod_path_unlink"`
+	FmodPerfEventOpen       *ebpf.Program `ebpf:"fmod_perf_event_open"`
 	FmodPtraceAccessCheck   *ebpf.Program `ebpf:"fmod_ptrace_access_check"`
 	FmodPtraceTraceme       *ebpf.Program `ebpf:"fmod_ptrace_traceme"`
 	FmodSbMount             *ebpf.Program `ebpf:"fmod_sb_mount"`
 	FmodSbPivotroot         *ebpf.Program `ebpf:"fmod_sb_pivotroot"`
 	FmodSbUmount            *ebpf.Program `ebpf:"fmod_sb_umount"`
+	FmodTaskAlloc           *ebpf.Program `ebpf:"fmod_task_alloc"`
 	FmodTaskKill            *ebpf.Program `ebpf:"fmod_task_kill"`
+	FmodUsernsCreate        *ebpf.Program `ebpf:"fmod_userns_create"`
 	LsmBpf                  *ebpf.Program `ebpf:"lsm_bpf"`
 	LsmCapable              *ebpf.Program `ebpf:"lsm_capable"`
 	LsmFileOpen             *ebpf.Program `ebpf:"lsm_file_open"`
+	LsmFileSendSigiotask    *ebpf.Program `ebpf:"lsm_file_send_sigiotask"`
+	LsmFileTruncate         *ebpf.Program `ebpf:"lsm_file_truncate"`
 	LsmFsContextParseParam  *ebpf.Program `ebpf:"lsm_fs_context_parse_param"`
+	LsmInodeRemovexattr     *ebpf.Program `ebpf:"lsm_inode_removexattr"`
+	LsmInodeSetxattr        *ebpf.Program `ebpf:"lsm_inode_setxattr"`
 	LsmKernelLoadData       *ebpf.Program `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile       *ebpf.Program `ebpf:"lsm_kernel_read_file"`
+	LsmKeyAlloc             *ebpf.Program `ebpf:"lsm_key_alloc"`
 	LsmMoveMount            *ebpf.Program `ebpf:"lsm_move_mount"`
+	LsmPathChmod            *ebpf.Program `ebpf:"lsm_path_chmod"`
+	LsmPathChown            *ebpf.Program `ebpf:"lsm_path_chown"`
 	LsmPathChroot           *ebpf.Program `ebpf:"lsm_path_chroot"`
+	LsmPathLink             *ebpf.Program `ebpf:"lsm_path_link"`
+	LsmPathMkdir            *ebpf.Program `ebpf:"lsm_path_mkdir"`
+	LsmPathMknod            *ebpf.Program `ebpf:"lsm_path_mknod"`
+	LsmPathRename           *ebpf.Program `ebpf:"lsm_path_rename"`
+	LsmPathRmdir            *ebpf.Program `ebpf:"lsm_path_rmdir"`
+	LsmPathSymlink          *ebpf.Program `ebpf:"lsm_path_symlink"`
+	LsmPathTruncate         *ebpf.Program `ebpf:"lsm_path_truncate"`
+	LsmPathUnlink           *ebpf.Program `ebpf:"lsm_path_unlink"`
+	LsmPerfEventOpen        *ebpf.Program `ebpf:"lsm_perf_event_open"`
 	LsmPtraceAccessCheck    *ebpf.Program `ebpf:"lsm_ptrace_access_check"`
 	LsmPtraceTraceme        *ebpf.Program `ebpf:"lsm_ptrace_traceme"`
 	LsmSbMount              *ebpf.Program `ebpf:"lsm_sb_mount"`
 	LsmSbPivotroot          *ebpf.Program `ebpf:"lsm_sb_pivotroot"`
 	LsmSbUmount             *ebpf.Program `ebpf:"lsm_sb_umount"`
+	LsmTaskAlloc            *ebpf.Program `ebpf:"lsm_task_alloc"`
 	LsmTaskKill             *ebpf.Program `ebpf:"lsm_task_kill"`
+	LsmUsernsCreate         *ebpf.Program `ebpf:"lsm_userns_create"`
 }
 
 func (p *lsmPrograms) Close() error {
@@ -483,31 +591,67 @@ func (p *lsmPrograms) Close() error {
 		p.FmodBpf,
 		p.FmodCapable,
 		p.FmodFileOpen,
+		p.FmodFileSendSigiotask,
+		p.FmodFileTruncate,
 		p.FmodFsContextParseParam,
+		p.FmodInodeRemovexattr,
+		p.FmodInodeSetxattr,
 		p.FmodKernelLoadData,
 		p.FmodKernelReadFile,
+		p.FmodKeyAlloc,
 		p.FmodMoveMount,
+		p.FmodPathChmod,
+		p.FmodPathChown,
 		p.FmodPathChroot,
+		p.FmodPathLink,
+		p.FmodPathMkdir,
+		p.FmodPathMknod,
+		p.FmodPathRename,
+		p.FmodPathRmdir,
+		p.FmodPathSymlink,
+		p.FmodPathTruncate,
+		p.FmodPathUnlink,
+		p.FmodPerfEventOpen,
 		p.FmodPtraceAccessCheck,
 		p.FmodPtraceTraceme,
 		p.FmodSbMount,
 		p.FmodSbPivotroot,
 		p.FmodSbUmount,
+		p.FmodTaskAlloc,
 		p.FmodTaskKill,
+		p.FmodUsernsCreate,
 		p.LsmBpf,
 		p.LsmCapable,
 		p.LsmFileOpen,
+		p.LsmFileSendSigiotask,
+		p.LsmFileTruncate,
 		p.LsmFsContextParseParam,
+		p.LsmInodeRemovexattr,
+		p.LsmInodeSetxattr,
 		p.LsmKernelLoadData,
 		p.LsmKernelReadFile,
+		p.LsmKeyAlloc,
 		p.LsmMoveMount,
+		p.LsmPathChmod,
+		p.LsmPathChown,
 		p.LsmPathChroot,
+		p.LsmPathLink,
+		p.LsmPathMkdir,
+		p.LsmPathMknod,
+		p.LsmPathRename,
+		p.LsmPathRmdir,
+		p.LsmPathSymlink,
+		p.LsmPathTruncate,
+		p.LsmPathUnlink,
+		p.LsmPerfEventOpen,
 		p.LsmPtraceAccessCheck,
 		p.LsmPtraceTraceme,
 		p.LsmSbMount,
 		p.LsmSbPivotroot,
 		p.LsmSbUmount,
+		p.LsmTaskAlloc,
 		p.LsmTaskKill,
+		p.LsmUsernsCreate,
 	)
 }
 

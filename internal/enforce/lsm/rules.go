@@ -56,8 +56,31 @@ const (
 	// OpAgentPtrace: any ptrace access check on the agent (attach and
 	// read modes). Blocked when no rule says otherwise.
 	OpAgentPtrace Op = 15
-	opMax         Op = 16
+	// OpCloneIntoCgroup: clone3 with CLONE_INTO_CGROUP, a child started
+	// straight into a cgroup chosen by directory fd (judged on the flag
+	// the kernel copied; a plain fork or clone stays allowed).
+	OpCloneIntoCgroup Op = 16
+	// OpPerfEvent: perf_event_open(2).
+	OpPerfEvent Op = 17
+	// OpUserNS: creating a user namespace (clone or unshare CLONE_NEWUSER).
+	OpUserNS Op = 18
+	// OpKeyring: creating a key or keyring (add_key, keyctl).
+	OpKeyring Op = 19
+	opMax     Op = 20
 )
+
+// PathOp is what a file_op event changed (enum path_op in bpf/lsm.c).
+type PathOp uint32
+
+var pathOpNames = [...]string{"", "truncate", "create", "mkdir", "unlink", "rmdir", "symlink",
+	"link_source", "link", "rename_from", "rename_to", "chmod", "chown", "setxattr", "removexattr"}
+
+func (p PathOp) String() string {
+	if int(p) < len(pathOpNames) && p != 0 {
+		return pathOpNames[p]
+	}
+	return fmt.Sprintf("path_op(%d)", uint32(p))
+}
 
 var opNames = map[Op]string{
 	OpPtraceAttach: "ptrace_attach", OpPtraceRead: "ptrace_read", OpPtraceTraceme: "ptrace_traceme",
@@ -65,6 +88,8 @@ var opNames = map[Op]string{
 	OpChroot: "chroot", OpFSConfig: "fsconfig", OpKernelReadFile: "kernel_read_file",
 	OpKernelLoadData: "kernel_load_data", OpBPF: "bpf", OpProcMem: "proc_mem",
 	OpAgentSignal: "agent_signal", OpAgentPtrace: "agent_ptrace",
+	OpCloneIntoCgroup: "clone_into_cgroup", OpPerfEvent: "perf_event_open", OpUserNS: "userns_create",
+	OpKeyring: "key_alloc",
 }
 
 func (o Op) String() string {

@@ -1,0 +1,143 @@
+package lsm
+
+import (
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// doChangeOp runs the operations that change files without opening them
+// for write, and the operations judged as a whole (see pathops_test.go).
+func doChangeOp(op opSpec) string {
+	switch op.Kind {
+	case "truncate":
+		return errnoResult(unix.Truncate(op.Path, 0))
+	case "ftruncate_fd3":
+		// fd 3: a writable descriptor opened outside the sandbox.
+		return errnoResult(unix.Ftruncate(3, 0))
+	case "open_rdonly_trunc":
+		fd, err := unix.Open(op.Path, unix.O_RDONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return errnoResult(err)
+	case "open_rdonly_creat":
+		fd, err := unix.Open(op.Path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return errnoResult(err)
+	case "mkfifo":
+		return errnoResult(unix.Mknod(op.Path, unix.S_IFIFO|0o600, 0))
+	case "mkdir":
+		return errnoResult(unix.Mkdir(op.Path, 0o755))
+	case "unlink":
+		return errnoResult(unix.Unlink(op.Path))
+	case "rmdir":
+		return errnoResult(unix.Rmdir(op.Path))
+	case "symlink":
+		return errnoResult(unix.Symlink("target", op.Path))
+	case "link":
+		return errnoResult(unix.Link(op.Path, op.Path2))
+	case "rename":
+		return errnoResult(unix.Rename(op.Path, op.Path2))
+	case "chmod_setuid":
+		return errnoResult(unix.Chmod(op.Path, 0o4755))
+	case "chown":
+		return errnoResult(unix.Chown(op.Path, 1, 1))
+	case "setxattr":
+		return errnoResult(unix.Setxattr(op.Path, "trusted.watcher", []byte("x"), 0))
+	case "removexattr":
+		return errnoResult(unix.Removexattr(op.Path, "trusted.watcher"))
+	case "clone_into_cgroup":
+		// op.Path: a cgroup directory; the child exits at once.
+		cg, err := unix.Open(op.Path, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "ERR: open cgroup: " + err.Error()
+		}
+		defer unix.Close(cg)
+		// Go starts the child with clone3(CLONE_INTO_CGROUP).
+		return startChild(&syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cg})
+	case "fork":
+		return startChild(&syscall.SysProcAttr{})
+	case "perf_event_open":
+		attr := unix.PerfEventAttr{Type: unix.PERF_TYPE_SOFTWARE, Config: unix.PERF_COUNT_SW_CPU_CLOCK, Bits: unix.PerfBitDisabled}
+		attr.Size = uint32(unsafe.Sizeof(attr))
+		fd, err := unix.PerfEventOpen(&attr, 0, -1, -1, unix.PERF_FLAG_FD_CLOEXEC)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return errnoResult(err)
+	case "userns":
+		return startChild(&syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER})
+	case "add_key":
+		_, err := unix.AddKey("user", "watcher-test", []byte("x"), unix.KEY_SPEC_PROCESS_KEYRING)
+		return errnoResult(err)
+	case "sigio":
+		return sigio(op.PID)
+	}
+	return "ERR: unknown op kind " + op.Kind
+}
+
+// startChild starts this binary (doing nothing) with attr; a refusal at
+// clone time comes back from Start.
+func startChild(attr *syscall.SysProcAttr) string {
+	cmd := newSelf()
+	cmd.SysProcAttr = attr
+	err := cmd.Start()
+	if err == nil {
+		cmd.Wait()
+	}
+	return errnoResult(err)
+}
+
+// newSelf is this test binary running no test: a child that exits at once.
+func newSelf() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^$") }
+
+// sigio makes the kernel send SIGIO to owner (0: this process) through
+// a pipe with O_ASYNC and F_SETOWN. For this process it reports whether
+// the signal arrived; for another it reports the setup's errors only.
+func sigio(owner int) string {
+	self := owner == 0
+	if self {
+		owner = os.Getpid()
+	}
+	ch := make(chan os.Signal, 1)
+	if self {
+		signal.Notify(ch, syscall.SIGIO)
+		defer signal.Stop(ch)
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return "ERR: pipe: " + err.Error()
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETOWN, owner); err != nil {
+		return errnoResult(err)
+	}
+	fl, err := unix.FcntlInt(uintptr(p[0]), unix.F_GETFL, 0)
+	if err != nil {
+		return "ERR: F_GETFL: " + err.Error()
+	}
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETFL, fl|unix.O_ASYNC); err != nil {
+		return errnoResult(err)
+	}
+	if _, err := unix.Write(p[1], []byte("x")); err != nil {
+		return errnoResult(err)
+	}
+	if !self {
+		return "OK"
+	}
+	select {
+	case <-ch:
+		return "OK"
+	case <-time.After(10 * time.Second):
+		return "ERR: no SIGIO"
+	}
+}
