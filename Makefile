@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin/watcher
 
-.PHONY: all setup build generate generate-check test test-vm check bench lint demo vmlinux clean
+.PHONY: all setup build generate generate-check test test-vm bench-vm check bench lint demo vmlinux clean
 
 all: build
 
@@ -36,6 +36,11 @@ test-vm:
 	./test/vm/run.sh $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./internal/limits --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./internal/launch --run TestDerivedFileModel --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
+
+# The syscall loop in the qemu guest: bare, outside and inside a sandbox for
+# BPF LSM and for fmod_ret (one boot each), ratios to bare in the same boot.
+bench-vm:
+	./test/vm/run.sh --run '^TestBenchVM$$' --env WATCHER_BENCH_VM=1 $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...

@@ -141,6 +141,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lsm_path_rules SEC(".maps");
 
+/* Exec rules: longest prefix match like lsm_path_rules, judged on the
+ * file that supplies code (the executable, a script's interpreter, a file
+ * mapped executable). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct path_key);
+	__type(value, struct decision);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_exec_rules SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
@@ -827,6 +839,8 @@ enum path_op {
 	PATH_OP_CHOWN = 12,
 	PATH_OP_SETXATTR = 13,
 	PATH_OP_REMOVEXATTR = 14,
+	PATH_OP_EXEC = 15,       /* a file execve runs: the binary, then a script's interpreter */
+	PATH_OP_MMAP_EXEC = 16,  /* a file mapped executable (ld.so /tmp/x, a preloaded library) */
 };
 
 /* judge_path judges op on the file at {mnt, dentry} (dentry may be
@@ -1083,3 +1097,116 @@ static __always_inline int decide_file_send_sigiotask(__u32 mech, struct task_st
 }
 WATCHER_HOOK(file_send_sigiotask, security_file_send_sigiotask, decide_file_send_sigiotask(mech, tsk, sig, ret),
 	     struct task_struct *tsk, struct fown_struct *fown, int sig, int ret)
+
+/* --- exec rules: the file that supplies the code ---------------------------- */
+
+#define PROT_EXEC 0x4
+#define MATCH_EXEC 6
+
+/* judge_exec judges op on file by the exec rules (the sandbox's, else the
+ * defaults). */
+static __always_inline int judge_exec(__u32 mech, __u32 op, struct file *file)
+{
+	if (!file)
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 zero = 0;
+	struct path_key *key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
+	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
+	if (!key || !pw)
+		return 0;
+	pw_resolve_file(pw, file);
+	long n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
+	bool truncated = (pw->flags & PW_F_TRUNCATED) || pw->len + 1 > LSM_PATH_LEN;
+	if (n <= 0) {
+		key->path[0] = 0;
+		n = 1;
+		truncated = true;
+	}
+	if (n > LSM_PATH_LEN)
+		n = LSM_PATH_LEN;
+	if (truncated)
+		n--;
+	key->prefixlen = 32 + 8 * (__u32)n;
+	key->sandbox_id = sb->id;
+	struct decision *d = bpf_map_lookup_elem(&lsm_exec_rules, key);
+	if (!d) {
+		key->sandbox_id = 0;
+		d = bpf_map_lookup_elem(&lsm_exec_rules, key);
+	}
+	if (!d || d->action == ACTION_ALLOW)
+		return 0;
+	struct decision dd = *d;
+	__u32 verdict = effective_verdict(sb, dd.action);
+	struct file_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		struct inode *inode = BPF_CORE_READ(file, f_inode);
+		fill_hdr(&e->hdr, EV_FILE_OP + mech, verdict, dd.rule_id, root, sb);
+		e->ino = BPF_CORE_READ(inode, i_ino);
+		e->flags = BPF_CORE_READ(file, f_flags);
+		e->fmode = BPF_CORE_READ(file, f_mode);
+		e->i_mode = BPF_CORE_READ(inode, i_mode);
+		e->dev = BPF_CORE_READ(inode, i_sb, s_dev);
+		e->rdev = 0;
+		e->match = MATCH_EXEC;
+		e->fflags = truncated ? FILE_F_TRUNCATED : 0;
+		e->op = op;
+		e->magic = BPF_CORE_READ(inode, i_sb, s_magic);
+		bpf_probe_read_kernel_str(e->path, sizeof(e->path), pw->buf);
+		submit_event(e, true);
+	}
+	return conclude(verdict);
+}
+
+/* Called once per binary of the chain: the file execve named, then the
+ * interpreter a #! line or binfmt_misc chose; memfd and execveat arrive as
+ * the file the kernel runs. The kernel function is security_bprm_check. */
+static __always_inline int decide_bprm_check(__u32 mech, struct linux_binprm *bprm, int ret)
+{
+	if (ret)
+		return ret;
+	return judge_exec(mech, PATH_OP_EXEC, BPF_CORE_READ(bprm, file));
+}
+WATCHER_HOOK(bprm_check_security, security_bprm_check, decide_bprm_check(mech, bprm, ret),
+	     struct linux_binprm *bprm, int ret)
+
+static __always_inline int decide_mmap_exec(__u32 mech, struct file *file, unsigned long prot, int ret)
+{
+	if (ret)
+		return ret;
+	if (!(prot & PROT_EXEC) || !file)
+		return 0;
+	return judge_exec(mech, PATH_OP_MMAP_EXEC, file);
+}
+/* The LSM hook has the caller's and the kernel's protection (reqprot,
+ * prot); security_mmap_file only the caller's: two wrappers by hand. The
+ * caller's PROT_EXEC is what matters (READ_IMPLIES_EXEC adds it to prot
+ * too, so the LSM program judges prot). */
+SEC("lsm/mmap_file")
+int BPF_PROG(lsm_mmap_file, struct file *file, unsigned long reqprot, unsigned long prot, unsigned long flags, int ret)
+{
+	return decide_mmap_exec(MECH_LSM, file, prot, ret);
+}
+SEC("fmod_ret/security_mmap_file")
+int BPF_PROG(fmod_mmap_file, struct file *file, unsigned long prot, unsigned long flags, int ret)
+{
+	return decide_mmap_exec(EV_FMOD_RET, file, prot, ret);
+}
+
+/* mprotect(PROT_EXEC) of a file mapping made without it. */
+static __always_inline int decide_file_mprotect(__u32 mech, struct vm_area_struct *vma, unsigned long prot, int ret)
+{
+	if (ret)
+		return ret;
+	if (!(prot & PROT_EXEC))
+		return 0;
+	struct file *file = BPF_CORE_READ(vma, vm_file);
+	if (!file)
+		return 0;
+	return judge_exec(mech, PATH_OP_MMAP_EXEC, file);
+}
+WATCHER_HOOK(file_mprotect, security_file_mprotect, decide_file_mprotect(mech, vma, prot, ret),
+	     struct vm_area_struct *vma, unsigned long reqprot, unsigned long prot, int ret)

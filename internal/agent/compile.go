@@ -1055,6 +1055,19 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 		}
 	}
 
+	// Exec rules on the LSM layer: bprm_check_security judges every binary
+	// of an execve chain (a script, then its interpreter), mmap_file and
+	// file_mprotect every file mapped executable (ld.so /tmp/x).
+	lsmExec := c.hook("bprm_check_security") && c.hook("mmap_file")
+	if lsmExec {
+		for _, k := range keysOf(execs) {
+			if r, ok := t.decide(k, accExec); ok {
+				lr.Exec = append(lr.Exec, lsm.ExecRule{Path: k.path, Prefix: k.prefix,
+					Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}})
+			}
+		}
+	}
+
 	// /proc/PID/mem: an op, not a path. The rules decide as DecideFile
 	// would for a PID's mem file (a sandbox's own rule overrides its
 	// preset's); the op has one action, the stricter of read and write.
@@ -1084,8 +1097,11 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 
 	// The backstop: file rules when file_open has no LSM program, exec
 	// rules always (no LSM hook judges exec here).
-	accs := []access{accExec}
-	keyRules := [][]policy.FileRule{execs}
+	var accs []access
+	var keyRules [][]policy.FileRule
+	if !lsmExec {
+		accs, keyRules = []access{accExec}, [][]policy.FileRule{execs}
+	}
 	if !fileOpen {
 		accs = []access{accRead, accWrite, accExec}
 		keyRules = append(keyRules, files)
@@ -1161,8 +1177,15 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 			}
 		case line.special == "proc_wildcard":
 			l = layer{mech: MechNone, notes: []string{"per-PID /proc paths cannot be listed ahead of time; only /proc/*/mem has a dedicated check"}}
+		case line.exec && lsmExec:
+			l = layer{mech: MechLSM, notes: []string{"lsm bprm_check_security on the binary, a script and its interpreter",
+				"mmap_file/file_mprotect on files mapped executable (the dynamic loader, libraries)"}}
+			if !c.hook("file_mprotect") {
+				l.notes = append(l.notes, "mprotect(PROT_EXEC) not judged (file_mprotect missing)")
+			}
 		case line.exec:
-			l = layer{mech: MechKill, notes: []string{"backstop at exec (sched_prepare_exec); no LSM hook judges exec here"}}
+			l = layer{mech: MechKill, lsmMissing: []string{"bprm_check_security", "mmap_file"},
+				notes: []string{"backstop at exec (sched_prepare_exec); no LSM hook judges exec here"}}
 		case !line.exec && c.cgroupOK && sysctlRules > 0 && (under("/proc/sys/") || r.Path == "/proc/sys"):
 			if fileOpen {
 				l = layer{mech: MechLSM, notes: []string{"lsm file_open", "also cgroup/sysctl at read/write"}}

@@ -652,6 +652,15 @@ func lookupLSM(rules []lsm.PathRule, path string, access lsm.Access) uint32 {
 	return action
 }
 
+// lookupExec is lookupLSM over the LSM exec rules.
+func lookupExec(rules []lsm.ExecRule, path string) uint32 {
+	var prs []lsm.PathRule
+	for _, r := range rules {
+		prs = append(prs, lsm.PathRule{Path: r.Path, Prefix: r.Prefix, Access: lsm.AccessAll, Decision: r.Decision})
+	}
+	return lookupLSM(prs, path, lsm.AccessRead)
+}
+
 // TestBackstopAgreesWithPolicy checks that the kernel's longest-prefix
 // lookup over the compiled keys reaches the decision policy.DecideFile
 // makes, for paths across the rule set of each tier.
@@ -689,9 +698,13 @@ sandboxes:
 					t.Errorf("%s: %s op %d: backstop %s, policy %s", preset, path, acc.op, actionWord(got), actionWord(want))
 				}
 				if acc.exec {
-					// With BPF LSM, exec rules stay in the backstop.
-					if got, _ := lookupBackstop(withLSM.Backstop.Paths, 1, path, acc.op); got != want {
-						t.Errorf("%s: %s exec with LSM: backstop %s, policy %s", preset, path, actionWord(got), actionWord(want))
+					// With BPF LSM, exec rules go to the LSM exec table
+					// (bprm_check_security, mmap_file), not the backstop.
+					if got, _ := lookupBackstop(withLSM.Backstop.Paths, 1, path, acc.op); got != enforce.ActionAllow {
+						t.Errorf("%s: %s exec with LSM: backstop %s, want nothing", preset, path, actionWord(got))
+					}
+					if got, wantLSM := lookupExec(withLSM.LSM[1].Exec, path), kernelAction(sb.DecideExec(path)); got != wantLSM {
+						t.Errorf("%s: %s exec with LSM: lsm %s, policy %s", preset, path, actionWord(got), actionWord(wantLSM))
 					}
 					continue
 				}

@@ -17,7 +17,7 @@
 # line with the exit status and powers off. This script parses the sentinel.
 #
 # Usage: test/vm/run.sh [--kernel-pkg NAME] [--pkg ./go/package]... [--timeout SECONDS]
-#                       [--run REGEX] [--boot lsm|fmod_ret]... [--keep]
+#                       [--run REGEX] [--boot lsm|fmod_ret]... [--env K=V]... [--keep]
 #   --kernel-pkg  Debian kernel package (default: what linux-image-cloud-amd64
 #                 depends on, from apt-cache; the ABI number moves with updates)
 #   --pkg         Go package whose tests run in the guest (repeatable; default
@@ -25,6 +25,7 @@
 #   --run         -test.run regex passed to every test binary
 #   --timeout     seconds before each guest is killed (default 900)
 #   --boot        which boots to run (repeatable; default both)
+#   --env         environment variable for the test binaries (repeatable)
 #   --keep        keep the work directory (initramfs, logs)
 # Environment: VM_CACHE (default <repo>/.cache/vm) caches downloaded kernels.
 # Needs: qemu-system-x86 busybox-static cpio (Debian packages), go, apt-get.
@@ -38,6 +39,7 @@ run_re=""
 timeout_s=900
 keep=0
 boots=()
+envs=()
 
 while (($#)); do
 	case $1 in
@@ -48,6 +50,7 @@ while (($#)); do
 	--timeout) timeout_s=$2; shift 2 ;;
 	--keep) keep=1; shift ;;
 	--boot) boots+=("$2"); shift 2 ;;
+	--env) envs+=("$2"); shift 2 ;;
 	-h | --help) sed -n '2,30p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
@@ -144,6 +147,7 @@ mkdir -p /sys/fs/cgroup /sys/fs/bpf /sys/kernel/tracing
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 mount -t tracefs tracefs /sys/kernel/tracing
+$(for e in "${envs[@]}"; do printf 'export %q\n' "$e"; done)
 for w in \$(cat /proc/cmdline); do
 	case \$w in watcher_mech=*) export WATCHER_EXPECT_MECH=\${w#watcher_mech=} ;; esac
 done

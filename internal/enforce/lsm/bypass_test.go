@@ -203,7 +203,13 @@ func TestPinnedLinksOutliveTheLoader(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := map[string]any{}
+	var hooks []string // those this kernel has
 	for _, h := range Hooks() {
+		if !errors.Is(l.Status()[h], ErrHookAbsent) {
+			hooks = append(hooks, h)
+		}
+	}
+	for _, h := range hooks {
 		ids[h] = l.LinkID(h)
 		if l.Adopted(h) {
 			t.Errorf("lsm/%s adopted on a fresh pin directory", h)
@@ -231,7 +237,7 @@ func TestPinnedLinksOutliveTheLoader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range Hooks() {
+	for _, h := range hooks {
 		if !again.Adopted(h) || again.LinkID(h) != ids[h] {
 			t.Errorf("lsm/%s: adopted %v, link %v, want the pinned link %v", h, again.Adopted(h), again.LinkID(h), ids[h])
 		}

@@ -80,6 +80,18 @@ func doChangeOp(op opSpec) string {
 		return errnoResult(err)
 	case "sigio":
 		return sigio(op.PID)
+	case "kill_pgrp":
+		// SIGCONT to a whole process group (op.PID is its id).
+		return errnoResult(unix.Kill(-op.PID, unix.SIGCONT))
+	case "kill_all":
+		// kill(-1): every process the caller may signal; EPERM for some
+		// targets does not fail the call.
+		return errnoResult(unix.Kill(-1, unix.SIGCONT))
+	case "exec":
+		// A binary (this test binary, running no test) or a script.
+		return errnoResult(exec.Command(op.Path, "-test.run=^$").Run())
+	case "mmap_exec", "mmap_read", "mprotect_exec":
+		return mapFile(op.Kind, op.Path)
 	}
 	return "ERR: unknown op kind " + op.Kind
 }
@@ -140,4 +152,28 @@ func sigio(owner int) string {
 	case <-time.After(10 * time.Second):
 		return "ERR: no SIGIO"
 	}
+}
+
+// mapFile maps path's first page as the dynamic loader would
+// (mmap_exec), readable only (mmap_read), or readable and then
+// mprotect(PROT_EXEC) (mprotect_exec).
+func mapFile(kind, path string) string {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "ERR: open: " + err.Error()
+	}
+	defer unix.Close(fd)
+	prot := unix.PROT_READ
+	if kind == "mmap_exec" {
+		prot |= unix.PROT_EXEC
+	}
+	b, err := unix.Mmap(fd, 0, os.Getpagesize(), prot, unix.MAP_PRIVATE)
+	if err != nil {
+		return errnoResult(err)
+	}
+	defer unix.Munmap(b)
+	if kind == "mprotect_exec" {
+		return errnoResult(unix.Mprotect(b, unix.PROT_READ|unix.PROT_EXEC))
+	}
+	return "OK"
 }

@@ -124,6 +124,11 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 			opSpec{Name: "ws_removexattr", Kind: "removexattr", Path: p("ws/f")})
 	}
 	sigioAgent := opSpec{Name: "sigio_agent", Kind: "sigio", PID: agent}
+	// Signals to the agent by group: its process group, and kill(-1).
+	// SIGCONT, so a hole in the hook would not stop this test.
+	pgid, err := unix.Getpgid(agent)
+	must(t, err)
+	groupKills := []opSpec{{Name: "kill_agent_pgrp", Kind: "kill_pgrp", PID: pgid}, {Name: "kill_all", Kind: "kill_all"}}
 
 	var specs []opSpec
 	for _, c := range refused {
@@ -139,7 +144,7 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 		return []*os.File{f}
 	}
 
-	res, pid := runOpsFiles(t, sb.root, append(specs, sigioAgent), inherited())
+	res, pid := runOpsFiles(t, sb.root, append(append(specs, sigioAgent), groupKills...), inherited())
 	for _, c := range refused {
 		if got := res[c.op.Name]; got != "EPERM" {
 			t.Errorf("sandbox: %s: %s, want EPERM", c.op.Name, got)
@@ -171,6 +176,15 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 		return ev.Kind == audit.KindSignal && ev.Target != nil && ev.Target.PID == uint32(agent) &&
 			ev.Target.Mode == uint32(unix.SIGIO) && ev.Verdict == audit.VerdictDenied
 	})
+	for _, k := range groupKills {
+		if got := res[k.Name]; got != "OK" {
+			t.Errorf("sandbox: %s: %s (the call succeeds for the other targets)", k.Name, got)
+		}
+		waitEvent(t, k.Name, func(ev audit.Event) bool {
+			return ev.Kind == audit.KindSignal && ev.Process.TGID == uint32(pid) && ev.Target != nil &&
+				ev.Target.PID == uint32(agent) && ev.Target.Mode == uint32(unix.SIGCONT) && ev.Verdict == audit.VerdictDenied
+		})
+	}
 	// Nothing changed where writes are refused.
 	if b, err := os.ReadFile(p("prot/file")); err != nil || string(b) != "keep\n" {
 		t.Errorf("prot/file now %q (%v)", b, err)

@@ -46,7 +46,7 @@ func cstr(b []int8) string {
 }
 
 // File match tables (enum file_match).
-var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem"}
+var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec"}
 
 const (
 	sIFMT  = 0o170000

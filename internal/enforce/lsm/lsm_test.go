@@ -124,6 +124,9 @@ func setup(t *testing.T) (*enforce.Engine, *LSM) {
 		shared.done = make(chan struct{})
 		rd := eng.NewReader(enforce.ReaderOptions{
 			RuleName: func(id uint32) string { return fmt.Sprintf("rule-%d", id) },
+			// Every refusal is checked for its own event: no folding of
+			// identical ones into burst records.
+			Burst: -1,
 		})
 		Register(rd)
 		go func() {

@@ -199,6 +199,7 @@ const (
 	lsmMapAlertEvents              = "alert_events"
 	lsmMapLsmCapRules              = "lsm_cap_rules"
 	lsmMapLsmDevRules              = "lsm_dev_rules"
+	lsmMapLsmExecRules             = "lsm_exec_rules"
 	lsmMapLsmFsRules               = "lsm_fs_rules"
 	lsmMapLsmInoRules              = "lsm_ino_rules"
 	lsmMapLsmKeyScratch            = "lsm_key_scratch"
@@ -211,7 +212,9 @@ const (
 	lsmMapSandboxGen               = "sandbox_gen"
 	lsmMapSandboxes                = "sandboxes"
 	lsmProgFmodBpf                 = "fmod_bpf"
+	lsmProgFmodBprmCheckSecurity   = "fmod_bprm_check_security"
 	lsmProgFmodCapable             = "fmod_capable"
+	lsmProgFmodFileMprotect        = "fmod_file_mprotect"
 	lsmProgFmodFileOpen            = "fmod_file_open"
 	lsmProgFmodFileSendSigiotask   = "fmod_file_send_sigiotask"
 	lsmProgFmodFileTruncate        = "fmod_file_truncate"
@@ -221,6 +224,7 @@ const (
 	lsmProgFmodKernelLoadData      = "fmod_kernel_load_data"
 	lsmProgFmodKernelReadFile      = "fmod_kernel_read_file"
 	lsmProgFmodKeyAlloc            = "fmod_key_alloc"
+	lsmProgFmodMmapFile            = "fmod_mmap_file"
 	lsmProgFmodMoveMount           = "fmod_move_mount"
 	lsmProgFmodPathChmod           = "fmod_path_chmod"
 	lsmProgFmodPathChown           = "fmod_path_chown"
@@ -243,7 +247,9 @@ const (
 	lsmProgFmodTaskKill            = "fmod_task_kill"
 	lsmProgFmodUsernsCreate        = "fmod_userns_create"
 	lsmProgLsmBpf                  = "lsm_bpf"
+	lsmProgLsmBprmCheckSecurity    = "lsm_bprm_check_security"
 	lsmProgLsmCapable              = "lsm_capable"
+	lsmProgLsmFileMprotect         = "lsm_file_mprotect"
 	lsmProgLsmFileOpen             = "lsm_file_open"
 	lsmProgLsmFileSendSigiotask    = "lsm_file_send_sigiotask"
 	lsmProgLsmFileTruncate         = "lsm_file_truncate"
@@ -253,6 +259,7 @@ const (
 	lsmProgLsmKernelLoadData       = "lsm_kernel_load_data"
 	lsmProgLsmKernelReadFile       = "lsm_kernel_read_file"
 	lsmProgLsmKeyAlloc             = "lsm_key_alloc"
+	lsmProgLsmMmapFile             = "lsm_mmap_file"
 	lsmProgLsmMoveMount            = "lsm_move_mount"
 	lsmProgLsmPathChmod            = "lsm_path_chmod"
 	lsmProgLsmPathChown            = "lsm_path_chown"
@@ -333,7 +340,9 @@ type lsmSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type lsmProgramSpecs struct {
 	FmodBpf                 *ebpf.ProgramSpec `ebpf:"fmod_bpf"`
+	FmodBprmCheckSecurity   *ebpf.ProgramSpec `ebpf:"fmod_bprm_check_security"`
 	FmodCapable             *ebpf.ProgramSpec `ebpf:"fmod_capable"`
+	FmodFileMprotect        *ebpf.ProgramSpec `ebpf:"fmod_file_mprotect"`
 	FmodFileOpen            *ebpf.ProgramSpec `ebpf:"fmod_file_open"`
 	FmodFileSendSigiotask   *ebpf.ProgramSpec `ebpf:"fmod_file_send_sigiotask"`
 	FmodFileTruncate        *ebpf.ProgramSpec `ebpf:"fmod_file_truncate"`
@@ -343,6 +352,7 @@ type lsmProgramSpecs struct {
 	FmodKernelLoadData      *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile      *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
 	FmodKeyAlloc            *ebpf.ProgramSpec `ebpf:"fmod_key_alloc"`
+	FmodMmapFile            *ebpf.ProgramSpec `ebpf:"fmod_mmap_file"`
 	FmodMoveMount           *ebpf.ProgramSpec `ebpf:"fmod_move_mount"`
 	FmodPathChmod           *ebpf.ProgramSpec `ebpf:"fmod_path_chmod"`
 	FmodPathChown           *ebpf.ProgramSpec `ebpf:"fmod_path_chown"`
@@ -365,7 +375,9 @@ type lsmProgramSpecs struct {
 	FmodTaskKill            *ebpf.ProgramSpec `ebpf:"fmod_task_kill"`
 	FmodUsernsCreate        *ebpf.ProgramSpec `ebpf:"fmod_userns_create"`
 	LsmBpf                  *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
+	LsmBprmCheckSecurity    *ebpf.ProgramSpec `ebpf:"lsm_bprm_check_security"`
 	LsmCapable              *ebpf.ProgramSpec `ebpf:"lsm_capable"`
+	LsmFileMprotect         *ebpf.ProgramSpec `ebpf:"lsm_file_mprotect"`
 	LsmFileOpen             *ebpf.ProgramSpec `ebpf:"lsm_file_open"`
 	LsmFileSendSigiotask    *ebpf.ProgramSpec `ebpf:"lsm_file_send_sigiotask"`
 	LsmFileTruncate         *ebpf.ProgramSpec `ebpf:"lsm_file_truncate"`
@@ -375,6 +387,7 @@ type lsmProgramSpecs struct {
 	LsmKernelLoadData       *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile       *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
 	LsmKeyAlloc             *ebpf.ProgramSpec `ebpf:"lsm_key_alloc"`
+	LsmMmapFile             *ebpf.ProgramSpec `ebpf:"lsm_mmap_file"`
 	LsmMoveMount            *ebpf.ProgramSpec `ebpf:"lsm_move_mount"`
 	LsmPathChmod            *ebpf.ProgramSpec `ebpf:"lsm_path_chmod"`
 	LsmPathChown            *ebpf.ProgramSpec `ebpf:"lsm_path_chown"`
@@ -406,6 +419,7 @@ type lsmMapSpecs struct {
 	AlertEvents     *ebpf.MapSpec `ebpf:"alert_events"`
 	LsmCapRules     *ebpf.MapSpec `ebpf:"lsm_cap_rules"`
 	LsmDevRules     *ebpf.MapSpec `ebpf:"lsm_dev_rules"`
+	LsmExecRules    *ebpf.MapSpec `ebpf:"lsm_exec_rules"`
 	LsmFsRules      *ebpf.MapSpec `ebpf:"lsm_fs_rules"`
 	LsmInoRules     *ebpf.MapSpec `ebpf:"lsm_ino_rules"`
 	LsmKeyScratch   *ebpf.MapSpec `ebpf:"lsm_key_scratch"`
@@ -463,6 +477,7 @@ type lsmMaps struct {
 	AlertEvents     *ebpf.Map `ebpf:"alert_events"`
 	LsmCapRules     *ebpf.Map `ebpf:"lsm_cap_rules"`
 	LsmDevRules     *ebpf.Map `ebpf:"lsm_dev_rules"`
+	LsmExecRules    *ebpf.Map `ebpf:"lsm_exec_rules"`
 	LsmFsRules      *ebpf.Map `ebpf:"lsm_fs_rules"`
 	LsmInoRules     *ebpf.Map `ebpf:"lsm_ino_rules"`
 	LsmKeyScratch   *ebpf.Map `ebpf:"lsm_key_scratch"`
@@ -482,6 +497,7 @@ func (m *lsmMaps) Close() error {
 		m.AlertEvents,
 		m.LsmCapRules,
 		m.LsmDevRules,
+		m.LsmExecRules,
 		m.LsmFsRules,
 		m.LsmInoRules,
 		m.LsmKeyScratch,
@@ -521,7 +537,9 @@ type lsmVariables struct {
 // It can be passed to loadLsmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lsmPrograms struct {
 	FmodBpf                 *ebpf.Program `ebpf:"fmod_bpf"`
+	FmodBprmCheckSecurity   *ebpf.Program `ebpf:"fmod_bprm_check_security"`
 	FmodCapable             *ebpf.Program `ebpf:"fmod_capable"`
+	FmodFileMprotect        *ebpf.Program `ebpf:"fmod_file_mprotect"`
 	FmodFileOpen            *ebpf.Program `ebpf:"fmod_file_open"`
 	FmodFileSendSigiotask   *ebpf.Program `ebpf:"fmod_file_send_sigiotask"`
 	FmodFileTruncate        *ebpf.Program `ebpf:"fmod_file_truncate"`
@@ -531,6 +549,7 @@ type lsmPrograms struct {
 	FmodKernelLoadData      *ebpf.Program `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile      *ebpf.Program `ebpf:"fmod_kernel_read_file"`
 	FmodKeyAlloc            *ebpf.Program `ebpf:"fmod_key_alloc"`
+	FmodMmapFile            *ebpf.Program `ebpf:"fmod_mmap_file"`
 	FmodMoveMount           *ebpf.Program `ebpf:"fmod_move_mount"`
 	FmodPathChmod           *ebpf.Program `ebpf:"fmod_path_chmod"`
 	FmodPathChown           *ebpf.Program `ebpf:"fmod_path_chown"`
@@ -553,7 +572,9 @@ type lsmPrograms struct {
 	FmodTaskKill            *ebpf.Program `ebpf:"fmod_task_kill"`
 	FmodUsernsCreate        *ebpf.Program `ebpf:"fmod_userns_create"`
 	LsmBpf                  *ebpf.Program `ebpf:"lsm_bpf"`
+	LsmBprmCheckSecurity    *ebpf.Program `ebpf:"lsm_bprm_check_security"`
 	LsmCapable              *ebpf.Program `ebpf:"lsm_capable"`
+	LsmFileMprotect         *ebpf.Program `ebpf:"lsm_file_mprotect"`
 	LsmFileOpen             *ebpf.Program `ebpf:"lsm_file_open"`
 	LsmFileSendSigiotask    *ebpf.Program `ebpf:"lsm_file_send_sigiotask"`
 	LsmFileTruncate         *ebpf.Program `ebpf:"lsm_file_truncate"`
@@ -563,6 +584,7 @@ type lsmPrograms struct {
 	LsmKernelLoadData       *ebpf.Program `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile       *ebpf.Program `ebpf:"lsm_kernel_read_file"`
 	LsmKeyAlloc             *ebpf.Program `ebpf:"lsm_key_alloc"`
+	LsmMmapFile             *ebpf.Program `ebpf:"lsm_mmap_file"`
 	LsmMoveMount            *ebpf.Program `ebpf:"lsm_move_mount"`
 	LsmPathChmod            *ebpf.Program `ebpf:"lsm_path_chmod"`
 	LsmPathChown            *ebpf.Program `ebpf:"lsm_path_chown"`
@@ -589,7 +611,9 @@ type lsmPrograms struct {
 func (p *lsmPrograms) Close() error {
 	return _LsmClose(
 		p.FmodBpf,
+		p.FmodBprmCheckSecurity,
 		p.FmodCapable,
+		p.FmodFileMprotect,
 		p.FmodFileOpen,
 		p.FmodFileSendSigiotask,
 		p.FmodFileTruncate,
@@ -599,6 +623,7 @@ func (p *lsmPrograms) Close() error {
 		p.FmodKernelLoadData,
 		p.FmodKernelReadFile,
 		p.FmodKeyAlloc,
+		p.FmodMmapFile,
 		p.FmodMoveMount,
 		p.FmodPathChmod,
 		p.FmodPathChown,
@@ -621,7 +646,9 @@ func (p *lsmPrograms) Close() error {
 		p.FmodTaskKill,
 		p.FmodUsernsCreate,
 		p.LsmBpf,
+		p.LsmBprmCheckSecurity,
 		p.LsmCapable,
+		p.LsmFileMprotect,
 		p.LsmFileOpen,
 		p.LsmFileSendSigiotask,
 		p.LsmFileTruncate,
@@ -631,6 +658,7 @@ func (p *lsmPrograms) Close() error {
 		p.LsmKernelLoadData,
 		p.LsmKernelReadFile,
 		p.LsmKeyAlloc,
+		p.LsmMmapFile,
 		p.LsmMoveMount,
 		p.LsmPathChmod,
 		p.LsmPathChown,

@@ -73,7 +73,8 @@ const (
 type PathOp uint32
 
 var pathOpNames = [...]string{"", "truncate", "create", "mkdir", "unlink", "rmdir", "symlink",
-	"link_source", "link", "rename_from", "rename_to", "chmod", "chown", "setxattr", "removexattr"}
+	"link_source", "link", "rename_from", "rename_to", "chmod", "chown", "setxattr", "removexattr",
+	"exec", "mmap_exec"}
 
 func (p PathOp) String() string {
 	if int(p) < len(pathOpNames) && p != 0 {
@@ -162,6 +163,19 @@ type CapRule struct {
 	Decision
 }
 
+// ExecRule judges the files that supply code to a process, by the path
+// the kernel resolved: the executable, a script's interpreter (each
+// binary of an execve chain passes bprm_check_security), and files mapped
+// executable (mmap_file, file_mprotect with PROT_EXEC: `ld.so /tmp/x`, a
+// preloaded library). What a noexec mount means, per path.
+type ExecRule struct {
+	// Path is absolute, at most 251 bytes.
+	Path string
+	// Prefix matches every path starting with Path; false: exactly Path.
+	Prefix bool
+	Decision
+}
+
 // Rules are one sandbox's LSM rules. File tables are all consulted and the
 // strictest match wins; when none of the sandbox's file tables match, the
 // defaults (sandbox id 0) are consulted. Ops missing here fall back to the
@@ -172,6 +186,8 @@ type Rules struct {
 	FS      []FSRule
 	Devices []DeviceRule
 	Caps    []CapRule
+	// Exec rules: the longest matching prefix decides; none: allowed.
+	Exec []ExecRule
 }
 
 const pathKeyLen = len(lsmPathKey{}.Path)
@@ -343,6 +359,20 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 		}
 		inodes[ik] = e.rule
 	}
+	execs := map[lsmPathKey]lsmDecision{}
+	for _, r := range r.Exec {
+		if !strings.HasPrefix(r.Path, "/") || strings.IndexByte(r.Path, 0) >= 0 || len(r.Path)+1 > pathKeyLen {
+			return fmt.Errorf("exec rule %q: not an absolute path of at most %d bytes", r.Path, pathKeyLen-1)
+		}
+		if err := checkDecision(r.Decision); err != nil {
+			return fmt.Errorf("exec rule %q: %w", r.Path, err)
+		}
+		key := r.Path
+		if !r.Prefix {
+			key += "\x00"
+		}
+		execs[pathKey(sid, key)] = lsmDecision{Action: r.Action, RuleId: r.RuleID}
+	}
 	fs := map[lsmFsKey]lsmAccessRule{}
 	fsSet := map[lsmFsKey]Access{}
 	for _, f := range r.FS {
@@ -402,6 +432,9 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err := putAll(m["lsm_path_rules"], paths); err != nil {
 		return err
 	}
+	if err := putAll(m["lsm_exec_rules"], execs); err != nil {
+		return err
+	}
 	if err := putAll(m["lsm_ino_rules"], inodes); err != nil {
 		return err
 	}
@@ -423,6 +456,9 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 		return err
 	}
 	if err := prune(m["lsm_path_rules"], func(k lsmPathKey) bool { _, keep := paths[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
+	if err := prune(m["lsm_exec_rules"], func(k lsmPathKey) bool { _, keep := execs[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
 	if err := prune(m["lsm_ino_rules"], func(k lsmInoKey) bool { _, keep := inodes[k]; return k.SandboxId != sid || keep }); err != nil {
