@@ -204,6 +204,8 @@ type Ledger struct {
 	// appended but not yet in them, from record leavesBase on.
 	tiles      *tileStore
 	leaves     []tlog.Hash
+	uppers     []tileNode // tile-level subtree roots the chain computed, not yet in the files
+	onNode     func(level int, index int64, h tlog.Hash)
 	leavesBase uint64
 	ckptMu     sync.Mutex // serialises writes of DIR/checkpoint
 	ckptNotify chan struct{}
@@ -242,6 +244,7 @@ func Open(dir string, opts Options) (*Ledger, error) {
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), bgDone: make(chan struct{}),
 		work: make(chan string, 64), workDone: make(chan struct{}), ckptNotify: make(chan struct{}, 1),
 	}
+	l.onNode = l.captureNode
 	if err := l.open(); err != nil {
 		if l.seg != nil {
 			l.seg.Close()
@@ -782,7 +785,7 @@ func (l *Ledger) appendLocked(e *audit.Event, alert bool) uint64 {
 		}
 	}
 	seq := l.cur.next
-	l.cur.fr.add(h, nil)
+	l.cur.fr.add(h, l.onNode)
 	l.leaves = append(l.leaves, h)
 	l.cur.prev = h
 	l.cur.next++
@@ -905,7 +908,7 @@ func (l *Ledger) recoverLocked() {
 	}
 	l.stats.Bytes += uint64(n)
 	l.stats.Syncs++
-	l.cur.fr.add(h, nil)
+	l.cur.fr.add(h, l.onNode)
 	l.leaves = append(l.leaves, h)
 	l.cur.prev = h
 	l.cur.next++

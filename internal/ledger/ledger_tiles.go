@@ -116,6 +116,24 @@ func (l *Ledger) fillTiles(layout *dirLayout, from, to uint64) error {
 	return nil
 }
 
+// tileNode is the root of a perfect subtree of 256^level records.
+type tileNode struct {
+	level int // tile level (tree level / 8)
+	index uint64
+	hash  tlog.Hash
+}
+
+func (n tileNode) end() uint64 { return (n.index + 1) << (TileHeight * n.level) }
+
+// captureNode keeps the subtree roots the frontier computes anyway that
+// belong in the tree files above level 0 (every 8th tree level), so the
+// tiles cost no hashing of their own. Called with mu held.
+func (l *Ledger) captureNode(level int, index int64, h tlog.Hash) {
+	if level > 0 && level%TileHeight == 0 {
+		l.uppers = append(l.uppers, tileNode{level / TileHeight, uint64(index), h})
+	}
+}
+
 // flushTiles moves the hashes of acknowledged records into the tree hash
 // files. Called with syncMu held.
 func (l *Ledger) flushTiles() {
@@ -128,8 +146,16 @@ func (l *Ledger) flushTiles() {
 	batch := append([]tlog.Hash(nil), l.leaves[:k]...)
 	l.leaves = append(l.leaves[:0], l.leaves[k:]...)
 	l.leavesBase += k
+	var up []tileNode
+	for len(l.uppers) > 0 && l.uppers[0].end() <= l.durable.next {
+		up = append(up, l.uppers[0])
+		l.uppers = l.uppers[1:]
+	}
+	if len(l.uppers) == 0 {
+		l.uppers = nil // let the backing array go
+	}
 	l.mu.Unlock()
-	if err := l.tiles.add(batch); err != nil {
+	if err := l.tiles.addComputed(batch, up); err != nil {
 		l.mu.Lock()
 		l.lastErr = err
 		l.mu.Unlock()
@@ -144,6 +170,9 @@ func (l *Ledger) rollbackLeaves(n uint64) {
 	}
 	if k := n - l.leavesBase; k < uint64(len(l.leaves)) {
 		l.leaves = l.leaves[:k]
+	}
+	for len(l.uppers) > 0 && l.uppers[len(l.uppers)-1].end() > n {
+		l.uppers = l.uppers[:len(l.uppers)-1]
 	}
 }
 

@@ -149,7 +149,62 @@ func (t *tileStore) truncateLocked(n uint64) error {
 	return nil
 }
 
-// add appends record hashes, completing higher levels as tiles fill.
+// addComputed appends record hashes and the subtree roots above them that
+// the writer's frontier computed (in the order they completed), checking
+// that each lands where the files end. After a mismatch the store is off
+// (Open rebuilds it).
+func (t *tileStore) addComputed(leaves []tlog.Hash, up []tileNode) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.err != nil {
+		return t.err
+	}
+	err := t.appendLevel(0, leaves)
+	for i := 0; err == nil && i < len(up); i++ {
+		n := up[i]
+		if n.level < len(t.n) && t.n[n.level] != n.index || n.level > len(t.n) {
+			err = fmt.Errorf("tree hash files: subtree %d of level %d does not follow the %d stored", n.index, n.level, t.n[min(n.level, len(t.n)-1)])
+			break
+		}
+		err = t.appendLevel(n.level, []tlog.Hash{n.hash})
+	}
+	if err != nil {
+		t.err = err
+	}
+	return err
+}
+
+// appendLevel writes hashes at the end of one level's file (no cascade).
+func (t *tileStore) appendLevel(level int, hashes []tlog.Hash) error {
+	if len(hashes) == 0 {
+		return nil
+	}
+	if level >= maxTreeLevels {
+		return errors.New("ledger tree too large")
+	}
+	if level == len(t.f) {
+		path := filepath.Join(t.dir, treeName(level))
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", path, err)
+		}
+		t.f, t.n, t.cur = append(t.f, f), append(t.n, 0), append(t.cur, nil)
+	}
+	buf := make([]byte, 0, len(hashes)*tlog.HashSize)
+	for _, h := range hashes {
+		buf = append(buf, h[:]...)
+	}
+	if _, err := t.f[level].WriteAt(buf, int64(t.n[level])*tlog.HashSize); err != nil {
+		return fmt.Errorf("write %s: %w", t.f[level].Name(), err)
+	}
+	t.n[level] += uint64(len(hashes))
+	// The incomplete-tile state is only for add (rebuilding at Open).
+	t.cur[level] = nil
+	return nil
+}
+
+// add appends record hashes, completing higher levels as tiles fill. It
+// hashes the subtrees itself: for rebuilding from the segments at Open.
 func (t *tileStore) add(leaves []tlog.Hash) error {
 	if len(leaves) == 0 {
 		return nil
