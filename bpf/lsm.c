@@ -59,7 +59,9 @@ enum lsm_op {
 	LSM_OP_PERF_EVENT = 17,      /* perf_event_open(2) */
 	LSM_OP_USERNS = 18,          /* creating a user namespace (clone, unshare) */
 	LSM_OP_KEYRING = 19,         /* creating a key or keyring (add_key, keyctl) */
-	LSM_OP_MAX = 20,
+	LSM_OP_USERFAULTFD = 20,     /* userfaultfd(2), /dev/userfaultfd's ioctl */
+	LSM_OP_IO_URING = 21,        /* io_uring_setup(2), where the kernel gives the ring a secure anon inode */
+	LSM_OP_MAX = 22,
 };
 
 /* Which table decided a file_open. */
@@ -1210,3 +1212,26 @@ static __always_inline int decide_file_mprotect(__u32 mech, struct vm_area_struc
 }
 WATCHER_HOOK(file_mprotect, security_file_mprotect, decide_file_mprotect(mech, vma, prot, ret),
 	     struct vm_area_struct *vma, unsigned long reqprot, unsigned long prot, int ret)
+
+/* --- anonymous inodes: userfaultfd and io_uring ------------------------------ */
+
+/* The kernel names the anonymous inode it creates for a userfaultfd
+ * ("[userfaultfd]") and, on kernels that give io_uring a secure inode,
+ * for a ring ("[io_uring]"). */
+static __always_inline int decide_anon_inode(__u32 mech, const struct qstr *name, int ret)
+{
+	if (ret)
+		return ret;
+	char n[16] = {};
+	bpf_probe_read_kernel_str(n, sizeof(n), BPF_CORE_READ(name, name));
+	__u32 op;
+	if (n[0] == '[' && n[1] == 'u' && n[2] == 's' && n[3] == 'e' && n[4] == 'r' && n[5] == 'f' && n[11] == 'd' && n[12] == ']')
+		op = LSM_OP_USERFAULTFD;
+	else if (n[0] == '[' && n[1] == 'i' && n[2] == 'o' && n[3] == '_' && n[4] == 'u' && n[8] == 'g' && n[9] == ']')
+		op = LSM_OP_IO_URING;
+	else
+		return 0;
+	return judge_op(mech, op, EV_OPERATION, 0);
+}
+WATCHER_HOOK(inode_init_security_anon, security_inode_init_security_anon, decide_anon_inode(mech, name, ret),
+	     struct inode *inode, const struct qstr *name, const struct inode *context_inode, int ret)

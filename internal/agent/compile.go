@@ -523,6 +523,7 @@ var fixedOperations = []struct {
 	{"perf-event-open", "perf_event_open", "perf_event_open", lsm.OpPerfEvent},
 	{"keyrings", "key_alloc", "add_key, keyctl, request_key", lsm.OpKeyring},
 	{"user-namespaces", "userns_create", "unshare/clone of namespaces", lsm.OpUserNS},
+	{"userfaultfd", "inode_init_security_anon", "userfaultfd", lsm.OpUserfaultfd},
 }
 
 func (c *compiler) fixed(sb *policy.Sandbox, lr *lsm.Rules) {
@@ -610,6 +611,12 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	id := c.rules.ID("io-uring")
 	u := c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
 	l := layer{mech: MechKill, notes: []string{"backstop: io_uring_setup (no LSM hook)"}}
+	if blocking(a) && c.hook("inode_init_security_anon") {
+		// Kernels that give a ring a secure anonymous inode (6.1 does)
+		// refuse it before the fact; others leave it to the backstop.
+		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
+		l.notes = append(l.notes, "also refused at io_uring_setup by lsm inode_init_security_anon where the kernel gives rings a secure anonymous inode")
+	}
 	if blocking(a) {
 		l.notes = append(l.notes, "watcher exec: seccomp refuses io_uring_*")
 	} else {

@@ -877,3 +877,24 @@ func TestLayerTableNamesFmodRet(t *testing.T) {
 		}
 	}
 }
+
+// With every LSM hook loaded, exec rules are judged by bprm_check_security
+// and mmap_file: the backstop keeps no path rule (no per-exec tracepoint
+// work for them), and the layer table names the LSM for them.
+func TestExecRulesOnLSM(t *testing.T) {
+	for _, preset := range policy.PresetNames() {
+		p := parse(t, fmt.Sprintf(`version: 1
+sandboxes:
+  - {name: sb, select: {cgroups: [/x]}, preset: %s, workspace: [/srv/agent]}
+`, preset))
+		plan, _ := compile(t, p, Env{LSM: lsmEnv(t, nil)})
+		if len(plan.Backstop.Paths) > 0 {
+			t.Errorf("%s: backstop path rules with every LSM hook: %+v", preset, plan.Backstop.Paths)
+		}
+		for _, l := range plan.Layers {
+			if strings.Contains(l.Note, "sched_prepare_exec") {
+				t.Errorf("%s: %s: %s (%s), want the LSM exec hooks", preset, l.Rule, l.Mechanism, l.Note)
+			}
+		}
+	}
+}

@@ -147,6 +147,8 @@ mkdir -p /sys/fs/cgroup /sys/fs/bpf /sys/kernel/tracing
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 mount -t tracefs tracefs /sys/kernel/tracing
+# Loopback for suites that run a real agent (DNS proxy, control socket).
+ip link set lo up 2>/dev/null || true
 $(for e in "${envs[@]}"; do printf 'export %q\n' "$e"; done)
 for w in \$(cat /proc/cmdline); do
 	case \$w in watcher_mech=*) export WATCHER_EXPECT_MECH=\${w#watcher_mech=} ;; esac

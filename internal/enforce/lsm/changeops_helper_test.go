@@ -75,6 +75,21 @@ func doChangeOp(op opSpec) string {
 		return errnoResult(err)
 	case "userns":
 		return startChild(&syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER})
+	case "userfaultfd":
+		fd, _, e := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC, 0, 0)
+		if e != 0 {
+			return errnoResult(e)
+		}
+		unix.Close(int(fd))
+		return "OK"
+	case "io_uring_setup":
+		var p uringParams
+		fd, _, e := unix.Syscall(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&p)), 0)
+		if e != 0 {
+			return errnoResult(e)
+		}
+		unix.Close(int(fd))
+		return "OK"
 	case "add_key":
 		_, err := unix.AddKey("user", "watcher-test", []byte("x"), unix.KEY_SPEC_PROCESS_KEYRING)
 		return errnoResult(err)

@@ -62,7 +62,7 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 	agent := os.Getpid()
 	rid := func(op Op) uint32 { return 400 + uint32(op) }
 	ops := map[Op]Decision{}
-	for _, op := range []Op{OpCloneIntoCgroup, OpPerfEvent, OpUserNS, OpKeyring, OpAgentSignal} {
+	for _, op := range []Op{OpCloneIntoCgroup, OpPerfEvent, OpUserNS, OpKeyring, OpUserfaultfd, OpIOUring, OpAgentSignal} {
 		ops[op] = Decision{enforce.ActionBlock, rid(op)}
 	}
 	sb := newSandbox(t, eng, l, 0, Rules{
@@ -97,6 +97,7 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 		{opSpec{Name: "perf_event_open", Kind: "perf_event_open"}, audit.KindOperation, "", "perf_event_open"},
 		{opSpec{Name: "userns", Kind: "userns"}, audit.KindOperation, "", "userns_create"},
 		{opSpec{Name: "add_key", Kind: "add_key"}, audit.KindOperation, "", "key_alloc"},
+		{opSpec{Name: "userfaultfd", Kind: "userfaultfd"}, audit.KindOperation, "", "userfaultfd"},
 	}
 	if ct.xattr {
 		refused = append(refused,
@@ -124,6 +125,8 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 			opSpec{Name: "ws_removexattr", Kind: "removexattr", Path: p("ws/f")})
 	}
 	sigioAgent := opSpec{Name: "sigio_agent", Kind: "sigio", PID: agent}
+	// io_uring rings get a secure anonymous inode on some kernels only.
+	uring := opSpec{Name: "io_uring_setup", Kind: "io_uring_setup"}
 	// Signals to the agent by group: its process group, and kill(-1).
 	// SIGCONT, so a hole in the hook would not stop this test.
 	pgid, err := unix.Getpgid(agent)
@@ -144,7 +147,18 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 		return []*os.File{f}
 	}
 
-	res, pid := runOpsFiles(t, sb.root, append(append(specs, sigioAgent), groupKills...), inherited())
+	res, pid := runOpsFiles(t, sb.root, append(append(specs, sigioAgent, uring), groupKills...), inherited())
+	switch res[uring.Name] {
+	case "EPERM":
+		waitEvent(t, "io_uring_setup", func(ev audit.Event) bool {
+			return ev.Kind == audit.KindOperation && ev.Process.TGID == uint32(pid) && ev.Message == "io_uring_setup"
+		})
+		t.Logf("io_uring_setup refused by inode_init_security_anon on this kernel")
+	case "OK":
+		t.Logf("io_uring rings get no secure anonymous inode on this kernel: io_uring_setup is the backstop's")
+	default:
+		t.Errorf("sandbox: io_uring_setup: %s", res[uring.Name])
+	}
 	for _, c := range refused {
 		if got := res[c.op.Name]; got != "EPERM" {
 			t.Errorf("sandbox: %s: %s, want EPERM", c.op.Name, got)

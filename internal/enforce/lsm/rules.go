@@ -66,7 +66,12 @@ const (
 	OpUserNS Op = 18
 	// OpKeyring: creating a key or keyring (add_key, keyctl).
 	OpKeyring Op = 19
-	opMax     Op = 20
+	// OpUserfaultfd: creating a userfaultfd (the kernel's anon inode).
+	OpUserfaultfd Op = 20
+	// OpIOUring: creating an io_uring instance, on kernels whose rings get
+	// a secure anonymous inode (others: io_uring has no LSM hook).
+	OpIOUring Op = 21
+	opMax     Op = 22
 )
 
 // PathOp is what a file_op event changed (enum path_op in bpf/lsm.c).
@@ -90,7 +95,7 @@ var opNames = map[Op]string{
 	OpKernelLoadData: "kernel_load_data", OpBPF: "bpf", OpProcMem: "proc_mem",
 	OpAgentSignal: "agent_signal", OpAgentPtrace: "agent_ptrace",
 	OpCloneIntoCgroup: "clone_into_cgroup", OpPerfEvent: "perf_event_open", OpUserNS: "userns_create",
-	OpKeyring: "key_alloc",
+	OpKeyring: "key_alloc", OpUserfaultfd: "userfaultfd", OpIOUring: "io_uring_setup",
 }
 
 func (o Op) String() string {
