@@ -509,7 +509,17 @@ func (a *Agent) pump() {
 
 // emit runs an event through the pipeline (telemetry.go): every producer
 // (layers, the DNS proxy, the agent itself) calls it.
-func (a *Agent) emit(ev audit.Event) { a.pipe.Emit(&ev) }
+func (a *Agent) emit(ev audit.Event) {
+	// Sinks do not keep the pointer (pipeline.Sink), so the event the
+	// stages change in place is reused: no allocation per event.
+	p := eventPool.Get().(*audit.Event)
+	*p = ev
+	a.pipe.Emit(p)
+	*p = audit.Event{}
+	eventPool.Put(p)
+}
+
+var eventPool = sync.Pool{New: func() any { return new(audit.Event) }}
 
 func (a *Agent) emitErr(ev audit.Event) error { a.emit(ev); return nil }
 

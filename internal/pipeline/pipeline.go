@@ -122,18 +122,19 @@ func (p *Pipeline) Emit(ev *audit.Event) {
 	if p.closed.Load() {
 		return
 	}
-	var more []audit.Event
-	p.run(ev, &more)
+	more := p.run(ev, nil)
 	for i := 0; i < len(more) && i < maxFollowUps; i++ {
-		p.run(&more[i], &more)
+		more = p.run(&more[i], more)
 	}
 }
 
-func (p *Pipeline) run(ev *audit.Event, more *[]audit.Event) {
+// run passes ev through the stages and sinks and returns more with the
+// events of decisions and sink removals appended.
+func (p *Pipeline) run(ev *audit.Event, more []audit.Event) []audit.Event {
 	for i := range p.stages {
 		if !p.stages[i].Run(ev) {
 			p.dropped[i].Add(1)
-			return
+			return more
 		}
 	}
 	p.emitted.Add(1)
@@ -155,13 +156,14 @@ func (p *Pipeline) run(ev *audit.Event, more *[]audit.Event) {
 	}
 	p.mu.RUnlock()
 	for i, e := range failed {
-		*more = append(*more, p.remove(e, errs[i])...)
+		more = append(more, p.remove(e, errs[i])...)
 	}
 	if p.Decide != nil {
 		for _, d := range decisions {
-			*more = append(*more, p.Decide(d)...)
+			more = append(more, p.Decide(d)...)
 		}
 	}
+	return more
 }
 
 // remove drops a sink and returns the loss event saying so (none when
