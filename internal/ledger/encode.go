@@ -328,6 +328,7 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 		b = uintField(b, "mode", uint64(f.Mode), true)
 		b = uintField(b, "dev", uint64(f.Dev), true)
 		b = boolField(b, "write", f.Write, true)
+		b = strField(b, "op", f.Op, true)
 		b = closeObject(b, n)
 	}
 	if t := e.Target; t != nil {
