@@ -214,6 +214,10 @@ func fileAllow(r *Refusal, rules []policy.FileRule, def policy.Action, path stri
 	if r.Rule == "" {
 		r.Rule = d.RuleName()
 	}
+	if d.RuleName() == "agent-files" {
+		r.Allow = append(r.Allow, "operations: {agent_files: allow}   # the agent's own ledger, sockets and pins: not advised")
+		return
+	}
 	line := fmt.Sprintf("files: [{name: allow-%s, path: %s, match: exact, access: %s, action: allow}]", ruleSlug(path), path, access)
 	if section == "exec" {
 		line = fmt.Sprintf("exec: {rules: [{name: allow-%s, path: %s, match: exact, action: allow}]}", ruleSlug(path), path)
