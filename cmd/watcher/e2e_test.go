@@ -31,7 +31,14 @@ import (
 
 func TestMain(m *testing.M) {
 	launch.Init()
-	os.Exit(m.Run())
+	code := m.Run()
+	// The helper binaries built once for all tests.
+	for _, bin := range []string{binPath, floodPath} {
+		if bin != "" {
+			os.RemoveAll(filepath.Dir(bin))
+		}
+	}
+	os.Exit(code)
 }
 
 var (
