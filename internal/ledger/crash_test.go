@@ -186,7 +186,7 @@ func TestCrashRecovery(t *testing.T) {
 				t.Fatalf("run %d: tail was torn but %d recovery records were added", run, after-before)
 			}
 		} else if after != before {
-			t.Fatalf("run %d: clean tail but a recovery record was added", run)
+			t.Fatalf("run %d: clean tail but the recovery records went from %d to %d", run, before, after)
 		}
 		rep := requireClean(t, dir)
 		// No acknowledged record is missing, for this run or any before.
@@ -217,6 +217,17 @@ func TestCrashRecovery(t *testing.T) {
 func scanCrashLedger(t *testing.T, dir string) (recoveries int, events map[int][]int) {
 	events = map[int][]int{}
 	for _, seg := range segFiles(t, dir) {
+		// A writer killed while rotating can leave a temporary file, or a
+		// compressed copy beside its plain original (Open removes it):
+		// count each segment once, from the original.
+		if strings.HasSuffix(seg, tmpSuffix) {
+			continue
+		}
+		if plain, ok := strings.CutSuffix(seg, zstSuffix); ok {
+			if _, err := os.Stat(plain); err == nil {
+				continue
+			}
+		}
 		r, _, closeFn, err := openSegment(seg, strings.HasSuffix(seg, zstSuffix))
 		if err != nil {
 			t.Fatal(err)
