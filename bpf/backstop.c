@@ -58,6 +58,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NR_clone3 435
 #define NR_openat2 437
 #define NR_pidfd_getfd 438
+#define NR_mmap 9
 
 /* Argument-checked categories (index of bs_categories). */
 enum bs_category {
@@ -70,7 +71,11 @@ enum bs_category {
 	CAT_SIGNAL_AGENT = 6,  /* kill-family syscall aimed at the agent */
 	CAT_CGROUP_ESCAPE = 7, /* a sandbox task moved to a cgroup outside it */
 	CAT_PATH = 8,          /* path or inode rule (events only) */
-	CAT_MAX = 9,
+	CAT_COMPAT = 9,        /* any 32-bit (int 0x80, x32) syscall */
+	CAT_MODIFY = 10,       /* an inode changed outside writable places */
+	CAT_EXEC_FILELESS = 11, /* exec of a file with no name (memfd, deleted) */
+	CAT_MMAP_EXEC = 12,    /* mmap PROT_EXEC of a file: judged by exec rules */
+	CAT_MAX = 13,
 };
 
 /* Operations a path rule applies to. */
@@ -183,6 +188,57 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } bs_syscall_rules SEC(".maps");
 
+/* The same per i386 number (int 0x80), for when CAT_COMPAT allows 32-bit
+ * syscalls at all. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SYSCALLS);
+	__type(key, __u32);
+	__type(value, struct syscall_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bs_syscall_rules32 SEC(".maps");
+
+/* Directories (and exact files) deciding changes of inodes below them, by
+ * inode, so every name of a file (hard links, renames, files created after
+ * the rules were written) is judged the same. The deepest entry above a
+ * changed inode decides; none: the sandbox's entry with ino 0 (its write
+ * default, the rule on "/"). */
+#define DIR_WRITABLE 1  /* changes allowed below */
+#define DIR_PROTECTED 2 /* reads refused below: links and renames too */
+struct dir_key {
+	__u64 ino;
+	__u32 dev;
+	__u32 sandbox_id;
+};
+
+struct dir_rule {
+	__u32 kind; /* DIR_* (0 for the default entry) */
+	__u32 action;
+	__u32 rule_id;
+	__u32 pad;
+};
+
+const struct dir_key *unused_dir_key __attribute__((unused));
+const struct dir_rule *unused_dir_rule __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct dir_key);
+	__type(value, struct dir_rule);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bs_dirs SEC(".maps");
+
+/* Signals sandboxed processes sent to the agent, per signal number: the
+ * agent ignores a SIGTERM/SIGINT/SIGHUP whose count moved. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bs_agent_signals SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, CAT_MAX);
@@ -234,7 +290,24 @@ struct {
 	__type(value, struct task_sandbox);
 } bs_tasks SEC(".maps");
 
+/* The script an exec went through (its shebang named an interpreter): the
+ * interpreter's open of that name is judged as the exec of the file it
+ * opens, the file that supplies the code. */
+struct script_pending {
+	char name[PW_HALF];
+	__u32 set;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct script_pending);
+} bs_scripts SEC(".maps");
+
 struct scratch {
+	char upath[PW_HALF];
 	struct pathwalk pw;
 	struct path_key key;
 	struct syscall_event ev;
@@ -455,15 +528,126 @@ static __always_inline void emit_syscall(struct syscall_event *e)
 	}
 }
 
+static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __u64 root,
+				       struct sandbox *sb);
+
+#define PROT_EXEC_ 0x4
+#define MAP_ANONYMOUS_ 0x20
+
+/* mmap_exec: code mapped from a file (the dynamic loader's `ld.so /tmp/x`,
+ * a hand-written loader) is judged by the exec rules like an exec of the
+ * file, before the mapping exists. prot, flags and fd are registers; the
+ * file is the descriptor's (kernel state). */
+static __always_inline void mmap_exec(struct pt_regs *regs)
+{
+	__u64 prot = BPF_CORE_READ(regs, dx), flags = BPF_CORE_READ(regs, r10);
+	if (!(prot & PROT_EXEC_) || (flags & MAP_ANONYMOUS_))
+		return;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return;
+	struct file *file = pw_fd_file((long)BPF_CORE_READ(regs, r8));
+	if (file)
+		judge_file(file, OP_EXEC, NR_mmap, root, sb);
+}
+
+#define TS_COMPAT 0x0002            /* arch/x86: a 32-bit syscall is running */
+#define X32_SYSCALL_BIT 0x40000000
+#define COMPAT_NR_BASE 0x10000      /* event nr of i386 syscall n: BASE + n */
+#define NR32_mount 21
+
+static __always_inline bool in_compat_syscall(long id)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	return (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT) || (id & X32_SYSCALL_BIT);
+}
+
+/* compat_enter judges a 32-bit syscall: refused outright (CAT_COMPAT), or
+ * by its i386 number. Sent at once (no return value): the pending slot and
+ * sys_exit speak the x86_64 table. */
+static __always_inline int compat_enter(struct pt_regs *regs, long id)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 action = 0, rule_id = 0, cat = CAT_COMPAT;
+	struct category_rule *c = category(CAT_COMPAT);
+	if (c && c->action) {
+		action = c->action;
+		rule_id = c->rule_id;
+	} else if ((unsigned long)id < MAX_SYSCALLS) {
+		__u32 nr = id;
+		struct syscall_rule *r = bpf_map_lookup_elem(&bs_syscall_rules32, &nr);
+		if (!r || !r->action)
+			return 0;
+		action = r->action;
+		rule_id = r->rule_id;
+		cat = CAT_NONE;
+	}
+	if (action == ACTION_ALLOW)
+		return 0;
+	__u32 verdict = backstop_verdict(sb, action);
+	if (verdict == VERDICT_KILLED)
+		bpf_send_signal(SIGKILL);
+	if (id == NR32_mount) {
+		/* The mount happens before the kill lands: recorded as a mount,
+		 * with its strings and return value, so the agent undoes it. */
+		struct scratch *s = get_scratch();
+		struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+		struct syscall_event *pe = bpf_task_storage_get(&bs_pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (s && pe) {
+			__builtin_memset(pe, 0, sizeof(*pe));
+			fill_hdr(&pe->hdr, EV_KILL_SYSCALL, verdict, rule_id, root, sb);
+			pe->nr = 165; /* x86_64 mount: the agent's undo reads it */
+			pe->ret = RET_UNKNOWN;
+			pe->args[0] = (__u32)BPF_CORE_READ(regs, bx);
+			pe->args[1] = (__u32)BPF_CORE_READ(regs, cx);
+			pe->args[2] = (__u32)BPF_CORE_READ(regs, dx);
+			pe->args[3] = (__u32)BPF_CORE_READ(regs, si);
+			pe->args[4] = (__u32)BPF_CORE_READ(regs, di);
+			pe->category = cat;
+			pe->mnt_ns = current_mnt_ns();
+			fill_strings(s, pe, 165, pe->args);
+			return 0;
+		}
+	}
+	struct syscall_event *e = reserve_event(SYSCALL_EVENT_COMPACT, true);
+	if (!e)
+		return 0;
+	__builtin_memset(e, 0, SYSCALL_EVENT_COMPACT);
+	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, rule_id, root, sb);
+	e->nr = COMPAT_NR_BASE + (id & 0xffff);
+	e->ret = RET_UNKNOWN;
+	/* i386 arguments: ebx, ecx, edx, esi, edi, ebp. */
+	e->args[0] = (__u32)BPF_CORE_READ(regs, bx);
+	e->args[1] = (__u32)BPF_CORE_READ(regs, cx);
+	e->args[2] = (__u32)BPF_CORE_READ(regs, dx);
+	e->args[3] = (__u32)BPF_CORE_READ(regs, si);
+	e->args[4] = (__u32)BPF_CORE_READ(regs, di);
+	e->args[5] = (__u32)BPF_CORE_READ(regs, bp);
+	e->category = cat;
+	e->mnt_ns = current_mnt_ns();
+	submit_event(e, true);
+	return 0;
+}
+
 SEC("tp_btf/sys_enter")
 int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 {
+	if (in_compat_syscall(id))
+		return compat_enter(regs, id);
 	if ((unsigned long)id >= MAX_SYSCALLS)
 		return 0;
 	__u32 nr = id;
 	struct syscall_rule *r = bpf_map_lookup_elem(&bs_syscall_rules, &nr);
 	if (!r || (!r->action && !r->category))
 		return 0;
+	if (r->category == CAT_MMAP_EXEC) {
+		mmap_exec(regs);
+		return 0;
+	}
 
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
@@ -515,6 +699,79 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 	if (!stashed)
 		emit_syscall(e); /* cannot stash: send now, without the return value */
 	return 0;
+}
+
+#define O_CREAT_ 0100
+#define O_TRUNC_ 01000
+#define FMODE_CREATED_ (1 << 20)
+
+/* open_changed reports whether an open created or truncated its file. The
+ * flags of open/openat are registers saved at entry (kernel state); those
+ * of openat2 live in user memory, so FMODE_CREATED (set by the kernel) is
+ * checked too and a truncation raced past the re-read is left to the
+ * inode-change hooks below. */
+static __always_inline bool open_changed(long nr, struct pt_regs *regs, unsigned int fmode)
+{
+	__u64 flags = 0;
+	if (fmode & FMODE_CREATED_)
+		return true;
+	switch (nr) {
+	case NR_open:
+		flags = BPF_CORE_READ(regs, si);
+		break;
+	case NR_openat:
+		flags = BPF_CORE_READ(regs, dx);
+		break;
+	case NR_creat:
+		return true;
+	case NR_openat2: {
+		struct open_how *how = (struct open_how *)BPF_CORE_READ(regs, dx);
+		bpf_probe_read_user(&flags, sizeof(flags), &how->flags);
+		break;
+	}
+	}
+	return flags & (O_CREAT_ | O_TRUNC_);
+}
+
+struct cmp_ctx {
+	const char *a, *b;
+	__u32 differ;
+};
+
+static long cmp_step(__u64 i, void *arg)
+{
+	struct cmp_ctx *c = arg;
+	char x = 0, y = 0;
+	bpf_probe_read_kernel(&x, 1, c->a + (i & (PW_HALF - 1)));
+	bpf_probe_read_kernel(&y, 1, c->b + (i & (PW_HALF - 1)));
+	if (x != y) {
+		c->differ = 1;
+		return 1;
+	}
+	return x == 0;
+}
+
+/* script_open judges the interpreter's open of its script (the name the
+ * exec went through) as an exec of the file opened. */
+static __always_inline void script_open(struct file *file, long nr, struct pt_regs *regs, __u64 root,
+					struct sandbox *sb)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct script_pending *sp = bpf_task_storage_get(&bs_scripts, task, 0, 0);
+	if (!sp || !sp->set)
+		return;
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	const char *upath = (const char *)(nr == NR_open ? BPF_CORE_READ(regs, di) : BPF_CORE_READ(regs, si));
+	if (bpf_probe_read_user_str(s->upath, sizeof(s->upath), upath) <= 0)
+		return;
+	struct cmp_ctx c = { .a = s->upath, .b = sp->name };
+	bpf_loop(PW_HALF, cmp_step, &c, 0);
+	if (c.differ)
+		return;
+	sp->set = 0;
+	judge_file(file, OP_EXEC, NR_execve, root, sb);
 }
 
 static __always_inline bool is_open_nr(long nr)
@@ -580,7 +837,11 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 	unsigned long magic = BPF_CORE_READ(inode, i_sb, s_magic);
 	__u32 cat = CAT_NONE, action = 0, rule_id = 0, target = 0;
 
-	if ((magic == CGROUP2_SUPER_MAGIC || magic == CGROUP_SUPER_MAGIC) && (ops & OP_WRITE)) {
+	if ((ops & OP_EXEC) && !BPF_CORE_READ(inode, __i_nlink)) {
+		/* No path a rule could name: memfd_create + execveat, or a file
+		 * deleted after being opened. */
+		cat = CAT_EXEC_FILELESS;
+	} else if ((magic == CGROUP2_SUPER_MAGIC || magic == CGROUP_SUPER_MAGIC) && (ops & OP_WRITE)) {
 		cat = CAT_CGROUP_WRITE;
 	} else if (magic == PROC_SUPER_MAGIC && (ops & (OP_READ | OP_WRITE))) {
 		target = proc_mem_target(file, inode);
@@ -635,11 +896,40 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 	submit_event(e, true);
 }
 
+/* complete_pending sends the event sys_enter left for this syscall, with
+ * its return value. */
+static __always_inline void complete_pending(long nr, long ret)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct syscall_event *pending = bpf_task_storage_get(&bs_pending, task, 0, 0);
+	if (!pending || pending->hdr.kind != EV_KILL_SYSCALL || pending->nr != nr)
+		return;
+	pending->ret = ret;
+	emit_syscall(pending);
+	pending->hdr.kind = 0; /* sent (or its loss counted): never twice */
+}
+
 SEC("tp_btf/sys_exit")
 int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 {
 	long nr = BPF_CORE_READ(regs, orig_ax);
+	if (in_compat_syscall(nr)) {
+		/* Judged (refused outright or by number) at sys_enter; only an
+		 * i386 mount waits for its return value (see compat_enter). */
+		if (nr != NR32_mount)
+			return 0;
+		struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+		struct syscall_event *pending = bpf_task_storage_get(&bs_pending, task, 0, 0);
+		if (!pending || pending->hdr.kind != EV_KILL_SYSCALL || pending->nr != 165)
+			return 0;
+		pending->ret = ret;
+		emit_syscall(pending);
+		pending->hdr.kind = 0;
+		return 0;
+	}
 	if (is_open_nr(nr)) {
+		if (nr == NR_open_by_handle_at)
+			complete_pending(nr, ret); /* also a syscall rule of its own */
 		if (ret < 0)
 			return 0;
 		__u64 root = 0;
@@ -653,7 +943,12 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 		if (fmode & FMODE_PATH)
 			return 0; /* O_PATH: no access; a reopen is judged itself */
 		__u32 ops = ((fmode & FMODE_READ) ? OP_READ : 0) | ((fmode & FMODE_WRITE) ? OP_WRITE : 0);
+		/* O_TRUNC and O_CREAT change the file whatever the access mode
+		 * (the kernel clears them from f_flags): a write. */
+		if (open_changed(nr, regs, fmode))
+			ops |= OP_WRITE;
 		judge_file(file, ops, nr, root, sb);
+		script_open(file, nr, regs, root, sb);
 		return 0;
 	}
 	if ((unsigned long)nr >= MAX_SYSCALLS)
@@ -685,6 +980,17 @@ int BPF_PROG(backstop_prepare_exec, struct task_struct *task, struct linux_binpr
 	if (!file)
 		return 0;
 	judge_file(file, OP_EXEC, NR_execve, root, sb);
+	/* A script: the kernel runs its interpreter (bprm->interp changed),
+	 * which opens the script by the name the exec went through. */
+	const char *fname = BPF_CORE_READ(bprm, filename);
+	const char *interp = BPF_CORE_READ(bprm, interp);
+	struct script_pending *sp = bpf_task_storage_get(&bs_scripts, task, 0,
+							 fname != interp ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (!sp)
+		return 0;
+	sp->set = 0;
+	if (fname != interp && bpf_probe_read_kernel_str(sp->name, sizeof(sp->name), fname) > 0)
+		sp->set = 1;
 	return 0;
 }
 
@@ -746,6 +1052,76 @@ static __always_inline __u64 cgroup_sandbox(struct cgroup *cg, struct sandbox **
 	return 0;
 }
 
+/* kill_task kills another task's process (bpf_send_signal_task, Linux >=
+ * 6.13); false where this kernel lacks it. */
+static __always_inline bool kill_task(struct task_struct *t)
+{
+	if (!bpf_ksym_exists(bpf_send_signal_task))
+		return false;
+	bpf_send_signal_task(t, SIGKILL, PIDTYPE_TGID, 0);
+	return true;
+}
+
+/* fork_judged applies the fork-time checks on the new task, from kernel
+ * state (the clone arguments in user memory may have changed since any
+ * check at sys_enter): a child of a sandboxed parent that starts outside
+ * the sandbox (clone3 CLONE_INTO_CGROUP), or a new process sharing the
+ * parent's file table. Both are killed before they run, the parent too. */
+static __always_inline void fork_judged(struct task_struct *parent, struct task_struct *child,
+					 __u64 child_sb)
+{
+	__u64 root = 0;
+	struct sandbox *psb = current_sandbox(&root);
+	if (!psb)
+		return;
+	__u32 cat = CAT_NONE;
+	if (child_sb != root)
+		cat = CAT_CGROUP_ESCAPE;
+	else if (BPF_CORE_READ(child, files) == BPF_CORE_READ(parent, files) &&
+		 BPF_CORE_READ(child, tgid) != BPF_CORE_READ(parent, tgid))
+		cat = CAT_CLONE_FILES;
+	if (!cat)
+		return;
+	struct category_rule *c = category(cat);
+	__u32 action = c ? c->action : 0;
+	if (cat == CAT_CGROUP_ESCAPE && !action)
+		action = ACTION_RECORD; /* leaving the sandbox is always an alert */
+	if (!action)
+		return;
+	__u32 verdict = backstop_verdict(psb, action);
+	if (verdict == VERDICT_KILLED) {
+		if (!kill_task(child) && cat == CAT_CGROUP_ESCAPE)
+			verdict = VERDICT_RECORDED;
+		bpf_send_signal(SIGKILL);
+	}
+	if (cat == CAT_CGROUP_ESCAPE) {
+		struct cgroup_event *e = reserve_event(sizeof(*e), true);
+		if (!e)
+			return;
+		fill_hdr(&e->hdr, EV_KILL_CGROUP, verdict, c ? c->rule_id : 0, root, psb);
+		struct cgroup *cg = BPF_CORE_READ(child, cgroups, dfl_cgrp);
+		e->dst_cgroup = BPF_CORE_READ(cg, kn, id);
+		e->from_sandbox = root;
+		e->moved_pid = BPF_CORE_READ(child, tgid);
+		e->mover_pid = bpf_get_current_pid_tgid() >> 32;
+		BPF_CORE_READ_STR_INTO(&e->moved_comm, child, comm);
+		__builtin_memcpy(e->dst_path, "(created there: clone3 CLONE_INTO_CGROUP)", 42);
+		submit_event(e, true);
+		return;
+	}
+	struct syscall_event *e = reserve_event(SYSCALL_EVENT_COMPACT, true);
+	if (!e)
+		return;
+	__builtin_memset(e, 0, SYSCALL_EVENT_COMPACT);
+	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, c->rule_id, root, psb);
+	e->nr = NR_clone3;
+	e->ret = BPF_CORE_READ(child, tgid);
+	e->category = cat;
+	e->target_pid = BPF_CORE_READ(child, tgid);
+	e->mnt_ns = current_mnt_ns();
+	submit_event(e, true);
+}
+
 /* A child inherits its parent's sandbox; with CLONE_INTO_CGROUP it may start
  * elsewhere, so the child's own cgroup decides. */
 SEC("tp_btf/sched_process_fork")
@@ -754,6 +1130,7 @@ int BPF_PROG(backstop_fork, struct task_struct *parent, struct task_struct *chil
 	struct cgroup *cg = BPF_CORE_READ(child, cgroups, dfl_cgrp);
 	struct sandbox *sb = NULL;
 	__u64 sbcg = cgroup_sandbox(cg, &sb);
+	fork_judged(parent, child, sbcg);
 	if (!sbcg || !sb)
 		return 0;
 	struct task_sandbox *ts = bpf_task_storage_get(&bs_tasks, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -818,6 +1195,214 @@ int BPF_PROG(backstop_cgroup_attach, struct cgroup *dst, const char *path, struc
 		bpf_probe_read_kernel_str(e->dst_path, sizeof(e->dst_path), path);
 	else
 		e->dst_path[0] = 0;
+	submit_event(e, true);
+	return 0;
+}
+
+/* --- Changes of inodes outside writable places ----------------------------
+ *
+ * truncate, chmod, chown, setxattr, utimensat, link, unlink, rename,
+ * symlink, mknod, mkdir and O_TRUNC all set the changed inode's ctime (the
+ * directory's for entries added or removed), whatever the syscall, entry
+ * point or name used. Judged on the inode: the deepest bs_dirs entry among
+ * its dentry's ancestors decides, by inode number, so every name of a file
+ * is judged alike. Stopped after the fact: the change is made when the
+ * process dies.
+ */
+
+#define PIPEFS_MAGIC 0x50495045
+#define SOCKFS_MAGIC 0x534F434B
+#define SYSFS_MAGIC 0x62656572
+#define DEVPTS_SUPER_MAGIC 0x1cd1
+#define BPF_FS_MAGIC 0xcafe4a11
+#define TRACEFS_MAGIC 0x74726163
+#define DEBUGFS_MAGIC 0x64626720
+#define NSFS_MAGIC 0x6e736673
+#define SECURITYFS_MAGIC 0x73636673
+
+#define S_IFMT_ 00170000
+#define S_IFREG_ 0100000
+#define S_IFDIR_ 0040000
+#define S_IFLNK_ 0120000
+
+struct dir_walk {
+	struct dentry *d;
+	__u32 dev;
+	__u32 sandbox_id;
+	struct dir_rule found;
+	__u32 hit;
+};
+
+static long dir_walk_step(__u64 i, void *arg)
+{
+	struct dir_walk *w = arg;
+	struct dentry *d = w->d;
+	if (!d)
+		return 1;
+	struct dir_key k = {
+		.ino = BPF_CORE_READ(d, d_inode, i_ino),
+		.dev = w->dev,
+		.sandbox_id = w->sandbox_id,
+	};
+	struct dir_rule *r = bpf_map_lookup_elem(&bs_dirs, &k);
+	if (!r) {
+		k.sandbox_id = 0; /* rules of every sandbox */
+		r = bpf_map_lookup_elem(&bs_dirs, &k);
+	}
+	if (r) {
+		w->found = *r;
+		w->hit = 1;
+		return 1;
+	}
+	struct dentry *parent = BPF_CORE_READ(d, d_parent);
+	if (parent == d)
+		return 1;
+	w->d = parent;
+	return 0;
+}
+
+static __always_inline void inode_changed(struct inode *inode)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return;
+	__u32 mode = BPF_CORE_READ(inode, i_mode) & S_IFMT_;
+	if (mode != S_IFREG_ && mode != S_IFDIR_ && mode != S_IFLNK_)
+		return;
+	if (!BPF_CORE_READ(inode, __i_nlink))
+		return; /* unlinked (memfd, O_TMPFILE, deleted): the directory's change decides */
+	struct super_block *isb = BPF_CORE_READ(inode, i_sb);
+	switch (BPF_CORE_READ(isb, s_magic)) {
+	case PROC_SUPER_MAGIC: case SYSFS_MAGIC: case CGROUP_SUPER_MAGIC: case CGROUP2_SUPER_MAGIC:
+	case PIPEFS_MAGIC: case SOCKFS_MAGIC: case ANON_INODE_FS_MAGIC: case PIDFS_MAGIC:
+	case DEVPTS_SUPER_MAGIC: case BPF_FS_MAGIC: case TRACEFS_MAGIC: case DEBUGFS_MAGIC:
+	case NSFS_MAGIC: case SECURITYFS_MAGIC:
+		return;
+	}
+	struct dir_walk w = { .dev = BPF_CORE_READ(isb, s_dev), .sandbox_id = sb->id };
+	struct hlist_node *first = BPF_CORE_READ(inode, i_dentry.first);
+	if (!first)
+		return;
+	w.d = (struct dentry *)((void *)first - bpf_core_field_offset(struct dentry, d_u.d_alias));
+	struct dentry *start = w.d;
+	bpf_loop(PW_MAX_STEPS, dir_walk_step, &w, 0);
+	if (!w.hit) {
+		/* The sandbox's write default. */
+		struct dir_key dk = { .sandbox_id = sb->id };
+		struct dir_rule *r = bpf_map_lookup_elem(&bs_dirs, &dk);
+		if (!r)
+			return;
+		w.found = *r;
+	}
+	if (w.found.kind == DIR_WRITABLE || !w.found.action)
+		return;
+	__u32 verdict = backstop_verdict(sb, w.found.action);
+	if (verdict == VERDICT_ALLOWED)
+		return;
+	if (verdict == VERDICT_KILLED)
+		bpf_send_signal(SIGKILL);
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct path fp = { .dentry = start, .mnt = NULL };
+	struct path troot = BPF_CORE_READ(task, fs, root);
+	pw_resolve(&s->pw, &fp, &troot);
+	struct file_event *e = reserve_event(sizeof(*e), true);
+	if (!e)
+		return;
+	fill_hdr(&e->hdr, EV_KILL_FILE, verdict, w.found.rule_id, root, sb);
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	e->nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
+	if (in_compat_syscall(e->nr))
+		e->nr += COMPAT_NR_BASE;
+	e->ino = BPF_CORE_READ(inode, i_ino);
+	e->dev = w.dev;
+	e->i_mode = BPF_CORE_READ(inode, i_mode);
+	e->f_flags = 0;
+	e->f_mode = 0;
+	e->category = CAT_MODIFY;
+	e->path_flags = s->pw.flags;
+	e->target_pid = 0;
+	e->pad = 0;
+	bpf_probe_read_kernel_str(e->path, sizeof(e->path), s->pw.buf);
+	submit_event(e, true);
+}
+
+/* Filesystems without multigrain timestamps set ctime here... */
+SEC("tp_btf/inode_set_ctime_to_ts")
+int BPF_PROG(backstop_ctime_set, struct inode *inode, struct timespec64 *ctime)
+{
+	inode_changed(inode);
+	return 0;
+}
+
+/* ...multigrain ones (ext4, xfs, btrfs, tmpfs on Linux >= 6.13) swap it
+ * here, or skip the swap when the coarse clock has not moved. */
+SEC("tp_btf/ctime_ns_xchg")
+int BPF_PROG(backstop_ctime_xchg, struct inode *inode, __u32 old, __u32 new, __u32 cur)
+{
+	inode_changed(inode);
+	return 0;
+}
+
+SEC("tp_btf/ctime_xchg_skip")
+int BPF_PROG(backstop_ctime_skip, struct inode *inode, struct timespec64 *ctime)
+{
+	inode_changed(inode);
+	return 0;
+}
+
+/* --- Signals to the agent, by any route ------------------------------------
+ *
+ * signal_generate sees every signal the kernel queues, whatever sent it:
+ * kill, tgkill, pidfd_send_signal, process groups, kill(-1), SIGIO/SIGURG
+ * of a file owner, the SIGSTOP of a ptrace attach. A tracepoint cannot
+ * refuse it: the sender is killed, a stop is undone with SIGCONT, and the
+ * count per signal lets the agent ignore a termination request it did not
+ * get from its operator.
+ */
+SEC("tp_btf/signal_generate")
+int BPF_PROG(backstop_signal, int sig, struct kernel_siginfo *info, struct task_struct *task,
+	     int group, int result)
+{
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	if (!is_agent(tgid) || sig <= 0 || sig > 64)
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 signo = sig;
+	__u64 *cnt = bpf_map_lookup_elem(&bs_agent_signals, &signo);
+	if (cnt)
+		__sync_fetch_and_add(cnt, 1);
+	struct category_rule *c = category(CAT_SIGNAL_AGENT);
+	__u32 action = c && c->action ? c->action : ACTION_RECORD;
+	__u32 verdict = backstop_verdict(sb, action);
+	bool stop = sig == 19 || sig == 20 || sig == 21 || sig == 22;
+	/* Both sends go through one per-CPU irq_work here (interrupts are off
+	 * under the siglock): for a stop signal, undoing the stop comes first;
+	 * its sender (kill-family syscall, ptrace) was killed at sys_enter. */
+	if (stop && bpf_ksym_exists(bpf_send_signal_task))
+		bpf_send_signal_task(task, 18 /* SIGCONT */, PIDTYPE_TGID, 0);
+	else if (verdict == VERDICT_KILLED)
+		bpf_send_signal(SIGKILL);
+	struct syscall_event *e = reserve_event(SYSCALL_EVENT_COMPACT, true);
+	if (!e)
+		return 0;
+	__builtin_memset(e, 0, SYSCALL_EVENT_COMPACT);
+	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, c ? c->rule_id : 0, root, sb);
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
+	e->nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
+	e->ret = result;
+	e->args[0] = sig;
+	e->args[1] = sig;
+	e->args[2] = sig;
+	e->category = CAT_SIGNAL_AGENT;
+	e->target_pid = tgid;
+	e->mnt_ns = current_mnt_ns();
 	submit_event(e, true);
 	return 0;
 }

@@ -74,20 +74,28 @@ policy is refused and the old one stays.`); err != nil {
 		"ledger", a.Policy().Agent.LedgerDir, "socket_dir", a.Policy().Agent.SocketDir,
 		"metrics", a.Policy().Agent.MetricsAddr)
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	for {
-		select {
-		case <-ctx.Done():
-			log.Info("stopping: programs stay pinned and keep enforcing")
-			return a.Stop()
-		case <-hup:
+	// Signals are handled here rather than through ctx: one a sandboxed
+	// process sent (the kill backstop counts those in the kernel) is
+	// ignored, so a sandbox cannot stop or reload the agent.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	for sig := range sigs {
+		s := sig.(syscall.Signal)
+		if a.SignalledBySandbox(s) {
+			log.Warn("ignored a signal sent from a sandbox", "signal", s.String())
+			continue
+		}
+		if s == syscall.SIGHUP {
 			if err := a.Reload(); err != nil {
 				log.Error("reload", "err", err)
 			}
+			continue
 		}
+		break
 	}
+	log.Info("stopping: programs stay pinned and keep enforcing")
+	return a.Stop()
 }
 
 // listFlag collects a repeatable flag.

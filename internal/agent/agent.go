@@ -86,6 +86,7 @@ type Agent struct {
 	lsm      *lsm.LSM
 	lsmErr   error
 	backstop *backstop.Backstop
+	sigSeen  sync.Map // syscall.Signal -> uint64: sandbox-sent count already seen
 	tracer   *trace.Tracer
 	cgroups  *cgroupbpf.Hooks
 	egress   *egress.Egress
@@ -267,6 +268,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		if err := a.backstop.Attach(); err != nil {
 			return a, fmt.Errorf("kill backstop: %w", err)
 		}
+		a.watchSignals()
 	}
 	if err := a.dns.SetPolicy(a.plan.DNS); err != nil {
 		return a, fmt.Errorf("dns policy: %w", err)

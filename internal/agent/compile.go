@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
 	"github.com/watcherhq/watcher/internal/egress"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -473,7 +474,7 @@ var operations = []operation{
 			{op: lsm.OpMount, hook: "sb_mount", syscalls: []string{"mount"}},
 			{op: lsm.OpUmount, hook: "sb_umount", syscalls: []string{"umount2"}},
 			// open_tree clones a tree that only move_mount can attach.
-			{op: lsm.OpMoveMount, hook: "move_mount", syscalls: []string{"move_mount", "open_tree"}},
+			{op: lsm.OpMoveMount, hook: "move_mount", syscalls: []string{"move_mount", "open_tree", "open_tree_attr"}},
 			{op: lsm.OpPivotRoot, hook: "sb_pivotroot", syscalls: []string{"pivot_root"}},
 			{op: lsm.OpChroot, hook: "path_chroot", syscalls: []string{"chroot"}},
 			// fsopen itself has no hook; every fsconfig parameter does.
@@ -610,7 +611,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	a := orAllow(sb.Operations.IOUring)
 	id := c.rules.ID("io-uring")
 	u := c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
-	l := layer{mech: MechKill, notes: []string{"backstop: io_uring_setup (no LSM hook)"}}
+	l := layer{mech: MechKill, notes: []string{"backstop: io_uring_setup, io_uring_enter, io_uring_register (no LSM hook; killed at entry)"}}
 	if blocking(a) && c.hook("inode_init_security_anon") {
 		// Kernels that give a ring a secure anonymous inode (6.1 does)
 		// refuse it before the fact; others leave it to the backstop.
@@ -618,6 +619,12 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		l.notes = append(l.notes, "also refused at io_uring_setup by lsm inode_init_security_anon where the kernel gives rings a secure anonymous inode")
 	}
 	if blocking(a) {
+		// A ring's descriptor can come from outside (SCM_RIGHTS).
+		for _, name := range []string{"io_uring_enter", "io_uring_register"} {
+			uu := c.bsSyscall(name, backstopAction(a), id)
+			uu.layer = len(c.plan.Layers) // the line added below
+			c.globalUses = append(c.globalUses, uu)
+		}
 		l.notes = append(l.notes, "watcher exec: seccomp refuses io_uring_*")
 	} else {
 		l.mech = MechNone
@@ -629,6 +636,27 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	}
 	u.layer = c.add(sb, "io_uring", a, l)
 	c.globalUses = append(c.globalUses, u)
+
+	// 32-bit system calls: a sandbox has no use for them, and every rule
+	// keyed on syscall numbers would need the i386 table too.
+	id = c.rules.ID("ia32-syscalls")
+	u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.Compat }, enforce.ActionKill, id)
+	u.layer = c.add(sb, "ia32_syscalls", policy.ActionKill, layer{mech: MechKill, notes: []string{
+		"backstop: every 32-bit syscall (int 0x80) is killed at entry, before the kernel runs it",
+		"watcher exec: the seccomp arch guard refuses them"}})
+	c.globalUses = append(c.globalUses, u)
+
+	// The kernel group of the one dangerous list: refused whatever the
+	// policy says.
+	id = c.rules.ID("kernel-interfaces")
+	var kernelOps []string
+	for _, o := range dangerous.ByGroup(dangerous.GroupKernel) {
+		c.bsSyscall(o.Name, enforce.ActionKill, id)
+		kernelOps = append(kernelOps, o.Name)
+	}
+	c.add(sb, "kernel_interfaces", policy.ActionKill, layer{mech: MechKill, notes: []string{
+		"backstop: killed at entry (the call itself may complete before the process dies): " + strings.Join(kernelOps, ", "),
+		"watcher exec: seccomp refuses them"}})
 
 	// cgroup_write: an LSM filesystem rule on cgroupfs, or the backstop's
 	// category; a move out of the sandbox is always at least recorded.
@@ -1036,6 +1064,14 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 		}
 		execs = append(execs, out...)
 	}
+	for _, r := range sb.ExecRules() {
+		if blocking(r.Action) {
+			// A file with no path escapes every exec rule: refuse them.
+			c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.ExecFileless }, enforce.ActionKill, c.rules.ID("exec-fileless"))
+			c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.MmapExec }, enforce.ActionKill, c.rules.ID("exec-mmap"))
+			break
+		}
+	}
 	if def := orAllow(sb.Exec.Default); def != policy.ActionAllow {
 		// The default as the least specific rule: DecideFile prefers any
 		// real rule on "/" (first on a tie).
@@ -1160,6 +1196,24 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 			Path: k.path, Prefix: k.prefix, Ops: ops, SandboxID: sid, Rule: backstop.Rule{Action: top, ID: id}})
 	}
 	if !fileOpen {
+		// Changes made without a write-open, judged by inode (see
+		// backstop.DirRule): writable places, places whose reads are
+		// refused, the write default on "/".
+		for _, k := range keysOf(files) {
+			if w, ok := t.decide(k, accWrite); ok {
+				switch {
+				case k.path == "/" && k.prefix:
+					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Kind: backstop.DirDefault, SandboxID: sid,
+						Rule: backstop.Rule{Action: backstopAction(w.Action), ID: c.rules.ID(w.RuleName())}})
+				case w.Action == policy.ActionAllow:
+					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Path: k.path, Kind: backstop.DirWritable, SandboxID: sid})
+				}
+			}
+			if r, ok := t.decide(k, accRead); ok && blocking(r.Action) && k.path != "/" {
+				c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Path: k.path, Kind: backstop.DirProtected, SandboxID: sid,
+					Rule: backstop.Rule{Action: backstopAction(r.Action), ID: c.rules.ID(r.RuleName())}})
+			}
+		}
 		for _, r := range files {
 			if blocking(r.Action) {
 				// A partner sharing the file table could use a descriptor

@@ -36,11 +36,10 @@ type Restrictions struct {
 }
 
 // SeccompPolicy selects the syscalls the filter refuses. The fixed part is
-// always refused: ptrace, the mount family (mount, umount2, move_mount,
-// fsopen, fsconfig, fsmount, fspick, open_tree, mount_setattr),
-// pivot_root, chroot, module loading and removal, kexec, bpf,
-// perf_event_open, keyctl/add_key/request_key, open_by_handle_at,
-// name_to_handle_at, process_vm_readv/writev, pidfd_getfd and reboot.
+// always refused: every entry of internal/dangerous (ptrace and its kin,
+// the mount family, module loading, kexec, bpf, perf_event_open, keyrings,
+// userfaultfd, port I/O, acct, swap, reboot, personality, file handles),
+// io_uring unless AllowIOUring.
 type SeccompPolicy struct {
 	// AllowIOUring leaves io_uring_setup/enter/register usable. io_uring
 	// operations bypass per-syscall checks, so they are refused by

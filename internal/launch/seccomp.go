@@ -7,22 +7,23 @@ import (
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/dangerous"
 )
 
-// alwaysDenied are refused with EPERM whatever the policy.
-var alwaysDenied = []string{
-	"ptrace",
-	"mount", "umount2", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree",
-	"open_tree_attr", "mount_setattr", "pivot_root", "chroot",
-	"init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
-	"bpf", "perf_event_open",
-	"keyctl", "add_key", "request_key",
-	"open_by_handle_at", "name_to_handle_at",
-	"process_vm_readv", "process_vm_writev", "pidfd_getfd",
-	"reboot",
-}
+// alwaysDenied are refused with EPERM whatever the policy: the one list of
+// dangerous syscalls (internal/dangerous), io_uring aside (AllowIOUring).
+var alwaysDenied = func() []string {
+	var out []string
+	for _, o := range dangerous.Ops {
+		if o.Group != dangerous.GroupIOUring && o.NR64 != dangerous.None {
+			out = append(out, o.Name)
+		}
+	}
+	return out
+}()
 
-var ioUring = []string{"io_uring_setup", "io_uring_enter", "io_uring_register"}
+var ioUring = dangerous.Names(dangerous.ByGroup(dangerous.GroupIOUring))
 
 // actionENOSYS makes clone3 look unimplemented, so libc falls back to
 // clone, whose flags the filter can read.

@@ -52,6 +52,10 @@ const (
 	ProgIOUringSubmit = "backstop_io_uring_submit"
 	ProgFork          = "backstop_fork"
 	ProgCgroupAttach  = "backstop_cgroup_attach"
+	ProgCtimeSet      = "backstop_ctime_set"
+	ProgCtimeXchg     = "backstop_ctime_xchg"
+	ProgCtimeSkip     = "backstop_ctime_skip"
+	ProgSignal        = "backstop_signal"
 )
 
 // optionalPrograms need tracepoints that older kernels lack (6.1 has
@@ -59,6 +63,11 @@ const (
 var optionalPrograms = map[string]string{
 	ProgPrepareExec:   "sched_prepare_exec",
 	ProgIOUringSubmit: "io_uring_submit_req",
+	// Inode change tracepoints (Linux >= 6.13, with multigrain timestamps);
+	// older kernels leave changes made without a write-open to the LSM.
+	ProgCtimeSet:  "inode_set_ctime_to_ts",
+	ProgCtimeXchg: "ctime_ns_xchg",
+	ProgCtimeSkip: "ctime_xchg_skip",
 }
 
 // Backstop holds the loaded programs and their rule maps.

@@ -44,6 +44,21 @@ type backstopCgroupEvent struct {
 	DstPath     [256]int8
 }
 
+type backstopDirKey struct {
+	_         structs.HostLayout
+	Ino       uint64
+	Dev       uint32
+	SandboxId uint32
+}
+
+type backstopDirRule struct {
+	_      structs.HostLayout
+	Kind   uint32
+	Action uint32
+	RuleId uint32
+	Pad    uint32
+}
+
 type backstopFileEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -110,8 +125,9 @@ type backstopSandbox struct {
 }
 
 type backstopScratch struct {
-	_  structs.HostLayout
-	Pw struct {
+	_     structs.HostLayout
+	Upath [256]int8
+	Pw    struct {
 		_     structs.HostLayout
 		Names [32]uint64
 		Buf   [512]int8
@@ -121,6 +137,13 @@ type backstopScratch struct {
 	Key backstopPathKey
 	_   [4]byte
 	Ev  backstopSyscallEvent
+}
+
+type backstopScriptPending struct {
+	_    structs.HostLayout
+	Name [256]int8
+	Set  uint32
+	Pad  uint32
 }
 
 type backstopSyscallEvent struct {
@@ -172,12 +195,16 @@ type backstopTaskSandbox struct {
 const (
 	backstopMapAgentTgid              = "agent_tgid"
 	backstopMapAlertEvents            = "alert_events"
+	backstopMapBsAgentSignals         = "bs_agent_signals"
 	backstopMapBsCategories           = "bs_categories"
+	backstopMapBsDirs                 = "bs_dirs"
 	backstopMapBsInodeRules           = "bs_inode_rules"
 	backstopMapBsPathRules            = "bs_path_rules"
 	backstopMapBsPending              = "bs_pending"
 	backstopMapBsScratch              = "bs_scratch"
+	backstopMapBsScripts              = "bs_scripts"
 	backstopMapBsSyscallRules         = "bs_syscall_rules"
+	backstopMapBsSyscallRules32       = "bs_syscall_rules32"
 	backstopMapBsTasks                = "bs_tasks"
 	backstopMapMembershipCache        = "membership_cache"
 	backstopMapRingbufDrops           = "ringbuf_drops"
@@ -185,13 +212,19 @@ const (
 	backstopMapSandboxGen             = "sandbox_gen"
 	backstopMapSandboxes              = "sandboxes"
 	backstopProgBackstopCgroupAttach  = "backstop_cgroup_attach"
+	backstopProgBackstopCtimeSet      = "backstop_ctime_set"
+	backstopProgBackstopCtimeSkip     = "backstop_ctime_skip"
+	backstopProgBackstopCtimeXchg     = "backstop_ctime_xchg"
 	backstopProgBackstopFork          = "backstop_fork"
 	backstopProgBackstopIoUringSubmit = "backstop_io_uring_submit"
 	backstopProgBackstopPrepareExec   = "backstop_prepare_exec"
+	backstopProgBackstopSignal        = "backstop_signal"
 	backstopProgBackstopSysEnter      = "backstop_sys_enter"
 	backstopProgBackstopSysExit       = "backstop_sys_exit"
 	backstopVarUnusedCategoryRule     = "unused_category_rule"
 	backstopVarUnusedCgroupEvent      = "unused_cgroup_event"
+	backstopVarUnusedDirKey           = "unused_dir_key"
+	backstopVarUnusedDirRule          = "unused_dir_rule"
 	backstopVarUnusedEventHdr         = "unused_event_hdr"
 	backstopVarUnusedFileEvent        = "unused_file_event"
 	backstopVarUnusedInodeKey         = "unused_inode_key"
@@ -245,9 +278,13 @@ type backstopSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type backstopProgramSpecs struct {
 	BackstopCgroupAttach  *ebpf.ProgramSpec `ebpf:"backstop_cgroup_attach"`
+	BackstopCtimeSet      *ebpf.ProgramSpec `ebpf:"backstop_ctime_set"`
+	BackstopCtimeSkip     *ebpf.ProgramSpec `ebpf:"backstop_ctime_skip"`
+	BackstopCtimeXchg     *ebpf.ProgramSpec `ebpf:"backstop_ctime_xchg"`
 	BackstopFork          *ebpf.ProgramSpec `ebpf:"backstop_fork"`
 	BackstopIoUringSubmit *ebpf.ProgramSpec `ebpf:"backstop_io_uring_submit"`
 	BackstopPrepareExec   *ebpf.ProgramSpec `ebpf:"backstop_prepare_exec"`
+	BackstopSignal        *ebpf.ProgramSpec `ebpf:"backstop_signal"`
 	BackstopSysEnter      *ebpf.ProgramSpec `ebpf:"backstop_sys_enter"`
 	BackstopSysExit       *ebpf.ProgramSpec `ebpf:"backstop_sys_exit"`
 }
@@ -256,20 +293,24 @@ type backstopProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type backstopMapSpecs struct {
-	AgentTgid       *ebpf.MapSpec `ebpf:"agent_tgid"`
-	AlertEvents     *ebpf.MapSpec `ebpf:"alert_events"`
-	BsCategories    *ebpf.MapSpec `ebpf:"bs_categories"`
-	BsInodeRules    *ebpf.MapSpec `ebpf:"bs_inode_rules"`
-	BsPathRules     *ebpf.MapSpec `ebpf:"bs_path_rules"`
-	BsPending       *ebpf.MapSpec `ebpf:"bs_pending"`
-	BsScratch       *ebpf.MapSpec `ebpf:"bs_scratch"`
-	BsSyscallRules  *ebpf.MapSpec `ebpf:"bs_syscall_rules"`
-	BsTasks         *ebpf.MapSpec `ebpf:"bs_tasks"`
-	MembershipCache *ebpf.MapSpec `ebpf:"membership_cache"`
-	RingbufDrops    *ebpf.MapSpec `ebpf:"ringbuf_drops"`
-	RoutineEvents   *ebpf.MapSpec `ebpf:"routine_events"`
-	SandboxGen      *ebpf.MapSpec `ebpf:"sandbox_gen"`
-	Sandboxes       *ebpf.MapSpec `ebpf:"sandboxes"`
+	AgentTgid        *ebpf.MapSpec `ebpf:"agent_tgid"`
+	AlertEvents      *ebpf.MapSpec `ebpf:"alert_events"`
+	BsAgentSignals   *ebpf.MapSpec `ebpf:"bs_agent_signals"`
+	BsCategories     *ebpf.MapSpec `ebpf:"bs_categories"`
+	BsDirs           *ebpf.MapSpec `ebpf:"bs_dirs"`
+	BsInodeRules     *ebpf.MapSpec `ebpf:"bs_inode_rules"`
+	BsPathRules      *ebpf.MapSpec `ebpf:"bs_path_rules"`
+	BsPending        *ebpf.MapSpec `ebpf:"bs_pending"`
+	BsScratch        *ebpf.MapSpec `ebpf:"bs_scratch"`
+	BsScripts        *ebpf.MapSpec `ebpf:"bs_scripts"`
+	BsSyscallRules   *ebpf.MapSpec `ebpf:"bs_syscall_rules"`
+	BsSyscallRules32 *ebpf.MapSpec `ebpf:"bs_syscall_rules32"`
+	BsTasks          *ebpf.MapSpec `ebpf:"bs_tasks"`
+	MembershipCache  *ebpf.MapSpec `ebpf:"membership_cache"`
+	RingbufDrops     *ebpf.MapSpec `ebpf:"ringbuf_drops"`
+	RoutineEvents    *ebpf.MapSpec `ebpf:"routine_events"`
+	SandboxGen       *ebpf.MapSpec `ebpf:"sandbox_gen"`
+	Sandboxes        *ebpf.MapSpec `ebpf:"sandboxes"`
 }
 
 // backstopVariableSpecs contains global variables before they are loaded into the kernel.
@@ -278,6 +319,8 @@ type backstopMapSpecs struct {
 type backstopVariableSpecs struct {
 	UnusedCategoryRule *ebpf.VariableSpec `ebpf:"unused_category_rule"`
 	UnusedCgroupEvent  *ebpf.VariableSpec `ebpf:"unused_cgroup_event"`
+	UnusedDirKey       *ebpf.VariableSpec `ebpf:"unused_dir_key"`
+	UnusedDirRule      *ebpf.VariableSpec `ebpf:"unused_dir_rule"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
 	UnusedFileEvent    *ebpf.VariableSpec `ebpf:"unused_file_event"`
 	UnusedInodeKey     *ebpf.VariableSpec `ebpf:"unused_inode_key"`
@@ -308,32 +351,40 @@ func (o *backstopObjects) Close() error {
 //
 // It can be passed to loadBackstopObjects or ebpf.CollectionSpec.LoadAndAssign.
 type backstopMaps struct {
-	AgentTgid       *ebpf.Map `ebpf:"agent_tgid"`
-	AlertEvents     *ebpf.Map `ebpf:"alert_events"`
-	BsCategories    *ebpf.Map `ebpf:"bs_categories"`
-	BsInodeRules    *ebpf.Map `ebpf:"bs_inode_rules"`
-	BsPathRules     *ebpf.Map `ebpf:"bs_path_rules"`
-	BsPending       *ebpf.Map `ebpf:"bs_pending"`
-	BsScratch       *ebpf.Map `ebpf:"bs_scratch"`
-	BsSyscallRules  *ebpf.Map `ebpf:"bs_syscall_rules"`
-	BsTasks         *ebpf.Map `ebpf:"bs_tasks"`
-	MembershipCache *ebpf.Map `ebpf:"membership_cache"`
-	RingbufDrops    *ebpf.Map `ebpf:"ringbuf_drops"`
-	RoutineEvents   *ebpf.Map `ebpf:"routine_events"`
-	SandboxGen      *ebpf.Map `ebpf:"sandbox_gen"`
-	Sandboxes       *ebpf.Map `ebpf:"sandboxes"`
+	AgentTgid        *ebpf.Map `ebpf:"agent_tgid"`
+	AlertEvents      *ebpf.Map `ebpf:"alert_events"`
+	BsAgentSignals   *ebpf.Map `ebpf:"bs_agent_signals"`
+	BsCategories     *ebpf.Map `ebpf:"bs_categories"`
+	BsDirs           *ebpf.Map `ebpf:"bs_dirs"`
+	BsInodeRules     *ebpf.Map `ebpf:"bs_inode_rules"`
+	BsPathRules      *ebpf.Map `ebpf:"bs_path_rules"`
+	BsPending        *ebpf.Map `ebpf:"bs_pending"`
+	BsScratch        *ebpf.Map `ebpf:"bs_scratch"`
+	BsScripts        *ebpf.Map `ebpf:"bs_scripts"`
+	BsSyscallRules   *ebpf.Map `ebpf:"bs_syscall_rules"`
+	BsSyscallRules32 *ebpf.Map `ebpf:"bs_syscall_rules32"`
+	BsTasks          *ebpf.Map `ebpf:"bs_tasks"`
+	MembershipCache  *ebpf.Map `ebpf:"membership_cache"`
+	RingbufDrops     *ebpf.Map `ebpf:"ringbuf_drops"`
+	RoutineEvents    *ebpf.Map `ebpf:"routine_events"`
+	SandboxGen       *ebpf.Map `ebpf:"sandbox_gen"`
+	Sandboxes        *ebpf.Map `ebpf:"sandboxes"`
 }
 
 func (m *backstopMaps) Close() error {
 	return _BackstopClose(
 		m.AgentTgid,
 		m.AlertEvents,
+		m.BsAgentSignals,
 		m.BsCategories,
+		m.BsDirs,
 		m.BsInodeRules,
 		m.BsPathRules,
 		m.BsPending,
 		m.BsScratch,
+		m.BsScripts,
 		m.BsSyscallRules,
+		m.BsSyscallRules32,
 		m.BsTasks,
 		m.MembershipCache,
 		m.RingbufDrops,
@@ -349,6 +400,8 @@ func (m *backstopMaps) Close() error {
 type backstopVariables struct {
 	UnusedCategoryRule *ebpf.Variable `ebpf:"unused_category_rule"`
 	UnusedCgroupEvent  *ebpf.Variable `ebpf:"unused_cgroup_event"`
+	UnusedDirKey       *ebpf.Variable `ebpf:"unused_dir_key"`
+	UnusedDirRule      *ebpf.Variable `ebpf:"unused_dir_rule"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
 	UnusedFileEvent    *ebpf.Variable `ebpf:"unused_file_event"`
 	UnusedInodeKey     *ebpf.Variable `ebpf:"unused_inode_key"`
@@ -364,9 +417,13 @@ type backstopVariables struct {
 // It can be passed to loadBackstopObjects or ebpf.CollectionSpec.LoadAndAssign.
 type backstopPrograms struct {
 	BackstopCgroupAttach  *ebpf.Program `ebpf:"backstop_cgroup_attach"`
+	BackstopCtimeSet      *ebpf.Program `ebpf:"backstop_ctime_set"`
+	BackstopCtimeSkip     *ebpf.Program `ebpf:"backstop_ctime_skip"`
+	BackstopCtimeXchg     *ebpf.Program `ebpf:"backstop_ctime_xchg"`
 	BackstopFork          *ebpf.Program `ebpf:"backstop_fork"`
 	BackstopIoUringSubmit *ebpf.Program `ebpf:"backstop_io_uring_submit"`
 	BackstopPrepareExec   *ebpf.Program `ebpf:"backstop_prepare_exec"`
+	BackstopSignal        *ebpf.Program `ebpf:"backstop_signal"`
 	BackstopSysEnter      *ebpf.Program `ebpf:"backstop_sys_enter"`
 	BackstopSysExit       *ebpf.Program `ebpf:"backstop_sys_exit"`
 }
@@ -374,9 +431,13 @@ type backstopPrograms struct {
 func (p *backstopPrograms) Close() error {
 	return _BackstopClose(
 		p.BackstopCgroupAttach,
+		p.BackstopCtimeSet,
+		p.BackstopCtimeSkip,
+		p.BackstopCtimeXchg,
 		p.BackstopFork,
 		p.BackstopIoUringSubmit,
 		p.BackstopPrepareExec,
+		p.BackstopSignal,
 		p.BackstopSysEnter,
 		p.BackstopSysExit,
 	)

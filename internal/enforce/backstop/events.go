@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 )
 
@@ -177,6 +178,9 @@ func decodeSyscall(raw []byte, ev *audit.Event, h Hooks) error {
 		str, aux, fstype = cText(e.Str[:]), cText(e.Aux[:]), cText(e.Fstype[:])
 	}
 	ev.Syscall = &audit.SyscallDetail{Nr: e.Nr, Name: syscallNames()[e.Nr], Ret: e.Ret}
+	if e.Nr >= compatNRBase {
+		ev.Syscall.Name = i386Name(e.Nr - compatNRBase)
+	}
 	if e.Ret == RetUnknown {
 		ev.Syscall.Ret = 0
 	}
@@ -268,4 +272,14 @@ func decodeCgroup(raw []byte, ev *audit.Event) error {
 		e.MovedPid, e.FromSandbox, e.DstCgroup, cstr(e.DstPath[:]), e.MoverPid)
 	ev.Severity = audit.SeverityAlert
 	return nil
+}
+
+// i386Name names an i386 syscall number ("i386:NR" when not in the list).
+func i386Name(nr int64) string {
+	for _, o := range dangerous.Ops {
+		if int64(o.NR32) == nr {
+			return "i386:" + o.Name
+		}
+	}
+	return fmt.Sprintf("i386:%d", nr)
 }

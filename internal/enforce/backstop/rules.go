@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 )
 
@@ -76,9 +77,53 @@ type Rules struct {
 	// SignalAgent applies to kill-family syscalls aimed at the agent (the
 	// signal itself is still delivered: only an LSM can refuse it).
 	SignalAgent Rule
-	// CgroupEscape applies when a sandbox task is moved out of its sandbox
-	// (always at least recorded).
+	// CgroupEscape applies when a sandbox task is moved out of its sandbox,
+	// or a child of a sandboxed process starts outside it (clone3
+	// CLONE_INTO_CGROUP); always at least recorded.
 	CgroupEscape Rule
+	// Compat applies to every 32-bit system call (int 0x80, x32) of a
+	// sandboxed process, killed before it runs. When it allows them, the
+	// i386 numbers of Syscalls (internal/dangerous) are checked instead.
+	Compat Rule
+	// ExecFileless applies to execs of a file with no name a rule could
+	// match (memfd_create + execveat, a deleted file): set where a sandbox
+	// has exec rules that refuse something.
+	ExecFileless Rule
+	// MmapExec turns on the exec rules for mmap PROT_EXEC of a file (the
+	// dynamic loader's `ld.so FILE`): its action only enables the check,
+	// the exec rule matching the file decides.
+	MmapExec Rule
+	// Dirs judge changes made without a write-open (truncate, chmod,
+	// chown, xattrs, times, link, unlink, rename, symlink, mknod, mkdir,
+	// O_TRUNC), by inode: nil derives them from Paths (protected exact and
+	// prefix rules only).
+	Dirs []DirRule
+}
+
+// DirKind says what a DirRule's place is.
+type DirKind uint32
+
+// Dir kinds (DIR_* in bpf/backstop.c).
+const (
+	// DirDefault is a sandbox's write default (Path is ignored).
+	DirDefault DirKind = 0
+	// DirWritable: changes below Path are allowed.
+	DirWritable DirKind = 1
+	// DirProtected: Path's files may not be read, so neither linked nor
+	// renamed; changes below it are refused.
+	DirProtected DirKind = 2
+)
+
+// DirRule is one place of Rules.Dirs. The deepest place above a changed
+// inode decides; none: the sandbox's DirDefault.
+type DirRule struct {
+	// Path is a directory (everything below it) or a file.
+	Path string
+	// Kind says what the place is.
+	Kind DirKind
+	// SandboxID limits the rule to one sandbox; 0 applies to every sandbox.
+	SandboxID uint32
+	Rule
 }
 
 // Categories (enum bs_category in bpf/backstop.c).
@@ -91,14 +136,22 @@ const (
 	catSignalAgent  = 6
 	catCgroupEscape = 7
 	catPath         = 8
-	catMax          = 9
+	catCompat       = 9
+	catModify       = 10
+	catExecFileless = 11
+	catMmapExec     = 12
+	catMax          = 13
 )
 
 var categoryNames = map[uint32]string{
 	catCgroupWrite: "cgroup_write", catProcMem: "proc_mem", catCloneFiles: "clone_files",
 	catIOUring: "io_uring", catIOUringOpen: "io_uring_open", catSignalAgent: "signal_agent",
-	catCgroupEscape: "cgroup_escape", catPath: "path",
+	catCgroupEscape: "cgroup_escape", catPath: "path", catCompat: "compat_syscall",
+	catModify: "modified_outside_writable", catExecFileless: "exec_fileless", catMmapExec: "mmap_exec",
 }
+
+// compatNRBase: events carry i386 syscall n as compatNRBase+n.
+const compatNRBase = 0x10000
 
 // Syscalls is the x86_64 syscall table for the names rules may use.
 var Syscalls = map[string]int{
@@ -112,7 +165,16 @@ var Syscalls = map[string]int{
 	"io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
 	"fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
 	"pidfd_getfd": 438, "mount_setattr": 442, "keyctl": 250, "add_key": 248,
-	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169,
+	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169, "mmap": 9,
+}
+
+// The one list of dangerous syscalls names every entry rules may use.
+func init() {
+	for _, o := range dangerous.Ops {
+		if o.NR64 != dangerous.None {
+			Syscalls[o.Name] = o.NR64
+		}
+	}
 }
 
 // SyscallName returns the name of nr, or "" when not in Syscalls.
@@ -130,7 +192,7 @@ var categorySyscalls = map[string]uint32{
 	"clone": catCloneFiles, "clone3": catCloneFiles, "io_uring_setup": catIOUring,
 	"kill": catSignalAgent, "tkill": catSignalAgent, "tgkill": catSignalAgent,
 	"rt_sigqueueinfo": catSignalAgent, "rt_tgsigqueueinfo": catSignalAgent,
-	"pidfd_send_signal": catSignalAgent,
+	"pidfd_send_signal": catSignalAgent, "mmap": catMmapExec,
 }
 
 // DefaultRules is the backstop for the dangerous operations watcher refuses
@@ -164,6 +226,7 @@ func DefaultRules() Rules {
 	}
 	r.CgroupWrite, r.ProcMem, r.CloneFiles = kill, kill, kill
 	r.IOUring, r.IOUringOpen, r.SignalAgent, r.CgroupEscape = kill, kill, kill, kill
+	r.Compat = kill
 	return r
 }
 
@@ -176,7 +239,75 @@ func (b *Backstop) SetRules(r Rules) error {
 	if err := b.setPaths(r.Paths); err != nil {
 		return err
 	}
+	return b.setDirs(r)
+}
+
+// setDirs writes the inode table that judges changes made without a
+// write-open. Places that do not exist are left out (nothing to change).
+func (b *Backstop) setDirs(r Rules) error {
+	m := b.maps("bs_dirs")
+	dirs := r.Dirs
+	if dirs == nil {
+		for _, p := range r.Paths {
+			if p.Ops&OpRead != 0 && p.Action != enforce.ActionAllow && p.Path != "/" {
+				dirs = append(dirs, DirRule{Path: p.Path, Kind: DirProtected, SandboxID: p.SandboxID, Rule: p.Rule})
+			}
+		}
+	}
+	want := map[backstopDirKey]backstopDirRule{}
+	for _, d := range dirs {
+		if err := checkAction(d.Action); err != nil {
+			return fmt.Errorf("backstop dir rule %q: %w", d.Path, err)
+		}
+		if d.Kind == DirDefault {
+			want[backstopDirKey{SandboxId: d.SandboxID}] = backstopDirRule{Action: d.Action, RuleId: d.ID}
+			continue
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(d.Path, &st); err != nil {
+			continue
+		}
+		k := backstopDirKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: d.SandboxID}
+		if cur, ok := want[k]; ok && cur.Kind == uint32(DirProtected) {
+			continue // protection wins over an allowance on the same inode
+		}
+		want[k] = backstopDirRule{Kind: uint32(d.Kind), Action: d.Action, RuleId: d.ID}
+	}
+	for k, v := range want {
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("set backstop dir rule: %w", err)
+		}
+	}
+	var k backstopDirKey
+	var v backstopDirRule
+	var stale []backstopDirKey
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if _, ok := want[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list backstop dir rules: %w", err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove backstop dir rule: %w", err)
+		}
+	}
 	return nil
+}
+
+// AgentSignals returns how many times sandboxed processes signalled the
+// agent with sig (any route: kill, process groups, SIGIO of a file
+// owner...), so the agent can ignore a termination request it did not get
+// from its operator.
+func (b *Backstop) AgentSignals(sig syscall.Signal) (uint64, error) {
+	var n uint64
+	if err := b.maps("bs_agent_signals").Lookup(uint32(sig), &n); err != nil {
+		return 0, fmt.Errorf("agent signal count: %w", err)
+	}
+	return n, nil
 }
 
 func (b *Backstop) setSyscalls(r Rules) error {
@@ -197,7 +328,7 @@ func (b *Backstop) setSyscalls(r Rules) error {
 	cats := map[uint32]Rule{
 		catCgroupWrite: r.CgroupWrite, catProcMem: r.ProcMem, catCloneFiles: r.CloneFiles,
 		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
-		catCgroupEscape: r.CgroupEscape,
+		catCgroupEscape: r.CgroupEscape, catCompat: r.Compat, catExecFileless: r.ExecFileless, catMmapExec: r.MmapExec,
 	}
 	for cat, rule := range cats {
 		if err := checkAction(rule.Action); err != nil {
@@ -228,6 +359,19 @@ func (b *Backstop) setSyscalls(r Rules) error {
 	}
 	if _, err := b.maps("bs_syscall_rules").BatchUpdate(skeys, table, nil); err != nil {
 		return fmt.Errorf("set backstop syscall rules: %w", err)
+	}
+	// The same rules by i386 number, from the one list.
+	table32 := make([]backstopSyscallRule, maxSyscalls)
+	for _, sr := range r.Syscalls {
+		if op, ok := dangerous.Lookup(sr.Name); ok && op.NR32 != dangerous.None && op.NR32 < maxSyscalls {
+			table32[op.NR32] = backstopSyscallRule{Action: sr.Action, RuleId: sr.ID}
+			if sr.Name == "umount2" {
+				table32[22] = table32[op.NR32] // i386 umount
+			}
+		}
+	}
+	if _, err := b.maps("bs_syscall_rules32").BatchUpdate(skeys, table32, nil); err != nil {
+		return fmt.Errorf("set backstop i386 syscall rules: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,105 @@
+package adversarial
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"github.com/watcherhq/watcher/internal/dangerous"
+)
+
+// probeArgs are arguments for each entry of the dangerous list that make
+// the call harmless even where nothing refuses it (a missing path, a bad
+// descriptor, an invalid command), so walking the list cannot hurt the
+// host. s is a path that does not exist, z a zeroed buffer.
+func probeArgs(name string, s, z uintptr) [5]uintptr {
+	bad := ^uintptr(0) // fd -1
+	switch name {
+	case "ptrace":
+		return [5]uintptr{0x4206 /* PTRACE_SEIZE */, 0x7ffffff0 /* no such pid */}
+	case "process_vm_readv", "process_vm_writev":
+		return [5]uintptr{0x7ffffff0}
+	case "pidfd_getfd", "fsconfig", "fsmount", "finit_module", "kexec_file_load", "setns":
+		return [5]uintptr{bad}
+	case "mount":
+		return [5]uintptr{s, s, s}
+	case "umount", "umount2", "chroot", "acct", "swapon", "swapoff", "fsopen":
+		return [5]uintptr{s}
+	case "pivot_root":
+		return [5]uintptr{s, s}
+	case "move_mount":
+		return [5]uintptr{bad, s, bad, s}
+	case "open_tree", "open_tree_attr", "fspick", "mount_setattr", "name_to_handle_at":
+		return [5]uintptr{bad, s}
+	case "init_module":
+		return [5]uintptr{z, 0, z}
+	case "delete_module":
+		return [5]uintptr{s, 0x800 /* O_NONBLOCK */}
+	case "kexec_load":
+		return [5]uintptr{0, 0, 0, 0x7fff0000 /* bad arch flags */}
+	case "bpf":
+		return [5]uintptr{0x7fff}
+	case "io_uring_setup":
+		return [5]uintptr{0, z}
+	case "io_uring_enter", "io_uring_register", "open_by_handle_at":
+		return [5]uintptr{bad}
+	case "perf_event_open":
+		return [5]uintptr{0, 0, bad, bad, 0x7fff0000}
+	case "keyctl":
+		return [5]uintptr{0x7fff}
+	case "add_key", "request_key":
+		return [5]uintptr{s, s}
+	case "userfaultfd":
+		return [5]uintptr{0x7fff0000}
+	case "iopl":
+		return [5]uintptr{0} // level 0: what every process has
+	case "ioperm":
+		return [5]uintptr{0, 0, 0} // nothing
+	case "reboot":
+		return [5]uintptr{0, 0, 0} // bad magic: EINVAL
+	case "personality":
+		return [5]uintptr{0xffffffff} // query only
+	}
+	return [5]uintptr{}
+}
+
+// dangerousCall is the attacker side of the list walk: technique
+// "syscall64:NAME" or "syscall32:NAME".
+func dangerousCall(_ attackEnv, tech string) error {
+	abi, name, _ := strings.Cut(tech, ":")
+	op, ok := dangerous.Lookup(name)
+	if !ok {
+		return fmt.Errorf("not in the list: %s", name)
+	}
+	m := newMem32()
+	s := m.str("/nonexistent-watcher-adversarial")
+	z, _ := m.buf(512)
+	a := probeArgs(name, s, z)
+	var r int64
+	switch abi {
+	case "syscall64":
+		if op.NR64 == dangerous.None {
+			return fmt.Errorf("no x86_64 number: %w", errNotApplicable)
+		}
+		r1, _, e := syscall.Syscall6(uintptr(op.NR64), a[0], a[1], a[2], a[3], a[4], 0)
+		if e != 0 {
+			return e
+		}
+		r = int64(r1)
+	case "syscall32":
+		if op.NR32 == dangerous.None {
+			return fmt.Errorf("no i386 number: %w", errNotApplicable)
+		}
+		v := Int80(uintptr(op.NR32), a[0], a[1], a[2], a[3], a[4])
+		if v < 0 {
+			return syscall.Errno(-v)
+		}
+		r = int64(v)
+	default:
+		return fmt.Errorf("bad technique %q", tech)
+	}
+	fmt.Printf("RETURNED %d\n", r)
+	_ = unsafe.Pointer(nil)
+	return nil
+}

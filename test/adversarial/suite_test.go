@@ -1,0 +1,471 @@
+package adversarial
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/dangerous"
+)
+
+// technique is one row of the suite.
+type technique struct {
+	class   int
+	name    string // attacker technique (attacks_test.go)
+	variant string // what it tries
+	// benign rows must work on every path.
+	benign bool
+	// afterTheFact: on the kill backstop the effect happens before the
+	// kill (a truncation, a chmod); the row then needs the kill and the
+	// record, and reports whether the effect stayed.
+	afterTheFact bool
+	// achieved judges, from outside, whether the attacker got what it was
+	// after.
+	achieved func(b *bed, o outcome) (bool, string)
+	// reset runs after the row (puts files back).
+	reset func(b *bed)
+}
+
+func leaked(b *bed, o outcome) (bool, string) {
+	if strings.Contains(o.out, secretContent) {
+		return true, "secret read"
+	}
+	return false, ""
+}
+
+func tgtChanged(b *bed, _ outcome) (bool, string) {
+	entries, _ := os.ReadDir(b.tgt)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if len(names) != 1 || names[0] != "victim" {
+		return true, "directory now holds " + strings.Join(names, ",")
+	}
+	v := filepath.Join(b.tgt, "victim")
+	var st unix.Stat_t
+	if err := unix.Lstat(v, &st); err != nil {
+		return true, "victim: " + err.Error()
+	}
+	data, _ := os.ReadFile(v)
+	switch {
+	case string(data) != victimContent:
+		return true, fmt.Sprintf("content now %q", data)
+	case st.Mode&0o7777 != 0o644:
+		return true, fmt.Sprintf("mode now %o", st.Mode&0o7777)
+	case st.Uid != 0 || st.Gid != 0:
+		return true, fmt.Sprintf("owner now %d:%d", st.Uid, st.Gid)
+	case st.Mtim.Sec != 1577836800:
+		return true, "mtime changed"
+	}
+	if sz, _ := unix.Getxattr(v, "user.adv", nil); sz > 0 {
+		return true, "xattr set"
+	}
+	return false, ""
+}
+
+func marker(b *bed, _ outcome) (bool, string) {
+	if _, err := os.Stat(filepath.Join(b.ws, "mark")); err == nil {
+		return true, "payload ran"
+	}
+	return false, ""
+}
+
+func printed(s string) func(*bed, outcome) (bool, string) {
+	return func(b *bed, o outcome) (bool, string) {
+		if strings.Contains(o.out, s) {
+			return true, s
+		}
+		return false, ""
+	}
+}
+
+// mountedAt: a mount the backstop could only kill after the fact is undone
+// by the agent shortly after; wait for it.
+func mountedAt(sub string) func(*bed, outcome) (bool, string) {
+	return func(b *bed, o outcome) (bool, string) {
+		deadline := time.Now().Add(5 * time.Second)
+		for isMounted(filepath.Join(b.ws, sub)) {
+			if time.Now().After(deadline) {
+				return true, "still mounted"
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return leaked(b, o)
+	}
+}
+
+// agentHurt: the attack was after the agent (stopped, gone, weakened).
+func agentHurt(b *bed, o outcome) (bool, string) {
+	if st := b.agentState(); st != "" {
+		return true, "agent " + st
+	}
+	return false, ""
+}
+
+func oomChanged(b *bed, o outcome) (bool, string) {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", b.agent.Process.Pid))
+	if strings.TrimSpace(string(data)) != "0" {
+		return true, "oom_score_adj now " + strings.TrimSpace(string(data))
+	}
+	return agentHurt(b, o)
+}
+
+func benignOK(want string) func(*bed, outcome) (bool, string) {
+	return func(b *bed, o outcome) (bool, string) {
+		if o.result == "achieved" && strings.Contains(o.out, want) {
+			return true, ""
+		}
+		return false, "expected output " + want
+	}
+}
+
+func resetWS(b *bed) {
+	entries, _ := os.ReadDir(b.ws)
+	for _, e := range entries {
+		if e.Name() != "hello" && e.Name() != ".adv" {
+			p := filepath.Join(b.ws, e.Name())
+			unix_unmount(p)
+			os.RemoveAll(p)
+		}
+	}
+	b.resetSecrets()
+	b.resetTarget()
+	if isMounted("/proc/sys/fs/binfmt_misc") {
+		syscall.Unmount("/proc/sys/fs/binfmt_misc", syscall.MNT_DETACH)
+	}
+}
+
+var techniques = []technique{
+	{class: 1, name: "ia32-open-read", variant: "int 0x80 open+read of a protected file", achieved: leaked},
+	{class: 1, name: "ia32-openat-read", variant: "int 0x80 openat+read of a protected file", achieved: leaked},
+	{class: 1, name: "ia32-mount", variant: "int 0x80 mount tmpfs", achieved: mountedAt("m32")},
+	{class: 1, name: "benign-read-ws", variant: "64-bit read in the workspace", benign: true, achieved: benignOK("hello from the workspace")},
+
+	{class: 2, name: "clone3-files-race", variant: "clone3 flags flipped to CLONE_FILES after the check", achieved: printed("SHARED")},
+	{class: 2, name: "openat2-trunc-race", variant: "openat2 open_how flipped to O_TRUNC after the check", afterTheFact: true, achieved: tgtChanged},
+
+	{class: 3, name: "clone-into-cgroup", variant: "clone3 CLONE_INTO_CGROUP to a cgroup outside", achieved: func(b *bed, o outcome) (bool, string) {
+		if strings.Contains(o.out, "OUTSIDE-CHILD-RAN") {
+			return true, "child ran outside the sandbox"
+		}
+		return leaked(b, o)
+	}},
+	{class: 3, name: "cgroup-procs-escape", variant: "write own pid to an outside cgroup.procs", achieved: printed("OUTSIDE-SELF")},
+	{class: 3, name: "benign-child-in-sandbox", variant: "fork+exec a child, stays in the sandbox", benign: true, achieved: func(b *bed, o outcome) (bool, string) {
+		// Under watcher exec Landlock hides /proc/self/cgroup; the exec
+		// leaf is the launcher's.
+		if o.result == "achieved" && strings.Contains(o.out, "child-ok") && (o.path == "exec" || strings.Contains(o.out, "/watcher-adv-"+b.id)) {
+			return true, ""
+		}
+		return false, "child not in the sandbox"
+	}},
+
+	{class: 4, name: "hardlink-read", variant: "hard link of a protected file into the workspace", achieved: leaked},
+	{class: 4, name: "late-file-hardlink", variant: "hard link of a protected file created after start", achieved: leaked},
+	{class: 4, name: "rename-read", variant: "rename a protected file into the workspace", achieved: func(b *bed, o outcome) (bool, string) {
+		if _, err := os.Stat(filepath.Join(b.secretDir, "key2")); err != nil {
+			if l, why := leaked(b, o); l {
+				return true, why
+			}
+			return false, "moved away (after the fact), not read"
+		}
+		return leaked(b, o)
+	}},
+	{class: 4, name: "symlink-read", variant: "symlink in the workspace to a protected file", achieved: leaked},
+	{class: 4, name: "proc-self-root", variant: "/proc/self/root/<protected>", achieved: leaked},
+	{class: 4, name: "proc-agent-root", variant: "/proc/AGENT/root/<protected>", achieved: leaked},
+	{class: 4, name: "bind-mount-read", variant: "bind mount of the protected directory", achieved: mountedAt("bind")},
+	{class: 4, name: "benign-hardlink-in-ws", variant: "hard link inside the workspace", benign: true, achieved: benignOK("hello from the workspace")},
+	{class: 4, name: "benign-rename-in-ws", variant: "rename inside the workspace", benign: true, achieved: benignOK("moved")},
+
+	{class: 5, name: "rdonly-otrunc", variant: "O_RDONLY|O_TRUNC outside writable places", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "rdonly-ocreat", variant: "O_RDONLY|O_CREAT outside writable places", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "truncate", variant: "truncate(2)", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "rename-away", variant: "rename a file out of a protected place", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "unlink", variant: "unlink", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "link-in", variant: "link into a protected place", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "symlink-in", variant: "symlink into a protected place", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "mknod-in", variant: "mknod (fifo) in a protected place", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "mkdir-in", variant: "mkdir in a protected place", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "chmod-setuid", variant: "chmod 4755", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "chown", variant: "chown", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "setxattr", variant: "setxattr user.*", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "utimensat", variant: "utimensat", afterTheFact: true, achieved: tgtChanged},
+	{class: 5, name: "benign-modify-in-ws", variant: "chmod/truncate/rename/link/symlink/unlink in the workspace", benign: true, achieved: func(b *bed, o outcome) (bool, string) {
+		return o.result == "achieved", ""
+	}},
+
+	{class: 6, name: "exec-tmp-elf", variant: "exec a binary dropped in /tmp", achieved: marker},
+	{class: 6, name: "exec-tmp-shebang", variant: "exec a /tmp script through its shebang", achieved: marker},
+	{class: 6, name: "exec-tmp-ldso", variant: "ld.so /tmp/x", achieved: marker},
+	{class: 6, name: "mmap-exec-tmp", variant: "mmap PROT_EXEC of a /tmp file", achieved: printed("MAPPED-EXEC")},
+	{class: 6, name: "memfd-exec", variant: "memfd_create + exec through /proc/self/fd", achieved: marker},
+	{class: 6, name: "benign-exec-ws-script", variant: "script run from the workspace", benign: true, achieved: func(b *bed, o outcome) (bool, string) {
+		if ok, _ := marker(b, o); ok && o.result == "achieved" {
+			return true, ""
+		}
+		return false, "script did not run"
+	}},
+
+	{class: 7, name: "kill-agent", variant: "kill(AGENT, SIGTERM)", achieved: agentHurt},
+	{class: 7, name: "tgkill-agent", variant: "tgkill(AGENT, AGENT, SIGTERM)", achieved: agentHurt},
+	{class: 7, name: "pidfd-agent", variant: "pidfd_send_signal(SIGTERM)", achieved: agentHurt},
+	{class: 7, name: "kill-pgrp-agent", variant: "kill(-AGENT_PGID, SIGTERM)", achieved: agentHurt},
+	{class: 7, name: "kill-all-urg", variant: "kill(-1, SIGURG)", achieved: agentHurt},
+	{class: 7, name: "stop-agent", variant: "kill(AGENT, SIGSTOP)", achieved: agentHurt},
+	{class: 7, name: "fsetown-sigio-agent", variant: "F_SETOWN AGENT + F_SETSIG SIGTERM + O_ASYNC write", achieved: agentHurt},
+	{class: 7, name: "ptrace-attach-agent", variant: "PTRACE_ATTACH to the agent", achieved: agentHurt},
+	{class: 7, name: "oom-score-adj-agent", variant: "write /proc/AGENT/oom_score_adj", achieved: oomChanged},
+
+	{class: 9, name: "binfmt-register", variant: "mount binfmt_misc / open register for write", achieved: printed("OPENED-REGISTER")},
+}
+
+// knownOpen lists rows not closed on a path/layer, with why: they are
+// reported as OPEN, not failed, and fail the test once they close (so the
+// list cannot go stale). Key: name + "/" + path + "/" + layer.
+var knownOpen = map[string]string{}
+
+type row struct {
+	tech      technique
+	path      string
+	result    string
+	achieved  bool
+	why       string
+	recorded  bool
+	verdict   string
+	knownOpen string
+	event     string
+}
+
+func eventSummary(e audit.Event) string {
+	what := string(e.Kind)
+	switch {
+	case e.File != nil:
+		what += " " + e.File.Path
+	case e.Syscall != nil && e.Syscall.Name != "":
+		what += " " + e.Syscall.Name
+	}
+	if e.Rule != "" {
+		what += " [" + e.Rule + "]"
+	}
+	return what + " by " + e.Mechanism
+}
+
+// TestAdversarial runs every technique in the sandbox as a container
+// runtime places a process, and through watcher exec.
+func TestAdversarial(t *testing.T) {
+	b := newBed(t)
+	t.Logf("layer enforcing file rules: %s", b.layer)
+	var rows []row
+	for _, tech := range techniques {
+		for _, path := range []string{"sandbox", "exec"} {
+			t.Run(tech.name+"/"+path, func(t *testing.T) {
+				b.t = t
+				var o outcome
+				if path == "sandbox" {
+					o = b.inSandbox(tech.name)
+				} else {
+					o = b.viaExec(tech.name)
+				}
+				r := judge(t, b, tech, o)
+				resetWS(b)
+				b.ensureAgent()
+				rows = append(rows, r)
+			})
+		}
+	}
+	b.t = t
+	printTable(t, b, rows)
+}
+
+// judge asserts one outcome and returns its table row.
+func judge(t *testing.T, b *bed, tech technique, o outcome) row {
+	r := row{tech: tech, path: o.path, result: o.result}
+	if o.result == "n/a" {
+		r.verdict = "n/a"
+		t.Logf("not applicable here:\n%s", o.out)
+		return r
+	}
+	if strings.HasPrefix(o.result, "failed") {
+		t.Errorf("%s: %s\n%s", tech.name, o.result, o.out)
+		r.verdict = o.result
+		return r
+	}
+	r.achieved, r.why = tech.achieved(b, o)
+	if tech.benign {
+		if !r.achieved {
+			t.Errorf("benign control failed (%s, %s): %s\n%s", o.result, r.why, tech.variant, o.out)
+			r.verdict = "BROKEN"
+		} else {
+			r.verdict = "works"
+		}
+		return r
+	}
+	evs := b.eventsFor(o, nil)
+	r.recorded = len(evs) > 0
+	key := tech.name + "/" + o.path + "/" + b.layer
+	stopped := o.result == "killed" || o.result == "child-killed" || o.result == "refused"
+	if !stopped && !r.achieved && o.path == "exec" && r.recorded {
+		// Landlock's scopes drop some side doors silently (a SIGIO to a
+		// process outside the domain is never sent).
+		stopped = true
+		o.result, r.result = "dropped", "dropped"
+	}
+	if len(evs) > 0 {
+		r.event = eventSummary(evs[0])
+	}
+	var problems []string
+	if r.achieved && !(tech.afterTheFact && b.layer == "backstop" && strings.Contains(o.result, "killed")) {
+		problems = append(problems, "achieved: "+r.why)
+	}
+	if !stopped {
+		problems = append(problems, "not stopped: "+o.result)
+	}
+	if o.path == "sandbox" && b.layer == "lsm" && o.result != "refused" && !r.achieved {
+		// BPF LSM refuses before the fact; a kill here means the rule fell
+		// back to the backstop.
+		problems = append(problems, "lsm path: want EPERM before the fact, got "+o.result)
+	}
+	if !r.recorded {
+		problems = append(problems, "no event recorded")
+	}
+	switch {
+	case len(problems) == 0 && r.achieved:
+		r.verdict = o.result + ", after the fact (" + r.why + ")"
+	case len(problems) == 0:
+		r.verdict = o.result
+	default:
+		r.verdict = "OPEN: " + strings.Join(problems, "; ")
+	}
+	if why, ok := knownOpen[key]; ok {
+		r.knownOpen = why
+		if len(problems) == 0 {
+			t.Errorf("%s is listed as open (%s) but is closed now: drop it from knownOpen", key, why)
+		} else {
+			t.Logf("known open (%s): %s", why, strings.Join(problems, "; "))
+		}
+		return r
+	}
+	if len(problems) > 0 {
+		t.Errorf("%s (%s) on %s/%s: %s\nattacker output:\n%s\nevents: %d", tech.name, tech.variant, o.path, b.layer,
+			strings.Join(problems, "; "), o.out, len(evs))
+	}
+	return r
+}
+
+func printTable(t *testing.T, b *bed, rows []row) {
+	byTech := map[string]map[string]row{}
+	var order []string
+	for _, r := range rows {
+		if byTech[r.tech.name] == nil {
+			byTech[r.tech.name] = map[string]row{}
+			order = append(order, r.tech.name)
+		}
+		byTech[r.tech.name][r.path] = r
+	}
+	sort.SliceStable(order, func(i, j int) bool {
+		return byTech[order[i]]["sandbox"].tech.class < byTech[order[j]]["sandbox"].tech.class
+	})
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "CLASS\tTECHNIQUE\tVARIANT\tSANDBOX (%s)\tWATCHER EXEC\tFIRST EVENT (sandbox)\n", b.layer)
+	for _, name := range order {
+		s, e := byTech[name]["sandbox"], byTech[name]["exec"]
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", s.tech.class, name, s.tech.variant, cell(s), cell(e), s.event)
+	}
+	tw.Flush()
+	t.Logf("adversarial suite, layer %s:\n%s", b.layer, buf.String())
+	if out := os.Getenv("ADV_TABLE"); out != "" {
+		os.WriteFile(out, buf.Bytes(), 0o644)
+	}
+}
+
+func cell(r row) string {
+	if r.verdict == "" {
+		return "-"
+	}
+	v := r.verdict
+	if !r.tech.benign && r.recorded {
+		v += " +event"
+	}
+	if r.knownOpen != "" {
+		v += " [known: " + r.knownOpen + "]"
+	}
+	return v
+}
+
+// TestDangerousList walks the one list (internal/dangerous): every entry,
+// through both syscall tables, is killed or refused in the sandbox and
+// refused under watcher exec.
+func TestDangerousList(t *testing.T) {
+	b := newBed(t)
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "SYSCALL\tHOOK\tx86_64 SANDBOX (%s)\tx86_64 EXEC\ti386 SANDBOX\ti386 EXEC\n", b.layer)
+	for _, op := range dangerous.Ops {
+		cells := []string{}
+		for _, abi := range []string{"syscall64", "syscall32"} {
+			for _, path := range []string{"sandbox", "exec"} {
+				tech := abi + ":" + op.Name
+				b.t = t
+				var o outcome
+				if path == "sandbox" {
+					o = b.inSandbox(tech)
+				} else {
+					o = b.viaExec(tech)
+				}
+				cells = append(cells, listVerdict(t, b, op, tech, o))
+				b.ensureAgent()
+			}
+		}
+		hook := op.Hook
+		if hook == "" {
+			hook = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", op.Name, hook, strings.Join(cells, "\t"))
+	}
+	tw.Flush()
+	t.Logf("dangerous list:\n%s", buf.String())
+}
+
+func listVerdict(t *testing.T, b *bed, op dangerous.Op, tech string, o outcome) string {
+	switch {
+	case o.result == "n/a":
+		return "n/a"
+	case o.result == "killed":
+		if len(b.eventsFor(o, nil)) == 0 {
+			t.Errorf("%s on %s: killed but no event", tech, o.path)
+			return "killed, NO EVENT"
+		}
+		return "killed"
+	case o.result == "refused" && strings.Contains(o.out, "(1)"): // EPERM
+		return "EPERM"
+	case o.result == "refused" && b.layer == "lsm" && o.path == "sandbox":
+		// The probe's harmless arguments fail before the LSM hook runs:
+		// nothing reached the kernel's work, but no refusal is shown.
+		return "refused by the kernel before the hook (" + lastLine(o.out) + ")"
+	}
+	t.Errorf("%s (%s) on %s/%s: %s, want killed or EPERM\n%s", tech, op.Group, o.path, b.layer, o.result, o.out)
+	return "OPEN: " + o.result + " " + lastLine(o.out)
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
+}
+
+var _ = audit.VerdictKilled
