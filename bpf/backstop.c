@@ -205,6 +205,7 @@ struct {
  * default, the rule on "/"). */
 #define DIR_WRITABLE 1  /* changes allowed below */
 #define DIR_PROTECTED 2 /* reads refused below: links and renames too */
+#define DIR_MOUNTED_SB 0xffffffff /* sandbox_id of {dev, ino 0}: a filesystem the agent sees */
 struct dir_key {
 	__u64 ino;
 	__u32 dev;
@@ -1219,6 +1220,7 @@ int BPF_PROG(backstop_cgroup_attach, struct cgroup *dst, const char *path, struc
 #define DEBUGFS_MAGIC 0x64626720
 #define NSFS_MAGIC 0x6e736673
 #define SECURITYFS_MAGIC 0x73636673
+#define OVERLAYFS_SUPER_MAGIC 0x794c7630
 
 #define S_IFMT_ 00170000
 #define S_IFREG_ 0100000
@@ -1267,6 +1269,12 @@ static __always_inline void inode_changed(struct inode *inode)
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
 		return;
+	/* Overridden credentials: a filesystem acting for the task on a layer
+	 * below (overlayfs writing its upper directory). The change is judged
+	 * on the inode the task sees (overlayfs copies the times up). */
+	struct task_struct *cur = (struct task_struct *)bpf_get_current_task_btf();
+	if (BPF_CORE_READ(cur, cred) != BPF_CORE_READ(cur, real_cred))
+		return;
 	__u32 mode = BPF_CORE_READ(inode, i_mode) & S_IFMT_;
 	if (mode != S_IFREG_ && mode != S_IFDIR_ && mode != S_IFLNK_)
 		return;
@@ -1279,8 +1287,18 @@ static __always_inline void inode_changed(struct inode *inode)
 	case DEVPTS_SUPER_MAGIC: case BPF_FS_MAGIC: case TRACEFS_MAGIC: case DEBUGFS_MAGIC:
 	case NSFS_MAGIC: case SECURITYFS_MAGIC:
 		return;
+	case OVERLAYFS_SUPER_MAGIC:
+		/* Its dentries are not the paths the rules name (a workspace
+		 * overlay mounted in the command's own namespace, a container's
+		 * root): overlays are judged at open only. */
+		return;
 	}
 	struct dir_walk w = { .dev = BPF_CORE_READ(isb, s_dev), .sandbox_id = sb->id };
+	/* Only filesystems mounted where the agent resolved the rules: a
+	 * tmpfs a command mounted in its own namespace holds no rule's path. */
+	struct dir_key mk = { .dev = w.dev, .sandbox_id = DIR_MOUNTED_SB };
+	if (!bpf_map_lookup_elem(&bs_dirs, &mk))
+		return;
 	struct hlist_node *first = BPF_CORE_READ(inode, i_dentry.first);
 	if (!first)
 		return;
@@ -1368,7 +1386,9 @@ int BPF_PROG(backstop_signal, int sig, struct kernel_siginfo *info, struct task_
 	     int group, int result)
 {
 	__u32 tgid = BPF_CORE_READ(task, tgid);
-	if (!is_agent(tgid) || sig <= 0 || sig > 64)
+	/* SIGCHLD: the kernel tells a parent (watcher exec's private agent)
+	 * that its sandboxed child ended; harmless from any sender. */
+	if (!is_agent(tgid) || sig <= 0 || sig > 64 || sig == 17)
 		return 0;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);

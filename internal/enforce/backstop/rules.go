@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/cilium/ebpf"
@@ -273,6 +274,15 @@ func (b *Backstop) setDirs(r Rules) error {
 		}
 		want[k] = backstopDirRule{Kind: uint32(d.Kind), Action: d.Action, RuleId: d.ID}
 	}
+	if len(want) > 0 {
+		devs, err := mountedDevs()
+		if err != nil {
+			return err
+		}
+		for _, d := range devs {
+			want[backstopDirKey{Dev: d, SandboxId: mountedSB}] = backstopDirRule{}
+		}
+	}
 	for k, v := range want {
 		if err := m.Put(k, v); err != nil {
 			return fmt.Errorf("set backstop dir rule: %w", err)
@@ -492,4 +502,35 @@ func SyscallNames() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// mountedSB is the sandbox id of the bs_dirs entries naming the
+// filesystems the rules were resolved on (DIR_MOUNTED_SB).
+const mountedSB = 0xffffffff
+
+// mountedDevs lists the devices of the filesystems mounted in this
+// process's mount namespace, where Dirs' paths were resolved.
+func mountedDevs() ([]uint32, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("backstop dir rules: %w", err)
+	}
+	seen := map[uint32]bool{}
+	var out []uint32
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		var maj, min uint32
+		if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+			continue
+		}
+		d := maj<<20 | min
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	return out, nil
 }
