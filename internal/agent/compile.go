@@ -386,11 +386,15 @@ func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer
 		} else {
 			notes = append([]string{"record (nothing records it on this host)"}, notes...)
 		}
+	case mech == MechKill:
+		// Never "block" where the kernel only kills afterwards.
+		what := "killed, stopped after the fact"
+		if a == policy.ActionBlock {
+			what = "policy says block; killed, stopped after the fact (no layer refuses it here)"
+		}
+		notes = append([]string{what}, notes...)
 	default:
 		notes = append([]string{string(a)}, notes...)
-	}
-	if a == policy.ActionBlock && mech == MechKill {
-		notes = append(notes, "block is carried out as a kill, after the fact")
 	}
 	line := control.Layer{Rule: sb.Name + ": " + rule, Mechanism: mech, Note: strings.Join(notes, "; ")}
 	c.plan.Layers = append(c.plan.Layers, line)
