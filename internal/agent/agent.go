@@ -231,7 +231,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	env := Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
-		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix()}
+		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix(), AbsentProbeSockets: AbsentProbeSockets()}
 	if a.plan, err = Compile(pol, env, a.rules); err != nil {
 		return a, err
 	}
@@ -538,7 +538,8 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		return
 	}
 	env := Env{LSM: a.lsmStatus(), LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
-		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM, UnixSockets: a.egress.UnixErr()}
+		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM, UnixSockets: a.egress.UnixErr(),
+		AbsentProbeSockets: AbsentProbeSockets()}
 	plan, err := Compile(pol, env, a.rules)
 	if err == nil && env.RequireLSM && len(plan.Missing) > 0 {
 		err = fmt.Errorf("--require-lsm: no BPF LSM program can block %s", strings.Join(plan.Missing, ", "))

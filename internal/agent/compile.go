@@ -134,6 +134,13 @@ type Env struct {
 	// UnixSockets is nil when the cgroup unix socket hooks load (kernel
 	// 6.7+: egress.ProbeUnix), or why not.
 	UnixSockets error
+	// AbsentProbeSockets are the well-known socket paths that C libraries
+	// probe on their own (nscd's: every getpwuid from bash or ls tries it)
+	// and that do not exist on this host (AbsentProbeSockets()). Refusing
+	// them protects nothing and shows the agent a refusal on every
+	// command, so they are left connectable; a host socket that exists
+	// stays refused. Re-derived at every policy apply.
+	AbsentProbeSockets []string
 	// RequireLSM makes every blocking rule whose BPF LSM hook is missing
 	// a Missing entry (the agent then refuses to start).
 	RequireLSM bool
@@ -1564,12 +1571,17 @@ func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.Sandbox
 		cfg.UnixPaths = append(cfg.UnixPaths, strings.TrimSuffix(w, "/")+"/")
 	}
 	cfg.UnixPaths = append(cfg.UnixPaths, sb.Egress.Unix...)
+	cfg.UnixPaths = append(cfg.UnixPaths, c.env.AbsentProbeSockets...)
 	if sb.Tools.Enabled {
 		// The sandbox's own tool gateway, and no other sandbox's.
 		cfg.UnixPaths = append(cfg.UnixPaths, gateway.SocketPath(c.p.Agent.SocketDir, sb.Name))
 	}
 	unixNote := []string{fmt.Sprintf("cgroup/connect_unix and sendmsg_unix: only %d workspace and egress.unix paths; abstract, relative and '..' paths refused", len(cfg.UnixPaths)),
 		"judged on the path as passed, before the kernel resolves it: a symlink inside an allowed directory to a host socket is not seen"}
+	if len(c.env.AbsentProbeSockets) > 0 {
+		unixNote = append(unixNote, "left connectable because no such socket exists on this host (the C library probes them on every lookup): "+
+			strings.Join(c.env.AbsentProbeSockets, ", ")+"; re-checked at every policy reload")
+	}
 	if c.env.UnixSockets != nil {
 		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechNone,
 			notes: []string{"this kernel cannot refuse unix socket connects (" + c.env.UnixSockets.Error() + ")"}})

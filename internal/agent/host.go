@@ -107,3 +107,27 @@ func bpfLSMReason(lsmList string, probeErr error) string {
 }
 
 var _ = enforce.DefaultPinDir
+
+// probeSockets are the unix sockets the C library connects to on its own:
+// glibc tries nscd before every passwd, group and hosts lookup, as the
+// path is written in the library (through the /var/run symlink or not).
+var probeSockets = []string{"/var/run/nscd/socket", "/run/nscd/socket"}
+
+// AbsentProbeSockets returns the probeSockets that no socket answers on
+// this host: nothing listens there, so a sandbox's connect reaches nothing
+// (Env.AbsentProbeSockets).
+func AbsentProbeSockets() []string {
+	return absentSockets(probeSockets)
+}
+
+func absentSockets(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeSocket != 0 {
+			// A host nscd: it resolves any name, so it stays refused.
+			return nil
+		}
+		out = append(out, p)
+	}
+	return out
+}

@@ -3,7 +3,9 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -102,5 +104,42 @@ sandboxes:
 		if l.Rule == "caged: egress: unix sockets" && (l.Mechanism != MechNone || !strings.Contains(l.Note, "cannot refuse")) {
 			t.Errorf("unix sockets without the hooks: %+v", l)
 		}
+	}
+}
+
+// TestProbeSocketsLeftWhenAbsent: the nscd paths glibc probes on every
+// lookup stay connectable only while no socket exists there; a host
+// socket at one of them (a running nscd, which resolves any name) keeps
+// both refused.
+func TestProbeSocketsLeftWhenAbsent(t *testing.T) {
+	dir := t.TempDir()
+	absent := []string{filepath.Join(dir, "var-run-nscd"), filepath.Join(dir, "run-nscd")}
+	if got := absentSockets(absent); !slices.Equal(got, absent) {
+		t.Errorf("no socket there: %v, want %v", got, absent)
+	}
+	ln, err := net.Listen("unix", absent[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if got := absentSockets(absent); got != nil {
+		t.Errorf("a socket listens at %s but %v are left connectable", absent[1], got)
+	}
+
+	p := parse(t, `version: 1
+sandboxes:
+  - name: caged
+    select: {cgroups: [/w/caged]}
+    preset: restricted
+    workspace: [/srv/agent]
+`)
+	plan, _ := compile(t, p, Env{DNSProxy4: netip.MustParseAddrPort("127.0.0.1:5300"), AbsentProbeSockets: []string{"/var/run/nscd/socket"}})
+	caged := plan.Egress[plan.SandboxIDs["caged"]]
+	if !slices.Contains(caged.UnixPaths, "/var/run/nscd/socket") || !caged.RestrictUnix {
+		t.Errorf("absent nscd socket not left connectable: %+v", caged)
+	}
+	plan, _ = compile(t, p, Env{DNSProxy4: netip.MustParseAddrPort("127.0.0.1:5300")})
+	if caged := plan.Egress[plan.SandboxIDs["caged"]]; slices.Contains(caged.UnixPaths, "/var/run/nscd/socket") {
+		t.Errorf("nscd socket connectable although the host has one: %+v", caged)
 	}
 }
