@@ -29,9 +29,9 @@ func precreateWritable(rules []policy.FileRule, home string) []string {
 	}
 	var made []string
 	for _, r := range rules {
-		dir := strings.TrimSuffix(r.Path, "/")
-		if r.Match != policy.MatchPrefix || r.Action != policy.ActionAllow || !coversAccess(r, true) ||
-			strings.ContainsAny(r.Path, "*?[") || !strings.HasPrefix(dir, home+"/") || refusedBelow(rules, home, dir) {
+		dir, ok := belowHome(strings.TrimSuffix(r.Path, "/"), home)
+		if !ok || r.Match != policy.MatchPrefix || r.Action != policy.ActionAllow || !coversAccess(r, true) ||
+			refusedBelow(rules, home, dir) {
 			continue
 		}
 		if _, err := os.Lstat(dir); err == nil {
@@ -67,10 +67,33 @@ func refusedBelow(rules []policy.FileRule, home, dir string) bool {
 		if r.Action == policy.ActionAllow || !coversAccess(r, true) {
 			continue
 		}
-		p := strings.TrimSuffix(r.Path, "/")
-		if strings.HasPrefix(p, home+"/") && (dir == p || strings.HasPrefix(dir, p+"/")) {
+		p, ok := belowHome(strings.TrimSuffix(r.Path, "/"), home)
+		if ok && (dir == p || strings.HasPrefix(dir, p+"/")) {
 			return true
 		}
 	}
 	return false
+}
+
+// belowHome returns the directory path names below home: path itself, or
+// with its leading components matched against home's as patterns
+// (/home/*/.cache for /home/alice); the part below home must be literal.
+func belowHome(path, home string) (string, bool) {
+	hc := strings.Split(strings.TrimPrefix(home, "/"), "/")
+	pc := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	if len(pc) <= len(hc) {
+		return "", false
+	}
+	for i, c := range hc {
+		if ok, err := filepath.Match(pc[i], c); err != nil || !ok {
+			return "", false
+		}
+	}
+	rest := pc[len(hc):]
+	for _, c := range rest {
+		if c == "" || c == "." || c == ".." || strings.ContainsAny(c, "*?[\\") {
+			return "", false
+		}
+	}
+	return filepath.Join(append([]string{home}, rest...)...), true
 }

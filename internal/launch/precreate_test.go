@@ -30,21 +30,25 @@ func TestPrecreateWritable(t *testing.T) {
 	rules := []policy.FileRule{
 		w(home + "/.config/go/telemetry/"),
 		w(home + "/.cache/*/x/"),
+		w(filepath.Dir(home) + "/*/.npm/_cacache/"),
+		w("/nonexistent-top/*/.npm/"),
 		w(outside + "/made/"),
 		w(home + "/secret/sub/"),
 		{Name: "deny", Path: home + "/secret/", Match: policy.MatchPrefix, Access: policy.AccessWrite, Action: policy.ActionBlock},
 		{Name: "r", Path: home + "/ro/", Match: policy.MatchPrefix, Access: policy.AccessRead, Action: policy.ActionAllow},
 		w(home + "/link/evil/"),
+		w(home + "/.ssh/keys/"),
+		{Name: "deny-ssh", Path: filepath.Dir(home) + "/*/.ssh/", Match: policy.MatchPrefix, Action: policy.ActionBlock},
 	}
 	made := precreateWritable(rules, home)
-	want := []string{home + "/.config/go", home + "/.config/go/telemetry"}
+	want := []string{home + "/.config/go", home + "/.config/go/telemetry", home + "/.npm", home + "/.npm/_cacache"}
 	if !slices.Equal(made, want) {
 		t.Errorf("created %v, want %v", made, want)
 	}
 	if st, err := os.Stat(home + "/.config/go/telemetry"); err != nil || !st.IsDir() {
 		t.Errorf("tool cache not created: %v", err)
 	}
-	for _, p := range []string{home + "/.cache", outside + "/made", home + "/secret", home + "/ro", outside + "/evil"} {
+	for _, p := range []string{home + "/.cache", outside + "/made", home + "/secret", home + "/ro", outside + "/evil", home + "/.ssh"} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("%s created", p)
 		}
