@@ -1011,6 +1011,7 @@ int BPF_PROG(backstop_io_uring_submit, struct io_kiocb *req)
 	struct category_rule *c = category(CAT_IO_URING_OPEN);
 	if (!c || !c->action)
 		return 0;
+	__u32 rule_id = c->rule_id; /* read now: see fork_judged */
 	__u32 verdict = backstop_verdict(sb, c->action);
 	if (verdict == VERDICT_ALLOWED)
 		return 0;
@@ -1021,7 +1022,7 @@ int BPF_PROG(backstop_io_uring_submit, struct io_kiocb *req)
 	if (!e)
 		return 0;
 	__builtin_memset(e, 0, SYSCALL_EVENT_COMPACT);
-	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, c->rule_id, root, sb);
+	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, rule_id, root, sb);
 	e->nr = NR_io_uring_enter;
 	e->ret = RET_UNKNOWN;
 	e->args[0] = op;
@@ -1084,7 +1085,10 @@ static __always_inline void fork_judged(struct task_struct *parent, struct task_
 	if (!cat)
 		return;
 	struct category_rule *c = category(cat);
+	/* Both read now: a pointer kept across the event code below is lost
+	 * by 6.1's verifier (it reloads it as a scalar). */
 	__u32 action = c ? c->action : 0;
+	__u32 rule_id = c ? c->rule_id : 0;
 	if (cat == CAT_CGROUP_ESCAPE && !action)
 		action = ACTION_RECORD; /* leaving the sandbox is always an alert */
 	if (!action)
@@ -1099,7 +1103,7 @@ static __always_inline void fork_judged(struct task_struct *parent, struct task_
 		struct cgroup_event *e = reserve_event(sizeof(*e), true);
 		if (!e)
 			return;
-		fill_hdr(&e->hdr, EV_KILL_CGROUP, verdict, c ? c->rule_id : 0, root, psb);
+		fill_hdr(&e->hdr, EV_KILL_CGROUP, verdict, rule_id, root, psb);
 		struct cgroup *cg = BPF_CORE_READ(child, cgroups, dfl_cgrp);
 		e->dst_cgroup = BPF_CORE_READ(cg, kn, id);
 		e->from_sandbox = root;
@@ -1114,7 +1118,7 @@ static __always_inline void fork_judged(struct task_struct *parent, struct task_
 	if (!e)
 		return;
 	__builtin_memset(e, 0, SYSCALL_EVENT_COMPACT);
-	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, c->rule_id, root, psb);
+	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, rule_id, root, psb);
 	e->nr = NR_clone3;
 	e->ret = BPF_CORE_READ(child, tgid);
 	e->category = cat;
@@ -1167,6 +1171,7 @@ int BPF_PROG(backstop_cgroup_attach, struct cgroup *dst, const char *path, struc
 
 	struct category_rule *c = category(CAT_CGROUP_ESCAPE);
 	__u32 action = c ? c->action : ACTION_RECORD;
+	__u32 rule_id = c ? c->rule_id : 0; /* read now: see fork_judged */
 	if (!action)
 		action = ACTION_RECORD; /* a move out is always an alert */
 	struct sandbox from_sb = { .id = from_id };
@@ -1186,7 +1191,7 @@ int BPF_PROG(backstop_cgroup_attach, struct cgroup *dst, const char *path, struc
 	struct cgroup_event *e = reserve_event(sizeof(*e), true);
 	if (!e)
 		return 0;
-	fill_hdr(&e->hdr, EV_KILL_CGROUP, verdict, c ? c->rule_id : 0, from, &from_sb);
+	fill_hdr(&e->hdr, EV_KILL_CGROUP, verdict, rule_id, from, &from_sb);
 	e->dst_cgroup = BPF_CORE_READ(dst, kn, id);
 	e->from_sandbox = from;
 	e->moved_pid = BPF_CORE_READ(task, tgid);
@@ -1400,6 +1405,7 @@ int BPF_PROG(backstop_signal, int sig, struct kernel_siginfo *info, struct task_
 		__sync_fetch_and_add(cnt, 1);
 	struct category_rule *c = category(CAT_SIGNAL_AGENT);
 	__u32 action = c && c->action ? c->action : ACTION_RECORD;
+	__u32 rule_id = c ? c->rule_id : 0; /* read now: see fork_judged */
 	__u32 verdict = backstop_verdict(sb, action);
 	bool stop = sig == 19 || sig == 20 || sig == 21 || sig == 22;
 	/* Both sends go through one per-CPU irq_work here (interrupts are off
@@ -1413,7 +1419,7 @@ int BPF_PROG(backstop_signal, int sig, struct kernel_siginfo *info, struct task_
 	if (!e)
 		return 0;
 	__builtin_memset(e, 0, SYSCALL_EVENT_COMPACT);
-	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, c ? c->rule_id : 0, root, sb);
+	fill_hdr(&e->hdr, EV_KILL_SYSCALL, verdict, rule_id, root, sb);
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
 	e->nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
 	e->ret = result;
