@@ -230,6 +230,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.startDNS(); err != nil {
 		return a, err
 	}
+	prepareToolDirs(pol)
 	env := Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
 		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix(), AbsentProbeSockets: AbsentProbeSockets()}
 	if a.plan, err = Compile(pol, env, a.rules); err != nil {
@@ -537,6 +538,7 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		a.refused(err)
 		return
 	}
+	prepareToolDirs(pol)
 	env := Env{LSM: a.lsmStatus(), LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
 		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM, UnixSockets: a.egress.UnixErr(),
 		AbsentProbeSockets: AbsentProbeSockets()}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -11,6 +12,8 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/policy"
 )
 
 // pseudoFS is a filesystem the agent needs mounted.
@@ -130,4 +133,29 @@ func absentSockets(paths []string) []string {
 		out = append(out, p)
 	}
 	return out
+}
+
+// prepareToolDirs creates, in every home on the host (/root and the
+// directories under /home), the missing directories of the write-allowed
+// rules below a home (tool caches such as ~/.config/go/telemetry/ where the
+// tool never ran). The kill backstop and Landlock grant writable places by
+// the inodes that exist when the policy is applied: a writable directory
+// made later by the sandbox itself would be judged by its parent, which the
+// policy does not let it write, and the tool would be killed (backstop) or
+// refused (Landlock) for doing what the policy allows.
+func prepareToolDirs(pol *policy.Policy) {
+	homes := []string{"/root"}
+	if ents, err := os.ReadDir("/home"); err == nil {
+		for _, e := range ents {
+			if e.IsDir() {
+				homes = append(homes, filepath.Join("/home", e.Name()))
+			}
+		}
+	}
+	for i := range pol.Sandboxes {
+		rules := pol.FileRules(&pol.Sandboxes[i])
+		for _, h := range homes {
+			launch.PrecreateWritable(rules, h)
+		}
+	}
 }

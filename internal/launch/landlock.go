@@ -99,7 +99,7 @@ func restrictLandlock(r *FileRules, applied *Applied) error {
 	var plan FilePlan
 	if r.Derive {
 		if home, err := os.UserHomeDir(); err == nil {
-			precreateWritable(r.Files, home)
+			PrecreateWritable(r.Files, home)
 		}
 		if plan, err = PlanFiles(r); err != nil {
 			return err

@@ -9,7 +9,7 @@ import (
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
-// precreateWritable creates the missing directories of the write-allowed
+// PrecreateWritable creates the missing directories of the write-allowed
 // prefix rules below home (a tool cache such as ~/.config/go/telemetry/ on
 // a machine where the tool never ran), owned like home. Landlock can only
 // grant rights on existing files: without this, the first mkdir of a
@@ -17,7 +17,7 @@ import (
 // is refused. Rules with wildcards, paths outside home and paths below a
 // write-refusing rule are left alone; errors are ignored (the run then
 // sees the refusal it would have seen anyway). It returns what it created.
-func precreateWritable(rules []policy.FileRule, home string) []string {
+func PrecreateWritable(rules []policy.FileRule, home string) []string {
 	home = filepath.Clean(home)
 	st, err := os.Stat(home)
 	if home == "/" || err != nil || !st.IsDir() {

@@ -40,7 +40,7 @@ func TestPrecreateWritable(t *testing.T) {
 		w(home + "/.ssh/keys/"),
 		{Name: "deny-ssh", Path: filepath.Dir(home) + "/*/.ssh/", Match: policy.MatchPrefix, Action: policy.ActionBlock},
 	}
-	made := precreateWritable(rules, home)
+	made := PrecreateWritable(rules, home)
 	want := []string{home + "/.config/go", home + "/.config/go/telemetry", home + "/.npm", home + "/.npm/_cacache"}
 	if !slices.Equal(made, want) {
 		t.Errorf("created %v, want %v", made, want)
@@ -53,7 +53,7 @@ func TestPrecreateWritable(t *testing.T) {
 			t.Errorf("%s created", p)
 		}
 	}
-	if again := precreateWritable(rules, home); len(again) != 0 {
+	if again := PrecreateWritable(rules, home); len(again) != 0 {
 		t.Errorf("second run created %v", again)
 	}
 }
