@@ -809,7 +809,7 @@ func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32) {
 		return
 	}
 	id := c.rules.ID("raw-sockets")
-	note := "AF_PACKET: cgroup/sock_create does not run for packet sockets and no LSM hook covers them; refused by seccomp under watcher exec, and creating one needs CAP_NET_RAW"
+	note := "AF_PACKET: cgroup/sock_create does not run for packet sockets, and watcher has no socket_create LSM program or backstop rule for them yet: refused only by seccomp under watcher exec (creating one needs CAP_NET_RAW)"
 	if !c.cgroupOK {
 		c.add(sb, "raw_sockets", a, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error(), note}})
 		return
