@@ -44,6 +44,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NR_clone 56
 #define NR_execve 59
 #define NR_kill 62
+#define NR_socket 41
 #define NR_creat 85
 #define NR_rt_sigqueueinfo 129
 #define NR_tkill 200
@@ -75,7 +76,8 @@ enum bs_category {
 	CAT_MODIFY = 10,       /* an inode changed outside writable places */
 	CAT_EXEC_FILELESS = 11, /* exec of a file with no name (memfd, deleted) */
 	CAT_MMAP_EXEC = 12,    /* mmap PROT_EXEC of a file: judged by exec rules */
-	CAT_MAX = 13,
+	CAT_PACKET_SOCKET = 13, /* socket(AF_PACKET): no cgroup hook runs for them */
+	CAT_MAX = 14,
 };
 
 /* Operations a path rule applies to. */
@@ -424,6 +426,9 @@ static __always_inline bool category_matches(__u32 cat, long nr, struct pt_regs 
 		return target_is_agent(nr, regs, target);
 	case CAT_IO_URING:
 		return true;
+	case CAT_PACKET_SOCKET:
+		/* The family is a register: nothing to race. */
+		return nr == NR_socket && BPF_CORE_READ(regs, di) == 17 /* AF_PACKET */;
 	}
 	return false;
 }

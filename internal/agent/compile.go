@@ -809,13 +809,14 @@ func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32) {
 		return
 	}
 	id := c.rules.ID("raw-sockets")
-	note := "AF_PACKET: cgroup/sock_create does not run for packet sockets, and watcher has no socket_create LSM program or backstop rule for them yet: refused only by seccomp under watcher exec (creating one needs CAP_NET_RAW)"
+	note := "AF_PACKET: cgroup/sock_create does not run for packet sockets; the backstop kills socket(AF_PACKET) at entry (host-wide category: the strictest sandbox's action; no LSM socket_create program yet), seccomp refuses it under watcher exec"
 	if !c.cgroupOK {
 		c.add(sb, "raw_sockets", a, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error(), note}})
 		return
 	}
 	c.plan.Sockets = append(c.plan.Sockets, cgroupbpf.SocketRule{Sandbox: sid, Family: cgroupbpf.Any,
 		Type: unix.SOCK_RAW, Protocol: cgroupbpf.Any, Action: kernelAction(a), RuleID: id})
+	c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
 	c.add(sb, "raw_sockets", a, layer{mech: MechCgroupBPF, notes: []string{"cgroup/sock_create: SOCK_RAW on IPv4 and IPv6", note}})
 }
 

@@ -522,3 +522,37 @@ func TestRulesValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestPacketSockets: socket(AF_PACKET) runs no cgroup hook, so a packet
+// socket would reach the wire past every connect and sendmsg hook. The
+// backstop kills it at entry in a sandbox and its nested cgroup; a UDP
+// socket there, and a packet socket outside, still work; without the rule
+// the packet socket is created.
+func TestPacketSockets(t *testing.T) {
+	t.Run("without_fix_leaks", func(t *testing.T) {
+		f := newFixture(t, nil)
+		r := f.run(t, f.sandbox, "socket", "packet")
+		if r.killed || !strings.Contains(r.out, "result: <nil>") {
+			t.Fatalf("packet socket not created without the rule: killed=%v\n%s", r.killed, r.out)
+		}
+	})
+	kill := backstop.Rule{Action: enforce.ActionKill, ID: 91}
+	f := newFixture(t, func(r *backstop.Rules) { r.PacketSocket = kill })
+	for _, parent := range []string{f.sandbox, f.nested} {
+		r := f.run(t, parent, "socket", "packet")
+		f.expectKilled(t, r, all(wantSyscall("socket"), wantMessage("category=packet_socket")))
+		if strings.Contains(r.out, "result: <nil>") {
+			t.Fatalf("packet socket created before the kill:\n%s", r.out)
+		}
+		r = f.run(t, parent, "socket", "udp")
+		expectSurvived(t, r)
+		if !strings.Contains(r.out, "result: <nil>") {
+			t.Fatalf("UDP socket in the sandbox failed:\n%s", r.out)
+		}
+	}
+	r := f.run(t, f.outside, "socket", "packet")
+	expectSurvived(t, r)
+	if !strings.Contains(r.out, "result: <nil>") {
+		t.Fatalf("packet socket outside the sandbox failed:\n%s", r.out)
+	}
+}

@@ -94,6 +94,10 @@ type Rules struct {
 	// dynamic loader's `ld.so FILE`): its action only enables the check,
 	// the exec rule matching the file decides.
 	MmapExec Rule
+	// PacketSocket applies to socket(AF_PACKET, ...): cgroup/sock_create
+	// never runs for packet sockets, which reach the wire past every
+	// connect and sendmsg hook.
+	PacketSocket Rule
 	// Dirs judge changes made without a write-open (truncate, chmod,
 	// chown, xattrs, times, link, unlink, rename, symlink, mknod, mkdir,
 	// O_TRUNC), by inode: nil derives them from Paths (protected exact and
@@ -141,7 +145,8 @@ const (
 	catModify       = 10
 	catExecFileless = 11
 	catMmapExec     = 12
-	catMax          = 13
+	catPacketSocket = 13
+	catMax          = 14
 )
 
 var categoryNames = map[uint32]string{
@@ -149,6 +154,7 @@ var categoryNames = map[uint32]string{
 	catIOUring: "io_uring", catIOUringOpen: "io_uring_open", catSignalAgent: "signal_agent",
 	catCgroupEscape: "cgroup_escape", catPath: "path", catCompat: "compat_syscall",
 	catModify: "modified_outside_writable", catExecFileless: "exec_fileless", catMmapExec: "mmap_exec",
+	catPacketSocket: "packet_socket",
 }
 
 // compatNRBase: events carry i386 syscall n as compatNRBase+n.
@@ -166,7 +172,7 @@ var Syscalls = map[string]int{
 	"io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
 	"fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
 	"pidfd_getfd": 438, "mount_setattr": 442, "keyctl": 250, "add_key": 248,
-	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169, "mmap": 9,
+	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169, "mmap": 9, "socket": 41,
 }
 
 // The one list of dangerous syscalls names every entry rules may use.
@@ -193,7 +199,7 @@ var categorySyscalls = map[string]uint32{
 	"clone": catCloneFiles, "clone3": catCloneFiles, "io_uring_setup": catIOUring,
 	"kill": catSignalAgent, "tkill": catSignalAgent, "tgkill": catSignalAgent,
 	"rt_sigqueueinfo": catSignalAgent, "rt_tgsigqueueinfo": catSignalAgent,
-	"pidfd_send_signal": catSignalAgent, "mmap": catMmapExec,
+	"pidfd_send_signal": catSignalAgent, "mmap": catMmapExec, "socket": catPacketSocket,
 }
 
 // DefaultRules is the backstop for the dangerous operations watcher refuses
@@ -339,6 +345,7 @@ func (b *Backstop) setSyscalls(r Rules) error {
 		catCgroupWrite: r.CgroupWrite, catProcMem: r.ProcMem, catCloneFiles: r.CloneFiles,
 		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
 		catCgroupEscape: r.CgroupEscape, catCompat: r.Compat, catExecFileless: r.ExecFileless, catMmapExec: r.MmapExec,
+		catPacketSocket: r.PacketSocket,
 	}
 	for cat, rule := range cats {
 		if err := checkAction(rule.Action); err != nil {

@@ -152,6 +152,17 @@ func main() {
 		// opened before this process entered it.
 		fd := int(argInt(0))
 		_, err = unix.Write(fd, []byte("0\n"))
+	case "socket":
+		// socket(family, type, 0): "packet" is AF_PACKET SOCK_DGRAM, "udp"
+		// the benign neighbour.
+		family, typ := unix.AF_INET, unix.SOCK_DGRAM
+		if arg(0) == "packet" {
+			family = unix.AF_PACKET
+		}
+		var fd int
+		if fd, err = unix.Socket(family, typ, 0); err == nil {
+			unix.Close(fd)
+		}
 	case "sleep":
 		select {}
 	default:
