@@ -236,6 +236,11 @@ var techniques = []technique{
 // list cannot go stale). Key: name + "/" + path + "/" + layer.
 var knownOpen = map[string]string{}
 
+// raceNotWon is what a race technique prints when its flip never reached
+// the kernel in time: the target is unchanged and nothing happened that
+// the agent could record (the row passes on the unchanged target alone).
+const raceNotWon = "RACE-NOT-WON"
+
 // flaky lists rows seen both closed and open on this host; they are
 // reported, not asserted, until the cause is found.
 var flaky = map[string]string{
@@ -346,7 +351,7 @@ func judge(t *testing.T, b *bed, tech technique, o outcome) row {
 		// back to the backstop.
 		problems = append(problems, "lsm path: want EPERM before the fact, got "+o.result)
 	}
-	if !r.recorded {
+	if !r.recorded && !(strings.Contains(o.out, raceNotWon) && !r.achieved) {
 		problems = append(problems, "no event recorded")
 	}
 	switch {
