@@ -55,7 +55,7 @@ func findMount(mountinfo string) (string, error) {
 		if len(post) < 1 || len(pre) < 5 || post[0] != "cgroup2" {
 			continue
 		}
-		found = append(found, unescapeMount(pre[4]))
+		found = append(found, UnescapeMount(pre[4]))
 	}
 	if err := sc.Err(); err != nil {
 		return "", fmt.Errorf("read %s: %w", mountinfo, err)
@@ -72,8 +72,8 @@ func findMount(mountinfo string) (string, error) {
 	return found[0], nil
 }
 
-// unescapeMount undoes mountinfo's octal escapes (\040 for space).
-func unescapeMount(s string) string {
+// UnescapeMount undoes mountinfo's octal escapes (\040 for space).
+func UnescapeMount(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}

@@ -16,8 +16,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 )
 
 // Controllers limits can use.
@@ -72,7 +73,7 @@ func detect(mountinfo string) (*Host, error) {
 		if len(pre) < 5 || len(post) < 3 || pre[3] != "/" {
 			continue // not a hierarchy's root (a bind of a sub-cgroup)
 		}
-		mnt := unescape(pre[4])
+		mnt := cgroupfs.UnescapeMount(pre[4])
 		switch post[0] {
 		case "cgroup2":
 			if h.V2 == "" || mnt == "/sys/fs/cgroup" {
@@ -102,24 +103,6 @@ func detect(mountinfo string) (*Host, error) {
 		}
 	}
 	return h, nil
-}
-
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Mechanism says which hierarchy enforces a controller here: cgroup2 when

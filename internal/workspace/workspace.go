@@ -31,11 +31,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 )
 
 // Workspace is one sandbox's overlay workspaces. Methods take the sandbox's
@@ -270,32 +271,13 @@ func overlayMounts() (map[string]bool, error) {
 		}
 		pre, post := strings.Fields(line[:sep]), strings.Fields(line[sep+3:])
 		if len(pre) >= 5 && len(post) >= 1 && post[0] == "overlay" {
-			out[unescapeMount(pre[4])] = true
+			out[cgroupfs.UnescapeMount(pre[4])] = true
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mounts: %w", err)
 	}
 	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Binds returns, for each layer, the merged directory and the real path
