@@ -196,6 +196,7 @@ func mergeLists(merged, own, base *Sandbox) {
 	merged.Tools.Rules = concat(own.Tools.Rules, base.Tools.Rules)
 	merged.Tools.Exchange.Patterns = concat(own.Tools.Exchange.Patterns, base.Tools.Exchange.Patterns)
 	merged.Egress.Unix = concat(own.Egress.Unix, base.Egress.Unix)
+	merged.Require = concat(own.Require, base.Require)
 }
 
 // concat returns a followed by the entries of b not already in a (so a
@@ -463,6 +464,7 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.Tools.Exchange.Types)
 	nilIfEmpty(&sb.Tools.Exchange.Patterns)
 	nilIfEmpty(&sb.Egress.Unix)
+	nilIfEmpty(&sb.Require)
 	for j := range sb.Egress.Allow {
 		nilIfEmpty(&sb.Egress.Allow[j].Ports)
 	}

@@ -183,6 +183,10 @@ type Sandbox struct {
 	Limits Limits `yaml:"limits"`
 	// Tools configures the sandbox's tool-call gateway (see tools.go).
 	Tools Tools `yaml:"tools"`
+	// Require lists the hardening every container or cgroup of the sandbox
+	// must have (no_new_privs, cap_drop_all, readonly_root, ...; see
+	// require.go); one that lacks an item raises an alert. Empty: none.
+	Require []Requirement `yaml:"require"`
 }
 
 // WorkspaceMode says how sandboxed commands see the workspace.

@@ -135,6 +135,7 @@ var sandboxName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // allowed here: a sandbox as written may rely on its preset).
 func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	c.tools(at.key("tools"), &sb.Tools)
+	c.requirements(at.key("require"), sb.Require)
 	if sb.Name != "" && !sandboxName.MatchString(sb.Name) {
 		c.add(at.key("name"), "%q: use letters, digits, '.', '_' and '-' (at most 63, starting with a letter or digit)", sb.Name)
 	}
