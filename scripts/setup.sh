@@ -15,6 +15,7 @@ packages=(
 	prometheus                             # promtool test rules
 	make git ca-certificates
 	gcc zstd curl python3-venv locales tzdata   # test/workloads: the benign battery
+	docker.io                              # internal/posture: a real container's posture (the test starts its own dockerd)
 )
 missing=()
 for p in "${packages[@]}"; do

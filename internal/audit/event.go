@@ -135,6 +135,8 @@ type Event struct {
 	// operations (see RepeatDetail); Count() is how many.
 	Repeat *RepeatDetail `json:"repeat,omitempty"`
 	Tool   *ToolDetail   `json:"tool,omitempty"`
+	// Posture is set on posture events (KindPosture).
+	Posture *Posture `json:"posture,omitempty"`
 	// Message is free text for agent, recovery and escape events.
 	Message string `json:"message,omitempty"`
 	// Redacted lists the fields whose values were replaced by "***".
@@ -286,5 +288,6 @@ type SampleRow struct {
 // kills are alerts regardless of the severity the producer set.
 func (e *Event) IsAlert() bool {
 	return e.Severity == SeverityAlert || e.Verdict == VerdictDenied || e.Verdict == VerdictKilled ||
-		e.Kind == KindLoss || e.Kind == KindRecovery || e.Kind == KindEscape
+		e.Kind == KindLoss || e.Kind == KindRecovery || e.Kind == KindEscape ||
+		e.Kind == KindPosture // rare, and a change of hardening must never be sampled out
 }
