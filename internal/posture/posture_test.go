@@ -365,7 +365,6 @@ func TestEveryRequirementIsChecked(t *testing.T) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-
 // p0 is the first process of a cgroup.
 func p0(t *testing.T, cg string) int {
 	t.Helper()
