@@ -114,7 +114,7 @@ type Agent struct {
 	lsmProbeMech map[string]string
 	names        atomic.Pointer[map[uint32]string] // sandbox id -> name, per plan
 	// denialsOn says the tracepoints recording seccomp and Landlock
-	// refusals are attached (see PrepareExec).
+	// refusals are attached (see recording.go).
 	denialsOn atomic.Bool
 	prepMu    sync.Mutex
 	counts    sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
@@ -128,6 +128,8 @@ type Agent struct {
 	wg        sync.WaitGroup
 	stopOnce  sync.Once
 	stopErr   error
+
+	exec execActivity // watcher exec commands running (recording.go)
 }
 
 type root struct {
@@ -252,19 +254,23 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		}
 		backstop.RegisterHooks(a.reader, backstop.Hooks{OnMount: a.onMountKill})
 	}
-	a.denialsOn.Store(a.backstop != nil || opts.RecordExecDenials) // see below
-	if err := a.applyPlan(); err != nil {
-		return a, err
-	}
 	// Refusals by seccomp and Landlock (commands run with watcher exec)
 	// happen before any hook of ours sees them: sys_exit records them. Any
 	// syscall tracepoint slows every task of the host, so they are attached
-	// at once only where the kill backstop already pays that cost (or the
-	// caller asks); otherwise when the first `watcher exec` announces itself.
-	denials := a.denialsOn.Load()
-	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: denials}); err != nil {
+	// only while commands run (recording.go), or at once when the caller
+	// asks. A predecessor's recording stays while its commands may run.
+	if a.tracer.DenialsPinned() {
+		a.exec.lastPrepare.Store(time.Now().UnixNano())
+	}
+	a.denialsOn.Store(a.wantDenials())
+	if err := a.applyPlan(); err != nil {
+		return a, err
+	}
+	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: a.denialsOn.Load()}); err != nil {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}
+	// The backstop's own syscall tracepoints follow its rules (attached
+	// only while a rule no stronger layer covers needs them).
 	if a.backstop != nil {
 		if err := a.backstop.Attach(); err != nil {
 			return a, fmt.Errorf("kill backstop: %w", err)
@@ -552,6 +558,9 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		a.pol, a.plan, a.layers, a.missing = pol, plan, plan.Layers, plan.Missing
 		a.mu.Unlock()
 		if err = a.applyPlan(); err == nil {
+			err = a.syncRecording() // the syscall stream may have changed
+		}
+		if err == nil {
 			err = a.dns.SetPolicy(plan.DNS)
 		}
 		if err == nil {

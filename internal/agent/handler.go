@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/control"
@@ -38,27 +39,14 @@ func (a *Agent) Plan() *Plan {
 
 // PrepareExec makes sure refusals by the seccomp filter and Landlock
 // ruleset of `watcher exec` are recorded before a command runs
-// (control.Handler): the first call attaches the sys_enter/sys_exit
-// tracepoints, later calls return at once.
+// (control.Handler): it attaches the sys_enter/sys_exit tracepoints when
+// they are not attached; they are detached again once no command has run
+// for a while (recording.go).
 func (a *Agent) PrepareExec() error {
-	a.prepMu.Lock()
-	defer a.prepMu.Unlock()
-	if a.denialsOn.Load() {
-		return nil
-	}
-	if err := a.tracer.EnableDenials(); err != nil {
+	a.exec.lastPrepare.Store(time.Now().UnixNano())
+	if err := a.syncRecording(); err != nil {
 		return fmt.Errorf("record exec denials: %w", err)
 	}
-	a.denialsOn.Store(true)
-	a.mu.Lock()
-	tc := a.plan.Trace
-	a.mu.Unlock()
-	tc.RecordDenials = true
-	if err := a.tracer.SetConfig(tc); err != nil {
-		return fmt.Errorf("record exec denials: %w", err)
-	}
-	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
-		Message: "recording seccomp and Landlock refusals of watcher exec commands (syscall tracepoints attached)"})
 	return nil
 }
 

@@ -160,7 +160,9 @@ func (a *Agent) onCgroup(ev containers.Event) {
 		switch ev.Op {
 		case containers.Appeared:
 			a.labels.Store(ev.ID, leafLabel(filepath.Base(ev.Path)))
+			a.execLeafAppeared(ev.ID)
 		case containers.Gone:
+			a.execLeafGone(ev.ID)
 			// Events of the leaf may still be in the rings: forget later.
 			id := ev.ID
 			time.AfterFunc(time.Minute, func() { a.labels.Delete(id) })

@@ -183,6 +183,10 @@ func (a *Agent) periodic(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		if err := a.syncRecording(); err != nil {
+			a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+				Message: "syscall tracepoints for exec refusals: " + err.Error()})
+		}
 		if d := a.tail.DroppedClients(); d > tailDrops {
 			a.emit(audit.Event{Kind: audit.KindLoss, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 				Mechanism: "agent", Loss: &audit.LossDetail{Stage: "tail_client", Count: d - tailDrops},

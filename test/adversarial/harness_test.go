@@ -116,7 +116,6 @@ type bed struct {
 	agentLog           *bytes.Buffer
 	layer              string // "lsm" or "backstop": what enforces file rules
 	leafSeq            int
-	prepared           bool
 }
 
 const (
@@ -324,7 +323,6 @@ func (b *bed) startAgent() {
 			b.layer = "lsm"
 		}
 	}
-	b.prepared = false
 }
 
 func (b *bed) stopAgent() {
@@ -477,11 +475,10 @@ func (b *bed) viaExec(tech string) outcome {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !b.prepared {
-		if err := control.NewClient(filepath.Join(b.socketDir, "control.sock")).PrepareExec(); err != nil {
-			t.Logf("PrepareExec: %v", err)
-		}
-		b.prepared = true
+	// Every run announces itself, as watcher exec does: the agent keeps
+	// the recording tracepoints only while commands run.
+	if err := control.NewClient(filepath.Join(b.socketDir, "control.sock")).PrepareExec(); err != nil {
+		t.Logf("PrepareExec: %v", err)
 	}
 	b.leafSeq++
 	o := outcome{path: "exec", started: time.Now(), label: fmt.Sprintf("adv-%s-%d", b.id, b.leafSeq)}

@@ -28,10 +28,14 @@
 package backstop
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -70,12 +74,27 @@ var optionalPrograms = map[string]string{
 	ProgCtimeSkip: "ctime_xchg_skip",
 }
 
+// syscallPrograms are the programs on the raw syscall tracepoints. Any
+// program there puts every task of the host, sandboxed or not, on the
+// kernel's syscall slow path (bench/syscall), so they are attached only
+// while the rules need them (Rules.NeedsSyscallTracepoints). sys_enter
+// first: sys_exit completes the events sys_enter leaves.
+var syscallPrograms = []string{ProgSysEnter, ProgSysExit}
+
+func isSyscallProgram(name string) bool { return name == ProgSysEnter || name == ProgSysExit }
+
 // Backstop holds the loaded programs and their rule maps.
 type Backstop struct {
 	pinDir  string
 	coll    *ebpf.Collection
-	links   []link.Link
 	missing map[string]error
+
+	mu       sync.Mutex
+	links    map[string]link.Link // attached by this Backstop, by program
+	attached bool                 // Attach ran: SetRules keeps the syscall programs in step
+	// needSyscalls: the rules last set need sys_enter/sys_exit. Until
+	// SetRules runs it is true: the adopted rule maps may need them.
+	needSyscalls bool
 }
 
 // Load loads the programs (not yet attached) with the engine's shared maps.
@@ -90,7 +109,7 @@ func Load(eng *enforce.Engine) (*Backstop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load backstop programs: %w", err)
 	}
-	return &Backstop{pinDir: eng.PinDir(), coll: coll, missing: missing}, nil
+	return &Backstop{pinDir: eng.PinDir(), coll: coll, missing: missing, links: map[string]link.Link{}, needSyscalls: true}, nil
 }
 
 // dropMissingTracepoints removes optional programs whose tracepoint is not in
@@ -137,28 +156,87 @@ func Probe(eng *enforce.Engine) map[string]error {
 	return out
 }
 
-// Attach attaches every loaded program and pins its link under
-// enforce.LinkPinDir(pinDir, "backstop"). Links pinned by a previous agent
-// are replaced only after the new ones are attached: the two overlap, there
-// is no window without enforcement. Set the rules before attaching (the rule
-// maps are pinned by name, so an adopted set is already in force).
+// Attach attaches the loaded programs and pins their links under
+// enforce.LinkPinDir(pinDir, "backstop"): the event tracepoints (fork,
+// cgroup moves, exec, inode changes, signals) always, the raw syscall
+// tracepoints only when the rules set last need them (all of them when no
+// rules were set: the adopted rule maps decide then); from then on SetRules
+// attaches and detaches those as the rules change. Links pinned by a
+// previous agent are replaced only after the new ones are attached: the two
+// overlap, there is no window without enforcement. Set the rules before
+// attaching (the rule maps are pinned by name, so an adopted set is already
+// in force).
 func (b *Backstop) Attach() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	dir := enforce.LinkPinDir(b.pinDir, Group)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("backstop link dir: %w", err)
 	}
-	for name, prog := range b.coll.Programs {
-		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-		if err != nil {
-			return fmt.Errorf("attach %s: %w", name, err)
+	for _, name := range slices.Sorted(maps.Keys(b.coll.Programs)) {
+		if isSyscallProgram(name) {
+			continue
 		}
-		if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
+		if err := b.attachLocked(dir, name); err != nil {
+			return err
+		}
+	}
+	b.attached = true
+	return b.syncSyscallsLocked()
+}
+
+func (b *Backstop) attachLocked(dir, name string) error {
+	if _, ok := b.links[name]; ok {
+		return nil
+	}
+	prog, ok := b.coll.Programs[name]
+	if !ok {
+		return nil // optional, not on this kernel
+	}
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", name, err)
+	}
+	if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
+		l.Close()
+		return fmt.Errorf("pin %s: %w", name, err)
+	}
+	b.links[name] = l
+	return nil
+}
+
+// syncSyscallsLocked attaches or detaches the raw syscall tracepoints to
+// match the rules. Detaching removes the pin too, so a link a previous
+// agent pinned goes with it.
+func (b *Backstop) syncSyscallsLocked() error {
+	dir := enforce.LinkPinDir(b.pinDir, Group)
+	if b.needSyscalls {
+		for _, name := range syscallPrograms {
+			if err := b.attachLocked(dir, name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, name := range slices.Backward(syscallPrograms) {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("detach %s: %w", name, err)
+		}
+		if l, ok := b.links[name]; ok {
 			l.Close()
-			return fmt.Errorf("pin %s: %w", name, err)
+			delete(b.links, name)
 		}
-		b.links = append(b.links, l)
 	}
 	return nil
+}
+
+// SyscallTracepoints reports whether this Backstop holds sys_enter and
+// sys_exit attached (enforce.LinkedPrograms asks the kernel).
+func (b *Backstop) SyscallTracepoints() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.links[ProgSysEnter]
+	return ok
 }
 
 // Detach removes this group's pinned links: the backstop stops.
@@ -171,21 +249,38 @@ func Detach(pinDir string) error {
 
 // Close releases file descriptors; pinned links keep enforcing.
 func (b *Backstop) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	for _, l := range b.links {
-		l.Close()
+		l.Close() // the names stay: Attached still says what was attached
 	}
-	b.links = nil
 	b.coll.Close()
 	return nil
 }
 
 // Attached lists the attached program names.
 func (b *Backstop) Attached() []string {
-	var out []string
-	for name := range b.coll.Programs {
-		out = append(out, name)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Sorted(maps.Keys(b.links))
+}
+
+// ProgramIDs returns the kernel ids of the loaded programs by name (tests
+// match them against enforce.LinkedPrograms).
+func (b *Backstop) ProgramIDs() (map[string]ebpf.ProgramID, error) {
+	out := map[string]ebpf.ProgramID{}
+	for name, p := range b.coll.Programs {
+		info, err := p.Info()
+		if err != nil {
+			return nil, fmt.Errorf("program %s info: %w", name, err)
+		}
+		id, ok := info.ID()
+		if !ok {
+			return nil, fmt.Errorf("program %s: the kernel reports no id", name)
+		}
+		out[name] = id
 	}
-	return out
+	return out, nil
 }
 
 // Program returns a loaded program by name (benchmarks attach selectively).

@@ -556,3 +556,138 @@ func TestPacketSockets(t *testing.T) {
 		t.Fatalf("packet socket outside the sandbox failed:\n%s", r.out)
 	}
 }
+
+// linked asks the kernel how many links each of bs's programs has.
+func linked(t *testing.T, bs *backstop.Backstop) map[string]int {
+	t.Helper()
+	ids, err := bs.ProgramIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	links, err := enforce.LinkedPrograms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for name, id := range ids {
+		out[name] = links[id]
+	}
+	return out
+}
+
+// TestSyscallTracepointsFollowRules: the raw syscall tracepoints (which
+// slow every syscall of the host) are attached only while a rule needs
+// them, as the kernel's link table shows; the event tracepoints stay.
+func TestSyscallTracepointsFollowRules(t *testing.T) {
+	// Rules the event tracepoints enforce alone: leaving the sandbox.
+	noSyscalls := backstop.Rules{CgroupEscape: backstop.Rule{Action: enforce.ActionKill, ID: 9}}
+	if noSyscalls.NeedsSyscallTracepoints() {
+		t.Fatal("a cgroup-escape rule needs no syscall tracepoint")
+	}
+	f := newFixture(t, func(r *backstop.Rules) { *r = noSyscalls })
+	withSecret := backstop.DefaultRules()
+	withSecret.Paths = append(withSecret.Paths, backstop.PathRule{Path: f.secret, Ops: backstop.OpRead,
+		Rule: backstop.Rule{Action: enforce.ActionKill, ID: f.secretID}})
+	pin := func(name string) bool {
+		_, err := os.Stat(filepath.Join(enforce.LinkPinDir(f.eng.PinDir(), backstop.Group), name))
+		return err == nil
+	}
+	expect := func(state string, want bool) {
+		t.Helper()
+		l := linked(t, f.bs)
+		for _, name := range []string{backstop.ProgSysEnter, backstop.ProgSysExit} {
+			if (l[name] > 0) != want || pin(name) != want {
+				t.Errorf("%s: %s has %d links in the kernel (pinned %v), want attached=%v", state, name, l[name], pin(name), want)
+			}
+		}
+		for _, name := range []string{backstop.ProgFork, backstop.ProgCgroupAttach, backstop.ProgSignal} {
+			if l[name] != 1 {
+				t.Errorf("%s: %s has %d links in the kernel, want 1", state, name, l[name])
+			}
+		}
+		if f.bs.SyscallTracepoints() != want {
+			t.Errorf("%s: SyscallTracepoints() = %v, the kernel says %v", state, f.bs.SyscallTracepoints(), want)
+		}
+	}
+	escape := func(state string) {
+		t.Helper()
+		dst := f.leaf(t, f.outside)
+		procs, err := os.OpenFile(filepath.Join(dst, "cgroup.procs"), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer procs.Close()
+		cmd := enforcetest.Command(t, f.leaf(t, f.sandbox), helperBin, "escape", "3")
+		cmd.ExtraFiles = []*os.File{procs}
+		out, _ := cmd.CombinedOutput()
+		if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Errorf("%s: escaped process not killed: %v\n%s", state, cmd.ProcessState, out)
+		}
+	}
+
+	expect("escape rule only", false)
+	escape("escape rule only")
+	r := f.run(t, f.sandbox, "open", f.secret)
+	if r.killed || r.err != nil {
+		t.Fatalf("no file rule yet, but the open failed: killed=%v err=%v\n%s", r.killed, r.err, r.out)
+	}
+
+	if err := f.bs.SetRules(withSecret); err != nil {
+		t.Fatal(err)
+	}
+	expect("file and syscall rules", true)
+	f.expectKilled(t, f.run(t, f.sandbox, "open", f.secret), wantPath(f.secret))
+	expectSurvived(t, f.run(t, f.outside, "open", f.secret))
+
+	if err := f.bs.SetRules(noSyscalls); err != nil {
+		t.Fatal(err)
+	}
+	expect("back to the escape rule", false)
+	escape("back to the escape rule")
+
+	// A restarted agent whose rules need no syscall tracepoint removes the
+	// ones its predecessor pinned.
+	if err := f.bs.SetRules(withSecret); err != nil {
+		t.Fatal(err)
+	}
+	old := linked(t, f.bs)
+	oldIDs, err := f.bs.ProgramIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.bs.Close() // the first agent exits: only its pins hold its links
+	again, err := enforce.Open(enforce.Options{PinDir: f.eng.PinDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	b2, err := backstop.Load(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	if err := b2.SetRules(noSyscalls); err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Attach(); err != nil {
+		t.Fatal(err)
+	}
+	if old[backstop.ProgSysEnter] == 0 {
+		t.Fatal("the first agent's sys_enter was not attached")
+	}
+	links, err := enforce.LinkedPrograms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := links[oldIDs[backstop.ProgSysEnter]] + links[oldIDs[backstop.ProgSysExit]]; n != 0 {
+		t.Errorf("the first agent's sys_enter/sys_exit still have %d links after the restart", n)
+	}
+	l2 := linked(t, b2)
+	if l2[backstop.ProgSysEnter] != 0 || l2[backstop.ProgSysExit] != 0 || pin(backstop.ProgSysEnter) || pin(backstop.ProgSysExit) {
+		t.Errorf("restarted agent without syscall rules: sys_enter %d, sys_exit %d links (pinned %v/%v), want none",
+			l2[backstop.ProgSysEnter], l2[backstop.ProgSysExit], pin(backstop.ProgSysEnter), pin(backstop.ProgSysExit))
+	}
+	if l2[backstop.ProgFork] != 1 {
+		t.Errorf("restarted agent: fork program has %d links, want 1", l2[backstop.ProgFork])
+	}
+}

@@ -237,8 +237,39 @@ func DefaultRules() Rules {
 	return r
 }
 
+// NeedsSyscallTracepoints reports whether r has a rule only the raw
+// syscall tracepoints judge: a syscall rule, a check of syscall arguments
+// (clone flags, io_uring_setup, signals aimed at the agent, 32-bit entry,
+// mmap PROT_EXEC, AF_PACKET), or a file rule judged at open (sys_exit: path
+// rules, cgroupfs write-opens, /proc/PID/mem; an interpreter's open of its
+// script). The other checks (fork, cgroup moves, exec, inode changes,
+// signals by any route) run on event tracepoints that cost nothing to the
+// rest of the host.
+func (r Rules) NeedsSyscallTracepoints() bool {
+	for _, c := range []Rule{r.CgroupWrite, r.ProcMem, r.CloneFiles, r.IOUring, r.SignalAgent, r.Compat,
+		r.MmapExec, r.PacketSocket} {
+		if c.Action != enforce.ActionAllow {
+			return true
+		}
+	}
+	for _, s := range r.Syscalls {
+		if s.Action != enforce.ActionAllow {
+			return true
+		}
+	}
+	for _, p := range r.Paths {
+		if p.Action != enforce.ActionAllow && p.Ops != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // SetRules replaces the rule maps' contents with r. New entries are written
 // before stale ones are removed, so rules present in both sets never lapse.
+// Once attached, the raw syscall tracepoints follow the rules: attached
+// after rules that need them are written, detached after the last such
+// rule is removed.
 func (b *Backstop) SetRules(r Rules) error {
 	if err := b.setSyscalls(r); err != nil {
 		return err
@@ -246,7 +277,16 @@ func (b *Backstop) SetRules(r Rules) error {
 	if err := b.setPaths(r.Paths); err != nil {
 		return err
 	}
-	return b.setDirs(r)
+	if err := b.setDirs(r); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.needSyscalls = r.NeedsSyscallTracepoints()
+	if !b.attached {
+		return nil
+	}
+	return b.syncSyscallsLocked()
 }
 
 // setDirs writes the inode table that judges changes made without a

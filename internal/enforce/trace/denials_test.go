@@ -288,33 +288,49 @@ func BenchmarkDenialsOutside(b *testing.B) {
 	}
 }
 
-// TestEnableDenialsLater: an agent that starts without the syscall
-// tracepoints (nothing pinned for them) attaches them when the first
-// launched command announces itself, and the refusals are then recorded.
-func TestEnableDenialsLater(t *testing.T) {
+// TestDenialsAttachDetach: an agent that starts without the syscall
+// tracepoints (nothing linked for them in the kernel) attaches them when
+// the first launched command announces itself, the refusals are then
+// recorded, and they are detached again when no command needs them, while
+// exec and exit recording stays.
+func TestDenialsAttachDetach(t *testing.T) {
 	eng, tr, c, sb, _ := setupWith(t, trace.Config{}, trace.AttachOptions{})
 	pins := enforce.LinkPinDir(eng.PinDir(), trace.Group)
-	for _, p := range []string{trace.ProgSysEnter, trace.ProgSysExit} {
-		if _, err := os.Stat(filepath.Join(pins, p)); err == nil {
-			t.Fatalf("%s attached before any command asked for it", p)
+	expect := func(state string, want bool) {
+		t.Helper()
+		ids, err := tr.ProgramIDs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		links, err := enforce.LinkedPrograms()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{trace.ProgSysEnter, trace.ProgSysExit} {
+			_, err := os.Stat(filepath.Join(pins, p))
+			if (links[ids[p]] > 0) != want || (err == nil) != want {
+				t.Errorf("%s: %s has %d links in the kernel (pin: %v), want attached=%v", state, p, links[ids[p]], err, want)
+			}
+		}
+		for _, p := range []string{trace.ProgExec, trace.ProgExit} {
+			if links[ids[p]] != 1 {
+				t.Errorf("%s: %s has %d links, want 1", state, p, links[ids[p]])
+			}
+		}
+		if tr.DenialsAttached() != want {
+			t.Errorf("%s: DenialsAttached() = %v, the kernel says %v", state, tr.DenialsAttached(), want)
 		}
 	}
-	if tr.DenialsAttached() {
-		t.Fatal("DenialsAttached before EnableDenials")
-	}
+	expect("before any command", false)
 	for i := 0; i < 2; i++ { // idempotent
-		if err := tr.EnableDenials(); err != nil {
+		if err := tr.SetSyscalls(trace.AttachOptions{Denials: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := tr.SetConfig(trace.Config{RecordDenials: true}); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{trace.ProgSysEnter, trace.ProgSysExit} {
-		if _, err := os.Stat(filepath.Join(pins, p)); err != nil {
-			t.Fatalf("%s not pinned after EnableDenials: %v", p, err)
-		}
-	}
+	expect("a command announced", true)
 	e := newDenyEnv(t)
 	v, _ := launchDeny(t, e, sb)
 	deadline := time.Now().Add(5 * time.Second)
@@ -325,8 +341,24 @@ func TestEnableDenialsLater(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no seccomp denial recorded after EnableDenials")
+			t.Fatal("no seccomp denial recorded after the tracepoints were attached")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if err := tr.SetConfig(trace.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.SetSyscalls(trace.AttachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("no command left", false)
+	// The syscall stream alone needs sys_enter only.
+	if err := tr.SetSyscalls(trace.AttachOptions{Syscalls: true}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := tr.ProgramIDs()
+	links, _ := enforce.LinkedPrograms()
+	if links[ids[trace.ProgSysEnter]] != 1 || links[ids[trace.ProgSysExit]] != 0 {
+		t.Errorf("syscall stream: sys_enter %d and sys_exit %d links, want 1 and 0", links[ids[trace.ProgSysEnter]], links[ids[trace.ProgSysExit]])
 	}
 }

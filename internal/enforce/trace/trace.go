@@ -134,11 +134,10 @@ func denialWatch(c Config) ([watchSize]uint32, error) {
 
 // Tracer holds the loaded recording programs.
 type Tracer struct {
-	pinDir   string
-	objs     traceObjects
-	mu       sync.Mutex
-	links    []link.Link
-	attached map[string]bool
+	pinDir string
+	objs   traceObjects
+	mu     sync.Mutex
+	links  map[string]link.Link // attached here, by program
 }
 
 // Load loads the programs with the engine's shared maps.
@@ -219,7 +218,8 @@ type AttachOptions struct {
 
 // Attach attaches and pins the programs under enforce.LinkPinDir(pinDir,
 // "trace"); links pinned by a previous agent are replaced after the new
-// ones are attached (overlap, no gap).
+// ones are attached (overlap, no gap). The syscall tracepoints opts does
+// not ask for are detached, a predecessor's pins included.
 func (t *Tracer) Attach(opts AttachOptions) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -227,38 +227,56 @@ func (t *Tracer) Attach(opts AttachOptions) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("trace link dir: %w", err)
 	}
-	progs := map[string]*ebpf.Program{ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit}
-	optional := []struct {
+	for _, p := range []struct {
 		name string
 		prog *ebpf.Program
-		on   bool
-	}{
-		{ProgSysEnter, t.objs.TraceSysEnter, opts.Syscalls || opts.Denials},
-		{ProgSysExit, t.objs.TraceSysExit, opts.Denials},
-	}
-	for _, o := range optional {
-		if o.on {
-			progs[o.name] = o.prog
-		} else if err := os.Remove(filepath.Join(dir, o.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("detach %s: %w", o.name, err)
-		}
-	}
-	// sys_enter before sys_exit: a sys_exit without the marks of
-	// sys_enter would take the kernel's own EPERMs for seccomp's.
-	order := []string{ProgExec, ProgExit, ProgSysEnter, ProgSysExit}
-	for _, name := range order {
-		prog, ok := progs[name]
-		if !ok {
-			continue
-		}
-		if err := t.attachLocked(dir, name, prog); err != nil {
+	}{{ProgExec, t.objs.TraceExec}, {ProgExit, t.objs.TraceExit}} {
+		if err := t.attachLocked(dir, p.name, p.prog); err != nil {
 			return err
+		}
+	}
+	return t.setSyscallsLocked(opts)
+}
+
+// SetSyscalls attaches or detaches sys_enter and sys_exit to match opts
+// (sched_process_exec/exit stay), so the host pays for syscall tracepoints
+// only while something records through them: the syscall stream, or the
+// refusals of a running `watcher exec` command. Turning denials on: call
+// SetConfig with RecordDenials after it; off: before it.
+func (t *Tracer) SetSyscalls(opts AttachOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.setSyscallsLocked(opts)
+}
+
+func (t *Tracer) setSyscallsLocked(opts AttachOptions) error {
+	dir := enforce.LinkPinDir(t.pinDir, Group)
+	want := map[string]bool{ProgSysEnter: opts.Syscalls || opts.Denials, ProgSysExit: opts.Denials}
+	// Detach sys_exit before sys_enter and attach sys_enter before
+	// sys_exit: a sys_exit without the marks of sys_enter would take the
+	// kernel's own EPERMs for seccomp's.
+	for _, name := range []string{ProgSysExit, ProgSysEnter} {
+		if !want[name] {
+			if err := t.detachLocked(dir, name); err != nil {
+				return err
+			}
+		}
+	}
+	progs := map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit}
+	for _, name := range []string{ProgSysEnter, ProgSysExit} {
+		if want[name] {
+			if err := t.attachLocked(dir, name, progs[name]); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
 func (t *Tracer) attachLocked(dir, name string, prog *ebpf.Program) error {
+	if t.links[name] != nil {
+		return nil
+	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", name, err)
@@ -267,32 +285,22 @@ func (t *Tracer) attachLocked(dir, name string, prog *ebpf.Program) error {
 		l.Close()
 		return fmt.Errorf("pin %s: %w", name, err)
 	}
-	t.links = append(t.links, l)
-	if t.attached == nil {
-		t.attached = map[string]bool{}
+	if t.links == nil {
+		t.links = map[string]link.Link{}
 	}
-	t.attached[name] = true
+	t.links[name] = l
 	return nil
 }
 
-// EnableDenials attaches sys_enter and sys_exit when they are not attached
-// yet, for agents that record seccomp and Landlock refusals only once a
-// command runs under them (any syscall tracepoint slows every task of the
-// host). Set Config.RecordDenials after it returns.
-func (t *Tracer) EnableDenials() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	dir := enforce.LinkPinDir(t.pinDir, Group)
-	for _, p := range []struct {
-		name string
-		prog *ebpf.Program
-	}{{ProgSysEnter, t.objs.TraceSysEnter}, {ProgSysExit, t.objs.TraceSysExit}} {
-		if t.attached[p.name] {
-			continue
-		}
-		if err := t.attachLocked(dir, p.name, p.prog); err != nil {
-			return err
-		}
+// detachLocked removes a program's link: its pin (a predecessor's too) and
+// the descriptor held here.
+func (t *Tracer) detachLocked(dir, name string) error {
+	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("detach %s: %w", name, err)
+	}
+	if l := t.links[name]; l != nil {
+		l.Close()
+		delete(t.links, name)
 	}
 	return nil
 }
@@ -301,7 +309,33 @@ func (t *Tracer) EnableDenials() error {
 func (t *Tracer) DenialsAttached() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.attached[ProgSysExit]
+	return t.links[ProgSysExit] != nil
+}
+
+// DenialsPinned reports whether a sys_exit link is pinned (by this
+// Tracer or a previous agent's).
+func (t *Tracer) DenialsPinned() bool {
+	_, err := os.Stat(filepath.Join(enforce.LinkPinDir(t.pinDir, Group), ProgSysExit))
+	return err == nil
+}
+
+// ProgramIDs returns the kernel ids of the programs by name (tests match
+// them against enforce.LinkedPrograms).
+func (t *Tracer) ProgramIDs() (map[string]ebpf.ProgramID, error) {
+	out := map[string]ebpf.ProgramID{}
+	for name, p := range map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit,
+		ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit} {
+		info, err := p.Info()
+		if err != nil {
+			return nil, fmt.Errorf("program %s info: %w", name, err)
+		}
+		id, ok := info.ID()
+		if !ok {
+			return nil, fmt.Errorf("program %s: the kernel reports no id", name)
+		}
+		out[name] = id
+	}
+	return out, nil
 }
 
 // Detach removes this group's pinned links.

@@ -1,0 +1,185 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// startTestAgent starts a real agent on private pins, sockets, ledger and
+// cgroups, with policy yaml (sandboxes section and below) appended to the
+// agent section.
+func startTestAgent(t *testing.T, sandboxes func(cgroup string) string) (*Agent, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loads BPF programs")
+	}
+	var rb [4]byte
+	rand.Read(rb[:])
+	id := hex.EncodeToString(rb[:])
+	base := t.TempDir()
+	cgroup := "/watcher-rec-" + id
+	pinDir := "/sys/fs/bpf/watcher-rec-" + id
+	yaml := fmt.Sprintf(`version: 1
+agent:
+  ledger_dir: %s
+  socket_dir: %s
+  pin_dir: %s
+  metrics_addr: ""
+  exec_cgroup: %s-exec
+  dns: {listen: "127.0.0.1:%d"}
+`, filepath.Join(base, "ledger"), filepath.Join(base, "run"), pinDir, cgroup, freePort(t)) + sandboxes(cgroup)
+	path := filepath.Join(base, "policy.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Start(context.Background(), Options{Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Stop()
+		for _, cg := range []string{cgroup, cgroup + "-exec"} {
+			if abs, err := cgroupfs.Abs(cg); err == nil {
+				cgroupfs.Remove(abs)
+			}
+		}
+		if err := enforce.Unpin(pinDir); err != nil {
+			t.Errorf("unpin: %v", err)
+		}
+	})
+	return a, cgroup
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// kernelLinks asks the kernel how many links each named program has.
+func kernelLinks(t *testing.T, ids map[string]ebpf.ProgramID) map[string]int {
+	t.Helper()
+	links, err := enforce.LinkedPrograms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for name, id := range ids {
+		out[name] = links[id]
+	}
+	return out
+}
+
+// TestSyscallTracepointsOnDemand: the raw syscall tracepoints are linked in
+// the kernel only while something needs them. Recording of watcher exec
+// refusals: from a command's PrepareExec, while its leaf cgroup lives,
+// and detached after it is gone; the backstop's: exactly when its rules
+// need them (on a host where LSM or fmod_ret hooks cover every rule the
+// backstop would hold, never).
+func TestSyscallTracepointsOnDemand(t *testing.T) {
+	defer func(d time.Duration) { execIdle = d }(execIdle)
+	execIdle = 500 * time.Millisecond
+	a, _ := startTestAgent(t, func(cg string) string {
+		return fmt.Sprintf(`sandboxes:
+  - name: rec
+    select: {cgroups: [%s]}
+    preset: restricted
+`, cg)
+	})
+	trIDs, err := a.tracer.ProgramIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bsIDs map[string]ebpf.ProgramID
+	if a.backstop != nil {
+		if bsIDs, err = a.backstop.ProgramIDs(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := a.Plan()
+	needBackstop := a.backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
+	t.Logf("backstop loaded: %v; its rules need syscall tracepoints: %v; syscall stream: %v", a.backstop != nil, needBackstop, plan.SyscallStream)
+	check := func(state string, denials bool) {
+		t.Helper()
+		tl := kernelLinks(t, trIDs)
+		wantEnter := denials || plan.SyscallStream
+		if (tl[trace.ProgSysEnter] > 0) != wantEnter || (tl[trace.ProgSysExit] > 0) != denials {
+			t.Errorf("%s: recording sys_enter %d, sys_exit %d links in the kernel; want sys_enter=%v sys_exit=%v",
+				state, tl[trace.ProgSysEnter], tl[trace.ProgSysExit], wantEnter, denials)
+		}
+		if tl[trace.ProgExec] != 1 || tl[trace.ProgExit] != 1 {
+			t.Errorf("%s: exec/exit recording has %d/%d links, want 1/1", state, tl[trace.ProgExec], tl[trace.ProgExit])
+		}
+		if bsIDs != nil {
+			bl := kernelLinks(t, bsIDs)
+			if (bl[backstop.ProgSysEnter] > 0) != needBackstop || (bl[backstop.ProgSysExit] > 0) != needBackstop {
+				t.Errorf("%s: backstop sys_enter %d, sys_exit %d links; its rules need them: %v", state,
+					bl[backstop.ProgSysEnter], bl[backstop.ProgSysExit], needBackstop)
+			}
+			if bl[backstop.ProgFork] != 1 {
+				t.Errorf("%s: backstop fork program has %d links, want 1", state, bl[backstop.ProgFork])
+			}
+		}
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	check("started, no command yet", false)
+
+	if err := a.PrepareExec(); err != nil {
+		t.Fatal(err)
+	}
+	check("a command announced", true)
+
+	// The command's leaf keeps the recording past the idle time.
+	leaf, err := cgroupfs.Abs(filepath.Join(ExecParents(a.Policy(), a.Policy().Sandbox("rec"))[0], "exec-rec-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cgroupfs.Create(leaf); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the exec leaf to be seen", func() bool { return a.exec.leafCount.Load() == 1 })
+	time.Sleep(execIdle + 1500*time.Millisecond) // at least one periodic pass after the idle time
+	check("a command running past the idle time", true)
+
+	if err := cgroupfs.Remove(leaf); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the recording to be detached", func() bool { return !a.denialsOn.Load() })
+	check("the command gone", false)
+
+	// The next command attaches them again.
+	if err := a.PrepareExec(); err != nil {
+		t.Fatal(err)
+	}
+	check("the next command", true)
+}
