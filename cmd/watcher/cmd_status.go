@@ -41,12 +41,25 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	socket := fs.String("socket", control.DefaultSocket, "agent's control socket")
 	asJSON := fs.Bool("json", false, "print the status as JSON")
+	showPosture := fs.Bool("posture", false, "print each sandbox cgroup's hardening as the kernel reports it (capabilities, no_new_privs,\nseccomp, user namespace, mounts of /, /tmp and the workspace, limits); exit 1 when one lacks\nan item its sandbox requires")
 	if err := parseFlags(fs, args, stderr, "Usage: watcher status [flags]\n\nHealth at a glance. Exit 0 when the agent is up and every required layer is\navailable, 1 otherwise: usable as a readiness probe."); err != nil {
 		return helpOK(err)
 	}
 	st, err := control.NewClient(*socket).Status()
 	if err != nil {
 		return err
+	}
+	if *showPosture {
+		var lacking []string
+		if *asJSON {
+			lacking = postureJSON(stdout, &st)
+		} else {
+			lacking = printPosture(stdout, &st)
+		}
+		if len(lacking) > 0 {
+			return fmt.Errorf("sandbox cgroups lack required hardening: %s", strings.Join(lacking, "; "))
+		}
+		return nil
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

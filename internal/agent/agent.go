@@ -129,7 +129,8 @@ type Agent struct {
 	stopOnce  sync.Once
 	stopErr   error
 
-	exec execActivity // watcher exec commands running (recording.go)
+	exec    execActivity // watcher exec commands running (recording.go)
+	posture postureWatch // each root's hardening (posture.go)
 }
 
 type root struct {
@@ -310,6 +311,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	go func() { defer a.wg.Done(); a.periodic(ctx) }()
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.watchLimits(ctx) }()
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.watchPosture(ctx) }()
 	if a.reloader != nil {
 		// Edits of the policy file take effect without a signal; a bad
 		// edit is refused and the policy in force stays.

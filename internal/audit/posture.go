@@ -66,7 +66,8 @@ type MountPosture struct {
 
 // LimitsPosture holds resource limits present (0: none).
 type LimitsPosture struct {
-	MemoryBytes int64   `json:"memory_bytes"`
-	CPUCores    float64 `json:"cpu_cores"`
-	PIDs        int64   `json:"pids"`
+	MemoryBytes int64 `json:"memory_bytes"`
+	// CPUMillis is the CPU bandwidth limit in thousandths of a core.
+	CPUMillis int64 `json:"cpu_millicores"`
+	PIDs      int64 `json:"pids"`
 }

@@ -78,6 +78,10 @@ type SandboxStatus struct {
 	Events   map[string]uint64 `json:"events"` // by verdict
 	// Usage is the cgroup's resource use against the sandbox's limits.
 	Usage *ResourceUsage `json:"usage,omitempty"`
+	// Posture is the cgroup's hardening as last recorded in the ledger
+	// (nil before the first record), with the sandbox's required items it
+	// lacks.
+	Posture *audit.Posture `json:"posture,omitempty"`
 }
 
 // ResourceUsage is a sandbox cgroup's use of its limits (0 = no limit).

@@ -460,9 +460,64 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 		b = strField(b, "sha256", t.SHA256, true)
 		b = closeObject(b, n)
 	}
+	if p := e.Posture; p != nil {
+		b = appendPosture(b, p)
+	}
 	b = strField(b, "message", e.Message, true)
 	b = strsField(b, "redacted", e.Redacted, true)
 	return b
+}
+
+// appendPosture writes a posture record's fields in struct order.
+func appendPosture(b []byte, p *audit.Posture) []byte {
+	b = append(b, `,"posture":{`...)
+	n := len(b)
+	b = strField(b, "cgroup", p.Cgroup, false)
+	b = strField(b, "container", p.Container, true)
+	b = intField(b, "procs", int64(p.Procs), false)
+	b = intField(b, "threads", int64(p.Threads), false)
+	b = uintField(b, "cap_eff", p.CapEff, false)
+	b = uintField(b, "cap_bnd", p.CapBnd, false)
+	b = boolField(b, "no_new_privs", p.NoNewPrivs, false)
+	b = strField(b, "seccomp", p.Seccomp, false)
+	b = boolField(b, "user_ns", p.UserNS, false)
+	b = strField(b, "uid_map", p.UIDMap, true)
+	b = boolField(b, "root_user", p.RootUser, false)
+	b = appendMountPosture(fieldName(b, "root"), &p.Root)
+	b = appendMountPosture(fieldName(b, "tmp"), &p.Tmp)
+	if len(p.Workspace) > 0 {
+		b = append(fieldName(b, "workspace"), '[')
+		for i := range p.Workspace {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendMountPosture(b, &p.Workspace[i])
+		}
+		b = append(b, ']')
+	}
+	b = append(fieldName(b, "limits"), '{')
+	m := len(b)
+	b = intField(b, "memory_bytes", p.Limits.MemoryBytes, false)
+	b = intField(b, "cpu_millicores", p.Limits.CPUMillis, false)
+	b = intField(b, "pids", p.Limits.PIDs, false)
+	b = closeObject(b, m)
+	b = strsField(b, "missing", p.Missing, true)
+	b = strsField(b, "errors", p.Errors, true)
+	return closeObject(b, n)
+}
+
+func appendMountPosture(b []byte, m *audit.MountPosture) []byte {
+	b = append(b, '{')
+	n := len(b)
+	b = strField(b, "path", m.Path, false)
+	b = strField(b, "mount", m.Mount, true)
+	b = strField(b, "fstype", m.FSType, true)
+	b = boolField(b, "ro", m.ReadOnly, false)
+	b = boolField(b, "noexec", m.NoExec, false)
+	b = boolField(b, "nosuid", m.NoSuid, false)
+	b = boolField(b, "nodev", m.NoDev, false)
+	b = boolField(b, "absent", m.Absent, true)
+	return closeObject(b, n)
 }
 
 // appendTime appends t in UTC as t.UTC().AppendFormat(b, time.RFC3339Nano)

@@ -95,7 +95,7 @@ func TestDockerContainers(t *testing.T) {
 	if len(h.Workspace) != 1 || h.Workspace[0] != h.Tmp {
 		t.Errorf("hardened: workspace /tmp %+v differs from tmp %+v", h.Workspace, h.Tmp)
 	}
-	wantLim := audit.LimitsPosture{MemoryBytes: 64 << 20, CPUCores: 0.5, PIDs: 50}
+	wantLim := audit.LimitsPosture{MemoryBytes: 64 << 20, CPUMillis: 500, PIDs: 50}
 	if h.Limits != wantLim {
 		t.Errorf("hardened: limits %+v, want %+v (memory=%s cpu=%s pids=%s)", h.Limits, wantLim,
 			r.Host.Mechanism(limits.Memory), r.Host.Mechanism(limits.CPU), r.Host.Mechanism(limits.PIDs))

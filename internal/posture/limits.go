@@ -3,6 +3,7 @@ package posture
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,17 +39,25 @@ func (a *limitAgg) add(pid int) error {
 	cpu := a.limit(limits.CPU, groups)
 	pids := a.limit(limits.PIDs, groups)
 	if a.n == 0 {
-		a.lim = audit.LimitsPosture{MemoryBytes: int64(mem), CPUCores: cpu, PIDs: int64(pids)}
+		a.lim = audit.LimitsPosture{MemoryBytes: int64(mem), CPUMillis: millis(cpu), PIDs: int64(pids)}
 	} else {
 		a.lim.MemoryBytes = looser(a.lim.MemoryBytes, int64(mem))
-		a.lim.CPUCores = looser(a.lim.CPUCores, cpu)
+		a.lim.CPUMillis = looser(a.lim.CPUMillis, millis(cpu))
 		a.lim.PIDs = looser(a.lim.PIDs, int64(pids))
 	}
 	a.n++
 	return nil
 }
 
-func looser[T int64 | float64](a, b T) T {
+// millis turns cores into thousandths of a core (at least 1 for any limit).
+func millis(cores float64) int64 {
+	if cores <= 0 {
+		return 0
+	}
+	return max(1, int64(math.Round(cores*1000)))
+}
+
+func looser(a, b int64) int64 {
 	if a == 0 || b == 0 {
 		return 0
 	}
@@ -81,7 +90,7 @@ func (r *Reader) cgroupLimits(rel string) audit.LimitsPosture {
 		groups.v1[c] = rel
 	}
 	a := newLimitAgg(r)
-	return audit.LimitsPosture{MemoryBytes: int64(a.limit(limits.Memory, groups)), CPUCores: a.limit(limits.CPU, groups),
+	return audit.LimitsPosture{MemoryBytes: int64(a.limit(limits.Memory, groups)), CPUMillis: millis(a.limit(limits.CPU, groups)),
 		PIDs: int64(a.limit(limits.PIDs, groups))}
 }
 

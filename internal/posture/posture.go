@@ -48,6 +48,10 @@ type Reader struct {
 	HostUserNS uint64
 	// Proc is the procfs mount ("/proc").
 	Proc string
+	// SkipDir, when set, leaves out the processes of descendant cgroups
+	// it returns true for (by directory name), with their subtrees: the
+	// agent skips `watcher exec` leaves, whose hardening is its own.
+	SkipDir func(name string) bool
 }
 
 // NewReader discovers the cgroup mounts and the host's user namespace.
@@ -68,7 +72,7 @@ func NewReader() (*Reader, error) {
 // (for the record and the container id); workspace lists the sandbox's
 // workspace directories.
 func (r *Reader) Cgroup(abs, rel string, workspace []string) (audit.Posture, error) {
-	pids, err := subtreeProcs(abs)
+	pids, err := subtreeProcs(abs, r.SkipDir)
 	if err != nil {
 		return audit.Posture{}, err
 	}
@@ -85,7 +89,7 @@ func (r *Reader) Cgroup(abs, rel string, workspace []string) (audit.Posture, err
 }
 
 // subtreeProcs lists the processes of the cgroup and its descendants.
-func subtreeProcs(abs string) ([]int, error) {
+func subtreeProcs(abs string, skip func(string) bool) ([]int, error) {
 	var pids []int
 	err := filepath.WalkDir(abs, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -96,6 +100,9 @@ func subtreeProcs(abs string) ([]int, error) {
 		}
 		if !d.IsDir() {
 			return nil
+		}
+		if p != abs && skip != nil && skip(d.Name()) {
+			return fs.SkipDir
 		}
 		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
 		if err != nil {
@@ -290,21 +297,4 @@ func (r *Reader) userNS(pid int) (bool, string, error) {
 		lines = append(lines, strings.Join(strings.Fields(l), " "))
 	}
 	return true, strings.Join(lines, ", "), nil
-}
-
-// CapNames lists the capabilities in a set by name (lower case, no CAP_
-// prefix), in number order.
-func CapNames(set uint64, name func(int) string) []string {
-	var out []string
-	for i := 0; i < 64; i++ {
-		if set&(1<<i) == 0 {
-			continue
-		}
-		n := strings.ToLower(strings.TrimPrefix(name(i), "CAP_"))
-		if n == "" {
-			n = strconv.Itoa(i)
-		}
-		out = append(out, n)
-	}
-	return out
 }

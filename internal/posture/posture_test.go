@@ -263,7 +263,7 @@ func TestLimitsOfTheProcessCgroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := read(t, r, cg)
-	if want := (audit.LimitsPosture{MemoryBytes: 64 << 20, CPUCores: 0.5, PIDs: 50}); p.Limits != want {
+	if want := (audit.LimitsPosture{MemoryBytes: 64 << 20, CPUMillis: 500, PIDs: 50}); p.Limits != want {
 		t.Fatalf("limits %+v, want %+v (mechanisms memory=%s cpu=%s pids=%s)", p.Limits, want,
 			r.Host.Mechanism(limits.Memory), r.Host.Mechanism(limits.CPU), r.Host.Mechanism(limits.PIDs))
 	}
@@ -318,7 +318,7 @@ func TestEveryRequirementIsChecked(t *testing.T) {
 	good := audit.Posture{Procs: 1, NoNewPrivs: true, Seccomp: SeccompFilter, UserNS: true,
 		Root: audit.MountPosture{ReadOnly: true}, Tmp: audit.MountPosture{NoExec: true, NoSuid: true},
 		Workspace: []audit.MountPosture{{NoExec: true, NoSuid: true}},
-		Limits:    audit.LimitsPosture{MemoryBytes: 1, CPUCores: 1, PIDs: 1}}
+		Limits:    audit.LimitsPosture{MemoryBytes: 1, CPUMillis: 1, PIDs: 1}}
 	Check(&good, policy.Requirements())
 	if good.Missing != nil {
 		t.Fatalf("good posture lacks %v", good.Missing)
@@ -350,7 +350,7 @@ func TestEveryRequirementIsChecked(t *testing.T) {
 		case policy.RequireMemoryLimit:
 			bad.Limits.MemoryBytes = 0
 		case policy.RequireCPULimit:
-			bad.Limits.CPUCores = 0
+			bad.Limits.CPUMillis = 0
 		case policy.RequirePIDsLimit:
 			bad.Limits.PIDs = 0
 		default:

@@ -44,7 +44,7 @@ func Has(p *audit.Posture, r policy.Requirement) bool {
 	case policy.RequireMemoryLimit:
 		return p.Limits.MemoryBytes > 0
 	case policy.RequireCPULimit:
-		return p.Limits.CPUCores > 0
+		return p.Limits.CPUMillis > 0
 	case policy.RequirePIDsLimit:
 		return p.Limits.PIDs > 0
 	}
