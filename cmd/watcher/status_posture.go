@@ -21,7 +21,7 @@ func printPosture(w io.Writer, st *control.Status) (lacking []string) {
 	var caps []string
 	for _, s := range st.Sandboxes {
 		p := s.Posture
-		name := s.Path
+		name := "/" + strings.TrimPrefix(strings.TrimPrefix(s.Path, st.Kernel.Cgroup2), "/")
 		if p == nil {
 			fmt.Fprintf(tw, "%s\t%s\t(not read yet)\n", s.Name, name)
 			continue
