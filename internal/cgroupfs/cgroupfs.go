@@ -7,7 +7,6 @@
 package cgroupfs
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -35,30 +34,15 @@ func Mountpoint() (string, error) {
 }
 
 func findMount(mountinfo string) (string, error) {
-	f, err := os.Open(mountinfo)
+	mounts, err := ReadMountinfo(mountinfo)
 	if err != nil {
-		return "", fmt.Errorf("read mounts: %w", err)
+		return "", err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	var found []string
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options [optional...] - fstype source superopts
-		line := sc.Text()
-		sep := strings.Index(line, " - ")
-		if sep < 0 {
-			continue
+	for _, m := range mounts {
+		if m.FSType == "cgroup2" {
+			found = append(found, m.Point)
 		}
-		post := strings.Fields(line[sep+3:])
-		pre := strings.Fields(line[:sep])
-		if len(post) < 1 || len(pre) < 5 || post[0] != "cgroup2" {
-			continue
-		}
-		found = append(found, UnescapeMount(pre[4]))
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read %s: %w", mountinfo, err)
 	}
 	if len(found) == 0 {
 		return "", ErrNoCgroup2

@@ -1,9 +1,7 @@
 package posture
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,7 +82,7 @@ func (m *mountAgg) result() (root, tmp audit.MountPosture, workspace []audit.Mou
 // mountOf finds the mount holding path below the root dirfd: the flags
 // from statfs (the per-mount flags and the superblock's), the mount point
 // and type from mountinfo through the mount id statx reports.
-func mountOf(rootFD int, path string, mounts map[uint64]mountEntry) (audit.MountPosture, error) {
+func mountOf(rootFD int, path string, mounts map[uint64]cgroupfs.Mount) (audit.MountPosture, error) {
 	mp := audit.MountPosture{Path: path}
 	rel := strings.TrimPrefix(filepath.Clean(path), "/")
 	if rel == "" {
@@ -111,48 +109,21 @@ func mountOf(rootFD int, path string, mounts map[uint64]mountEntry) (audit.Mount
 	var stx unix.Statx_t
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err == nil && stx.Mask&unix.STATX_MNT_ID != 0 {
 		if e, ok := mounts[stx.Mnt_id]; ok {
-			mp.Mount, mp.FSType = e.point, e.fstype
+			mp.Mount, mp.FSType = e.Point, e.FSType
 		}
 	}
 	return mp, nil
 }
 
-// mountEntry is one line of a mountinfo file.
-type mountEntry struct {
-	point  string // mount point relative to the process's root
-	fstype string
-	opts   string // per-mount options
-}
-
-// readMountinfo parses a /proc/PID/mountinfo file by mount id.
-func readMountinfo(path string) (map[uint64]mountEntry, error) {
-	f, err := os.Open(path)
+// readMountinfo indexes a /proc/PID/mountinfo file by mount id.
+func readMountinfo(path string) (map[uint64]cgroupfs.Mount, error) {
+	mounts, err := cgroupfs.ReadMountinfo(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	out := map[uint64]mountEntry{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options [optional...] - fstype source superopts
-		line := sc.Text()
-		sep := strings.Index(line, " - ")
-		if sep < 0 {
-			continue
-		}
-		pre, post := strings.Fields(line[:sep]), strings.Fields(line[sep+3:])
-		if len(pre) < 6 || len(post) < 1 {
-			continue
-		}
-		id, err := strconv.ParseUint(pre[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		out[id] = mountEntry{point: cgroupfs.UnescapeMount(pre[4]), fstype: post[0], opts: pre[5]}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+	out := make(map[uint64]cgroupfs.Mount, len(mounts))
+	for _, m := range mounts {
+		out[m.ID] = m
 	}
 	return out, nil
 }

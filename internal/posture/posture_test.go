@@ -227,8 +227,8 @@ exec chroot "$D" /busybox sh -c 'echo ready; exec /busybox sleep 1000'
 	}
 	var rootOpts string
 	for _, m := range mounts {
-		if m.point == "/" {
-			rootOpts = m.opts
+		if m.Point == "/" {
+			rootOpts = m.Options
 		}
 	}
 	if !slices.Contains(strings.Split(rootOpts, ","), "ro") {
