@@ -17,6 +17,7 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -64,7 +65,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 
 	private := *policyPath != "" || *preset != ""
 	var pol *policy.Policy
-	var plan *agent.Plan
+	var execPlan *plan.Plan
 	running := false
 	if st, err := control.NewClient(*socket).Status(); err == nil {
 		if private {
@@ -113,7 +114,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 			log.Warn("the summary will not list refusals: cannot follow the agent's events", "err", err)
 		}
 		defer stop()
-		if plan, err = agent.Compile(pol, agent.Env{LSM: map[string]error{}}, agent.NewRuleTable()); err != nil {
+		if execPlan, err = plan.Compile(pol, plan.Env{LSM: map[string]error{}}, plan.NewRuleTable()); err != nil {
 			return err
 		}
 		// The agent records what seccomp and Landlock refuse only once
@@ -145,7 +146,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 			enforce.Unpin(pol.Agent.PinDir)
 			os.RemoveAll(pol.Agent.SocketDir)
 		}()
-		plan = a.Plan()
+		execPlan = a.Plan()
 	}
 
 	tm := launch.Timeouts{Warn: sb.Exec.Timeouts.Warn.Duration, Term: sb.Exec.Timeouts.Term.Duration, Kill: sb.Exec.Timeouts.Kill.Duration}
@@ -173,7 +174,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		Path: argv[0], Args: argv[1:], Env: os.Environ(),
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
 		Sandbox: sb.Name, CgroupParent: agent.ExecParents(pol, sb)[0], Label: *label,
-		Restrictions: plan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
+		Restrictions: execPlan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
 	})
 	saveBreaker()
 	if err := lim.Finish(stderr, func(e audit.Event) error {

@@ -38,6 +38,7 @@ import (
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
 	"github.com/watcherhq/watcher/internal/pipeline"
+	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/witness"
@@ -76,8 +77,8 @@ type Agent struct {
 
 	mu     sync.Mutex // guards policy, plan, sandboxes
 	pol    *policy.Policy
-	plan   *Plan
-	rules  *RuleTable
+	plan   *plan.Plan
+	rules  *plan.RuleTable
 	roots  map[uint64]*root // registered sandbox roots by cgroup id
 	labels sync.Map         // cgroup id -> leaf label (watcher exec)
 
@@ -158,7 +159,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if pol, err = withContainers(pol, opts.Containers); err != nil {
 		return nil, err
 	}
-	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader}
+	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: plan.NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader}
 	ctx, a.cancel = context.WithCancel(ctx)
 	defer func() {
 		if err != nil {
@@ -234,9 +235,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	prepareToolDirs(pol)
-	env := Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
+	env := plan.Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
 		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix(), AbsentProbeSockets: AbsentProbeSockets()}
-	if a.plan, err = Compile(pol, env, a.rules); err != nil {
+	if a.plan, err = plan.Compile(pol, env, a.rules); err != nil {
 		return a, err
 	}
 	a.layers, a.missing = a.plan.Layers, a.plan.Missing
@@ -548,23 +549,23 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		return
 	}
 	prepareToolDirs(pol)
-	env := Env{LSM: a.lsmStatus(), LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
+	env := plan.Env{LSM: a.lsmStatus(), LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
 		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM, UnixSockets: a.egress.UnixErr(),
 		AbsentProbeSockets: AbsentProbeSockets()}
-	plan, err := Compile(pol, env, a.rules)
-	if err == nil && env.RequireLSM && len(plan.Missing) > 0 {
-		err = fmt.Errorf("--require-lsm: no BPF LSM program can block %s", strings.Join(plan.Missing, ", "))
+	next, err := plan.Compile(pol, env, a.rules)
+	if err == nil && env.RequireLSM && len(next.Missing) > 0 {
+		err = fmt.Errorf("--require-lsm: no BPF LSM program can block %s", strings.Join(next.Missing, ", "))
 	}
 	if err == nil {
 		a.mu.Lock()
 		oldPol, oldPlan := a.pol, a.plan
-		a.pol, a.plan, a.layers, a.missing = pol, plan, plan.Layers, plan.Missing
+		a.pol, a.plan, a.layers, a.missing = pol, next, next.Layers, next.Missing
 		a.mu.Unlock()
 		if err = a.applyPlan(); err == nil {
 			err = a.syncRecording() // the syscall stream may have changed
 		}
 		if err == nil {
-			err = a.dns.SetPolicy(plan.DNS)
+			err = a.dns.SetPolicy(next.DNS)
 		}
 		if err == nil {
 			err = a.registerSandboxes()
@@ -720,7 +721,7 @@ func firstErr(st map[string]error) error {
 	return nil
 }
 
-func needsBackstop(p *Plan) bool {
+func needsBackstop(p *plan.Plan) bool {
 	b := p.Backstop
 	return len(b.Syscalls) > 0 || len(b.Paths) > 0 || b.CgroupWrite.Action != 0 || b.ProcMem.Action != 0 ||
 		b.CloneFiles.Action != 0 || b.IOUring.Action != 0 || b.SignalAgent.Action != 0 || b.CgroupEscape.Action != 0

@@ -10,6 +10,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -31,7 +32,7 @@ func (a *Agent) Policy() *policy.Policy {
 }
 
 // Plan returns the compiled policy in force.
-func (a *Agent) Plan() *Plan {
+func (a *Agent) Plan() *plan.Plan {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.plan

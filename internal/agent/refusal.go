@@ -10,13 +10,13 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -148,7 +148,7 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 		fileAllow(&r, sb.ExecRules(), sb.Exec.Default, r.Path, false, "exec")
 	case e.Kind == audit.KindSyscall && e.Syscall != nil:
 		r.Operation = e.Syscall.Name
-		if op := operationOfSyscall(e.Syscall.Name); op != "" {
+		if op := plan.OperationOfSyscall(e.Syscall.Name); op != "" {
 			r.Allow = []string{fmt.Sprintf("operations: {%s: allow}", op)}
 		}
 		if e.Mechanism == "seccomp" {
@@ -251,25 +251,6 @@ func hostBits(addr string) int {
 		return 128
 	}
 	return 32
-}
-
-// operationOfSyscall names the policy operation (its YAML key) whose rule
-// covers the syscall, "" when none does (the launcher's fixed list).
-func operationOfSyscall(name string) string {
-	if strings.HasPrefix(name, "io_uring_") {
-		return "io_uring"
-	}
-	for _, op := range operations {
-		for _, part := range op.parts {
-			if slices.Contains(part.syscalls, name) {
-				return strings.ReplaceAll(op.name, "-", "_")
-			}
-		}
-		if slices.Contains(op.always, name) {
-			return strings.ReplaceAll(op.name, "-", "_")
-		}
-	}
-	return ""
 }
 
 func operationOfKind(k audit.Kind) string {

@@ -103,3 +103,12 @@ sandboxes:
 		t.Fatal("sandbox not in record mode")
 	}
 }
+
+func parse(t *testing.T, src string) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse("test.yaml", []byte(src))
+	if err != nil {
+		t.Fatalf("parse policy: %v", err)
+	}
+	return p
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -319,7 +320,7 @@ func (b *bed) startAgent() {
 	}
 	b.layer = "backstop"
 	for _, l := range layers {
-		if strings.Contains(l.Rule, "adv-secrets") && l.Mechanism == agent.MechLSM {
+		if strings.Contains(l.Rule, "adv-secrets") && l.Mechanism == plan.MechLSM {
 			b.layer = "lsm"
 		}
 	}
@@ -471,7 +472,7 @@ func (b *bed) inSandbox(tech string) outcome {
 func (b *bed) viaExec(tech string) outcome {
 	t := b.t
 	sb := b.pol.Sandbox("adv")
-	plan, err := agent.Compile(b.pol, agent.Env{LSM: map[string]error{}}, agent.NewRuleTable())
+	execPlan, err := plan.Compile(b.pol, plan.Env{LSM: map[string]error{}}, plan.NewRuleTable())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +489,7 @@ func (b *bed) viaExec(tech string) outcome {
 	v, runErr := launch.Run(ctx, launch.Config{
 		Path: b.self, Args: []string{"-test.run=^$"}, Env: b.attackEnv(tech), Dir: b.ws,
 		Stdout: &out, Stderr: &out, Sandbox: sb.Name, CgroupParent: agent.ExecParents(b.pol, sb)[0],
-		Label: o.label, Restrictions: plan.Launch[sb.Name], Executable: b.self,
+		Label: o.label, Restrictions: execPlan.Launch[sb.Name], Executable: b.self,
 		Timeouts: launch.Timeouts{Kill: 60 * time.Second},
 	})
 	o.out = out.String()

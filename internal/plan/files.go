@@ -1,0 +1,371 @@
+package plan
+
+// The files and exec sections: file rules and exec rules, written to the
+// LSM path tables, the backstop and (for /proc/sys) cgroup/sysctl.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// changeHooks judge changes made without an open for write by the file
+// write rules (bpf/lsm.c, path operations).
+var changeHooks = []string{"path_truncate", "path_mknod", "path_mkdir", "path_unlink", "path_rmdir",
+	"path_symlink", "path_link", "path_rename", "path_chmod", "path_chown", "inode_setxattr", "inode_removexattr"}
+
+// changeHooksNote says which of the change hooks enforce a write rule here.
+func (c *compiler) changeHooksNote() string {
+	var missing []string
+	for _, h := range changeHooks {
+		if !c.hook(h) {
+			missing = append(missing, h)
+		}
+	}
+	if len(missing) == 0 {
+		return "truncate, O_CREAT/mknod, link, rename, unlink, symlink, chmod, chown, xattr refused by lsm path hooks"
+	}
+	return "not judged here (hooks missing): " + strings.Join(missing, ", ")
+}
+
+func (c *compiler) hasBlockingFiles(sb *policy.Sandbox) bool {
+	for _, r := range c.p.FileRules(sb) {
+		if blocking(r.Action) {
+			return true
+		}
+	}
+	return false
+}
+
+// fileRuleLine is the Layers line of one policy file rule.
+type fileRuleLine struct {
+	rule     policy.FileRule
+	exec     bool
+	expanded []string // wildcard expansions, nil when the path has none
+	special  string   // "proc_mem", "proc_wildcard"
+}
+
+func describe(r policy.FileRule, exec bool) string {
+	if exec {
+		return fmt.Sprintf("exec rule %s (%s %s)", r.RuleName(), r.Match, r.Path)
+	}
+	return fmt.Sprintf("file rule %s (%s %s %s)", r.RuleName(), r.Access, r.Match, r.Path)
+}
+
+func (c *compiler) fileRules(sb *policy.Sandbox) []policy.FileRule {
+	rules := c.p.FileRules(sb)
+	a := orAllow(sb.Operations.AgentFiles)
+	if a == policy.ActionAllow {
+		return rules
+	}
+	have := map[string]bool{}
+	for _, r := range rules {
+		have[r.Path] = true
+	}
+	for _, f := range c.env.AgentFiles {
+		if f == "" || !filepath.IsAbs(f) {
+			continue
+		}
+		f = filepath.Clean(f)
+		if st, err := os.Stat(f); err == nil && st.IsDir() {
+			if !have[f+"/"] {
+				rules = append(rules, policy.FileRule{Name: "agent-files", Path: f + "/", Match: policy.MatchPrefix, Access: policy.AccessAny, Action: a})
+				have[f+"/"] = true
+			}
+		}
+		if !have[f] {
+			rules = append(rules, policy.FileRule{Name: "agent-files", Path: f, Match: policy.MatchExact, Access: policy.AccessAny, Action: a})
+			have[f] = true
+		}
+	}
+	return rules
+}
+
+func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
+	fileOpen := c.hook("file_open")
+	var lines []fileRuleLine
+	var files, execs []policy.FileRule
+	var procMem []policy.FileRule
+
+	expand := func(r policy.FileRule, exec bool) ([]policy.FileRule, error) {
+		line := fileRuleLine{rule: r, exec: exec}
+		var out []policy.FileRule
+		switch {
+		case !exec && isProcMem(r.Path):
+			line.special = "proc_mem"
+			procMem = append(procMem, r)
+		case strings.HasPrefix(r.Path, "/proc/*") || strings.HasPrefix(r.Path, "/proc/self/") || r.Path == "/proc/self":
+			// PIDs come and go: a compile-time expansion would be stale at
+			// once.
+			line.special = "proc_wildcard"
+		default:
+			paths, err := expandWildcards(r.Path)
+			if err != nil {
+				return nil, err
+			}
+			if strings.Contains(r.Path, "*") {
+				line.expanded = paths
+				if line.expanded == nil {
+					line.expanded = []string{}
+				}
+			}
+			for _, p := range paths {
+				if len(p) > maxRulePath {
+					return nil, fmt.Errorf("%s: path %q is longer than %d bytes, the kernel tables' limit", describe(r, exec), p, maxRulePath)
+				}
+				e := r
+				if e.Name == "" {
+					e.Name = r.RuleName() // keep the policy's name for expansions
+				}
+				e.Path = p
+				out = append(out, e)
+			}
+		}
+		lines = append(lines, line)
+		return out, nil
+	}
+	for _, r := range c.fileRules(sb) {
+		out, err := expand(r, false)
+		if err != nil {
+			return err
+		}
+		files = append(files, out...)
+	}
+	for _, r := range sb.ExecRules() {
+		out, err := expand(r, true)
+		if err != nil {
+			return err
+		}
+		execs = append(execs, out...)
+	}
+	for _, r := range sb.ExecRules() {
+		if blocking(r.Action) {
+			// A file with no path escapes every exec rule: refuse them.
+			c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.ExecFileless }, enforce.ActionKill, c.rules.ID("exec-fileless"))
+			c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.MmapExec }, enforce.ActionKill, c.rules.ID("exec-mmap"))
+			break
+		}
+	}
+	if def := orAllow(sb.Exec.Default); def != policy.ActionAllow {
+		// The default as the least specific rule: DecideFile prefers any
+		// real rule on "/" (first on a tie).
+		execs = append(execs, policy.FileRule{Name: "exec-default", Path: "/", Match: policy.MatchPrefix, Action: def})
+	}
+	t := newFileTable(files, execs)
+
+	// BPF LSM file_open: every file rule, both accesses written out.
+	if fileOpen {
+		for _, k := range keysOf(files) {
+			var ds [2]lsm.Decision
+			for acc := accRead; acc <= accWrite; acc++ {
+				if r, ok := t.decide(k, acc); ok {
+					ds[acc] = lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}
+				}
+			}
+			if ds[accRead] == ds[accWrite] {
+				lr.Paths = append(lr.Paths, lsm.PathRule{Path: k.path, Prefix: k.prefix, Access: lsm.AccessAll, Decision: ds[accRead]})
+				continue
+			}
+			lr.Paths = append(lr.Paths,
+				lsm.PathRule{Path: k.path, Prefix: k.prefix, Access: lsm.AccessRead, Decision: ds[accRead]},
+				lsm.PathRule{Path: k.path, Prefix: k.prefix, Access: lsm.AccessWrite, Decision: ds[accWrite]})
+		}
+	}
+
+	// Exec rules on the LSM layer: bprm_check_security judges every binary
+	// of an execve chain (a script, then its interpreter), mmap_file and
+	// file_mprotect every file mapped executable (ld.so /tmp/x).
+	lsmExec := c.hook("bprm_check_security") && c.hook("mmap_file")
+	if lsmExec {
+		for _, k := range keysOf(execs) {
+			if r, ok := t.decide(k, accExec); ok {
+				lr.Exec = append(lr.Exec, lsm.ExecRule{Path: k.path, Prefix: k.prefix,
+					Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}})
+			}
+		}
+	}
+
+	// /proc/PID/mem: an op, not a path. The rules decide as DecideFile
+	// would for a PID's mem file (a sandbox's own rule overrides its
+	// preset's); the op has one action, the stricter of read and write.
+	var procMemRule policy.FileRule
+	var procMemSet bool
+	for _, probe := range []string{"/proc/1/mem", "/proc/1/task/1/mem"} {
+		for _, write := range []bool{false, true} {
+			if r, ok := policy.DecideFile(procMem, probe, write); ok && (!procMemSet || kernelAction(r.Action) > kernelAction(procMemRule.Action)) {
+				procMemRule, procMemSet = r, true
+			}
+		}
+	}
+	if procMemSet && fileOpen {
+		lr.Ops[lsm.OpProcMem] = lsm.Decision{Action: kernelAction(procMemRule.Action), RuleID: c.rules.ID(procMemRule.RuleName())}
+	}
+	var procMemUse *globalUse
+	if procMemSet && !fileOpen {
+		u := c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.ProcMem }, backstopAction(procMemRule.Action), c.rules.ID(procMemRule.RuleName()))
+		procMemUse = &u
+	}
+
+	// /proc/sys through cgroup/sysctl.
+	var sysctlRules int
+	if c.cgroupOK {
+		sysctlRules = c.sysctl(sid, t, files)
+	}
+
+	// The backstop: file rules when file_open has no LSM program, exec
+	// rules always (no LSM hook judges exec here).
+	var accs []access
+	var keyRules [][]policy.FileRule
+	if !lsmExec {
+		accs, keyRules = []access{accExec}, [][]policy.FileRule{execs}
+	}
+	if !fileOpen {
+		accs = []access{accRead, accWrite, accExec}
+		keyRules = append(keyRules, files)
+	}
+	lost := map[string][]string{} // rule name -> what the backstop cannot apply
+	keys := keysOf(keyRules...)
+	if !fileOpen && c.cgroupOK && sysctlRules > 0 && !slices.Contains(keys, pathKey{"/proc/sys/", true}) {
+		keys = append(keys, pathKey{"/proc/sys/", true})
+	}
+	for _, k := range keys {
+		var acts [numAccess]uint32
+		var ids [numAccess]uint32
+		var names [numAccess]string
+		for _, acc := range accs {
+			if acc != accExec && c.cgroupOK && sysctlRules > 0 && (strings.HasPrefix(k.path, "/proc/sys/") || k.path == "/proc/sys") {
+				// cgroup/sysctl refuses these reads and writes with EPERM;
+				// a kill at open would only pre-empt it.
+				continue
+			}
+			if r, ok := t.decide(k, acc); ok {
+				acts[acc] = backstopAction(r.Action)
+				names[acc] = r.RuleName()
+				ids[acc] = c.rules.ID(names[acc])
+			}
+		}
+		var top uint32
+		for _, acc := range accs {
+			top = max(top, acts[acc])
+		}
+		var ops backstop.Op
+		var id uint32
+		for _, acc := range accs {
+			if acts[acc] != top {
+				if acts[acc] != enforce.ActionAllow {
+					// One action per key: the lesser one is not applied.
+					lost[names[acc]] = append(lost[names[acc]], fmt.Sprintf("%s of %s", accName(acc), k.path))
+				}
+				continue
+			}
+			ops |= accOp(acc)
+			if id == 0 {
+				id = ids[acc]
+			}
+		}
+		if ops == 0 {
+			continue
+		}
+		c.plan.Backstop.Paths = append(c.plan.Backstop.Paths, backstop.PathRule{
+			Path: k.path, Prefix: k.prefix, Ops: ops, SandboxID: sid, Rule: backstop.Rule{Action: top, ID: id}})
+	}
+	if !fileOpen {
+		// Changes made without a write-open, judged by inode (see
+		// backstop.DirRule): writable places, places whose reads are
+		// refused, the write default on "/".
+		for _, k := range keysOf(files) {
+			if w, ok := t.decide(k, accWrite); ok {
+				switch {
+				case k.path == "/" && k.prefix:
+					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Kind: backstop.DirDefault, SandboxID: sid,
+						Rule: backstop.Rule{Action: backstopAction(w.Action), ID: c.rules.ID(w.RuleName())}})
+				case w.Action == policy.ActionAllow:
+					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Path: k.path, Kind: backstop.DirWritable, SandboxID: sid})
+				}
+			}
+			if r, ok := t.decide(k, accRead); ok && blocking(r.Action) && k.path != "/" {
+				c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Path: k.path, Kind: backstop.DirProtected, SandboxID: sid,
+					Rule: backstop.Rule{Action: backstopAction(r.Action), ID: c.rules.ID(r.RuleName())}})
+			}
+		}
+		for _, r := range files {
+			if blocking(r.Action) {
+				// A partner sharing the file table could use a descriptor
+				// the killed opener got.
+				c.cloneFilesKill = true
+				break
+			}
+		}
+	}
+
+	// Layers, one line per policy rule.
+	for _, line := range lines {
+		r := line.rule
+		var l layer
+		under := func(prefix string) bool { return strings.HasPrefix(r.Path, prefix) }
+		switch {
+		case line.special == "proc_mem":
+			if fileOpen {
+				l = layer{mech: MechLSM, notes: []string{"lsm file_open: proc_mem op, every PID (self included), by inode"}}
+			} else {
+				l = layer{mech: MechKill, lsmMissing: []string{"file_open"}, notes: []string{"backstop: opens of another process's /proc/PID/mem (its own stays open)"}}
+			}
+		case line.special == "proc_wildcard":
+			l = layer{mech: MechNone, notes: []string{"per-PID /proc paths cannot be listed ahead of time; only /proc/*/mem has a dedicated check"}}
+		case line.exec && lsmExec:
+			l = layer{mech: MechLSM, notes: []string{"lsm bprm_check_security on the binary, a script and its interpreter",
+				"mmap_file/file_mprotect on files mapped executable (the dynamic loader, libraries)"}}
+			if !c.hook("file_mprotect") {
+				l.notes = append(l.notes, "mprotect(PROT_EXEC) not judged (file_mprotect missing)")
+			}
+		case line.exec:
+			l = layer{mech: MechKill, lsmMissing: []string{"bprm_check_security", "mmap_file"},
+				notes: []string{"backstop at exec (sched_prepare_exec); no LSM hook judges exec here"}}
+		case !line.exec && c.cgroupOK && sysctlRules > 0 && (under("/proc/sys/") || r.Path == "/proc/sys"):
+			if fileOpen {
+				l = layer{mech: MechLSM, notes: []string{"lsm file_open", "also cgroup/sysctl at read/write"}}
+			} else {
+				l = layer{mech: MechCgroupBPF, notes: []string{"cgroup/sysctl refuses the read or write"}}
+			}
+		case fileOpen:
+			l = layer{mech: MechLSM, notes: []string{"lsm file_open on the resolved path"}}
+			if r.Access != policy.AccessRead {
+				l.notes = append(l.notes, c.changeHooksNote())
+			}
+		default:
+			l = layer{mech: MechKill, lsmMissing: []string{"file_open"}, notes: []string{"backstop at open, on the resolved path"}}
+		}
+		if line.expanded != nil {
+			if len(line.expanded) == 0 {
+				l.notes = append(l.notes, "'*' matched nothing when compiled (reload to pick up new matches)")
+			} else {
+				l.notes = append(l.notes, fmt.Sprintf("'*' expanded when compiled to %s (reload to pick up new matches)", strings.Join(line.expanded, ", ")))
+			}
+		}
+		if lostWhat, ok := lost[r.RuleName()]; ok && l.mech == MechKill {
+			l.notes = append(l.notes, "backstop holds one action per path, so not applied: "+strings.Join(dedupe(lostWhat), ", "))
+		}
+		idx := c.add(sb, describe(r, line.exec), r.Action, l)
+		if line.special == "proc_mem" && procMemUse != nil {
+			u := *procMemUse
+			u.layer = idx
+			c.globalUses = append(c.globalUses, u)
+		}
+	}
+	return nil
+}
+
+func accName(a access) string {
+	return [...]string{"reads", "writes", "execs"}[a]
+}
+
+func accOp(a access) backstop.Op {
+	return [...]backstop.Op{backstop.OpRead, backstop.OpWrite, backstop.OpExec}[a]
+}

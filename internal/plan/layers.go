@@ -1,0 +1,191 @@
+package plan
+
+// The layer table: mechanism names, policy actions as kernel actions, and
+// add, the one place a rule's line in Plan.Layers (mechanism, mode,
+// action) and its Missing entry are decided. Host-wide backstop rules are
+// raised here too, so every section shares one strictest-action merge.
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// Mechanisms named in Plan.Layers.
+const (
+	MechLSM       = "lsm"
+	MechFmodRet   = "fmod_ret" // the LSM layer's decisions as fmod_ret programs on security_* functions
+	MechCgroupBPF = "cgroup_bpf"
+	MechKill      = "kill"
+	MechLaunch    = "seccomp+landlock"
+	MechRecord    = "record"
+	MechNone      = "none"
+)
+
+func (c *compiler) hook(name string) bool {
+	err, ok := c.env.LSM[name]
+	return ok && err == nil
+}
+
+func (c *compiler) hookErr(name string) string {
+	if err, ok := c.env.LSM[name]; ok && err != nil {
+		return err.Error()
+	}
+	if err, ok := c.env.LSM["*"]; ok && err != nil {
+		return err.Error()
+	}
+	return "not loaded"
+}
+
+// lsmMechanism names the LSM layer as this host runs it: "lsm" (BPF LSM
+// programs), "fmod_ret" (the same decisions on the security_* functions,
+// where BPF LSM is built but not enabled), or "lsm" with a note naming
+// the hooks that run as fmod_ret when both are in use.
+func (c *compiler) lsmMechanism(notes []string) (string, []string) {
+	var fmod, lsmHooks []string
+	for hook, err := range c.env.LSM {
+		if err != nil || hook == "*" {
+			continue
+		}
+		if c.env.LSMMech[hook] == lsm.MechFmodRet {
+			fmod = append(fmod, hook)
+		} else {
+			lsmHooks = append(lsmHooks, hook)
+		}
+	}
+	switch {
+	case len(fmod) == 0:
+		return MechLSM, notes
+	case len(lsmHooks) == 0:
+		return MechFmodRet, notes
+	}
+	sort.Strings(fmod)
+	return MechLSM, append(slices.Clone(notes), "fmod_ret for "+strings.Join(fmod, ", "))
+}
+
+// kernelAction maps a policy action to the kernel's.
+func kernelAction(a policy.Action) uint32 {
+	switch a {
+	case policy.ActionRecord:
+		return enforce.ActionRecord
+	case policy.ActionBlock:
+		return enforce.ActionBlock
+	case policy.ActionKill:
+		return enforce.ActionKill
+	}
+	return enforce.ActionAllow
+}
+
+// backstopAction is kernelAction for the backstop, which cannot refuse:
+// block is carried out as a kill.
+func backstopAction(a policy.Action) uint32 {
+	if a == policy.ActionBlock {
+		return enforce.ActionKill
+	}
+	return kernelAction(a)
+}
+
+func blocking(a policy.Action) bool { return a == policy.ActionBlock || a == policy.ActionKill }
+
+func orAllow(a policy.Action) policy.Action {
+	if a == "" {
+		return policy.ActionAllow
+	}
+	return a
+}
+
+func actionWord(a uint32) string {
+	switch a {
+	case enforce.ActionRecord:
+		return "record"
+	case enforce.ActionBlock:
+		return "block"
+	case enforce.ActionKill:
+		return "kill"
+	}
+	return "allow"
+}
+
+// layer describes how one rule is enforced before mode and action are
+// applied to the description.
+type layer struct {
+	mech       string
+	notes      []string
+	lsmMissing []string // LSM hooks the rule would use that did not load
+	capability bool     // a capability rule (see Plan.Missing)
+}
+
+// add appends the Layers line of a rule of sb with action a, and the
+// Missing entry when it is due. It returns the line's index.
+func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer) int {
+	a = orAllow(a)
+	mech := l.mech
+	notes := l.notes
+	if mech == MechLSM {
+		mech, notes = c.lsmMechanism(notes)
+	}
+	switch {
+	case a == policy.ActionAllow:
+		notes = append([]string{"allow"}, notes...)
+	case sb.Mode == policy.ModeRecord:
+		if mech != MechNone {
+			notes = append([]string{fmt.Sprintf("mode: record (%s would be enforced by %s)", a, mech)}, notes...)
+			mech = MechRecord
+		}
+	case a == policy.ActionRecord:
+		if mech != MechNone {
+			notes = append([]string{"recorded by " + mech}, notes...)
+			mech = MechRecord
+		} else {
+			notes = append([]string{"record (nothing records it on this host)"}, notes...)
+		}
+	case mech == MechKill:
+		// Never "block" where the kernel only kills afterwards.
+		what := "killed, stopped after the fact"
+		if a == policy.ActionBlock {
+			what = "policy says block; killed, stopped after the fact (no layer refuses it here)"
+		}
+		notes = append([]string{what}, notes...)
+	default:
+		notes = append([]string{string(a)}, notes...)
+	}
+	line := control.Layer{Rule: sb.Name + ": " + rule, Mechanism: mech, Note: strings.Join(notes, "; ")}
+	c.plan.Layers = append(c.plan.Layers, line)
+	if sb.Mode != policy.ModeRecord && blocking(a) {
+		switch {
+		case c.requireLSM && len(l.lsmMissing) > 0:
+			var why []string
+			for _, h := range l.lsmMissing {
+				why = append(why, "lsm/"+h+": "+c.hookErr(h))
+			}
+			c.plan.Missing = append(c.plan.Missing, fmt.Sprintf("%s: %s (%s; falls back to %s)", sb.Name, rule, strings.Join(why, ", "), l.mech))
+		case l.mech == MechNone && (!l.capability || c.requireLSM):
+			c.plan.Missing = append(c.plan.Missing, fmt.Sprintf("%s: %s (no mechanism on this host)", sb.Name, rule))
+		}
+	}
+	return len(c.plan.Layers) - 1
+}
+
+// bsSyscall raises the host-wide backstop rule of a syscall to action.
+func (c *compiler) bsSyscall(name string, action, id uint32) globalUse {
+	if cur, ok := c.syscalls[name]; !ok || action > cur.Action {
+		c.syscalls[name] = backstop.Rule{Action: action, ID: id}
+	}
+	return globalUse{syscall: name, action: action}
+}
+
+// bsCategory raises a host-wide backstop category rule to action.
+func (c *compiler) bsCategory(sel func(*backstop.Rules) *backstop.Rule, action, id uint32) globalUse {
+	r := sel(&c.plan.Backstop)
+	if action > r.Action || r.ID == 0 && action == r.Action {
+		*r = backstop.Rule{Action: action, ID: id}
+	}
+	return globalUse{category: r, action: action}
+}

@@ -1,0 +1,260 @@
+package plan
+
+// The network section: egress (connect/sendmsg programs), its side doors,
+// and the DNS proxy's policy.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/dnsproxy"
+	"github.com/watcherhq/watcher/internal/egress"
+	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+var (
+	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
+	loopback6 = netip.MustParsePrefix("::1/128")
+)
+
+func egressProto(p policy.Protocol, def egress.Protocol) egress.Protocol {
+	switch p {
+	case policy.ProtoTCP:
+		return egress.ProtoTCP
+	case policy.ProtoUDP:
+		return egress.ProtoUDP
+	case policy.ProtoAny:
+		return egress.ProtoAny
+	}
+	return def
+}
+
+func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
+	record := sb.Mode == policy.ModeRecord
+	cfg := egress.SandboxConfig{
+		RecordOnly: record,
+		Proxy4:     c.env.DNSProxy4,
+		Proxy6:     c.env.DNSProxy6,
+		DNSRuleID:  c.rules.ID("dns-redirect"),
+	}
+	eg := &sb.Egress
+	for _, s := range eg.Loopback {
+		name := "loopback:" + s.Name
+		if s.Name == "" {
+			name = fmt.Sprintf("loopback:%d", s.Port)
+		}
+		id := c.rules.ID(name)
+		ports := egress.PortRange{Lo: uint16(s.Port), Hi: uint16(s.Port)}
+		proto := egressProto(s.Protocol, egress.ProtoTCP)
+		cfg.Rules = append(cfg.Rules,
+			egress.Rule{ID: id, Prefix: loopback4, Ports: ports, Protocol: proto},
+			egress.Rule{ID: id, Prefix: loopback6, Ports: ports, Protocol: proto})
+		c.add(sb, fmt.Sprintf("egress loopback %s (port %d)", s.Name, s.Port), policy.ActionAllow,
+			layer{mech: MechCgroupBPF, notes: []string{"127.0.0.0/8 and ::1"}})
+	}
+	for _, r := range eg.Allow {
+		pfx, err := policy.ParseCIDR(r.CIDR)
+		if err != nil {
+			return fmt.Errorf("egress allow %q: %w", r.CIDR, err)
+		}
+		id := c.rules.ID("egress:" + pfx.String())
+		proto := egressProto(r.Protocol, egress.ProtoAny)
+		ranges := []egress.PortRange{{}} // every port
+		if len(r.Ports) > 0 {
+			ranges = ranges[:0]
+			for _, pr := range r.Ports {
+				lo, hi, err := pr.Bounds()
+				if err != nil {
+					return fmt.Errorf("egress allow %s: %w", pfx, err)
+				}
+				ranges = append(ranges, egress.PortRange{Lo: lo, Hi: hi})
+			}
+		}
+		for _, pr := range ranges {
+			cfg.Rules = append(cfg.Rules, egress.Rule{ID: id, Prefix: pfx, Ports: pr, Protocol: proto})
+		}
+		c.add(sb, "egress allow "+pfx.String(), policy.ActionAllow, layer{mech: MechCgroupBPF})
+	}
+	def := eg.Default
+	if def == "" {
+		def = policy.EgressResolved
+	}
+	defNote := []string{"connect/sendmsg programs on the sandbox cgroups"}
+	switch def {
+	case policy.EgressAllow:
+		id := c.rules.ID("egress-default-allow")
+		for _, p := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+			cfg.Rules = append(cfg.Rules, egress.Rule{ID: id, Prefix: p})
+		}
+		defNote = append(defNote, "every destination allowed")
+	case policy.EgressResolved:
+		grace := time.Duration(eg.GraceSeconds) * time.Second
+		c.plan.ResolvedEgress[sb.Name] = grace
+		c.plan.GraceMax = max(c.plan.GraceMax, grace)
+		defNote = append(defNote, fmt.Sprintf("other destinations only at addresses the DNS proxy answered, for their TTL plus %s", grace))
+	case policy.EgressDeny:
+		defNote = append(defNote, "other destinations refused, even when resolved")
+	}
+	if def != policy.EgressAllow {
+		c.sideDoors(sb, sid, &cfg)
+	}
+	if err := checkRanges(cfg.Rules); err != nil {
+		return err
+	}
+	c.plan.Egress[sid] = cfg
+	egAction := policy.ActionBlock
+	if def == policy.EgressAllow {
+		egAction = policy.ActionAllow
+	}
+	c.add(sb, "egress default "+string(def), egAction, layer{mech: MechCgroupBPF, notes: defNote})
+
+	// DNS: redirected in the kernel, judged by the proxy.
+	d := &sb.DNS
+	sp := &dnsproxy.SandboxPolicy{
+		Allow:           slices.Clone(d.Allow),
+		Deny:            slices.Clone(d.Deny),
+		Default:         string(d.Default),
+		HighCardinality: slices.Clone(d.Detection.HighCardinality),
+		RateLimit:       dnsproxy.RateLimit{QPS: float64(d.Detection.RateLimit)},
+		LocalAllow:      localAllowOf(cfg.Rules),
+		Detection: dnsproxy.Detection{
+			Mode:             "off",
+			Window:           dnsproxy.Duration(d.Detection.Window.Duration),
+			MaxDistinctNames: d.Detection.MaxDistinctNames,
+			MaxInfoBits:      float64(d.Detection.InfoBudgetBits),
+		},
+	}
+	if d.Detection.Enabled {
+		sp.Detection.Mode = "enforce"
+		if d.Detection.Action == policy.ActionRecord || record {
+			sp.Detection.Mode = "record"
+		}
+	}
+	var dnsNotes []string
+	for _, fam := range []struct {
+		name  string
+		proxy netip.AddrPort
+	}{{"IPv4", c.env.DNSProxy4}, {"IPv6", c.env.DNSProxy6}} {
+		if fam.proxy.IsValid() {
+			dnsNotes = append(dnsNotes, fmt.Sprintf("DNS over %s redirected in the kernel to the proxy at %s", fam.name, fam.proxy))
+		} else {
+			dnsNotes = append(dnsNotes, fmt.Sprintf("DNS over %s refused (no proxy address)", fam.name))
+		}
+	}
+	dnsNotes = append(dnsNotes,
+		fmt.Sprintf("proxy: default %s, %d allowed, %d denied names, detection %s", orDNS(d.Default), len(d.Allow), len(d.Deny), sp.Detection.Mode))
+	if def != policy.EgressAllow {
+		dnsNotes = append(dnsNotes, fmt.Sprintf("answers with loopback, private, link-local, unique-local, metadata or host addresses refused (DNS rebinding) outside %d explicit egress networks; such addresses are never admitted by an answer", len(sp.LocalAllow)))
+	}
+	if record {
+		// The proxy has no record mode for its name lists: refusing names
+		// would break the workload record mode promises to leave alone.
+		// Every query is still an event.
+		sp.Default = string(policy.DNSAllow)
+		sp.Deny = nil
+		dnsNotes = append(dnsNotes, "mode: record: every name is answered (the lists are not applied; each query is still recorded)")
+	}
+	c.plan.DNS.Sandboxes[sb.Name] = sp
+	dnsAction := policy.ActionBlock
+	if sp.Default == string(policy.DNSAllow) && len(sp.Deny) == 0 && !d.Detection.Enabled {
+		dnsAction = policy.ActionAllow
+	}
+	c.add(sb, "dns", dnsAction, layer{mech: MechCgroupBPF, notes: dnsNotes})
+	return nil
+}
+
+// localAllowOf is the DNS proxy's local allowance of a sandbox: answers may
+// carry local addresses (loopback, private, metadata...) only inside the
+// networks its explicit egress rules name (egress.allow, loopback services,
+// every network for egress default allow); anything else is DNS rebinding.
+func localAllowOf(rules []egress.Rule) []string {
+	var out []string
+	for _, r := range rules {
+		if p := r.Prefix.Masked().String(); !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// sideDoors closes the ways around the connect/sendmsg hooks and the DNS
+// proxy for a sandbox whose egress is not allow: ping sockets (their
+// unconnected sendto runs no cgroup hook), other resolvers' ports at
+// answered addresses, and unix sockets of host resolvers and brokers.
+func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.SandboxConfig) {
+	cfg.ResolverPorts = true
+	c.add(sb, "egress: other resolvers' ports", policy.ActionBlock, layer{mech: MechCgroupBPF,
+		notes: []string{"DNS over TLS/QUIC (853, 784, 8853), mDNS 5353, LLMNR 5355, NetBIOS 137 refused even at answered addresses unless egress.allow names them; DoH (443) to an allowed name is the policy's call"}})
+
+	pingNote := "cgroup/sock_create: SOCK_DGRAM ICMP and ICMPv6 (ping) sockets, whose unconnected sendto no connect/sendmsg hook sees"
+	if !c.cgroupOK {
+		c.add(sb, "egress: ping sockets", policy.ActionBlock, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error()}})
+	} else {
+		c.plan.Sockets = append(c.plan.Sockets, cgroupbpf.PingSocketRules(sid, c.rules.ID("ping-sockets"))...)
+		c.add(sb, "egress: ping sockets", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: []string{pingNote}})
+	}
+
+	cfg.RestrictUnix = true
+	for _, w := range sb.Workspace {
+		cfg.UnixPaths = append(cfg.UnixPaths, strings.TrimSuffix(w, "/")+"/")
+	}
+	cfg.UnixPaths = append(cfg.UnixPaths, sb.Egress.Unix...)
+	cfg.UnixPaths = append(cfg.UnixPaths, c.env.AbsentProbeSockets...)
+	if sb.Tools.Enabled {
+		// The sandbox's own tool gateway, and no other sandbox's.
+		cfg.UnixPaths = append(cfg.UnixPaths, gateway.SocketPath(c.p.Agent.SocketDir, sb.Name))
+	}
+	unixNote := []string{fmt.Sprintf("cgroup/connect_unix and sendmsg_unix: only %d workspace and egress.unix paths; abstract, relative and '..' paths refused", len(cfg.UnixPaths)),
+		"judged on the path as passed, before the kernel resolves it: a symlink inside an allowed directory to a host socket is not seen"}
+	if len(c.env.AbsentProbeSockets) > 0 {
+		unixNote = append(unixNote, "left connectable because no such socket exists on this host (the C library probes them on every lookup): "+
+			strings.Join(c.env.AbsentProbeSockets, ", ")+"; re-checked at every policy reload")
+	}
+	if c.env.UnixSockets != nil {
+		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechNone,
+			notes: []string{"this kernel cannot refuse unix socket connects (" + c.env.UnixSockets.Error() + ")"}})
+	} else {
+		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: unixNote})
+	}
+}
+
+func orDNS(d policy.DNSDefault) string {
+	if d == "" {
+		return "deny"
+	}
+	return string(d)
+}
+
+// checkRanges refuses rule sets the egress maps cannot hold: a prefix
+// carries the port ranges of every rule whose network contains it, at most
+// egress.MaxRangesPerPrefix (checked here so a bad policy is refused at
+// compile time, naming the network).
+func checkRanges(rules []egress.Rule) error {
+	norm := func(p netip.Prefix) netip.Prefix {
+		p = p.Masked()
+		if p.Addr().Is4() {
+			return netip.PrefixFrom(netip.AddrFrom16(p.Addr().As16()), 96+p.Bits())
+		}
+		return p
+	}
+	for _, n := range rules {
+		np := norm(n.Prefix)
+		count := 0
+		for _, m := range rules {
+			mp := norm(m.Prefix)
+			if mp.Bits() <= np.Bits() && mp.Contains(np.Addr()) {
+				count++
+			}
+		}
+		if count > egress.MaxRangesPerPrefix {
+			return fmt.Errorf("egress: %d port ranges apply to %s (rules on it and on the networks containing it), at most %d fit",
+				count, n.Prefix, egress.MaxRangesPerPrefix)
+		}
+	}
+	return nil
+}

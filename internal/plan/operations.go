@@ -1,0 +1,385 @@
+package plan
+
+// The operations section: ptrace, mount, module, bpf, kill-agent, the fixed
+// operations, io_uring, 32-bit syscalls, the kernel interfaces,
+// cgroup_write, capabilities, devices and raw sockets.
+
+import (
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/dangerous"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// opPart is one LSM op of a policy operation, with what stands in for it
+// in the backstop when its hook is missing.
+type opPart struct {
+	op       lsm.Op
+	hook     string
+	syscalls []string
+	category func(*backstop.Rules) *backstop.Rule
+}
+
+// operation is one entry of policy.Operations.
+type operation struct {
+	name   string
+	action func(*policy.Operations) policy.Action
+	parts  []opPart
+	// always are syscalls without an LSM hook, killed by the backstop on
+	// every host.
+	always []string
+	// seccomp: `watcher exec` refuses the operation with seccomp.
+	seccomp string
+}
+
+var operations = []operation{
+	{
+		name:   "ptrace",
+		action: func(o *policy.Operations) policy.Action { return o.Ptrace },
+		parts: []opPart{
+			{op: lsm.OpPtraceAttach, hook: "ptrace_access_check", syscalls: []string{"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"}},
+			{op: lsm.OpPtraceTraceme, hook: "ptrace_traceme", syscalls: []string{"ptrace"}},
+		},
+		seccomp: "ptrace, process_vm_readv/writev, pidfd_getfd",
+	},
+	{
+		name:   "mount",
+		action: func(o *policy.Operations) policy.Action { return o.Mount },
+		parts: []opPart{
+			{op: lsm.OpMount, hook: "sb_mount", syscalls: []string{"mount"}},
+			{op: lsm.OpUmount, hook: "sb_umount", syscalls: []string{"umount2"}},
+			// open_tree clones a tree that only move_mount can attach.
+			{op: lsm.OpMoveMount, hook: "move_mount", syscalls: []string{"move_mount", "open_tree", "open_tree_attr"}},
+			{op: lsm.OpPivotRoot, hook: "sb_pivotroot", syscalls: []string{"pivot_root"}},
+			{op: lsm.OpChroot, hook: "path_chroot", syscalls: []string{"chroot"}},
+			// fsopen itself has no hook; every fsconfig parameter does.
+			{op: lsm.OpFSConfig, hook: "fs_context_parse_param", syscalls: []string{"fsopen", "fsconfig", "fsmount", "fspick"}},
+		},
+		always:  []string{"mount_setattr"},
+		seccomp: "the mount family, pivot_root, chroot",
+	},
+	{
+		name:   "module",
+		action: func(o *policy.Operations) policy.Action { return o.Module },
+		parts: []opPart{
+			{op: lsm.OpKernelReadFile, hook: "kernel_read_file", syscalls: []string{"finit_module", "kexec_file_load"}},
+			{op: lsm.OpKernelLoadData, hook: "kernel_load_data", syscalls: []string{"init_module", "kexec_load"}},
+		},
+		always:  []string{"delete_module"},
+		seccomp: "module loading and removal, kexec",
+	},
+	{
+		name:    "bpf",
+		action:  func(o *policy.Operations) policy.Action { return o.BPF },
+		parts:   []opPart{{op: lsm.OpBPF, hook: "bpf", syscalls: []string{"bpf"}}},
+		seccomp: "bpf",
+	},
+	{
+		name:   "kill-agent",
+		action: func(o *policy.Operations) policy.Action { return o.KillAgent },
+		parts: []opPart{
+			{op: lsm.OpAgentSignal, hook: "task_kill", category: func(r *backstop.Rules) *backstop.Rule { return &r.SignalAgent }},
+			// Without the hook, ptrace of the agent is covered by the
+			// ptrace rule's backstop (every ptrace is killed).
+			{op: lsm.OpAgentPtrace, hook: "ptrace_access_check"},
+			// SIGIO/SIGURG through F_SETOWN: no kill syscall at all.
+			{op: lsm.OpAgentSignal, hook: "file_send_sigiotask"},
+		},
+	},
+}
+
+// OperationOfSyscall names the policy operation (its YAML key) whose rule
+// covers the syscall, "" when none does (the launcher's fixed list).
+func OperationOfSyscall(name string) string {
+	if strings.HasPrefix(name, "io_uring_") {
+		return "io_uring"
+	}
+	for _, op := range operations {
+		for _, part := range op.parts {
+			if slices.Contains(part.syscalls, name) {
+				return strings.ReplaceAll(op.name, "-", "_")
+			}
+		}
+		if slices.Contains(op.always, name) {
+			return strings.ReplaceAll(op.name, "-", "_")
+		}
+	}
+	return ""
+}
+
+// fixedOperations are refused by watcher exec's seccomp filter whatever
+// the policy says; where their LSM hook runs, enforce-mode sandboxes get
+// the same refusal on the kernel-hook path (record mode records). Without
+// the hook they are left to the backstop's list of dangerous operations.
+var fixedOperations = []struct {
+	name, hook, seccomp string
+	op                  lsm.Op
+}{
+	{"perf-event-open", "perf_event_open", "perf_event_open", lsm.OpPerfEvent},
+	{"keyrings", "key_alloc", "add_key, keyctl, request_key", lsm.OpKeyring},
+	{"user-namespaces", "userns_create", "unshare/clone of namespaces", lsm.OpUserNS},
+	{"userfaultfd", "inode_init_security_anon", "userfaultfd", lsm.OpUserfaultfd},
+}
+
+func (c *compiler) fixed(sb *policy.Sandbox, lr *lsm.Rules) {
+	for _, f := range fixedOperations {
+		if !c.hook(f.hook) {
+			continue
+		}
+		id := c.rules.ID(f.name)
+		lr.Ops[f.op] = lsm.Decision{Action: enforce.ActionBlock, RuleID: id}
+		c.add(sb, f.name, policy.ActionBlock, layer{mech: MechLSM, notes: []string{
+			"lsm " + f.hook, "watcher exec: seccomp refuses " + f.seccomp}})
+	}
+}
+
+func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
+	for _, op := range operations {
+		a := orAllow(op.action(&sb.Operations))
+		id := c.rules.ID(op.name)
+		var l layer
+		var lsmOps, killed []string
+		var uses []globalUse
+		for _, part := range op.parts {
+			if c.hook(part.hook) {
+				lr.Ops[part.op] = lsm.Decision{Action: kernelAction(a), RuleID: id}
+				lsmOps = append(lsmOps, part.op.String())
+				continue
+			}
+			l.lsmMissing = append(l.lsmMissing, part.hook)
+			for _, s := range part.syscalls {
+				uses = append(uses, c.bsSyscall(s, backstopAction(a), id))
+				killed = append(killed, s)
+			}
+			if part.category != nil {
+				uses = append(uses, c.bsCategory(part.category, backstopAction(a), id))
+				killed = append(killed, "kill-family syscalls aimed at the agent (the signal is still delivered)")
+			}
+		}
+		var always []string
+		for _, s := range op.always {
+			uses = append(uses, c.bsSyscall(s, backstopAction(a), id))
+			always = append(always, s)
+		}
+		switch {
+		case len(l.lsmMissing) == 0:
+			l.mech = MechLSM
+			l.notes = append(l.notes, "lsm: "+strings.Join(lsmOps, ", "))
+		case len(lsmOps) == 0:
+			l.mech = MechKill
+			l.notes = append(l.notes, "backstop: "+strings.Join(dedupe(killed), ", "))
+		default:
+			// Part of the operation only reaches the backstop: the weakest
+			// part decides what the rule is worth.
+			l.mech = MechKill
+			l.notes = append(l.notes, "lsm: "+strings.Join(lsmOps, ", "), "backstop: "+strings.Join(dedupe(killed), ", "))
+		}
+		if len(always) > 0 {
+			l.notes = append(l.notes, "no LSM hook, always the backstop: "+strings.Join(always, ", "))
+		}
+		if op.seccomp != "" {
+			if blocking(a) {
+				l.notes = append(l.notes, "watcher exec: seccomp refuses "+op.seccomp)
+			} else {
+				l.notes = append(l.notes, "watcher exec: seccomp refuses "+op.seccomp+" whatever the policy says (fixed list)")
+			}
+		}
+		if a == policy.ActionAllow {
+			l.notes = nil
+			l.mech = MechNone
+			l.lsmMissing = nil
+		}
+		idx := c.add(sb, op.name, a, l)
+		for _, u := range uses {
+			u.layer = idx
+			c.globalUses = append(c.globalUses, u)
+		}
+		if op.name == "module" && a != policy.ActionAllow {
+			c.moduleSeen = true
+			c.moduleRuleID = id
+		}
+	}
+
+	// io_uring: no LSM hook; the backstop refuses io_uring_setup, seccomp
+	// too for watcher exec.
+	a := orAllow(sb.Operations.IOUring)
+	id := c.rules.ID("io-uring")
+	u := c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
+	l := layer{mech: MechKill, notes: []string{"backstop: io_uring_setup, io_uring_enter, io_uring_register (no LSM hook; killed at entry)"}}
+	if blocking(a) && c.hook("inode_init_security_anon") {
+		// Kernels that give a ring a secure anonymous inode (6.1 does)
+		// refuse it before the fact; others leave it to the backstop.
+		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
+		l.notes = append(l.notes, "also refused at io_uring_setup by lsm inode_init_security_anon where the kernel gives rings a secure anonymous inode")
+	}
+	if blocking(a) {
+		// A ring's descriptor can come from outside (SCM_RIGHTS).
+		for _, name := range []string{"io_uring_enter", "io_uring_register"} {
+			uu := c.bsSyscall(name, backstopAction(a), id)
+			uu.layer = len(c.plan.Layers) // the line added below
+			c.globalUses = append(c.globalUses, uu)
+		}
+		l.notes = append(l.notes, "watcher exec: seccomp refuses io_uring_*")
+	} else {
+		l.mech = MechNone
+		l.notes = []string{"io_uring allowed"}
+		if !c.hook("file_open") && c.hasBlockingFiles(sb) {
+			c.ioUringOpenKill = true
+			l.notes = append(l.notes, "open requests submitted to a ring are killed: the backstop cannot judge their paths")
+		}
+	}
+	u.layer = c.add(sb, "io_uring", a, l)
+	c.globalUses = append(c.globalUses, u)
+
+	// 32-bit system calls: a sandbox has no use for them, and every rule
+	// keyed on syscall numbers would need the i386 table too.
+	id = c.rules.ID("ia32-syscalls")
+	u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.Compat }, enforce.ActionKill, id)
+	u.layer = c.add(sb, "ia32_syscalls", policy.ActionKill, layer{mech: MechKill, notes: []string{
+		"backstop: every 32-bit syscall (int 0x80) is killed at entry, before the kernel runs it",
+		"watcher exec: the seccomp arch guard refuses them"}})
+	c.globalUses = append(c.globalUses, u)
+
+	// The kernel group of the one dangerous list: refused whatever the
+	// policy says.
+	id = c.rules.ID("kernel-interfaces")
+	var kernelOps []string
+	for _, o := range dangerous.ByGroup(dangerous.GroupKernel) {
+		c.bsSyscall(o.Name, enforce.ActionKill, id)
+		kernelOps = append(kernelOps, o.Name)
+	}
+	c.add(sb, "kernel_interfaces", policy.ActionKill, layer{mech: MechKill, notes: []string{
+		"backstop: killed at entry (the call itself may complete before the process dies): " + strings.Join(kernelOps, ", "),
+		"watcher exec: seccomp refuses them"}})
+
+	// cgroup_write: an LSM filesystem rule on cgroupfs, or the backstop's
+	// category; a move out of the sandbox is always at least recorded.
+	a = orAllow(sb.Operations.CgroupWrite)
+	id = c.rules.ID("cgroup-write")
+	if c.hook("file_open") {
+		for _, magic := range []uint64{unix.CGROUP2_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC} {
+			lr.FS = append(lr.FS, lsm.FSRule{Magic: magic, Access: lsm.AccessWrite, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+		}
+		l = layer{mech: MechLSM, notes: []string{"lsm file_open: write-opens on cgroupfs"}}
+		if c.hook("task_alloc") {
+			// clone3(CLONE_INTO_CGROUP) moves a child without a write:
+			// refused with the rule, recorded at least.
+			lr.Ops[lsm.OpCloneIntoCgroup] = lsm.Decision{Action: max(kernelAction(a), enforce.ActionRecord), RuleID: id}
+			l.notes = append(l.notes, "lsm task_alloc: clone3(CLONE_INTO_CGROUP)")
+		}
+		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, min(backstopAction(a), enforce.ActionRecord)), id)
+		l.notes = append(l.notes, "moves out of the sandbox recorded by the backstop")
+	} else {
+		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupWrite }, backstopAction(a), id)
+		c.globalUses = append(c.globalUses, u)
+		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, backstopAction(a)), id)
+		l = layer{mech: MechKill, lsmMissing: []string{"file_open"}, notes: []string{"backstop: write-opens on cgroupfs, and moves out of the sandbox"}}
+	}
+	if a == policy.ActionAllow {
+		l = layer{mech: MechNone, notes: []string{"moves out of the sandbox still recorded"}}
+	}
+	u.layer = c.add(sb, "cgroup_write", a, l)
+	c.globalUses = append(c.globalUses, u)
+}
+
+func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
+	caps := &sb.Operations.Capabilities
+	ok := c.hook("capable")
+	l := func() layer {
+		if ok {
+			return layer{mech: MechLSM, notes: []string{"lsm capable"}, capability: true}
+		}
+		return layer{mech: MechNone, capability: true, lsmMissing: []string{"capable"},
+			notes: []string{"no capable hook without BPF LSM; the operations the capability unlocks have rules of their own"}}
+	}
+	explicit := map[int]bool{}
+	for _, r := range caps.Rules {
+		n, known := policy.CapabilityNumber(r.Cap)
+		if !known || explicit[n] {
+			continue // validated policies have none; the first rule wins (CapabilityAction)
+		}
+		explicit[n] = true
+		name := "cap:" + policy.CapabilityName(n)
+		if ok {
+			lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(name)}})
+		}
+		c.add(sb, "capability "+policy.CapabilityName(n), r.Action, l())
+	}
+	def := orAllow(caps.Default)
+	if def == policy.ActionAllow {
+		return
+	}
+	id := c.rules.ID("cap-default")
+	if ok {
+		for n := 0; policy.CapabilityName(n) != ""; n++ {
+			if !explicit[n] {
+				lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(def), RuleID: id}})
+			}
+		}
+	}
+	c.add(sb, "capabilities (default)", def, l())
+}
+
+// Device numbers covered by operations.devices besides every block
+// device: /dev/mem, /dev/kmem, /dev/port, /dev/kmsg (char major 1).
+var memDevices = []uint32{1, 2, 4, 11}
+
+func (c *compiler) devices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
+	a := orAllow(sb.Operations.Devices)
+	id := c.rules.ID("devices")
+	if a == policy.ActionAllow {
+		c.add(sb, "devices", a, layer{mech: MechNone})
+		return
+	}
+	var l layer
+	if c.cgroupOK {
+		c.plan.Devices = append(c.plan.Devices, cgroupbpf.DeviceRule{Sandbox: sid, Type: cgroupbpf.BlockDevice,
+			Major: cgroupbpf.Any, Minor: cgroupbpf.Any, Action: kernelAction(a), RuleID: id})
+		for _, minor := range memDevices {
+			c.plan.Devices = append(c.plan.Devices, cgroupbpf.DeviceRule{Sandbox: sid, Type: cgroupbpf.CharDevice,
+				Major: 1, Minor: int(minor), Action: kernelAction(a), RuleID: id})
+		}
+		l = layer{mech: MechCgroupBPF, notes: []string{"cgroup/dev: block devices, /dev/mem, /dev/kmem, /dev/port, /dev/kmsg (open and mknod)"}}
+	}
+	if c.hook("file_open") {
+		lr.Devices = append(lr.Devices, lsm.DeviceRule{Block: true, Major: lsm.AnyDevice, Minor: lsm.AnyDevice,
+			Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+		for _, minor := range memDevices {
+			lr.Devices = append(lr.Devices, lsm.DeviceRule{Major: 1, Minor: minor, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+		}
+		if l.mech == "" {
+			l = layer{mech: MechLSM, notes: []string{"lsm file_open by device number"}}
+		} else {
+			l.notes = append(l.notes, "also lsm file_open")
+		}
+	}
+	if l.mech == "" {
+		l = layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error()}}
+	}
+	c.add(sb, "devices", a, l)
+}
+
+func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32) {
+	a := orAllow(sb.Operations.RawSockets)
+	if a == policy.ActionAllow {
+		c.add(sb, "raw_sockets", a, layer{mech: MechNone})
+		return
+	}
+	id := c.rules.ID("raw-sockets")
+	note := "AF_PACKET: cgroup/sock_create does not run for packet sockets; the backstop kills socket(AF_PACKET) at entry (host-wide category: the strictest sandbox's action; no LSM socket_create program yet), seccomp refuses it under watcher exec"
+	if !c.cgroupOK {
+		c.add(sb, "raw_sockets", a, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error(), note}})
+		return
+	}
+	c.plan.Sockets = append(c.plan.Sockets, cgroupbpf.SocketRule{Sandbox: sid, Family: cgroupbpf.Any,
+		Type: unix.SOCK_RAW, Protocol: cgroupbpf.Any, Action: kernelAction(a), RuleID: id})
+	c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
+	c.add(sb, "raw_sockets", a, layer{mech: MechCgroupBPF, notes: []string{"cgroup/sock_create: SOCK_RAW on IPv4 and IPv6", note}})
+}
