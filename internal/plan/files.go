@@ -89,7 +89,13 @@ func (c *compiler) fileRules(sb *policy.Sandbox) []policy.FileRule {
 }
 
 func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
-	fileOpen := c.hook("file_open")
+	// The layer of file rules (file_open) and of exec rules
+	// (bprm_check_security judges every binary of an execve chain, a
+	// script then its interpreter; mmap_file and file_mprotect every file
+	// mapped executable, ld.so /tmp/x).
+	fileLayer := c.choose(MechKill, "file_open")
+	execLayer := c.choose(MechKill, "bprm_check_security", "mmap_file")
+	fileOpen, lsmExec := fileLayer.mech == MechLSM, execLayer.mech == MechLSM
 	var lines []fileRuleLine
 	var files, execs []policy.FileRule
 	var procMem []policy.FileRule
@@ -179,10 +185,7 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 		}
 	}
 
-	// Exec rules on the LSM layer: bprm_check_security judges every binary
-	// of an execve chain (a script, then its interpreter), mmap_file and
-	// file_mprotect every file mapped executable (ld.so /tmp/x).
-	lsmExec := c.hook("bprm_check_security") && c.hook("mmap_file")
+	// Exec rules on the LSM layer.
 	if lsmExec {
 		for _, k := range keysOf(execs) {
 			if r, ok := t.decide(k, accExec); ok {
@@ -312,35 +315,43 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 		under := func(prefix string) bool { return strings.HasPrefix(r.Path, prefix) }
 		switch {
 		case line.special == "proc_mem":
+			l = fileLayer
 			if fileOpen {
-				l = layer{mech: MechLSM, notes: []string{"lsm file_open: proc_mem op, every PID (self included), by inode"}}
+				l.notes = []string{"lsm file_open: proc_mem op, every PID (self included), by inode"}
 			} else {
-				l = layer{mech: MechKill, lsmMissing: []string{"file_open"}, notes: []string{"backstop: opens of another process's /proc/PID/mem (its own stays open)"}}
+				l.notes = []string{"backstop: opens of another process's /proc/PID/mem (its own stays open)"}
 			}
 		case line.special == "proc_wildcard":
 			l = layer{mech: MechNone, notes: []string{"per-PID /proc paths cannot be listed ahead of time; only /proc/*/mem has a dedicated check"}}
-		case line.exec && lsmExec:
-			l = layer{mech: MechLSM, notes: []string{"lsm bprm_check_security on the binary, a script and its interpreter",
-				"mmap_file/file_mprotect on files mapped executable (the dynamic loader, libraries)"}}
-			if !c.hook("file_mprotect") {
-				l.notes = append(l.notes, "mprotect(PROT_EXEC) not judged (file_mprotect missing)")
-			}
 		case line.exec:
-			l = layer{mech: MechKill, lsmMissing: []string{"bprm_check_security", "mmap_file"},
-				notes: []string{"backstop at exec (sched_prepare_exec); no LSM hook judges exec here"}}
-		case !line.exec && c.cgroupOK && sysctlRules > 0 && (under("/proc/sys/") || r.Path == "/proc/sys"):
-			if fileOpen {
-				l = layer{mech: MechLSM, notes: []string{"lsm file_open", "also cgroup/sysctl at read/write"}}
+			l = execLayer
+			if lsmExec {
+				l.notes = []string{"lsm bprm_check_security on the binary, a script and its interpreter",
+					"mmap_file/file_mprotect on files mapped executable (the dynamic loader, libraries)"}
+				if !c.hook("file_mprotect") {
+					l.notes = append(l.notes, "mprotect(PROT_EXEC) not judged (file_mprotect missing)")
+				}
 			} else {
-				l = layer{mech: MechCgroupBPF, notes: []string{"cgroup/sysctl refuses the read or write"}}
+				l.notes = []string{"backstop at exec (sched_prepare_exec); no LSM hook judges exec here"}
 			}
-		case fileOpen:
-			l = layer{mech: MechLSM, notes: []string{"lsm file_open on the resolved path"}}
-			if r.Access != policy.AccessRead {
-				l.notes = append(l.notes, c.changeHooksNote())
+		case c.cgroupOK && sysctlRules > 0 && (under("/proc/sys/") || r.Path == "/proc/sys"):
+			// cgroup/sysctl refuses these whatever LSM offers.
+			l = c.choose(MechCgroupBPF, "file_open")
+			if l.mech == MechLSM {
+				l.notes = []string{"lsm file_open", "also cgroup/sysctl at read/write"}
+			} else {
+				l.notes = []string{"cgroup/sysctl refuses the read or write"}
 			}
 		default:
-			l = layer{mech: MechKill, lsmMissing: []string{"file_open"}, notes: []string{"backstop at open, on the resolved path"}}
+			l = fileLayer
+			if fileOpen {
+				l.notes = []string{"lsm file_open on the resolved path"}
+				if r.Access != policy.AccessRead {
+					l.notes = append(l.notes, c.changeHooksNote())
+				}
+			} else {
+				l.notes = []string{"backstop at open, on the resolved path"}
+			}
 		}
 		if line.expanded != nil {
 			if len(line.expanded) == 0 {

@@ -122,6 +122,30 @@ type layer struct {
 	capability bool     // a capability rule (see Plan.Missing)
 }
 
+// choose is the rule-to-layer choice for one rule BPF LSM can enforce,
+// made here for every such rule: the LSM layer when every hook the rule
+// needs loaded on this host, else fallback (the kill backstop, cgroup BPF,
+// or nothing). A fallback that cannot refuse before the fact (the backstop,
+// nothing) keeps the hooks that did not load, so add makes the rule a
+// Missing entry under require_lsm. The section writes its kernel tables for
+// the layer chosen here, so the table and the layer line cannot disagree.
+func (c *compiler) choose(fallback string, hooks ...string) layer {
+	var missing []string
+	for _, h := range hooks {
+		if !c.hook(h) {
+			missing = append(missing, h)
+		}
+	}
+	if len(missing) == 0 {
+		return layer{mech: MechLSM}
+	}
+	l := layer{mech: fallback}
+	if fallback == MechKill || fallback == MechNone {
+		l.lsmMissing = missing
+	}
+	return l
+}
+
 // add appends the Layers line of a rule of sb with action a, and the
 // Missing entry when it is due. It returns the line's index.
 func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer) int {

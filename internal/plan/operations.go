@@ -144,7 +144,13 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	for _, op := range operations {
 		a := orAllow(op.action(&sb.Operations))
 		id := c.rules.ID(op.name)
-		var l layer
+		var hooks []string
+		for _, part := range op.parts {
+			hooks = append(hooks, part.hook)
+		}
+		// Part of the operation may only reach the backstop: the weakest
+		// part decides what the rule is worth.
+		l := c.choose(MechKill, hooks...)
 		var lsmOps, killed []string
 		var uses []globalUse
 		for _, part := range op.parts {
@@ -153,7 +159,6 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 				lsmOps = append(lsmOps, part.op.String())
 				continue
 			}
-			l.lsmMissing = append(l.lsmMissing, part.hook)
 			for _, s := range part.syscalls {
 				uses = append(uses, c.bsSyscall(s, backstopAction(a), id))
 				killed = append(killed, s)
@@ -169,16 +174,11 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			always = append(always, s)
 		}
 		switch {
-		case len(l.lsmMissing) == 0:
-			l.mech = MechLSM
+		case l.mech == MechLSM:
 			l.notes = append(l.notes, "lsm: "+strings.Join(lsmOps, ", "))
 		case len(lsmOps) == 0:
-			l.mech = MechKill
 			l.notes = append(l.notes, "backstop: "+strings.Join(dedupe(killed), ", "))
 		default:
-			// Part of the operation only reaches the backstop: the weakest
-			// part decides what the rule is worth.
-			l.mech = MechKill
 			l.notes = append(l.notes, "lsm: "+strings.Join(lsmOps, ", "), "backstop: "+strings.Join(dedupe(killed), ", "))
 		}
 		if len(always) > 0 {
@@ -263,11 +263,11 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	// category; a move out of the sandbox is always at least recorded.
 	a = orAllow(sb.Operations.CgroupWrite)
 	id = c.rules.ID("cgroup-write")
-	if c.hook("file_open") {
+	if l = c.choose(MechKill, "file_open"); l.mech == MechLSM {
 		for _, magic := range []uint64{unix.CGROUP2_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC} {
 			lr.FS = append(lr.FS, lsm.FSRule{Magic: magic, Access: lsm.AccessWrite, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
 		}
-		l = layer{mech: MechLSM, notes: []string{"lsm file_open: write-opens on cgroupfs"}}
+		l.notes = []string{"lsm file_open: write-opens on cgroupfs"}
 		if c.hook("task_alloc") {
 			// clone3(CLONE_INTO_CGROUP) moves a child without a write:
 			// refused with the rule, recorded at least.
@@ -280,7 +280,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupWrite }, backstopAction(a), id)
 		c.globalUses = append(c.globalUses, u)
 		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, backstopAction(a)), id)
-		l = layer{mech: MechKill, lsmMissing: []string{"file_open"}, notes: []string{"backstop: write-opens on cgroupfs, and moves out of the sandbox"}}
+		l.notes = []string{"backstop: write-opens on cgroupfs, and moves out of the sandbox"}
 	}
 	if a == policy.ActionAllow {
 		l = layer{mech: MechNone, notes: []string{"moves out of the sandbox still recorded"}}
@@ -291,13 +291,13 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 
 func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 	caps := &sb.Operations.Capabilities
-	ok := c.hook("capable")
-	l := func() layer {
-		if ok {
-			return layer{mech: MechLSM, notes: []string{"lsm capable"}, capability: true}
-		}
-		return layer{mech: MechNone, capability: true, lsmMissing: []string{"capable"},
-			notes: []string{"no capable hook without BPF LSM; the operations the capability unlocks have rules of their own"}}
+	capLayer := c.choose(MechNone, "capable")
+	capLayer.capability = true
+	ok := capLayer.mech == MechLSM
+	if ok {
+		capLayer.notes = []string{"lsm capable"}
+	} else {
+		capLayer.notes = []string{"no capable hook without BPF LSM; the operations the capability unlocks have rules of their own"}
 	}
 	explicit := map[int]bool{}
 	for _, r := range caps.Rules {
@@ -310,7 +310,7 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 		if ok {
 			lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(name)}})
 		}
-		c.add(sb, "capability "+policy.CapabilityName(n), r.Action, l())
+		c.add(sb, "capability "+policy.CapabilityName(n), r.Action, capLayer)
 	}
 	def := orAllow(caps.Default)
 	if def == policy.ActionAllow {
@@ -324,7 +324,7 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 			}
 		}
 	}
-	c.add(sb, "capabilities (default)", def, l())
+	c.add(sb, "capabilities (default)", def, capLayer)
 }
 
 // Device numbers covered by operations.devices besides every block
