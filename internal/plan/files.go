@@ -89,13 +89,41 @@ func (c *compiler) fileRules(sb *policy.Sandbox) []policy.FileRule {
 }
 
 func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
+	fs, err := c.expandFiles(sb)
+	if err != nil {
+		return err
+	}
+	c.lsmFiles(fs, lr)
+	procMemUse := c.procMem(fs, lr)
+	// /proc/sys through cgroup/sysctl.
+	var sysctlRules int
+	if c.cgroupOK {
+		sysctlRules = c.sysctl(sid, fs.t, fs.files)
+	}
+	lost := c.backstopFiles(sid, fs, sysctlRules)
+	c.fileLines(sb, fs, sysctlRules, lost, procMemUse)
+	return nil
+}
+
+// fileSet is one sandbox's file and exec rules, wildcards expanded, with
+// the layer chosen for each kind.
+type fileSet struct {
+	lines                 []fileRuleLine
+	files, execs, procMem []policy.FileRule
+	t                     *fileTable
 	// The layer of file rules (file_open) and of exec rules
 	// (bprm_check_security judges every binary of an execve chain, a
 	// script then its interpreter; mmap_file and file_mprotect every file
 	// mapped executable, ld.so /tmp/x).
+	fileLayer, execLayer layer
+	fileOpen, lsmExec    bool
+}
+
+// expandFiles expands the sandbox's file and exec rules (wildcards, the
+// agent's own files, the exec default) and chooses their layers.
+func (c *compiler) expandFiles(sb *policy.Sandbox) (*fileSet, error) {
 	fileLayer := c.choose(MechKill, "file_open")
 	execLayer := c.choose(MechKill, "bprm_check_security", "mmap_file")
-	fileOpen, lsmExec := fileLayer.mech == MechLSM, execLayer.mech == MechLSM
 	var lines []fileRuleLine
 	var files, execs []policy.FileRule
 	var procMem []policy.FileRule
@@ -140,14 +168,14 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 	for _, r := range c.fileRules(sb) {
 		out, err := expand(r, false)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		files = append(files, out...)
 	}
 	for _, r := range sb.ExecRules() {
 		out, err := expand(r, true)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		execs = append(execs, out...)
 	}
@@ -164,10 +192,15 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 		// real rule on "/" (first on a tie).
 		execs = append(execs, policy.FileRule{Name: "exec-default", Path: "/", Match: policy.MatchPrefix, Action: def})
 	}
-	t := newFileTable(files, execs)
+	return &fileSet{lines: lines, files: files, execs: execs, procMem: procMem, t: newFileTable(files, execs),
+		fileLayer: fileLayer, execLayer: execLayer, fileOpen: fileLayer.mech == MechLSM, lsmExec: execLayer.mech == MechLSM}, nil
+}
 
+// lsmFiles writes the file and exec rules into the LSM path tables.
+func (c *compiler) lsmFiles(fs *fileSet, lr *lsm.Rules) {
+	files, execs, t := fs.files, fs.execs, fs.t
 	// BPF LSM file_open: every file rule, both accesses written out.
-	if fileOpen {
+	if fs.fileOpen {
 		for _, k := range keysOf(files) {
 			var ds [2]lsm.Decision
 			for acc := accRead; acc <= accWrite; acc++ {
@@ -186,7 +219,7 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 	}
 
 	// Exec rules on the LSM layer.
-	if lsmExec {
+	if fs.lsmExec {
 		for _, k := range keysOf(execs) {
 			if r, ok := t.decide(k, accExec); ok {
 				lr.Exec = append(lr.Exec, lsm.ExecRule{Path: k.path, Prefix: k.prefix,
@@ -194,7 +227,12 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 			}
 		}
 	}
+}
 
+// procMem writes the /proc/PID/mem rules (an LSM op, or a backstop
+// category); it returns the backstop's host-wide use, if any.
+func (c *compiler) procMem(fs *fileSet, lr *lsm.Rules) *globalUse {
+	procMem, fileOpen := fs.procMem, fs.fileOpen
 	// /proc/PID/mem: an op, not a path. The rules decide as DecideFile
 	// would for a PID's mem file (a sandbox's own rule overrides its
 	// preset's); the op has one action, the stricter of read and write.
@@ -215,13 +253,14 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 		u := c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.ProcMem }, backstopAction(procMemRule.Action), c.rules.ID(procMemRule.RuleName()))
 		procMemUse = &u
 	}
+	return procMemUse
+}
 
-	// /proc/sys through cgroup/sysctl.
-	var sysctlRules int
-	if c.cgroupOK {
-		sysctlRules = c.sysctl(sid, t, files)
-	}
-
+// backstopFiles writes the file rules the backstop enforces (exec rules
+// without the LSM exec hooks, every file rule without file_open); it
+// returns, by rule name, what its one action per path cannot apply.
+func (c *compiler) backstopFiles(sid uint32, fs *fileSet, sysctlRules int) map[string][]string {
+	files, execs, t, fileOpen, lsmExec := fs.files, fs.execs, fs.t, fs.fileOpen, fs.lsmExec
 	// The backstop: file rules when file_open has no LSM program, exec
 	// rules always (no LSM hook judges exec here).
 	var accs []access
@@ -307,7 +346,12 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 			}
 		}
 	}
+	return lost
+}
 
+// fileLines adds the Layers line of every file and exec rule.
+func (c *compiler) fileLines(sb *policy.Sandbox, fs *fileSet, sysctlRules int, lost map[string][]string, procMemUse *globalUse) {
+	lines, fileLayer, execLayer, fileOpen, lsmExec := fs.lines, fs.fileLayer, fs.execLayer, fs.fileOpen, fs.lsmExec
 	// Layers, one line per policy rule.
 	for _, line := range lines {
 		r := line.rule
@@ -370,7 +414,6 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 			c.globalUses = append(c.globalUses, u)
 		}
 	}
-	return nil
 }
 
 func accName(a access) string {
