@@ -23,7 +23,7 @@ import (
 // startTestAgent starts a real agent on private pins, sockets, ledger and
 // cgroups, with policy yaml (sandboxes section and below) appended to the
 // agent section.
-func startTestAgent(t *testing.T, sandboxes func(cgroup string) string) (*Agent, string) {
+func startTestAgent(t testing.TB, sandboxes func(cgroup string) string) (*Agent, string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs")
@@ -31,7 +31,12 @@ func startTestAgent(t *testing.T, sandboxes func(cgroup string) string) (*Agent,
 	var rb [4]byte
 	rand.Read(rb[:])
 	id := hex.EncodeToString(rb[:])
-	base := t.TempDir()
+	// Not under /tmp: the restricted preset kills execs from /tmp.
+	base, err := os.MkdirTemp("/var/lib", "watcher-agent-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
 	cgroup := "/watcher-rec-" + id
 	pinDir := "/sys/fs/bpf/watcher-rec-" + id
 	yaml := fmt.Sprintf(`version: 1
@@ -69,7 +74,7 @@ agent:
 	return a, cgroup
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

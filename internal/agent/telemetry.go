@@ -86,6 +86,12 @@ type escapeSink struct{ s *escape.Scorer }
 func (e escapeSink) Name() string { return "escape_watch" }
 func (e escapeSink) Close() error { return nil }
 func (e escapeSink) Consume(ev *audit.Event) (pipeline.Decision, error) {
+	// Most events carry no escape signal: classify in place, so only the
+	// few that do are copied into the scorer (Observe takes its own copy,
+	// which escapes to the heap: one allocation per event otherwise).
+	if _, _, ok := escape.Classify(ev); !ok {
+		return pipeline.Decision{}, nil
+	}
 	if d := e.s.Observe(*ev); d != nil {
 		return pipeline.Decision{Kind: "escape", Value: d}, nil
 	}

@@ -1,0 +1,191 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/trace"
+)
+
+// TestAgentTax measures what a running agent costs processes outside every
+// sandbox (the host-wide tax of syscall tracepoints): a syscall loop bare,
+// under an idle agent, while a watcher exec command is announced
+// (recording attached), idle again after the recording is detached, with
+// the recording forced on as agents before on-demand attach kept it, and
+// bare again; medians of interleaved rounds, ratios to bare in the same
+// run. It also prints which syscall tracepoints the kernel has linked in
+// each state. No thresholds: it prints.
+//
+//	sudo WATCHER_BENCH_TAX=1 go test -run '^TestAgentTax$' -v ./internal/agent
+//	test/vm/run.sh --pkg ./internal/agent --run '^TestAgentTax$' --env WATCHER_BENCH_TAX=1 --boot lsm
+func TestAgentTax(t *testing.T) {
+	if os.Getenv("WATCHER_BENCH_TAX") == "" {
+		t.Skip("a measurement: WATCHER_BENCH_TAX=1 runs it")
+	}
+	iters, rounds := 50000, 5
+	if v, err := strconv.Atoi(os.Getenv("WATCHER_BENCH_ITERS")); err == nil && v > 0 {
+		iters = v
+	}
+	res := map[string][]map[string]float64{}
+	var order []string
+	measure := func(state string) {
+		if _, ok := res[state]; !ok {
+			order = append(order, state)
+		}
+		cmd := enforcetest.SelfCommand(t, "", "TestAgentTaxLoop", "loop", fmt.Sprintf("WATCHER_LOOP_ITERS=%d", iters))
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: loop: %v", state, err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if s, ok := strings.CutPrefix(line, "LOOP "); ok {
+				var m map[string]float64
+				if err := json.Unmarshal([]byte(s), &m); err != nil {
+					t.Fatal(err)
+				}
+				res[state] = append(res[state], m)
+			}
+		}
+	}
+	linked := map[string]string{}
+	for r := 0; r < rounds; r++ {
+		measure("bare")
+	}
+	defer func(d time.Duration) { execIdle = d }(execIdle)
+	execIdle = 300 * time.Millisecond
+	a, _ := startTestAgent(t, func(cg string) string {
+		return fmt.Sprintf(`sandboxes:
+  - name: tax
+    select: {cgroups: [%s]}
+    preset: restricted
+`, cg)
+	})
+	trIDs, err := a.tracer.ProgramIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	describe := func(state string) {
+		l := kernelLinks(t, trIDs)
+		s := fmt.Sprintf("recording sys_enter=%d sys_exit=%d", l[trace.ProgSysEnter], l[trace.ProgSysExit])
+		if a.backstop != nil {
+			ids, err := a.backstop.ProgramIDs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			bl := kernelLinks(t, ids)
+			s += fmt.Sprintf(", backstop sys_enter=%d sys_exit=%d", bl["backstop_sys_enter"], bl["backstop_sys_exit"])
+		} else {
+			s += ", no backstop"
+		}
+		linked[state] = s
+	}
+	waitIdle := func() {
+		for deadline := time.Now().Add(10 * time.Second); a.denialsOn.Load(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("recording not detached")
+			}
+		}
+	}
+	describe("agent idle")
+	for r := 0; r < rounds; r++ {
+		measure("agent idle")
+		a.exec.lastPrepare.Store(time.Now().Add(time.Hour).UnixNano()) // a command runs
+		if err := a.syncRecording(); err != nil {
+			t.Fatal(err)
+		}
+		describe("watcher exec running")
+		measure("watcher exec running")
+		a.exec.lastPrepare.Store(1)
+		waitIdle()
+		// As before on-demand attach: recording whenever a backstop loads.
+		if err := a.tracer.SetSyscalls(trace.AttachOptions{Syscalls: true, Denials: true}); err != nil {
+			t.Fatal(err)
+		}
+		describe("recording always on (previous agents)")
+		measure("recording always on (previous agents)")
+		if err := a.tracer.SetSyscalls(trace.AttachOptions{Syscalls: a.Plan().SyscallStream}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Stop()
+	// The pins keep the programs attached after the agent stops.
+	if err := enforce.Unpin(a.opts.Policy.Agent.PinDir); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < rounds; r++ {
+		measure("bare")
+	}
+	med := func(state, op string) float64 {
+		var v []float64
+		for _, m := range res[state] {
+			v = append(v, m[op])
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "agent tax outside every sandbox: kernel %s, %d iterations, %d rounds, median ns/op and ratio to bare (same run)\n", kernelRelease(t), iters, rounds)
+	fmt.Fprintf(&b, "%-40s %20s %20s %20s  %s\n", "state", "openat+close", "stat", "getpid", "linked in the kernel")
+	for _, st := range order {
+		fmt.Fprintf(&b, "%-40s", st)
+		for _, op := range []string{"openat+close", "stat", "getpid"} {
+			fmt.Fprintf(&b, " %9.0f ns %6.3fx", med(st, op), med(st, op)/med("bare", op))
+		}
+		fmt.Fprintf(&b, "  %s\n", linked[st])
+	}
+	t.Log("\n" + b.String())
+	fmt.Print(b.String())
+}
+
+func kernelRelease(t *testing.T) string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "?"
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// TestAgentTaxLoop is TestAgentTax's loop, in a child process.
+func TestAgentTaxLoop(t *testing.T) {
+	if os.Getenv("WATCHER_TEST_HELPER") != "loop" {
+		t.Skip("helper process for TestAgentTax")
+	}
+	iters, _ := strconv.Atoi(os.Getenv("WATCHER_LOOP_ITERS"))
+	path, _ := unix.BytePtrFromString("/etc/passwd")
+	p := uintptr(unsafe.Pointer(path))
+	atFDCWD := uintptr(^uint64(99))
+	var st unix.Stat_t
+	res := map[string]float64{}
+	run := func(name string, f func()) {
+		for i := 0; i < iters/10; i++ {
+			f()
+		}
+		start := time.Now()
+		for i := 0; i < iters; i++ {
+			f()
+		}
+		res[name] = float64(time.Since(start).Nanoseconds()) / float64(iters)
+	}
+	run("openat+close", func() {
+		fd, _, _ := unix.RawSyscall6(unix.SYS_OPENAT, atFDCWD, p, unix.O_RDONLY, 0, 0, 0)
+		unix.RawSyscall(unix.SYS_CLOSE, fd, 0, 0)
+	})
+	run("stat", func() {
+		unix.RawSyscall6(unix.SYS_NEWFSTATAT, atFDCWD, p, uintptr(unsafe.Pointer(&st)), 0, 0, 0)
+	})
+	run("getpid", func() { unix.RawSyscall(unix.SYS_GETPID, 0, 0, 0) })
+	b, _ := json.Marshal(res)
+	fmt.Printf("LOOP %s\n", b)
+	os.Exit(0)
+}
