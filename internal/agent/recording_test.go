@@ -32,6 +32,7 @@ func startTestAgent(t testing.TB, sandboxes func(cgroup string) string) (*Agent,
 	rand.Read(rb[:])
 	id := hex.EncodeToString(rb[:])
 	// Not under /tmp: the restricted preset kills execs from /tmp.
+	os.MkdirAll("/var/lib", 0o755) // the qemu guest's initramfs has none
 	base, err := os.MkdirTemp("/var/lib", "watcher-agent-test-")
 	if err != nil {
 		t.Fatal(err)
