@@ -30,6 +30,7 @@ import (
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/tail"
@@ -135,8 +136,16 @@ func newBattery(t *testing.T) *battery {
 	return b
 }
 
+// buildWatcher builds cmd/watcher, or takes WATCHER_BIN (test/vm/run.sh
+// --hostroot builds it on the host: the guest under TCG links slowly).
 func buildWatcher(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("WATCHER_BIN"); bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("WATCHER_BIN: %v", err)
+		}
+		return bin
+	}
 	bin := filepath.Join(t.TempDir(), "watcher")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/watcherhq/watcher/cmd/watcher").CombinedOutput()
 	if err != nil {
@@ -275,13 +284,26 @@ sandboxes:
 	if err := b.agent.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	for exec.Command(b.bin, "status", "--socket", b.socket).Run() != nil {
+	// Generous: under qemu TCG on a loaded host the agent takes minutes.
+	start := time.Now()
+	deadline := start.Add(5 * time.Minute)
+	for {
+		// status exits 1 also when a required layer is missing (on 6.1:
+		// the cgroup unix socket hooks): up is an answer with a pid.
+		var st control.Status
+		out, err := exec.Command(b.bin, "status", "--json", "--socket", b.socket).Output()
+		if json.Unmarshal(out, &st) == nil && st.PID > 0 {
+			if len(st.Missing) > 0 {
+				t.Logf("layers this kernel lacks: %s", strings.Join(st.Missing, "; "))
+			}
+			break
+		}
 		if b.agent.ProcessState != nil || time.Now().After(deadline) {
-			t.Fatalf("agent did not come up:\n%s", b.agentLg.String())
+			t.Fatalf("agent did not come up in %s (last status: %v):\n%s", time.Since(start).Round(time.Second), err, b.agentLg.String())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	t.Logf("agent up in %s", time.Since(start).Round(10*time.Millisecond))
 	st, err := tail.Dial(filepath.Join(runDir, "events.sock"), tail.Filter{
 		Verdicts: []audit.Verdict{audit.VerdictDenied, audit.VerdictKilled, audit.VerdictRecorded}})
 	if err != nil {
