@@ -438,7 +438,12 @@ func describeEvent(e audit.Event) string {
 	} else if e.Net != nil {
 		what = fmt.Sprintf("%s %s:%d", e.Net.Op, e.Net.Addr, e.Net.Port)
 	}
-	return fmt.Sprintf("%s %s %s rule=%s by=%s comm=%s", e.Kind, e.Verdict, what, e.Rule, e.Mechanism, e.Process.Comm)
+	if e.Target != nil {
+		// The ptrace mode or the capability check's options (NOAUDIT
+		// probes are the kernel asking, not the process).
+		what += fmt.Sprintf(" target=%d/%s mode=%#x", e.Target.PID, e.Target.Comm, e.Target.Mode)
+	}
+	return fmt.Sprintf("%s %s %s rule=%s by=%s comm=%s args=%q", e.Kind, e.Verdict, what, e.Rule, e.Mechanism, e.Process.Comm, e.Process.Args)
 }
 
 // TestBattery runs every session on both paths in every sandbox it
