@@ -345,6 +345,8 @@ boot() {
 	local tailpid=$! boot0
 	boot0=$(date +%s.%N)
 	set +e
+	# no_timer_check: on a loaded host TCG can miss the kernel's IO-APIC
+	# timer probe, which then panics before /init.
 	local qargs=(-m "$mem_mib") vfspid=""
 	if ((hostroot)); then
 		start_virtiofsd "$name" || { set -e; kill "$tailpid" 2>/dev/null; return 1; }
@@ -359,7 +361,7 @@ boot() {
 		-nographic -no-reboot -monitor none \
 		-serial "file:$klog" -serial "file:$log" \
 		-kernel "$vmlinuz" -initrd "$work/initrd.cpio" \
-		-append "console=ttyS0 panic=-1 quiet $append watcher_mech=$name"
+		-append "console=ttyS0 panic=-1 quiet no_timer_check $append watcher_mech=$name"
 	local qrc=$?
 	if [[ -n $vfspid ]]; then
 		kill "$vfspid" 2>/dev/null
