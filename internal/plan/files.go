@@ -183,7 +183,12 @@ func (c *compiler) expandFiles(sb *policy.Sandbox) (*fileSet, error) {
 		if blocking(r.Action) {
 			// A file with no path escapes every exec rule: refuse them.
 			c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.ExecFileless }, enforce.ActionKill, c.rules.ID("exec-fileless"))
-			c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.MmapExec }, enforce.ActionKill, c.rules.ID("exec-mmap"))
+			if execLayer.mech != MechLSM {
+				// mmap PROT_EXEC is judged at sys_enter, whose tracepoint
+				// slows every syscall of the host: only where no LSM
+				// mmap_file program judges it.
+				c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.MmapExec }, enforce.ActionKill, c.rules.ID("exec-mmap"))
+			}
 			break
 		}
 	}

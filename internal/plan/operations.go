@@ -251,13 +251,24 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	// policy says.
 	id = c.rules.ID("kernel-interfaces")
 	var kernelOps []string
+	var lsmKernelOps []string
 	for _, o := range dangerous.ByGroup(dangerous.GroupKernel) {
+		if o.Hook != "" && c.hook(o.Hook) {
+			// Refused by its LSM hook (fixedOperations): no syscall
+			// tracepoint for it.
+			lsmKernelOps = append(lsmKernelOps, o.Name)
+			continue
+		}
 		c.bsSyscall(o.Name, enforce.ActionKill, id)
 		kernelOps = append(kernelOps, o.Name)
 	}
-	c.add(sb, "kernel_interfaces", policy.ActionKill, layer{mech: MechKill, notes: []string{
+	kl := layer{mech: MechKill, notes: []string{
 		"backstop: killed at entry (the call itself may complete before the process dies): " + strings.Join(kernelOps, ", "),
-		"watcher exec: seccomp refuses them"}})
+		"watcher exec: seccomp refuses them"}}
+	if len(lsmKernelOps) > 0 {
+		kl.notes = append(kl.notes, "lsm refuses "+strings.Join(lsmKernelOps, ", "))
+	}
+	c.add(sb, "kernel_interfaces", policy.ActionKill, kl)
 
 	// cgroup_write: an LSM filesystem rule on cgroupfs, or the backstop's
 	// category; a move out of the sandbox is always at least recorded.

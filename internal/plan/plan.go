@@ -274,7 +274,10 @@ func (c *compiler) finish() {
 	if c.moduleSeen {
 		c.plan.Trace.ModuleAlerts = true
 		c.plan.Trace.ModuleRuleID = c.moduleRuleID
-		if _, ok := c.syscalls["init_module"]; !ok {
+		// Where the LSM module hooks run they record the attempt, and the
+		// raw tracepoint (a host-wide cost) is not needed.
+		lsmModules := c.hook("kernel_read_file") && c.hook("kernel_load_data")
+		if _, ok := c.syscalls["init_module"]; !ok && !lsmModules {
 			c.plan.SyscallStream = true
 		}
 	}
