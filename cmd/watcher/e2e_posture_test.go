@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -56,15 +58,33 @@ func TestPostureRequire(t *testing.T) {
 		}
 	}
 
+	// metric returns the watcher_posture_missing sample for a requirement.
+	metric := func(req string) string {
+		t.Helper()
+		resp, err := http.Get("http://" + tb.metrics + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return grepLines(body, `watcher_posture_missing{requirement="`+req+`",sandbox="agents"}`)
+	}
+
 	plain := place("sleep", "1000")
 	out := waitStatus("no_new_privs,cap_drop_all", 1)
 	if !strings.Contains(out, "sandbox cgroups lack required hardening: agents") {
 		t.Errorf("status --posture does not say what is lacking:\n%s", out)
 	}
+	if m := metric("cap_drop_all"); !strings.HasSuffix(m, " 1") {
+		t.Errorf("metric while lacking: %q", m)
+	}
 	plain.Process.Kill()
 	plain.Wait()
 	place("setpriv", "--no-new-privs", "--bounding-set", "-all", "sleep", "1000")
 	out = waitStatus("none", 0)
+	if m := metric("no_new_privs"); !strings.HasSuffix(m, " 0") {
+		t.Errorf("metric once hardened: %q", m)
+	}
 	for _, col := range []string{"CAP_EFF", "NO_NEW_PRIVS", "MISSING"} {
 		if !strings.Contains(out, col) {
 			t.Errorf("no %s column:\n%s", col, out)

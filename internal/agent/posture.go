@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/posture"
 )
@@ -86,6 +88,7 @@ func (w *postureWatch) forget(keep map[string]bool) {
 }
 
 func (a *Agent) watchPosture(ctx context.Context) {
+	a.metrics.Registry.MustRegister(&postureCollector{a: a})
 	r, err := posture.NewReader()
 	if err != nil {
 		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
@@ -153,4 +156,36 @@ func describeCgroup(p *audit.Posture) string {
 		return fmt.Sprintf("container %.12s (%s)", p.Container, p.Cgroup)
 	}
 	return "cgroup " + p.Cgroup
+}
+
+// postureCollector exports, per sandbox and required item, how many of the
+// sandbox's cgroups lack it at their last recorded posture (0 when none
+// does; absent for items the sandbox does not require).
+type postureCollector struct{ a *Agent }
+
+var descPostureMissing = prometheus.NewDesc("watcher_posture_missing",
+	"Cgroups of the sandbox lacking a hardening item its policy requires (require:), at their last recorded posture.",
+	[]string{"sandbox", "requirement"}, nil)
+
+func (c *postureCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descPostureMissing }
+
+func (c *postureCollector) Collect(ch chan<- prometheus.Metric) {
+	pol := c.a.Policy()
+	for i := range pol.Sandboxes {
+		sb := &pol.Sandboxes[i]
+		if len(sb.Require) == 0 {
+			continue
+		}
+		lacking := map[string]int{}
+		for _, r := range c.a.rootsOf(sb.Name) {
+			if p := c.a.posture.recorded(r.path); p != nil {
+				for _, m := range p.Missing {
+					lacking[m]++
+				}
+			}
+		}
+		for _, req := range sb.Require {
+			ch <- prometheus.MustNewConstMetric(descPostureMissing, prometheus.GaugeValue, float64(lacking[string(req)]), sb.Name, string(req))
+		}
+	}
 }
