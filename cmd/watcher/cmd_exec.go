@@ -130,7 +130,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		pol.Agent.SocketDir = filepath.Join(pol.Agent.SocketDir, "exec-"+id)
 		pol.Agent.MetricsAddr = ""
 		pol.Agent.DNS.Listen = "127.0.0.1:0"
-		a, err = agent.Start(ctx, agent.Options{Policy: pol, PolicyPath: *policyPath, RecordExecDenials: true, OnEvent: func(e audit.Event) {
+		a, err = agent.Start(ctx, agent.Options{Policy: pol, PolicyPath: *policyPath, RecordExecDenials: true, NoCanary: true, OnEvent: func(e audit.Event) {
 			if col.add(e) {
 				return // in the summary at the end
 			}

@@ -71,7 +71,35 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(st.Missing) > 0 {
 		return fmt.Errorf("required layers missing: %s", strings.Join(st.Missing, ", "))
 	}
+	if failed := canaryFailures(&st); len(failed) > 0 {
+		return fmt.Errorf("canary failed (watcher check shows the table): %s", strings.Join(failed, "; "))
+	}
 	return nil
+}
+
+// canaryFailures lists, per sandbox, the checks its last canary run
+// failed.
+func canaryFailures(st *control.Status) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, s := range st.Sandboxes {
+		c := s.Canary
+		if c == nil || c.Failures == 0 || seen[s.Name] {
+			continue
+		}
+		seen[s.Name] = true
+		var checks []string
+		for _, r := range c.Results {
+			if !r.OK {
+				checks = append(checks, r.Path+"/"+r.Check)
+			}
+		}
+		if c.Skipped != "" {
+			checks = append(checks, c.Skipped)
+		}
+		out = append(out, s.Name+": "+strings.Join(checks, ", "))
+	}
+	return out
 }
 
 func printStatus(w io.Writer, st *control.Status) {
@@ -102,7 +130,8 @@ func printStatus(w io.Writer, st *control.Status) {
 	if len(losses) == 0 {
 		losses = []string{"none"}
 	}
-	fmt.Fprintf(w, "losses      %s\n\n", strings.Join(losses, " "))
+	fmt.Fprintf(w, "losses      %s\n", strings.Join(losses, " "))
+	fmt.Fprintf(w, "canary      %s\n\n", canarySummary(st))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SANDBOX\tMODE\tCGROUP\tFROZEN\tESCAPE\tDENIED\tKILLED\tRECORDED\tALLOWED")
 	for _, s := range st.Sandboxes {
@@ -180,4 +209,31 @@ func runUnpin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "removed pins under %s\n", *pinDir)
 	return nil
+}
+
+// canarySummary is the status line of the sandboxes' last canary runs.
+func canarySummary(st *control.Status) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, s := range st.Sandboxes {
+		c := s.Canary
+		if seen[s.Name] {
+			continue
+		}
+		seen[s.Name] = true
+		switch {
+		case c == nil:
+			parts = append(parts, s.Name+": not run yet")
+		case c.Skipped != "" && c.Failures == 0:
+			parts = append(parts, fmt.Sprintf("%s: skipped at %s (%s)", s.Name, c.Time.Format("15:04:05"), c.Skipped))
+		case c.Failures > 0:
+			parts = append(parts, fmt.Sprintf("%s: FAILED %d of %d at %s", s.Name, c.Failures, len(c.Results), c.Time.Format("15:04:05")))
+		default:
+			parts = append(parts, fmt.Sprintf("%s: %d checks passed at %s", s.Name, len(c.Results), c.Time.Format("15:04:05")))
+		}
+	}
+	if len(parts) == 0 {
+		return "no sandboxes"
+	}
+	return strings.Join(parts, "; ")
 }

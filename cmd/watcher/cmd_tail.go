@@ -131,7 +131,10 @@ func compactLine(e *audit.Event, color bool) string {
 	if sb == "" && e.Sandbox.CgroupID != 0 {
 		sb = fmt.Sprint(e.Sandbox.CgroupID)
 	}
-	if l := e.Sandbox.Labels["label"]; l != "" {
+	if c := e.Sandbox.Labels[audit.LabelCanary]; c != "" {
+		// The self-test's probes: never an attack.
+		sb += "/canary:" + c
+	} else if l := e.Sandbox.Labels["label"]; l != "" {
 		sb += "/" + l
 	}
 	if sb != "" {

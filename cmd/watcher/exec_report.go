@@ -32,8 +32,8 @@ type refusalCollector struct {
 // add keeps e when it is a refusal (or a record-mode would-refuse) in the
 // run's sandbox, and reports whether it did.
 func (c *refusalCollector) add(e audit.Event) bool {
-	if e.Sandbox.Name != c.sandbox {
-		return false
+	if e.Sandbox.Name != c.sandbox || e.Sandbox.Labels[audit.LabelCanary] != "" {
+		return false // another sandbox's, or the canary's probes
 	}
 	switch e.Verdict {
 	case audit.VerdictDenied, audit.VerdictKilled:

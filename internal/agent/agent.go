@@ -68,6 +68,9 @@ type Options struct {
 	// selectors, so `watcher run --container ID` cages a container without
 	// editing the policy. They survive reloads.
 	Containers []string
+	// NoCanary turns the canary off (private `watcher exec` agents: each
+	// command would pay for a run).
+	NoCanary bool
 }
 
 // Agent is a running watcher agent.
@@ -120,6 +123,7 @@ type Agent struct {
 	prepMu    sync.Mutex
 	counts    sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
 	frozen    frozenLeaves
+	canary    canaryState
 	leaves    sync.Map // process cgroup id -> leafInfo (escape watch)
 	leafCount atomic.Int64
 	losses    sync.Map // stage -> *atomic.Uint64
@@ -314,6 +318,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	go func() { defer a.wg.Done(); a.watchLimits(ctx) }()
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.watchPosture(ctx) }()
+	a.startCanary(ctx)
 	if a.reloader != nil {
 		// Edits of the policy file take effect without a signal; a bad
 		// edit is refused and the policy in force stays.
@@ -592,6 +597,7 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 	a.applyGateway()
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("policy reloaded from %s (%s)", a.opts.PolicyPath, short(pol.Hash))})
+	a.kickCanary("reload")
 }
 
 // Stop shuts the agent down gracefully: the programs stay pinned (and

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/escape"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -217,7 +218,7 @@ func (a *Agent) Thaw(sandbox string) error {
 		paths = append(paths, r.path)
 	}
 	for _, p := range paths {
-		if err := cgroupfs.Freeze(p, false); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := canary.Thaw(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}

@@ -108,6 +108,7 @@ func (a *Agent) Status() control.Status {
 			}
 		}
 		ss.Frozen = a.frozen.any(r.sandbox)
+		ss.Canary = a.canaryReport(r.sandbox)
 		ss.Usage = rootUsage(a.pol, a.pol.Sandbox(r.sandbox), r.path)
 		ss.Posture = a.posture.recorded(r.path)
 		s.Sandboxes = append(s.Sandboxes, ss)

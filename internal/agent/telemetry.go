@@ -76,6 +76,12 @@ func (a *Agent) enrich(ev *audit.Event) bool {
 	if label := a.labelOf(ev.Process.CgroupID); label != "" {
 		ev.Sandbox.Labels = map[string]string{"label": label}
 	}
+	if check := a.canaryCheckOf(ev); check != "" {
+		if ev.Sandbox.Labels == nil {
+			ev.Sandbox.Labels = map[string]string{}
+		}
+		ev.Sandbox.Labels[audit.LabelCanary] = check
+	}
 	return true
 }
 
@@ -111,7 +117,7 @@ func (a *Agent) decide(d pipeline.Decision) []audit.Event {
 // countEvent is the status sink: per-sandbox counts by verdict and losses
 // by stage, for `watcher status`.
 func (a *Agent) countEvent(ev *audit.Event) {
-	if ev.Sandbox.Name != "" {
+	if ev.Sandbox.Name != "" && ev.Sandbox.Labels[audit.LabelCanary] == "" {
 		a.count(ev.Sandbox.Name, ev.Verdict, ev.Count())
 	}
 	if ev.Kind == audit.KindLoss && ev.Loss != nil {

@@ -52,7 +52,15 @@ const (
 	// KindLimit records a resource limit hit: an OOM kill, forks refused
 	// at the pids limit.
 	KindLimit Kind = "limit"
+	// KindCanary records a self-test run of a sandbox and each check that
+	// failed (internal/canary).
+	KindCanary Kind = "canary"
 )
+
+// LabelCanary is the sandbox label that marks the events of the canary's
+// probes (its value names the check): they prove the cage works, are never
+// an attack, and never count toward the escape score.
+const LabelCanary = "canary"
 
 // Verdict is what watcher did about the operation.
 type Verdict string

@@ -82,6 +82,9 @@ type SandboxStatus struct {
 	// (nil before the first record), with the sandbox's required items it
 	// lacks.
 	Posture *audit.Posture `json:"posture,omitempty"`
+	// Canary is the sandbox's last self-test (nil before the first);
+	// failures make `watcher status` exit non-zero.
+	Canary *CanaryReport `json:"canary,omitempty"`
 }
 
 // ResourceUsage is a sandbox cgroup's use of its limits (0 = no limit).
@@ -198,6 +201,17 @@ func Listen(path string, h Handler) (*Server, error) {
 			if err := rec.Record(e); err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 			}
+		})
+	}
+	if ck, ok := h.(Checker); ok {
+		mux.HandleFunc("POST /check", func(w http.ResponseWriter, r *http.Request) {
+			reps, err := ck.Check(r.URL.Query().Get("sandbox"))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(reps)
 		})
 	}
 	if cp, ok := h.(Checkpointer); ok {
@@ -328,4 +342,27 @@ func (c *Client) Record(e audit.Event) error {
 		return fmt.Errorf("agent: %s", bytesTrim(msg))
 	}
 	return nil
+}
+
+// Checker is implemented by agents that run the canary on request.
+type Checker interface {
+	Check(sandbox string) ([]CanaryReport, error)
+}
+
+// Check runs the canary of one sandbox ("" for all) now and returns the
+// reports. A run takes seconds: the wait is up to timeout.
+func (c *Client) Check(sandbox string, timeout time.Duration) ([]CanaryReport, error) {
+	long := *c
+	hc := *c.http
+	hc.Timeout = timeout
+	long.http = &hc
+	body, err := long.do("POST", "/check?sandbox="+urlEscape(sandbox))
+	if err != nil {
+		return nil, err
+	}
+	var reps []CanaryReport
+	if err := json.Unmarshal(body, &reps); err != nil {
+		return nil, fmt.Errorf("decode canary reports: %w", err)
+	}
+	return reps, nil
 }

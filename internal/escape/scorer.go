@@ -144,6 +144,10 @@ func (s *Scorer) limits(sb string) (float64, time.Duration, bool) {
 // Observe scores one event. It returns a decision when the event takes its
 // sandbox's score to the threshold or above, once until Reset.
 func (s *Scorer) Observe(ev audit.Event) *Decision {
+	if ev.Sandbox.Labels[audit.LabelCanary] != "" {
+		// The canary's probes prove the cage; they are never an attack.
+		return nil
+	}
 	name := SandboxKey(&ev)
 	if name == "" {
 		return nil

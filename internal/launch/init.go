@@ -44,7 +44,19 @@ type childSpec struct {
 	Restrictions Restrictions `json:"restrictions"`
 	// Mounts are made in the child's own mount namespace first.
 	Mounts []Mount `json:"mounts,omitempty"`
+	// InProcess runs the function set with SetInProcess instead of
+	// exec'ing Path (Config.InProcess).
+	InProcess bool `json:"in_process,omitempty"`
 }
+
+// inProcess is what a child with InProcess runs in place of the exec.
+var inProcess func() int
+
+// SetInProcess sets the function a launched child runs, on its locked
+// restricted thread inside the leaf cgroup, instead of exec'ing a command
+// (Config.InProcess; the canary's probes). Its result is the exit status.
+// Call it from a package initialiser, before Init.
+func SetInProcess(f func() int) { inProcess = f }
 
 func encodeSpec(s childSpec) (string, error) {
 	b, err := json.Marshal(s)
@@ -120,6 +132,13 @@ func Init() {
 		os.Exit(ExitRestrictFailed) // the launcher gave up
 	}
 	unix.Close(goFD)
+	if spec.InProcess {
+		if inProcess == nil {
+			fmt.Fprintln(os.Stderr, "watcher launch: no in-process function in this binary")
+			os.Exit(ExitExecFailed)
+		}
+		os.Exit(inProcess())
+	}
 	err = syscall.Exec(spec.Path, spec.Args, os.Environ())
 	// The report already went out; say why on stderr and exit.
 	fmt.Fprintf(os.Stderr, "watcher launch: exec %s: %v\n", spec.Path, err)

@@ -76,6 +76,11 @@ type Config struct {
 	// Leaf, if set, is told when the command enters its leaf cgroup and
 	// when it is done (resource limits on the leaf and in v1 hierarchies).
 	Leaf LeafHook
+	// InProcess runs the binary's SetInProcess function in the restricted
+	// child, in the leaf, instead of exec'ing Path (which is then only
+	// the name in the verdict): the canary's probes, whose own binary
+	// must not run its package initialisers inside the sandbox.
+	InProcess bool
 }
 
 // LeafHook follows a command's leaf cgroup.
@@ -207,7 +212,7 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 		return v, fmt.Errorf("launch: %w", err)
 	}
 	target := cfg.Path
-	if !strings.Contains(target, "/") {
+	if !strings.Contains(target, "/") && !cfg.InProcess {
 		p, err := exec.LookPath(target)
 		if err != nil {
 			return v, fmt.Errorf("launch: %w", err)
@@ -221,7 +226,7 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 			return v, fmt.Errorf("launch: find own binary: %w", err)
 		}
 	}
-	spec, err := encodeSpec(childSpec{Path: target, Args: append([]string{cfg.Path}, cfg.Args...), Restrictions: cfg.Restrictions, Mounts: cfg.Isolation.Mounts})
+	spec, err := encodeSpec(childSpec{Path: target, Args: append([]string{cfg.Path}, cfg.Args...), Restrictions: cfg.Restrictions, Mounts: cfg.Isolation.Mounts, InProcess: cfg.InProcess})
 	if err != nil {
 		return v, fmt.Errorf("launch: %w", err)
 	}

@@ -29,6 +29,10 @@ type Metrics struct {
 	DNSDecisions *prometheus.CounterVec
 	Losses       *prometheus.CounterVec
 	Info         *prometheus.GaugeVec
+	// The self-test's results (internal/canary), set by the agent.
+	CanaryFailures *prometheus.CounterVec
+	CanaryRuns     *prometheus.CounterVec
+	CanaryLastRun  *prometheus.GaugeVec
 
 	mu         sync.Mutex
 	closed     bool
@@ -50,7 +54,16 @@ func New() *Metrics {
 	m.Info = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "watcher_enforcement_layer", Help: "1 for each rule and the layer enforcing it on this kernel.",
 	}, []string{"rule", "layer"})
-	m.Registry.MustRegister(m.Events, m.DNSDecisions, m.Losses, m.Info,
+	m.CanaryFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watcher_canary_failures_total", Help: "Canary checks whose result differed from the policy (a forbidden operation that worked, an allowed one refused, an event that never reached the ledger), by sandbox and check (PATH/CHECK).",
+	}, []string{"sandbox", "check"})
+	m.CanaryRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "watcher_canary_runs_total", Help: "Canary runs, by sandbox.",
+	}, []string{"sandbox"})
+	m.CanaryLastRun = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "watcher_canary_last_run_timestamp_seconds", Help: "Unix time of the sandbox's last canary run.",
+	}, []string{"sandbox"})
+	m.Registry.MustRegister(m.Events, m.DNSDecisions, m.Losses, m.Info, m.CanaryFailures, m.CanaryRuns, m.CanaryLastRun,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewGoCollector())
 	return m

@@ -187,7 +187,46 @@ type Sandbox struct {
 	// must have (no_new_privs, cap_drop_all, readonly_root, ...; see
 	// require.go); one that lacks an item raises an alert. Empty: none.
 	Require []Requirement `yaml:"require"`
+	// Canary configures the self-test that proves the sandbox's layers
+	// still refuse what the policy forbids (internal/canary).
+	Canary Canary `yaml:"canary"`
+	// OnCanaryFailure is what a failed self-test does: alert (the
+	// default: an alert event, the metric, `watcher status` non-zero) or
+	// freeze (the same, and every cgroup of the sandbox is frozen until
+	// `watcher thaw`: fail closed).
+	OnCanaryFailure CanaryAction `yaml:"on_canary_failure"`
 }
+
+// Canary configures a sandbox's self-test: short-lived probe processes in
+// fresh leaf cgroups of the sandbox try one forbidden and one allowed
+// operation per rule class, and the agent checks the outcome and the
+// ledger event.
+type Canary struct {
+	// Enabled runs the self-test at start, after every policy reload and
+	// every Interval. The presets turn it on.
+	Enabled bool `yaml:"enabled"`
+	// Interval is the time between periodic runs; 0 means
+	// DefaultCanaryInterval. A run costs about two dozen short processes
+	// per sandbox.
+	Interval Duration `yaml:"interval"`
+}
+
+// DefaultCanaryInterval is the canary's period when the policy sets none.
+const DefaultCanaryInterval = 5 * time.Minute
+
+// MinCanaryInterval is the shortest period a policy may ask for.
+const MinCanaryInterval = 5 * time.Second
+
+// CanaryAction is what a failed self-test does.
+type CanaryAction string
+
+// Canary failure actions.
+const (
+	// CanaryAlert raises the alert only.
+	CanaryAlert CanaryAction = "alert"
+	// CanaryFreeze raises the alert and freezes the sandbox.
+	CanaryFreeze CanaryAction = "freeze"
+)
 
 // WorkspaceMode says how sandboxed commands see the workspace.
 type WorkspaceMode string

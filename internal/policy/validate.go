@@ -280,6 +280,13 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	if sc := sb.Escape.Scope; sc != "" && sc != EscapeScopeLeaf && sc != EscapeScopeSandbox {
 		c.add(es.key("scope"), "%q: want leaf or sandbox", sc)
 	}
+	c.duration(at.key("canary").key("interval"), sb.Canary.Interval)
+	if d := sb.Canary.Interval.Duration; d > 0 && d < MinCanaryInterval {
+		c.add(at.key("canary").key("interval"), "%s is shorter than the minimum %s", d, MinCanaryInterval)
+	}
+	if a := sb.OnCanaryFailure; a != "" && a != CanaryAlert && a != CanaryFreeze {
+		c.add(at.key("on_canary_failure"), "%q: want alert or freeze", a)
+	}
 	c.workspaceValues(at, sb)
 }
 

@@ -1,0 +1,277 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/canary"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// The canary (internal/canary): at start, after every policy reload and
+// every sandbox's canary.interval, probes in fresh leaves of each sandbox
+// try what its policy forbids and allows; a result that differs is an
+// alert, a metric, a non-zero `watcher status` and, with
+// on_canary_failure: freeze, a frozen sandbox.
+
+// canaryState is the agent's canary bookkeeping.
+type canaryState struct {
+	runMu  sync.Mutex // one run at a time
+	mu     sync.Mutex
+	last   map[string]control.CanaryReport // by sandbox
+	due    map[string]time.Time
+	kick   chan string
+	leaves sync.Map // probe leaf cgroup id -> check name
+	names  sync.Map // DNS name a probe queries -> check name
+	marks  atomic.Int64
+}
+
+// canaryForget is how long probe leaves and names stay marked: their
+// events can be read well after the probe is gone.
+const canaryForget = 2 * time.Minute
+
+// startCanary starts the periodic canary (not in private `watcher exec`
+// agents: each command would pay for a run).
+func (a *Agent) startCanary(ctx context.Context) {
+	a.canary.last = map[string]control.CanaryReport{}
+	a.canary.due = map[string]time.Time{}
+	a.canary.kick = make(chan string, 1)
+	if a.opts.NoCanary {
+		return
+	}
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.canaryLoop(ctx) }()
+}
+
+// kickCanary asks the loop for a run of every sandbox now.
+func (a *Agent) kickCanary(reason string) {
+	if a.canary.kick == nil {
+		return
+	}
+	select {
+	case a.canary.kick <- reason:
+	default:
+	}
+}
+
+func (a *Agent) canaryLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	reason := "start"
+	all := true
+	for {
+		now := time.Now()
+		for _, sb := range a.Policy().Sandboxes {
+			if !sb.Canary.Enabled {
+				continue
+			}
+			a.canary.mu.Lock()
+			due, seen := a.canary.due[sb.Name]
+			a.canary.mu.Unlock()
+			if all || !seen || !now.Before(due) {
+				r := reason
+				if !all && seen {
+					r = "interval"
+				}
+				a.RunCanary(ctx, sb.Name, r)
+			}
+		}
+		all = false
+		select {
+		case <-ctx.Done():
+			return
+		case reason = <-a.canary.kick:
+			all = true
+		case <-t.C:
+			reason = "start"
+		}
+	}
+}
+
+// RunCanary runs the canary of one sandbox now and records the result:
+// the report, the metrics, alert events for failed checks and, where the
+// policy says so, the freeze.
+func (a *Agent) RunCanary(ctx context.Context, sandbox, reason string) (control.CanaryReport, error) {
+	a.canary.runMu.Lock()
+	defer a.canary.runMu.Unlock()
+	a.mu.Lock()
+	pol, plan := a.pol, a.plan
+	a.mu.Unlock()
+	sb := pol.Sandbox(sandbox)
+	if sb == nil {
+		return control.CanaryReport{}, fmt.Errorf("no sandbox %q", sandbox)
+	}
+	interval := sb.Canary.Interval.Duration
+	if interval <= 0 {
+		interval = policy.DefaultCanaryInterval
+	}
+	a.canary.mu.Lock()
+	a.canary.due[sandbox] = time.Now().Add(interval)
+	a.canary.mu.Unlock()
+
+	rep := control.CanaryReport{Sandbox: sandbox, Time: time.Now(), Reason: reason}
+	if a.frozen.any(sandbox) {
+		// Probes would hang in the frozen cgroups.
+		rep.Skipped = "the sandbox is frozen (watcher thaw " + sandbox + ")"
+		a.storeCanary(rep)
+		return rep, nil
+	}
+	parent := ExecParents(pol, sb)[0]
+	abs, err := cgroupfs.Abs(parent)
+	if err != nil {
+		return rep, err
+	}
+	// The exec path is a watcher exec like any other: its seccomp and
+	// Landlock refusals must be recorded.
+	execPath := a.PrepareExec() == nil
+	runner := &canary.Runner{LedgerDir: pol.Agent.LedgerDir, Mark: a.markCanary,
+		From: func() uint64 { seq, _ := a.ledger.Head(); return seq }}
+	rep, err = runner.Run(ctx, canary.Target{Policy: pol, Sandbox: sb, Layers: plan.Layers, Parent: abs,
+		ExecParent: parent, Restrictions: plan.Launch[sb.Name], Exec: execPath, Reason: reason})
+	if err != nil {
+		a.emit(audit.Event{Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Sandbox: audit.Sandbox{Name: sandbox}, Mechanism: "canary", Message: "canary could not run: " + err.Error()})
+		if !errors.Is(err, context.Canceled) {
+			rep.Failures++
+			rep.Skipped = "could not run: " + err.Error()
+			a.storeCanary(rep)
+		}
+		return rep, err
+	}
+	a.recordCanary(sb, &rep)
+	a.storeCanary(rep)
+	return rep, nil
+}
+
+// recordCanary turns a report into metrics, events and the freeze.
+func (a *Agent) recordCanary(sb *policy.Sandbox, rep *control.CanaryReport) {
+	a.metrics.CanaryRuns.WithLabelValues(sb.Name).Inc()
+	a.metrics.CanaryLastRun.WithLabelValues(sb.Name).Set(float64(rep.Time.Unix()))
+	var failed []string
+	for _, r := range rep.Results {
+		c := a.metrics.CanaryFailures.WithLabelValues(sb.Name, r.Path+"/"+r.Check)
+		if r.OK {
+			c.Add(0) // the series exists from the first run: increase() sees the first failure
+			continue
+		}
+		c.Inc()
+		failed = append(failed, r.Path+"/"+r.Check)
+		a.emit(audit.Event{Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Sandbox: audit.Sandbox{Name: sb.Name, Labels: map[string]string{audit.LabelCanary: r.Check}}, Mechanism: "canary", Rule: r.Check,
+			Message: fmt.Sprintf("canary check %s via %s failed: expected %s, got %s (layer %s, event in the ledger: %s) on %s; %s",
+				r.Check, r.Path, r.Expected, r.Got, r.Layer, r.Event, r.Target, r.Detail)})
+	}
+	if len(failed) > 0 && sb.OnCanaryFailure == policy.CanaryFreeze {
+		var froze []string
+		for _, root := range a.rootsOf(sb.Name) {
+			if _, err := canary.Freeze(root.path); err == nil {
+				froze = append(froze, root.path)
+			}
+		}
+		if len(froze) > 0 {
+			a.frozen.add(sb.Name, froze...)
+		}
+		rep.Frozen = froze
+	}
+	msg := fmt.Sprintf("canary (%s): %d checks passed", rep.Reason, len(rep.Results))
+	sev := audit.SeverityRoutine
+	if len(failed) > 0 {
+		sev = audit.SeverityAlert
+		msg = fmt.Sprintf("canary (%s): %d of %d checks failed: %s", rep.Reason, len(failed), len(rep.Results), strings.Join(failed, ", "))
+		if len(rep.Frozen) > 0 {
+			msg += "; frozen (on_canary_failure: freeze): " + strings.Join(rep.Frozen, ", ") + " (watcher thaw " + sb.Name + ")"
+		}
+	}
+	a.emit(audit.Event{Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: sev,
+		Sandbox: audit.Sandbox{Name: sb.Name, Labels: map[string]string{audit.LabelCanary: "run"}}, Mechanism: "canary", Message: msg})
+}
+
+func (a *Agent) storeCanary(rep control.CanaryReport) {
+	a.canary.mu.Lock()
+	a.canary.last[rep.Sandbox] = rep
+	a.canary.mu.Unlock()
+}
+
+// canaryReport returns the sandbox's last report, nil before the first.
+func (a *Agent) canaryReport(sandbox string) *control.CanaryReport {
+	a.canary.mu.Lock()
+	defer a.canary.mu.Unlock()
+	if rep, ok := a.canary.last[sandbox]; ok {
+		return &rep
+	}
+	return nil
+}
+
+// Check runs the canary now (control.Checker, `watcher check`): of one
+// sandbox, or of every sandbox for "".
+func (a *Agent) Check(sandbox string) ([]control.CanaryReport, error) {
+	var names []string
+	if sandbox != "" {
+		if a.Policy().Sandbox(sandbox) == nil {
+			return nil, fmt.Errorf("no sandbox %q", sandbox)
+		}
+		names = []string{sandbox}
+	} else {
+		for _, sb := range a.Policy().Sandboxes {
+			names = append(names, sb.Name)
+		}
+	}
+	var out []control.CanaryReport
+	for _, n := range names {
+		rep, err := a.RunCanary(context.Background(), n, "check")
+		if err != nil {
+			return out, err
+		}
+		out = append(out, rep)
+	}
+	return out, nil
+}
+
+// markCanary is canary.Runner.Mark: the probe's leaf and DNS names are
+// remembered, so enrich labels their events.
+func (a *Agent) markCanary(id uint64, name, check string) {
+	if id != 0 {
+		a.canary.leaves.Store(id, check)
+	}
+	if name != "" {
+		a.canary.names.Store(name, check)
+	}
+	a.canary.marks.Add(1)
+	time.AfterFunc(canaryForget, func() {
+		if id != 0 {
+			a.canary.leaves.Delete(id)
+		}
+		if name != "" {
+			a.canary.names.Delete(name)
+		}
+		a.canary.marks.Add(-1)
+	})
+}
+
+// canaryCheckOf returns the check whose probe caused ev, "" for events of
+// anything else. Only leaves and names the runner created are marked, so
+// a sandboxed process cannot pass its events off as the canary's.
+func (a *Agent) canaryCheckOf(ev *audit.Event) string {
+	if a.canary.marks.Load() == 0 {
+		return ""
+	}
+	if ev.Process.CgroupID != 0 {
+		if v, ok := a.canary.leaves.Load(ev.Process.CgroupID); ok {
+			return v.(string)
+		}
+	}
+	if ev.Kind == audit.KindDNS && ev.DNS != nil {
+		if v, ok := a.canary.names.Load(strings.TrimSuffix(strings.ToLower(ev.DNS.Name), ".")); ok {
+			return v.(string)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,141 @@
+package canary
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/limits"
+)
+
+// Freezer mechanisms Freeze reports.
+const (
+	FreezerV2 = "cgroup2 cgroup.freeze"
+	FreezerV1 = "cgroup1 freezer"
+)
+
+// Freeze freezes every task of the cgroup subtree at path (a cgroup2
+// path) with the freezer this machine has: cgroup.freeze where the v2
+// hierarchy offers it (kernel 5.2+), else the v1 freezer hierarchy, into
+// whose cgroup of the same relative path the tasks are moved first. It
+// returns the mechanism used.
+func Freeze(path string) (string, error) {
+	if _, err := os.Stat(filepath.Join(path, "cgroup.freeze")); err == nil {
+		return FreezerV2, cgroupfs.Freeze(path, true)
+	}
+	v1, err := v1Freezer(path)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(v1, 0o755); err != nil {
+		return "", fmt.Errorf("freeze %s: %w", path, err)
+	}
+	pids, err := subtreePIDs(path)
+	if err != nil {
+		return "", err
+	}
+	for _, pid := range pids {
+		// A task that exited meanwhile is no longer there to freeze.
+		if err := cgroupfs.MovePID(v1, pid); err != nil && !errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "no such process") {
+			return "", err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(v1, "freezer.state"), []byte("FROZEN"), 0); err != nil {
+		return "", fmt.Errorf("freeze %s: %w", v1, err)
+	}
+	return FreezerV1, nil
+}
+
+// Thaw undoes Freeze on either freezer.
+func Thaw(path string) error {
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("thaw %s: %w", path, err)
+	}
+	if _, err := os.Stat(filepath.Join(path, "cgroup.freeze")); err == nil {
+		return cgroupfs.Freeze(path, false)
+	}
+	v1, err := v1Freezer(path)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(v1, "freezer.state"), []byte("THAWED"), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("thaw %s: %w", v1, err)
+	}
+	return nil
+}
+
+// Frozen says whether the subtree at path is frozen (v2: cgroup.events
+// "frozen 1"; v1: freezer.state FROZEN).
+func Frozen(path string) bool {
+	if data, err := os.ReadFile(filepath.Join(path, "cgroup.events")); err == nil && strings.Contains(string(data), "frozen") {
+		return strings.Contains(string(data), "frozen 1")
+	}
+	v1, err := v1Freezer(path)
+	if err != nil {
+		return false
+	}
+	data, err := os.ReadFile(filepath.Join(v1, "freezer.state"))
+	return err == nil && strings.TrimSpace(string(data)) == "FROZEN"
+}
+
+// WaitFrozen waits up to d for the kernel to report the subtree frozen
+// (freezing completes asynchronously).
+func WaitFrozen(path string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !Frozen(path) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// v1Freezer maps a cgroup2 path to the v1 freezer cgroup of the same
+// relative path.
+func v1Freezer(path string) (string, error) {
+	h, err := limits.Detect()
+	if err != nil {
+		return "", err
+	}
+	mnt, ok := h.V1["freezer"]
+	if !ok {
+		return "", fmt.Errorf("freeze %s: no cgroup.freeze (cgroup v2 before 5.2) and no v1 freezer hierarchy", path)
+	}
+	rel := path
+	if v2, err := cgroupfs.Mountpoint(); err == nil {
+		if r, err := filepath.Rel(v2, path); err == nil && !strings.HasPrefix(r, "..") {
+			rel = r
+		}
+	}
+	return filepath.Join(mnt, filepath.Clean("/"+rel)), nil
+}
+
+func subtreePIDs(root string) ([]int, error) {
+	var out []int
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		data, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if err != nil {
+			return nil
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("freeze %s: %w", root, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,246 @@
+package canary
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/launch"
+)
+
+// envProbe carries the probe's spec to the re-executed binary; envWait
+// says it waits for a byte on waitFD before it acts (runtime placement:
+// the runner moves it into the leaf first).
+const (
+	envProbe = "WATCHER_CANARY_PROBE"
+	envWait  = "WATCHER_CANARY_WAIT"
+	waitFD   = 3
+	readyFD  = 4
+)
+
+// probeArg0 is the probe's argv[0], so `ps` says what it is.
+const probeArg0 = "watcher-canary-probe"
+
+// probeSpec is one probe's operation.
+type probeSpec struct {
+	Op     string `json:"op"`
+	Target string `json:"target,omitempty"`
+	PID    int    `json:"pid,omitempty"`
+}
+
+// probeResult is what a probe reports on stdout (one JSON line). A probe
+// killed by the backstop reports nothing.
+type probeResult struct {
+	// Result is allowed, denied or error.
+	Result string `json:"result"`
+	Errno  string `json:"errno,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func init() {
+	// Through watcher exec's launcher, the probe runs on the launcher's
+	// restricted thread in place of the exec.
+	launch.SetInProcess(probeMain)
+}
+
+// Init must be called first thing in main (after launch.Init) and in
+// TestMain of tests that run the canary. In a probe process it performs
+// the probe and exits; anywhere else it returns at once.
+func Init() {
+	if os.Getenv(envProbe) == "" || launch.IsChild() {
+		return
+	}
+	runtime.LockOSThread()
+	if os.Getenv(envWait) != "" {
+		b := [1]byte{1}
+		unix.Write(readyFD, b[:])
+		unix.Close(readyFD)
+		if n, _ := unix.Read(waitFD, b[:]); n != 1 {
+			os.Exit(2) // the runner gave up before placing the probe
+		}
+		unix.Close(waitFD)
+	}
+	os.Exit(probeMain())
+}
+
+func encodeSpec(s probeSpec) string {
+	b, _ := json.Marshal(s)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// probeMain performs the operation of the spec in the environment on the
+// calling (locked) thread and prints the result.
+func probeMain() int {
+	var spec probeSpec
+	b, err := base64.StdEncoding.DecodeString(os.Getenv(envProbe))
+	if err == nil {
+		err = json.Unmarshal(b, &spec)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "watcher canary probe: bad spec:", err)
+		return 2
+	}
+	if spec.Op == opSleep {
+		// A ptrace target outside the sandbox: lives until stdin closes.
+		var b [1]byte
+		unix.Read(0, b[:])
+		return 0
+	}
+	res := perform(spec)
+	out, _ := json.Marshal(res)
+	unix.Write(1, append(out, '\n'))
+	return 0
+}
+
+// perform runs the operation with raw system calls: Go's own wrappers may
+// hand work to other threads, which carry none of the launcher's
+// restrictions.
+func perform(s probeSpec) probeResult {
+	switch s.Op {
+	case opRead:
+		fd, err := unix.Open(s.Target, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return refused(err)
+		}
+		var buf [64]byte
+		n, err := unix.Read(fd, buf[:])
+		unix.Close(fd)
+		if err != nil {
+			return refused(err)
+		}
+		return probeResult{Result: Allowed, Detail: fmt.Sprintf("read %d bytes", n)}
+	case opWrite:
+		fd, err := unix.Open(s.Target, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return refused(err)
+		}
+		_, err = unix.Write(fd, []byte("watcher canary\n"))
+		unix.Close(fd)
+		if err != nil {
+			return refused(err)
+		}
+		return probeResult{Result: Allowed, Detail: "wrote 15 bytes"}
+	case opMount:
+		if err := unix.Mount("watcher-canary", s.Target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k"); err != nil {
+			return refused(err)
+		}
+		// It worked: take it away at once.
+		unix.Unmount(s.Target, unix.MNT_DETACH)
+		return probeResult{Result: Allowed, Detail: "mounted tmpfs (unmounted again)"}
+	case opPtrace:
+		// PTRACE_SEIZE does not stop the target; exiting detaches.
+		if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(s.PID), 0, 0, 0, 0); e != 0 {
+			return refused(e)
+		}
+		return probeResult{Result: Allowed, Detail: fmt.Sprintf("seized pid %d", s.PID)}
+	case opBPF:
+		// A one-entry array map: harmless, closed at once if it worked.
+		attr := [5]uint32{unix.BPF_MAP_TYPE_ARRAY, 4, 4, 1, 0}
+		fd, _, e := unix.Syscall(unix.SYS_BPF, unix.BPF_MAP_CREATE, uintptr(unsafe.Pointer(&attr[0])), unsafe.Sizeof(attr))
+		if e != 0 {
+			return refused(e)
+		}
+		unix.Close(int(fd))
+		return probeResult{Result: Allowed, Detail: "created an array map"}
+	case opConnect:
+		return connect(s.Target)
+	case opDNS:
+		return query(s.Target)
+	}
+	return probeResult{Result: "error", Detail: "unknown operation " + s.Op}
+}
+
+func refused(err error) probeResult {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return probeResult{Result: Denied, Errno: unix.ErrnoName(en), Detail: en.Error()}
+	}
+	return probeResult{Result: "error", Detail: err.Error()}
+}
+
+func sockaddr(target string) (unix.Sockaddr, error) {
+	ap, err := netip.ParseAddrPort(target)
+	if err != nil || !ap.Addr().Is4() {
+		return nil, fmt.Errorf("bad IPv4 address %q", target)
+	}
+	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, nil
+}
+
+func connect(target string) probeResult {
+	sa, err := sockaddr(target)
+	if err != nil {
+		return probeResult{Result: "error", Detail: err.Error()}
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return refused(err)
+	}
+	defer unix.Close(fd)
+	tv := unix.Timeval{Sec: 3}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	if err := unix.Connect(fd, sa); err != nil {
+		return refused(err)
+	}
+	return probeResult{Result: Allowed, Detail: "connected to " + target}
+}
+
+// query sends one A query for name to ResolverAddr (with EDNS, so a
+// refusal carries its RFC 8914 reason) and reads the answer.
+func query(name string) probeResult {
+	sa, _ := sockaddr(ResolverAddr.String())
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	m.SetEdns0(1232, false)
+	wire, err := m.Pack()
+	if err != nil {
+		return probeResult{Result: "error", Detail: err.Error()}
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return refused(err)
+	}
+	defer unix.Close(fd)
+	tv := unix.Timeval{Sec: 3}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if err := unix.Connect(fd, sa); err != nil {
+		return refused(err)
+	}
+	if _, err := unix.Write(fd, wire); err != nil {
+		return refused(err)
+	}
+	buf := make([]byte, 1500)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			return probeResult{Result: "error", Detail: "no answer within 3s"}
+		}
+		return refused(err)
+	}
+	var resp dns.Msg
+	if err := resp.Unpack(buf[:n]); err != nil {
+		return probeResult{Result: "error", Detail: "bad answer: " + err.Error()}
+	}
+	detail := dns.RcodeToString[resp.Rcode]
+	if opt := resp.IsEdns0(); opt != nil {
+		for _, o := range opt.Option {
+			if ede, ok := o.(*dns.EDNS0_EDE); ok {
+				detail += fmt.Sprintf(", EDE %d %s", ede.InfoCode, strings.TrimSpace(ede.ExtraText))
+				switch ede.InfoCode {
+				case dns.ExtendedErrorCodeBlocked, dns.ExtendedErrorCodeFiltered, dns.ExtendedErrorCodeProhibited, dns.ExtendedErrorCodeCensored:
+					return probeResult{Result: Denied, Detail: detail}
+				}
+			}
+		}
+	}
+	return probeResult{Result: Allowed, Detail: detail}
+}

@@ -1,0 +1,528 @@
+package canary
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/ledger"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// Target is one sandbox to test.
+type Target struct {
+	Policy  *policy.Policy
+	Sandbox *policy.Sandbox
+	// Layers is the layer table in force (which mechanism enforces each
+	// rule on this host).
+	Layers []control.Layer
+	// Parent is the sandbox cgroup (absolute) the runtime-path leaves are
+	// created below.
+	Parent string
+	// ExecParent is the cgroup watcher exec creates its leaves below, and
+	// Restrictions the launcher applies; Exec runs the exec path too.
+	ExecParent   string
+	Restrictions launch.Restrictions
+	Exec         bool
+	// Reason says what started the run (start, reload, interval, check).
+	Reason string
+}
+
+// Runner runs canaries. Its zero value is not usable: LedgerDir is
+// required.
+type Runner struct {
+	// Executable is the binary the probes re-execute (it must call Init
+	// and launch.Init first thing); empty means os.Executable().
+	Executable string
+	// LedgerDir is where the matching events must arrive.
+	LedgerDir string
+	// From returns the ledger sequence number to search from (the
+	// head before the probes ran); nil searches the whole ledger.
+	From func() uint64
+	// Mark is called with each probe's leaf cgroup id before the probe
+	// acts, and with each DNS name a probe queries, so the agent marks
+	// their events as the canary's (never an attack, never scored).
+	Mark func(cgroupID uint64, dnsName, check string)
+	// EventWait bounds the wait for the events of a run (default 5s).
+	EventWait time.Duration
+	// ProbeTimeout bounds one probe (default 15s).
+	ProbeTimeout time.Duration
+}
+
+// pending is a probe that ran and whose event is awaited.
+type pending struct {
+	res     *control.CanaryResult
+	check   Check
+	leaf    uint64
+	dnsName string
+	mech    string // of the event that matched
+	seq     uint64 // of the event that matched
+}
+
+// Run tests one sandbox and returns the report. An error means the run
+// could not be set up (no leaf, no scratch directory); check failures are
+// in the report.
+func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error) {
+	rep := control.CanaryReport{Sandbox: t.Sandbox.Name, Time: time.Now(), Reason: t.Reason}
+	self := r.Executable
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return rep, fmt.Errorf("canary: find own binary: %w", err)
+		}
+	}
+	var from uint64
+	if r.From != nil {
+		from = r.From()
+	}
+	scratch, err := os.MkdirTemp("", "watcher-canary-")
+	if err != nil {
+		return rep, fmt.Errorf("canary: %w", err)
+	}
+	defer os.RemoveAll(scratch)
+	suffix := randomHex(6)
+	checks := Plan(t.Policy, t.Sandbox, t.Layers, scratch, suffix)
+	fx, err := prepare(self, checks, scratch)
+	defer fx.cleanup()
+	if err != nil {
+		return rep, err
+	}
+
+	paths := []string{PathRuntime}
+	if t.Exec && t.Sandbox.Mode != policy.ModeRecord {
+		paths = append(paths, PathExec)
+	}
+	rep.Results = make([]control.CanaryResult, 0, len(paths)*len(checks))
+	var waits []*pending
+	for _, path := range paths {
+		for _, c := range checks {
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			c = fx.fill(c, path)
+			// Capacity is reserved: p.res stays valid.
+			rep.Results = append(rep.Results, control.CanaryResult{Check: c.Name, Path: path, Target: c.Target,
+				Expected: c.Expected(path), Layer: c.Mechanism, Event: "-"})
+			p := &pending{res: &rep.Results[len(rep.Results)-1], check: c}
+			if c.Op == opDNS {
+				p.dnsName = strings.ToLower(c.Target)
+				r.mark(0, p.dnsName, c.Name)
+			}
+			p.res.Got, p.res.Detail, p.leaf = r.probe(ctx, self, t, c, path)
+			fx.afterProbe(c)
+			if c.NeedsEvent() {
+				p.res.Event = "no"
+				waits = append(waits, p)
+			}
+		}
+	}
+	r.awaitEvents(ctx, t.Sandbox.Name, from, waits)
+	for i := range rep.Results {
+		res := &rep.Results[i]
+		res.OK = outcomeOf(res.Got) == res.Expected && res.Event != "no"
+		if !res.OK {
+			rep.Failures++
+		}
+	}
+	return rep, nil
+}
+
+func (r *Runner) mark(id uint64, name, check string) {
+	if r.Mark != nil {
+		r.Mark(id, name, check)
+	}
+}
+
+// outcomeOf turns "denied (EPERM)" into "denied".
+func outcomeOf(got string) string {
+	s, _, _ := strings.Cut(got, " ")
+	return s
+}
+
+// probe runs one check on one path and returns what happened, a detail,
+// and the leaf cgroup's id.
+func (r *Runner) probe(ctx context.Context, self string, t Target, c Check, path string) (got, detail string, leafID uint64) {
+	timeout := r.ProbeTimeout
+	if timeout <= 0 {
+		timeout = 15 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	env := []string{envProbe + "=" + encodeSpec(probeSpec{Op: c.Op, Target: c.Target, PID: c.pid()}), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	var out, errOut bytes.Buffer
+	var killed bool
+	var exitErr error
+	if path == PathExec {
+		hook := &markHook{mark: func(id uint64) { leafID = id; r.mark(id, "", c.Name) }}
+		v, err := launch.Run(ctx, launch.Config{Path: self, Env: env, Stdout: &out, Stderr: &errOut,
+			Sandbox: t.Sandbox.Name, CgroupParent: t.ExecParent, Label: "canary-" + c.Name,
+			Restrictions: t.Restrictions, Timeouts: launch.Timeouts{Kill: timeout}, Executable: self,
+			InProcess: true, Leaf: hook})
+		if err != nil {
+			return "error", "watcher exec: " + err.Error(), leafID
+		}
+		killed = v.Signal == syscall.SIGKILL && !v.Killed
+		if v.Killed {
+			return "error", "timed out after " + timeout.String(), leafID
+		}
+		if v.ExitCode != 0 && !killed {
+			exitErr = fmt.Errorf("exit %d (%s)", v.ExitCode, v.Outcome)
+		}
+	} else {
+		leaf := filepath.Join(t.Parent, "canary-"+c.Name+"-"+randomHex(4))
+		if err := os.Mkdir(leaf, 0o755); err != nil {
+			return "error", "create leaf cgroup: " + err.Error(), 0
+		}
+		defer cgroupfs.Remove(leaf)
+		leafID, _ = cgroupfs.ID(leaf)
+		r.mark(leafID, "", c.Name)
+		k, err := runPlaced(ctx, self, env, leaf, &out, &errOut)
+		killed = k
+		if err != nil && !killed {
+			if ctx.Err() != nil {
+				return "error", "timed out after " + timeout.String(), leafID
+			}
+			exitErr = err
+		}
+	}
+	if killed {
+		return Killed, "SIGKILL", leafID
+	}
+	var res probeResult
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &res); err != nil || res.Result == "" {
+		msg := strings.TrimSpace(errOut.String())
+		if exitErr != nil {
+			msg = exitErr.Error() + ": " + msg
+		}
+		return "error", "no result from the probe: " + msg, leafID
+	}
+	switch res.Result {
+	case Denied:
+		if res.Errno != "" {
+			return Denied + " (" + res.Errno + ")", res.Detail, leafID
+		}
+		return Denied, res.Detail, leafID
+	case Allowed:
+		return Allowed, res.Detail, leafID
+	}
+	return "error", res.Detail, leafID
+}
+
+// runPlaced starts the probe outside the sandbox, writes its pid into the
+// leaf's cgroup.procs (as runc does), lets it act and waits.
+func runPlaced(ctx context.Context, self string, env []string, leaf string, stdout, stderr io.Writer) (killed bool, err error) {
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		return false, fmt.Errorf("canary: %w", err)
+	}
+	defer goW.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		goR.Close()
+		return false, fmt.Errorf("canary: %w", err)
+	}
+	defer readyR.Close()
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Args = []string{probeArg0}
+	cmd.Env = append(env, envWait+"=1")
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.ExtraFiles = []*os.File{goR, readyW}
+	cmd.WaitDelay = 2 * time.Second
+	err = cmd.Start()
+	goR.Close()
+	readyW.Close()
+	if err != nil {
+		return false, fmt.Errorf("start probe: %w", err)
+	}
+	// The binary's package initialisers (cilium/ebpf calls bpf()) run
+	// before the probe says it is ready: not inside the sandbox.
+	var b [1]byte
+	if n, _ := readyR.Read(b[:]); n != 1 {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return false, errors.New("the probe exited before it was ready")
+	}
+	if err := cgroupfs.MovePID(leaf, cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return false, err
+	}
+	goW.Write([]byte{1})
+	goW.Close()
+	err = cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL && ctx.Err() == nil {
+		return true, nil
+	}
+	return false, err
+}
+
+// markHook marks the exec path's leaf once the probe is in it.
+type markHook struct{ mark func(uint64) }
+
+func (h *markHook) Enter(leaf string, _ int) error {
+	id, err := cgroupfs.ID(leaf)
+	if err != nil {
+		return err
+	}
+	h.mark(id)
+	return nil
+}
+func (h *markHook) Exit(string) {}
+
+// awaitEvents reads the ledger from seq from until every pending probe's
+// event is there or EventWait passed. Alerts are committed to the ledger
+// at once; the wait covers the kernel reader's batching deadline.
+func (r *Runner) awaitEvents(ctx context.Context, sandbox string, from uint64, waits []*pending) {
+	if len(waits) == 0 {
+		return
+	}
+	wait := r.EventWait
+	if wait <= 0 {
+		wait = 5 * time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		left := scanLedger(r.LedgerDir, sandbox, from, waits)
+		if left == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, p := range waits {
+		if p.mech != "" {
+			p.res.Event = "yes"
+			p.res.Layer = p.mech
+		}
+	}
+}
+
+// scanLedger marks the pending probes whose event is in the ledger and
+// returns how many are still missing.
+func scanLedger(dir, sandbox string, from uint64, waits []*pending) int {
+	rd, err := ledger.NewReaderFrom(dir, from)
+	if err != nil {
+		return len(waits)
+	}
+	defer rd.Close()
+	for {
+		rec, err := rd.Next()
+		if err != nil {
+			break
+		}
+		if rec.Seq < from {
+			continue
+		}
+		ev := &rec.Event
+		used := false
+		for _, p := range waits {
+			used = used || (p.mech != "" && p.seq == rec.Seq)
+		}
+		for _, p := range waits {
+			if !used && p.mech == "" && matches(p, ev, sandbox) {
+				// One event proves one probe.
+				p.mech, p.seq, used = ev.Mechanism, rec.Seq, true
+				if p.mech == "" {
+					p.mech = string(ev.Kind)
+				}
+			}
+		}
+	}
+	left := 0
+	for _, p := range waits {
+		if p.mech == "" {
+			left++
+		}
+	}
+	return left
+}
+
+// matches says ev is the event of probe p: from its leaf cgroup (or, for
+// DNS, about its name in its sandbox), with the verdict the policy asks.
+func matches(p *pending, ev *audit.Event, sandbox string) bool {
+	switch ev.Verdict {
+	case audit.VerdictDenied, audit.VerdictKilled:
+		if p.check.Recorded {
+			return false
+		}
+	case audit.VerdictRecorded:
+		if !p.check.Recorded {
+			return false
+		}
+	default:
+		return false
+	}
+	if p.dnsName != "" {
+		return ev.Kind == audit.KindDNS && ev.DNS != nil && ev.Sandbox.Name == sandbox &&
+			strings.TrimSuffix(strings.ToLower(ev.DNS.Name), ".") == p.dnsName
+	}
+	return p.leaf != 0 && ev.Process.CgroupID == p.leaf
+}
+
+// fixtures are what the checks need besides the probe: honeytokens,
+// files to read, a mount point, a listener nobody was given, a ptrace
+// target outside the sandbox.
+type fixtures struct {
+	created  []string // files and directories to remove, deepest last
+	listener net.Listener
+	sleeper  *exec.Cmd
+	sleepIn  io.Closer
+	mounts   []string
+	names    map[string]string // check name -> per-path DNS name base
+}
+
+func prepare(self string, checks []Check, scratch string) (*fixtures, error) {
+	fx := &fixtures{names: map[string]string{}}
+	for _, c := range checks {
+		switch c.Fixture {
+		case "honeytoken", "readable":
+			if err := fx.mkdirs(filepath.Dir(c.Target)); err != nil {
+				return fx, err
+			}
+			body := "watcher canary honeytoken " + randomHex(8) + "\n"
+			if err := os.WriteFile(c.Target, []byte(body), 0o600); err != nil {
+				return fx, fmt.Errorf("canary: honeytoken: %w", err)
+			}
+			fx.created = append(fx.created, c.Target)
+		case "mountpoint":
+			if err := os.MkdirAll(c.Target, 0o755); err != nil {
+				return fx, fmt.Errorf("canary: mount point: %w", err)
+			}
+			fx.mounts = append(fx.mounts, c.Target)
+		case "created":
+			fx.created = append(fx.created, c.Target)
+		}
+		switch c.Op {
+		case opConnect:
+			if fx.listener == nil {
+				ln, err := net.Listen("tcp4", "127.0.0.1:0")
+				if err != nil {
+					return fx, fmt.Errorf("canary: listener: %w", err)
+				}
+				fx.listener = ln
+				go func() {
+					for {
+						conn, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						conn.Close()
+					}
+				}()
+			}
+		case opPtrace:
+			if fx.sleeper == nil {
+				cmd := exec.Command(self)
+				cmd.Args = []string{probeArg0}
+				cmd.Env = []string{envProbe + "=" + encodeSpec(probeSpec{Op: opSleep})}
+				in, err := cmd.StdinPipe()
+				if err != nil {
+					return fx, fmt.Errorf("canary: ptrace target: %w", err)
+				}
+				if err := cmd.Start(); err != nil {
+					return fx, fmt.Errorf("canary: ptrace target: %w", err)
+				}
+				fx.sleeper, fx.sleepIn = cmd, in
+			}
+		}
+	}
+	return fx, nil
+}
+
+// mkdirs creates dir and its missing parents, remembering what it made.
+func (fx *fixtures) mkdirs(dir string) error {
+	var missing []string
+	for d := dir; d != "/" && !isDir(d); d = filepath.Dir(d) {
+		missing = append([]string{d}, missing...)
+	}
+	for _, d := range missing {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("canary: honeytoken directory: %w", err)
+		}
+		fx.created = append(fx.created, d)
+	}
+	return nil
+}
+
+// fill sets what the plan could not know: the listener's address, the
+// ptrace target, a DNS name unique to the path.
+func (fx *fixtures) fill(c Check, path string) Check {
+	switch c.Op {
+	case opConnect:
+		if fx.listener != nil {
+			c.Target = fx.listener.Addr().String()
+		}
+	case opPtrace:
+		if fx.sleeper != nil {
+			c.Target = "pid " + strconv.Itoa(fx.sleeper.Process.Pid)
+		}
+	case opDNS:
+		if c.uniqueName {
+			// One name per path, so each query's event is its own.
+			head, rest, _ := strings.Cut(c.Target, ".")
+			c.Target = head + path[:1] + "." + rest
+		}
+	}
+	return c
+}
+
+// pid is the ptrace target's pid from the filled Target.
+func (c Check) pid() int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(c.Target, "pid "))
+	return n
+}
+
+// afterProbe removes a file the probe may have created. A mount the
+// backstop killed it for is the agent's to undo (and record); cleanup
+// unmounts what is left at the end of the run.
+func (fx *fixtures) afterProbe(c Check) {
+	switch c.Fixture {
+	case "created":
+		os.Remove(c.Target)
+	}
+}
+
+func (fx *fixtures) cleanup() {
+	if fx == nil {
+		return
+	}
+	for _, m := range fx.mounts {
+		for i := 0; i < 8 && unix.Unmount(m, unix.MNT_DETACH) == nil; i++ {
+		}
+	}
+	for i := len(fx.created) - 1; i >= 0; i-- {
+		os.Remove(fx.created[i])
+	}
+	if fx.listener != nil {
+		fx.listener.Close()
+	}
+	if fx.sleeper != nil {
+		fx.sleepIn.Close()
+		fx.sleeper.Process.Kill()
+		fx.sleeper.Wait()
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
