@@ -119,7 +119,11 @@ func (a *Agent) RunCanary(ctx context.Context, sandbox, reason string) (control.
 
 	rep := control.CanaryReport{Sandbox: sandbox, Time: time.Now(), Reason: reason}
 	if a.frozen.any(sandbox) {
-		// Probes would hang in the frozen cgroups.
+		// Probes would hang in the frozen cgroups. The last failures
+		// stand (status stays non-zero) until a run after the thaw.
+		if last := a.canaryReport(sandbox); last != nil {
+			rep.Results, rep.Failures, rep.Frozen = last.Results, last.Failures, last.Frozen
+		}
 		rep.Skipped = "the sandbox is frozen (watcher thaw " + sandbox + ")"
 		a.storeCanary(rep)
 		return rep, nil
@@ -190,7 +194,9 @@ func (a *Agent) recordCanary(sb *policy.Sandbox, rep *control.CanaryReport) {
 			msg += "; frozen (on_canary_failure: freeze): " + strings.Join(rep.Frozen, ", ") + " (watcher thaw " + sb.Name + ")"
 		}
 	}
-	a.emit(audit.Event{Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: sev,
+	// The run's record carries its start time: what it proves is the
+	// state of the layers from then on.
+	a.emit(audit.Event{Time: rep.Time, Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: sev,
 		Sandbox: audit.Sandbox{Name: sb.Name, Labels: map[string]string{audit.LabelCanary: "run"}}, Mechanism: "canary", Message: msg})
 }
 

@@ -160,12 +160,18 @@ func perform(s probeSpec) probeResult {
 	return probeResult{Result: "error", Detail: "unknown operation " + s.Op}
 }
 
+// refused classifies a failed operation: EPERM and EACCES are a layer's
+// refusal; any other errno (a missing file, a refused connection) is an
+// error, never taken for enforcement.
 func refused(err error) probeResult {
 	var en syscall.Errno
-	if errors.As(err, &en) {
+	if !errors.As(err, &en) {
+		return probeResult{Result: "error", Detail: err.Error()}
+	}
+	if en == unix.EPERM || en == unix.EACCES {
 		return probeResult{Result: Denied, Errno: unix.ErrnoName(en), Detail: en.Error()}
 	}
-	return probeResult{Result: "error", Detail: err.Error()}
+	return probeResult{Result: "error", Errno: unix.ErrnoName(en), Detail: en.Error()}
 }
 
 func sockaddr(target string) (unix.Sockaddr, error) {

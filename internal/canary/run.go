@@ -224,6 +224,9 @@ func (r *Runner) probe(ctx context.Context, self string, t Target, c Check, path
 	case Allowed:
 		return Allowed, res.Detail, leafID
 	}
+	if res.Errno != "" {
+		return "error (" + res.Errno + ")", res.Detail, leafID
+	}
 	return "error", res.Detail, leafID
 }
 
