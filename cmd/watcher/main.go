@@ -12,7 +12,6 @@ import (
 	"sort"
 	"syscall"
 
-	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/launch"
 )
 
@@ -49,8 +48,6 @@ func main() {
 	// seccomp and Landlock restrictions and exec the command; never returns
 	// there. Elsewhere it returns at once.
 	launch.Init()
-	// In a canary probe (internal/canary), perform the probe and exit.
-	canary.Init()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -7,13 +7,15 @@
 // runner checks both the outcome and that the matching event reached the
 // ledger.
 //
-// A probe is this binary re-executed (nothing extra is installed). Its
-// package initialisers (cilium/ebpf probes bpf()) must not run inside the
-// sandbox, where the kill backstop would take them for the probe: a probe
-// starts outside, waits, and is moved into its leaf first, either the way
-// a container runtime places a process (its pid written to cgroup.procs)
-// or through watcher exec's launcher (seccomp, Landlock, then the leaf),
-// where it runs on the launcher's restricted thread instead of exec'ing.
+// A probe is this binary re-executed (nothing extra is installed): any
+// binary that links this package is one, as the package's initialiser
+// performs the probe. The binary's other initialisers (cilium/ebpf calls
+// bpf()) must not run inside the sandbox, where the kill backstop would
+// take them for the probe: a probe starts outside, says it is ready, and
+// is moved into its leaf, either the way a container runtime places a
+// process (its pid written to cgroup.procs) or through watcher exec's
+// launcher (seccomp, Landlock, then the leaf), where it runs on the
+// launcher's restricted thread instead of exec'ing.
 //
 // Planning the checks (Plan) is pure; Runner.Run needs root.
 package canary

@@ -51,12 +51,17 @@ func init() {
 	// Through watcher exec's launcher, the probe runs on the launcher's
 	// restricted thread in place of the exec.
 	launch.SetInProcess(probeMain)
+	// A runtime-placed probe acts from here, in any binary that links
+	// this package (the agent's, a test's): no main needs to call in.
+	// Packages this one does not import may not be initialised yet; the
+	// probe exits before they ever run.
+	probeInit()
 }
 
-// Init must be called first thing in main (after launch.Init) and in
-// TestMain of tests that run the canary. In a probe process it performs
-// the probe and exits; anywhere else it returns at once.
-func Init() {
+// probeInit performs the probe and exits in a probe process; anywhere
+// else (and in a launcher child, whose launch.Init runs the probe) it
+// returns at once.
+func probeInit() {
 	if os.Getenv(envProbe) == "" || launch.IsChild() {
 		return
 	}

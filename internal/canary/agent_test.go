@@ -1,0 +1,136 @@
+package canary_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/watcherhq/watcher/internal/agent"
+	"github.com/watcherhq/watcher/internal/canary"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// The test binary is also the probe (the canary package's initialiser
+// performs it) and watcher exec's launcher child (launch.Init), so the
+// same static binary runs in the qemu guest.
+func TestMain(m *testing.M) {
+	launch.Init()
+	os.Exit(m.Run())
+}
+
+// TestAgentCanary: the real agent, started in this process on this
+// kernel, passes its own canary on both placements; each forbidden check
+// is refused by the layer the layer table names and its event is in the
+// ledger. In the qemu guest (BPF LSM or fmod_ret) the runtime-placed probes
+// are refused with an errno instead of killed.
+func TestAgentCanary(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent loads BPF programs")
+	}
+	if _, err := cgroupfs.Mountpoint(); err != nil {
+		t.Skipf("no cgroup v2 hierarchy: %v", err)
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	dir := t.TempDir()
+	ws := filepath.Join(dir, "ws")
+	os.MkdirAll(ws, 0o755)
+	cg := "/watcher-canary-test-" + id
+	pinDir := "/sys/fs/bpf/watcher-canary-test-" + id
+	pol, err := policy.Parse("canary-test.yaml", []byte(fmt.Sprintf(`version: 1
+agent:
+  ledger_dir: %s/ledger
+  socket_dir: %s/run
+  pin_dir: %s
+  metrics_addr: ""
+  exec_cgroup: %s-exec
+  dns: {listen: "127.0.0.1:%d"}
+sandboxes:
+  - name: agents
+    select: {cgroups: [%s]}
+    preset: restricted
+    workspace: [%s]
+    escape: {enabled: false}
+    canary: {enabled: true, interval: 1h}
+`, dir, dir, pinDir, cg, freePort(t), cg, ws)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range []string{cg, cg + "-exec"} {
+			if abs, err := cgroupfs.Abs(c); err == nil {
+				if err := cgroupfs.Remove(abs); err != nil {
+					t.Errorf("remove %s: %v", abs, err)
+				}
+			}
+		}
+		if err := enforce.Unpin(pinDir); err != nil {
+			t.Errorf("unpin: %v", err)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, err := agent.Start(ctx, agent.Options{Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop()
+	reps, err := a.Check("agents")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 1 {
+		t.Fatalf("%d reports", len(reps))
+	}
+	rep := reps[0]
+	var table strings.Builder
+	for _, r := range rep.Results {
+		fmt.Fprintf(&table, "%-8s %-20s %-8s %-16s %-11s %-4s %v %s\n", r.Path, r.Check, r.Expected, r.Got, r.Layer, r.Event, r.OK, r.Detail)
+	}
+	t.Logf("canary on this kernel:\n%s", table.String())
+	if rep.Failures != 0 {
+		t.Fatalf("%d checks failed on a healthy agent", rep.Failures)
+	}
+	seen := map[string]bool{}
+	for _, r := range rep.Results {
+		seen[r.Path+"/"+r.Check] = true
+		if r.Expected != canary.Allowed && r.Event != "yes" {
+			t.Errorf("%s/%s: forbidden, but no event", r.Path, r.Check)
+		}
+	}
+	for _, c := range []string{"file_read_blocked", "file_write_outside", "file_read_allowed", "file_write_allowed", "mount", "ptrace", "bpf", "dns_unlisted", "connect_unanswered"} {
+		for _, p := range []string{canary.PathRuntime, canary.PathExec} {
+			if !seen[p+"/"+c] {
+				t.Errorf("no %s/%s check in the report", p, c)
+			}
+		}
+	}
+	// The probes left nothing behind: no leaf below the sandbox.
+	abs, _ := cgroupfs.Abs(cg)
+	entries, _ := os.ReadDir(abs)
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "canary-") {
+			t.Errorf("probe leaf %s left behind", e.Name())
+		}
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
