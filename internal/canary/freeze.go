@@ -29,6 +29,11 @@ func Freeze(path string) (string, error) {
 	if _, err := os.Stat(filepath.Join(path, "cgroup.freeze")); err == nil {
 		return FreezerV2, cgroupfs.Freeze(path, true)
 	}
+	return freezeV1(path)
+}
+
+// freezeV1 freezes through the v1 freezer hierarchy.
+func freezeV1(path string) (string, error) {
 	v1, err := v1Freezer(path)
 	if err != nil {
 		return "", err
@@ -60,6 +65,10 @@ func Thaw(path string) error {
 	if _, err := os.Stat(filepath.Join(path, "cgroup.freeze")); err == nil {
 		return cgroupfs.Freeze(path, false)
 	}
+	return thawV1(path)
+}
+
+func thawV1(path string) error {
 	v1, err := v1Freezer(path)
 	if err != nil {
 		return err
