@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/posture"
 )
 
@@ -95,7 +96,10 @@ func (a *Agent) watchPosture(ctx context.Context) {
 			Message: "posture of the sandboxes' cgroups is not read: " + err.Error()})
 		return
 	}
-	r.SkipDir = func(name string) bool { return strings.HasPrefix(name, "exec-") }
+	// watcher exec leaves, and the canary's probes (internal/canary).
+	r.SkipDir = func(name string) bool {
+		return strings.HasPrefix(name, "exec-") || strings.HasPrefix(name, canary.LeafPrefix)
+	}
 	t := time.NewTicker(postureInterval)
 	defer t.Stop()
 	for {

@@ -113,6 +113,9 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
   - name: rec
     select: {cgroups: [%s]}
     preset: restricted
+    # The canary's exec-path probes are watcher exec commands: they would
+    # attach the recording at start.
+    canary: {enabled: false}
 `, cg)
 	})
 	trIDs, err := a.tracer.ProgramIDs()

@@ -28,6 +28,10 @@ import (
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
+// LeafPrefix starts the names of the runtime-placed probes' leaf cgroups
+// (the exec path's are watcher exec leaves, exec-canary-CHECK-...).
+const LeafPrefix = "canary-"
+
 // Target is one sandbox to test.
 type Target struct {
 	Policy  *policy.Policy
@@ -188,7 +192,7 @@ func (r *Runner) probe(ctx context.Context, self string, t Target, c Check, path
 			exitErr = fmt.Errorf("exit %d (%s)", v.ExitCode, v.Outcome)
 		}
 	} else {
-		leaf := filepath.Join(t.Parent, "canary-"+c.Name+"-"+randomHex(4))
+		leaf := filepath.Join(t.Parent, LeafPrefix+c.Name+"-"+randomHex(4))
 		if err := os.Mkdir(leaf, 0o755); err != nil {
 			return "error", "create leaf cgroup: " + err.Error(), 0
 		}
