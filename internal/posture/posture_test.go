@@ -336,6 +336,13 @@ func TestEveryRequirementIsChecked(t *testing.T) {
 	if good.Missing != nil {
 		t.Fatalf("good posture lacks %v", good.Missing)
 	}
+	// A process that could not be read proves nothing.
+	unread := good
+	unread.Errors = []string{"root of 42: permission denied"}
+	Check(&unread, policy.Requirements())
+	if len(unread.Missing) != len(policy.Requirements()) {
+		t.Fatalf("with a read error, missing %v", unread.Missing)
+	}
 	for _, req := range policy.Requirements() {
 		bad := good
 		bad.Workspace = slices.Clone(good.Workspace)

@@ -9,8 +9,13 @@ import (
 
 // Has reports whether the posture meets one requirement. An empty cgroup
 // (no process read) meets every requirement on processes and mounts:
-// nothing runs there to lack them; its limits are still checked.
+// nothing runs there to lack them; its limits are still checked. A reading
+// that could not read some process (Errors: not one that exited) meets
+// none: what was not read is not proven.
 func Has(p *audit.Posture, r policy.Requirement) bool {
+	if len(p.Errors) > 0 {
+		return false
+	}
 	empty := p.Procs == 0
 	allWorkspace := func(ok func(audit.MountPosture) bool) bool {
 		for _, w := range p.Workspace {

@@ -83,6 +83,17 @@ func Limit(v float64, unit string) string {
 
 // Summary is a one-line description for events and logs.
 func Summary(p *audit.Posture) string {
+	s := summary(p)
+	if n := len(p.Errors); n > 0 {
+		s += "; not read: " + strings.Join(p.Errors[:min(n, 3)], "; ")
+		if n > 3 {
+			s += fmt.Sprintf(" (and %d more)", n-3)
+		}
+	}
+	return s
+}
+
+func summary(p *audit.Posture) string {
 	if p.Procs == 0 {
 		return fmt.Sprintf("no processes; limits memory=%s cpu=%s pids=%s", Limit(float64(p.Limits.MemoryBytes), "bytes"),
 			Limit(float64(p.Limits.CPUMillis), "millicores"), Limit(float64(p.Limits.PIDs), "count"))
