@@ -212,7 +212,7 @@ func (d *Daemon) BusyboxImage(t testing.TB) string {
 	return name
 }
 
-// Container is a running container.
+// Container is a running container, its program executed.
 type Container struct {
 	ID  string
 	PID int // its init process, as the host sees it
@@ -230,6 +230,23 @@ func (d *Daemon) Run(t testing.TB, args ...string) Container {
 	pid, err := strconv.Atoi(d.Docker(t, "inspect", "-f", "{{.State.Pid}}", id))
 	if err != nil || pid <= 0 {
 		t.Fatalf("container %s has no pid: %v", id, err)
+	}
+	// `docker run -d` can return while runc's init still runs in the
+	// container, before it applies capabilities, seccomp and
+	// no_new_privs and executes the container's program.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil {
+			t.Fatalf("container %s: %v", id, err)
+		}
+		if !strings.HasPrefix(string(comm), "runc") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container %s still runs %q after 30 s", id, comm)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	return Container{ID: id, PID: pid}
 }
