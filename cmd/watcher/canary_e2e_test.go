@@ -132,6 +132,25 @@ func TestCanary(t *testing.T) {
 		t.Fatalf("canary metrics:\n%s", grepLines([]byte(body), "watcher_canary"))
 	}
 
+	// A policy reload runs the canary again at once.
+	reloadAt := time.Now()
+	pb, _ := os.ReadFile(tb.policy)
+	if err := os.WriteFile(tb.policy, append(pb, []byte("# edited\n")...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var got bool
+		for _, r := range canaryRuns(t, tb.ledger) {
+			if r.Event.Time.After(reloadAt) && strings.Contains(r.Event.Message, "canary (reload)") {
+				got = true
+			}
+		}
+		if got {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
 	// Remove the kill backstop's path rules behind the agent's back.
 	rules, err := ebpf.LoadPinnedMap(filepath.Join(tb.pinDir, "maps", "bs_path_rules"), nil)
 	if err != nil {
@@ -169,6 +188,42 @@ func TestCanary(t *testing.T) {
 	// Alert only: nothing frozen.
 	if ev, _ := os.ReadFile(filepath.Join(tb.cgAbs, "cgroup.events")); strings.Contains(string(ev), "frozen 1") {
 		t.Error("sandbox frozen although on_canary_failure is not freeze")
+	}
+
+	// The DNS proxy gone from the path: the kernel's redirect now points
+	// at a port nothing answers on (the proxy's port in the sandbox's
+	// egress config, rewritten behind the agent's back).
+	configs, err := ebpf.LoadPinnedMap(filepath.Join(tb.pinDir, "maps", "egress_configs"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer configs.Close()
+	dead := freePort(t)
+	var key uint32
+	val := make([]byte, configs.ValueSize())
+	it := configs.Iterate()
+	n := 0
+	for it.Next(&key, &val) {
+		// struct net_config: flags, proxy_ip4, proxy_ip6[4], then
+		// proxy_port4 in network order at byte 24.
+		val[24], val[25] = byte(dead>>8), byte(dead)
+		if err := configs.Put(key, val); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no egress config to break")
+	}
+	broken = time.Now()
+	run = firstRunAfter(t, tb, broken)
+	msg = run.Event.Message
+	if !strings.Contains(msg, "(interval)") || !strings.Contains(msg, "runtime/dns_unlisted") || !strings.Contains(msg, "exec/dns_unlisted") {
+		t.Fatalf("the first periodic run after the DNS proxy left the path: %s", msg)
+	}
+	out, _ = tb.watcher("check", "--socket", sock, "agents")
+	if !regexp.MustCompile(`runtime\s+dns_unlisted\s+\S+\s+denied\s+error \(ECONNREFUSED\)\s+dnsproxy\s+no\s+FAIL`).MatchString(out) {
+		t.Errorf("check without the DNS proxy in the path:\n%s", out)
 	}
 }
 
@@ -265,4 +320,17 @@ func scrape(t *testing.T, addr string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// TestCanaryTailMark: watcher tail shows a probe's event as the canary's.
+func TestCanaryTailMark(t *testing.T) {
+	e := audit.Event{Kind: audit.KindMount, Verdict: audit.VerdictKilled, Sandbox: audit.Sandbox{Name: "agents",
+		Labels: map[string]string{audit.LabelCanary: "mount", "label": "canary-mount"}}}
+	if line := compactLine(&e, false); !strings.Contains(line, "[agents/canary:mount]") {
+		t.Errorf("compact line %q does not mark the canary", line)
+	}
+	e.Sandbox.Labels = map[string]string{"label": "call-1"}
+	if line := compactLine(&e, false); !strings.Contains(line, "[agents/call-1]") || strings.Contains(line, "canary") {
+		t.Errorf("compact line %q", line)
+	}
 }
