@@ -129,6 +129,36 @@ func Procs(path string) ([]int, error) {
 	return pids, nil
 }
 
+// SubtreeProcs lists the pids in the cgroup at path and every cgroup
+// below it. Cgroups that vanish during the walk are skipped; skip, when
+// set, leaves out descendants (with their subtrees) by directory name.
+func SubtreeProcs(path string, skip func(name string) bool) ([]int, error) {
+	var pids []int
+	err := filepath.WalkDir(path, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if p == path {
+				return err
+			}
+			return filepath.SkipDir // removed while walking
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		if p != path && skip != nil && skip(d.Name()) {
+			return filepath.SkipDir
+		}
+		more, err := Procs(p)
+		if err == nil {
+			pids = append(pids, more...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("processes of %s: %w", path, err)
+	}
+	return pids, nil
+}
+
 // Freeze freezes (true) or thaws (false) every task in the cgroup subtree.
 func Freeze(path string, frozen bool) error {
 	v := "0"

@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/containers"
 	"github.com/watcherhq/watcher/internal/limits"
 )
@@ -72,9 +73,9 @@ func NewReader() (*Reader, error) {
 // (for the record and the container id); workspace lists the sandbox's
 // workspace directories.
 func (r *Reader) Cgroup(abs, rel string, workspace []string) (audit.Posture, error) {
-	pids, err := subtreeProcs(abs, r.SkipDir)
+	pids, err := cgroupfs.SubtreeProcs(abs, r.SkipDir)
 	if err != nil {
-		return audit.Posture{}, err
+		return audit.Posture{}, fmt.Errorf("posture: %w", err)
 	}
 	p := r.PIDs(pids, workspace)
 	p.Cgroup = rel
@@ -86,39 +87,6 @@ func (r *Reader) Cgroup(abs, rel string, workspace []string) (audit.Posture, err
 		p.Limits = r.cgroupLimits(rel)
 	}
 	return p, nil
-}
-
-// subtreeProcs lists the processes of the cgroup and its descendants.
-func subtreeProcs(abs string, skip func(string) bool) ([]int, error) {
-	var pids []int
-	err := filepath.WalkDir(abs, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if p == abs {
-				return err
-			}
-			return fs.SkipDir // removed while walking
-		}
-		if !d.IsDir() {
-			return nil
-		}
-		if p != abs && skip != nil && skip(d.Name()) {
-			return fs.SkipDir
-		}
-		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
-		if err != nil {
-			return nil
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, n)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("posture: processes of %s: %w", abs, err)
-	}
-	return pids, nil
 }
 
 // PIDs reads the posture of the given processes (all their threads).

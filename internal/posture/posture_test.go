@@ -394,3 +394,19 @@ func p0(t *testing.T, cg string) int {
 	}
 	return pids[0]
 }
+
+// The agent leaves `watcher exec` leaves out of a root's posture: a
+// process in exec-* below the root is not read, one in another child is.
+func TestSkipDir(t *testing.T) {
+	r := reader(t)
+	cg := enforcetest.Cgroup(t, "root")
+	start(t, enforcetest.Command(t, enforcetest.Child(t, cg, "exec-call-1-ab12"), "sh", "-c", "echo ready; exec sleep 1000"), true)
+	start(t, enforcetest.Command(t, enforcetest.Child(t, cg, "app"), "sh", "-c", "echo ready; exec sleep 1000"), true)
+	if p := read(t, r, cg); p.Procs != 2 {
+		t.Fatalf("procs %d, want 2 without SkipDir", p.Procs)
+	}
+	r.SkipDir = func(name string) bool { return strings.HasPrefix(name, "exec-") }
+	if p := read(t, r, cg); p.Procs != 1 {
+		t.Fatalf("procs %d, want 1 with exec leaves skipped", p.Procs)
+	}
+}
