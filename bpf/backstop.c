@@ -242,6 +242,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } bs_agent_signals SEC(".maps");
 
+/* Signals to the agent that look like its operator's, per signal number:
+ * sent by a user process outside every sandbox (kill, tgkill, sigqueue:
+ * si_code <= 0) or by the kernel itself (a terminal's ^C or hangup). A
+ * file owner's SIGIO/SIGURG (si_code > 0) never counts, whatever context
+ * generated it (the writer's, a kworker's, softirq). The agent stops on a
+ * SIGTERM/SIGINT/SIGHUP only when this count moved: a sandbox sending the
+ * same signal twice (a write, then the close at its exit) cannot make one
+ * of them look like the operator's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bs_operator_signals SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, CAT_MAX);
@@ -1402,9 +1418,16 @@ int BPF_PROG(backstop_signal, int sig, struct kernel_siginfo *info, struct task_
 		return 0;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
 	__u32 signo = sig;
+	if (!sb) {
+		/* SEND_SIG_NOINFO and SEND_SIG_PRIV (0, 1) fail the read: code 0. */
+		int code = 0;
+		bpf_probe_read_kernel(&code, sizeof(code), (void *)info + bpf_core_field_offset(struct kernel_siginfo, si_code));
+		__u64 *oc = bpf_map_lookup_elem(&bs_operator_signals, &signo);
+		if (oc && code <= 0)
+			__sync_fetch_and_add(oc, 1);
+		return 0;
+	}
 	__u64 *cnt = bpf_map_lookup_elem(&bs_agent_signals, &signo);
 	if (cnt)
 		__sync_fetch_and_add(cnt, 1);

@@ -67,6 +67,8 @@ enum event_kind {
 	EV_CGROUP_MOVE = 15,
 	EV_FILE_OP = 16,   /* LSM path operations (unlink, rename, chmod...): struct file_event of lsm.c */
 	EV_OPERATION = 17, /* LSM operations judged as a whole (perf_event_open...): struct task_event */
+	EV_LSM_SOCKET = 18, /* LSM socket_create: struct sock_event of lsm.c */
+	EV_LSM_UNIX = 19,   /* LSM unix_stream_connect, unix_may_send: struct sock_event of lsm.c */
 	/* 64 and up: EV_FMOD_RET + an LSM kind (bpf/include/lsm_hook.h) */
 };
 

@@ -85,19 +85,20 @@ type Agent struct {
 	roots  map[uint64]*root // registered sandbox roots by cgroup id
 	labels sync.Map         // cgroup id -> leaf label (watcher exec)
 
-	eng      *enforce.Engine
-	reader   *enforce.Reader
-	lsm      *lsm.LSM
-	lsmErr   error
-	backstop *backstop.Backstop
-	sigSeen  sync.Map // syscall.Signal -> uint64: sandbox-sent count already seen
-	tracer   *trace.Tracer
-	cgroups  *cgroupbpf.Hooks
-	egress   *egress.Egress
-	dirs     *dnsbind.Directory
-	dns      *dnsproxy.Server
-	dnsAddr  netip.AddrPort
-	dnsAddr6 netip.AddrPort
+	eng        *enforce.Engine
+	reader     *enforce.Reader
+	lsm        *lsm.LSM
+	lsmErr     error
+	backstop   *backstop.Backstop
+	sigSeen    sync.Map    // syscall.Signal -> uint64: operator-sent count already seen
+	sigCounted atomic.Bool // the kernel counts the operator's signals (watchSignals)
+	tracer     *trace.Tracer
+	cgroups    *cgroupbpf.Hooks
+	egress     *egress.Egress
+	dirs       *dnsbind.Directory
+	dns        *dnsproxy.Server
+	dnsAddr    netip.AddrPort
+	dnsAddr6   netip.AddrPort
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses

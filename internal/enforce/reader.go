@@ -43,6 +43,8 @@ const (
 	EvCgroupMove uint32 = 15
 	EvFileOp     uint32 = 16 // LSM path operations (unlink, rename, chmod...)
 	EvOperation  uint32 = 17 // LSM operations judged as a whole (perf_event_open...)
+	EvLSMSocket  uint32 = 18 // LSM socket_create
+	EvLSMUnix    uint32 = 19 // LSM unix_stream_connect and unix_may_send
 )
 
 // Actions of policy rules (enum action in common.h).

@@ -215,7 +215,10 @@ func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.Sandbox
 		unixNote = append(unixNote, "left connectable because no such socket exists on this host (the C library probes them on every lookup): "+
 			strings.Join(c.env.AbsentProbeSockets, ", ")+"; re-checked at every policy reload")
 	}
-	if c.env.UnixSockets != nil {
+	if c.env.UnixSockets != nil && c.hook("unix_stream_connect") && c.hook("unix_may_send") {
+		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechLSM,
+			notes: []string{"no cgroup unix socket hooks here (" + c.env.UnixSockets.Error() + "): the lsm unix hooks judge every peer (egress: unix peers)"}})
+	} else if c.env.UnixSockets != nil {
 		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechNone,
 			notes: []string{"this kernel cannot refuse unix socket connects (" + c.env.UnixSockets.Error() + ")"}})
 	} else {

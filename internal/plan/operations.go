@@ -129,6 +129,13 @@ var fixedOperations = []struct {
 }
 
 func (c *compiler) fixed(sb *policy.Sandbox, lr *lsm.Rules) {
+	if c.hook("task_alloc") {
+		// A second process sharing the file table: judged on the flags the
+		// kernel copied, so flipping clone3's flags after a check is moot.
+		lr.Ops[lsm.OpCloneFiles] = lsm.Decision{Action: enforce.ActionBlock, RuleID: c.rules.ID("clone-files")}
+		c.add(sb, "clone-files", policy.ActionBlock, layer{mech: MechLSM, notes: []string{
+			"lsm task_alloc: clone/clone3 with CLONE_FILES and without CLONE_THREAD (threads stay allowed)"}})
+	}
 	for _, f := range fixedOperations {
 		if !c.hook(f.hook) {
 			continue
@@ -238,14 +245,9 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	u.layer = c.add(sb, "io_uring", a, l)
 	c.globalUses = append(c.globalUses, u)
 
-	// 32-bit system calls: a sandbox has no use for them, and every rule
-	// keyed on syscall numbers would need the i386 table too.
-	id = c.rules.ID("ia32-syscalls")
-	u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.Compat }, enforce.ActionKill, id)
-	u.layer = c.add(sb, "ia32_syscalls", policy.ActionKill, layer{mech: MechKill, notes: []string{
-		"backstop: every 32-bit syscall (int 0x80) is killed at entry, before the kernel runs it",
-		"watcher exec: the seccomp arch guard refuses them"}})
-	c.globalUses = append(c.globalUses, u)
+	// 32-bit system calls: decided host-wide in finish (ia32Lines), once
+	// every rule that may rely on the backstop's x86_64 numbers is known.
+	c.ia32 = append(c.ia32, ia32Use{sb: sb, layer: c.add(sb, "ia32_syscalls", policy.ActionKill, layer{mech: MechKill})})
 
 	// The kernel group of the one dangerous list: refused whatever the
 	// policy says.
@@ -377,7 +379,7 @@ func (c *compiler) devices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 	c.add(sb, "devices", a, l)
 }
 
-func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32) {
+func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 	a := orAllow(sb.Operations.RawSockets)
 	if a == policy.ActionAllow {
 		c.add(sb, "raw_sockets", a, layer{mech: MechNone})
@@ -391,6 +393,79 @@ func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32) {
 	}
 	c.plan.Sockets = append(c.plan.Sockets, cgroupbpf.SocketRule{Sandbox: sid, Family: cgroupbpf.Any,
 		Type: unix.SOCK_RAW, Protocol: cgroupbpf.Any, Action: kernelAction(a), RuleID: id})
-	c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
+	if c.hook("socket_create") {
+		// Every family passes socket_create, from every entry.
+		lr.Sockets = append(lr.Sockets, lsm.SocketRule{Family: unix.AF_PACKET, Type: lsm.AnySocket, Protocol: lsm.AnySocket,
+			Decision: lsm.Decision{Action: kernelAction(a), RuleID: c.rules.ID("packet-sockets")}})
+		note = "AF_PACKET refused by lsm socket_create (cgroup/sock_create does not run for packet sockets); seccomp refuses it under watcher exec"
+	} else {
+		c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
+	}
 	c.add(sb, "raw_sockets", a, layer{mech: MechCgroupBPF, notes: []string{"cgroup/sock_create: SOCK_RAW on IPv4 and IPv6", note}})
+}
+
+// ia32Use is one sandbox's ia32_syscalls layer line.
+type ia32Use struct {
+	sb    *policy.Sandbox
+	layer int
+}
+
+// ia32Lines decides 32-bit system calls host-wide (the backstop's compat
+// category is one switch) and writes each sandbox's layer line. They are
+// killed at entry when a sandbox's policy refuses them, or when some rule
+// rests on a backstop check keyed on x86_64 syscall numbers (an int 0x80
+// open would pass the backstop's open checks unjudged). Otherwise they
+// run and are judged like 64-bit calls: LSM and cgroup hooks see kernel
+// state whatever the entry, and the backstop's syscall rules are also
+// keyed by i386 number (internal/dangerous).
+func (c *compiler) ia32Lines() {
+	b := &c.plan.Backstop
+	var why []string
+	var refusers []string
+	for _, u := range c.ia32 {
+		if blocking(orAllow(u.sb.Operations.IA32Syscalls)) {
+			refusers = append(refusers, u.sb.Name)
+		}
+	}
+	if len(refusers) > 0 {
+		why = append(why, "ia32_syscalls refused by sandbox "+strings.Join(refusers, ", "))
+	}
+	if len(b.Paths) > 0 {
+		why = append(why, "file rules judged at open by the backstop")
+	}
+	for _, cat := range []struct {
+		r    backstop.Rule
+		what string
+	}{{b.CgroupWrite, "cgroup_write opens"}, {b.ProcMem, "/proc/PID/mem opens"}, {b.CloneFiles, "CLONE_FILES clones"},
+		{b.IOUringOpen, "io_uring opens"}, {b.SignalAgent, "kill-family syscalls to the agent"},
+		{b.PacketSocket, "socket(AF_PACKET)"}} {
+		if cat.r.Action != enforce.ActionAllow {
+			why = append(why, cat.what+" checked by the backstop")
+		}
+	}
+	if b.MmapExec.Action != enforce.ActionAllow && !c.hook("mmap_file") {
+		why = append(why, "mmap PROT_EXEC checked by the backstop")
+	}
+	if len(why) > 0 {
+		b.Compat = backstop.Rule{Action: enforce.ActionKill, ID: c.rules.ID("ia32-syscalls")}
+	}
+	for _, u := range c.ia32 {
+		a := orAllow(u.sb.Operations.IA32Syscalls)
+		var l layer
+		switch {
+		case blocking(a):
+			l = layer{mech: MechKill, notes: []string{"backstop: every 32-bit syscall (int 0x80) killed at entry (the call itself may complete before the process dies)"}}
+		case len(why) > 0:
+			a = policy.ActionKill
+			l = layer{mech: MechKill, notes: []string{"the policy allows them, but they are killed at entry (the call itself may complete before the process dies): " +
+				strings.Join(why, "; ") + ", keyed on x86_64 syscall numbers"}}
+		default:
+			l = layer{mech: MechNone, notes: []string{"judged like 64-bit calls: lsm and cgroup hooks see kernel state whatever the entry; the backstop's syscall rules by i386 number too"}}
+		}
+		l.notes = append(l.notes, "watcher exec: the seccomp arch guard refuses them whatever the policy says")
+		n := len(c.plan.Layers)
+		c.add(u.sb, "ia32_syscalls", a, l)
+		c.plan.Layers[u.layer] = c.plan.Layers[n]
+		c.plan.Layers = c.plan.Layers[:n]
+	}
 }

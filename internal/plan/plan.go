@@ -196,8 +196,10 @@ type compiler struct {
 	// cloneFilesKill: some sandbox's blocking file rules rely on the
 	// backstop, so file-table sharing clones must go.
 	cloneFilesKill bool
-	moduleSeen     bool
-	moduleRuleID   uint32
+	// ia32: each sandbox's ia32_syscalls line, rewritten by ia32Lines.
+	ia32         []ia32Use
+	moduleSeen   bool
+	moduleRuleID uint32
 }
 
 // globalUse is one sandbox's action for a host-wide backstop rule.
@@ -224,11 +226,12 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	}
 	c.capabilities(sb, &lr)
 	c.devices(sb, sid, &lr)
-	c.rawSockets(sb, sid)
+	c.rawSockets(sb, sid, &lr)
 	if err := c.network(sb, sid); err != nil {
 		return err
 	}
 	c.launch(sb)
+	c.lsmSockets(sb, sid, &lr)
 	if c.anyLSM {
 		c.plan.LSM[sid] = lr
 	}
@@ -251,6 +254,7 @@ func (c *compiler) finish() {
 	if c.cloneFilesKill {
 		b.CloneFiles = backstop.Rule{Action: enforce.ActionKill, ID: c.rules.ID("clone-files")}
 	}
+	c.ia32Lines()
 	// Where another sandbox's rule made a host-wide rule stricter, say so.
 	for _, u := range c.globalUses {
 		var got uint32

@@ -375,6 +375,14 @@ type Operations struct {
 	// Devices covers opening block devices and /dev/mem, /dev/kmem,
 	// /dev/port, /dev/kmsg.
 	Devices Action `yaml:"devices"`
+	// IA32Syscalls covers 32-bit system calls (int 0x80). allow (the
+	// default): they are judged by every rule like 64-bit calls, since the
+	// LSM and cgroup hooks judge kernel state whatever the entry; where this
+	// host's kill backstop enforces some rule by x86_64 syscall number they
+	// are killed at entry anyway (the layer table says why). block or kill:
+	// every 32-bit syscall is killed at entry, on every host (a sandbox with
+	// no use for 32-bit code). watcher exec refuses them whatever this says.
+	IA32Syscalls Action `yaml:"ia32_syscalls"`
 	// Capabilities rules the use of capabilities.
 	Capabilities Capabilities `yaml:"capabilities"`
 }

@@ -10,8 +10,10 @@ package adversarial
 // attacker prints is evidence, not the verdict.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +45,7 @@ var (
 // attackEnv is what the test tells the attacker (environment variables).
 type attackEnv struct {
 	ws, secretDir, tgt, scratch, outside string
+	hostSock                             string
 	agent                                int
 }
 
@@ -51,7 +54,7 @@ func (e attackEnv) secret() string { return filepath.Join(e.secretDir, "key") }
 func loadAttackEnv() attackEnv {
 	agent, _ := strconv.Atoi(os.Getenv("ADV_AGENT"))
 	return attackEnv{ws: os.Getenv("ADV_WS"), secretDir: os.Getenv("ADV_SECRET"), tgt: os.Getenv("ADV_TGT"),
-		scratch: os.Getenv("ADV_SCRATCH"), outside: os.Getenv("ADV_OUTSIDE"), agent: agent}
+		scratch: os.Getenv("ADV_SCRATCH"), outside: os.Getenv("ADV_OUTSIDE"), hostSock: os.Getenv("ADV_HOSTSOCK"), agent: agent}
 }
 
 // attackMain is the attacker role: join the sandbox leaf (when placed like
@@ -151,7 +154,10 @@ func unwrapErrno(err error) error {
 func runChild(path string, args ...string) error {
 	cmd := &exec.Cmd{Path: path, Args: args, Stdout: os.Stdout, Stderr: os.Stdout}
 	err := cmd.Run()
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && cmd.ProcessState != nil && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+	if cmd.ProcessState == nil { // the exec itself was refused
+		return unwrapErrno(err)
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 		return errChildKilled
 	}
 	return unwrapErrno(err)
@@ -216,6 +222,36 @@ func kcmpChild(args *cloneArgs, report uintptr) (uintptr, syscall.Errno) {
 	return 0, 0
 }
 
+// cloneFilesChild clones with clone(2) CLONE_FILES; the child writes a
+// byte to fd report and exits.
+//
+//go:nosplit
+//go:norace
+func cloneFilesChild(report uintptr) (uintptr, syscall.Errno) {
+	r1, _, e := syscall.RawSyscall6(unix.SYS_CLONE, unix.CLONE_FILES|uintptr(unix.SIGCHLD), 0, 0, 0, 0, 0)
+	if e != 0 || r1 != 0 {
+		return r1, e
+	}
+	syscall.RawSyscall(unix.SYS_WRITE, report, uintptr(unsafe.Pointer(&childOut[0])), 1)
+	syscall.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+	return 0, 0
+}
+
+// unixConnect connects to the stream socket at path and prints what the
+// server says.
+func unixConnect(path string) error {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return unwrapErrno(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 64)
+	n, _ := c.Read(b)
+	fmt.Printf("CONNECTED %s\n", b[:n])
+	return nil
+}
+
 func cbytes(s string) *byte {
 	b := append([]byte(s), 0)
 	return &b[0]
@@ -257,6 +293,23 @@ var attacks = map[string]func(attackEnv, string) error{
 		os.MkdirAll(dir, 0o755)
 		return errnoOf(Int80(21, m.str("none"), m.str(dir), m.str("tmpfs"), 0, 0)) // i386 mount
 	},
+	"ia32-socketcall-packet": func(e attackEnv, _ string) error {
+		// i386 socketcall(SYS_SOCKET, {AF_PACKET, SOCK_RAW, 0}): neither
+		// the x86_64 socket number nor cgroup/sock_create sees it.
+		m := newMem32()
+		p, b := m.buf(12)
+		binary.LittleEndian.PutUint32(b[0:], unix.AF_PACKET)
+		binary.LittleEndian.PutUint32(b[4:], unix.SOCK_RAW)
+		fd := Int80(102, 1, p, 0, 0, 0)
+		if err := errnoOf(fd); err != nil {
+			return err
+		}
+		fmt.Println("PACKET-SOCKET")
+		return nil
+	},
+	"ia32-kill-agent": func(e attackEnv, _ string) error {
+		return errnoOf(Int80(37, uintptr(e.agent), uintptr(unix.SIGTERM), 0, 0, 0)) // i386 kill
+	},
 	"benign-read-ws": func(e attackEnv, _ string) error { return readAndPrint(filepath.Join(e.ws, "hello")) },
 
 	// --- class 2: kernel state, not user memory -------------------------
@@ -289,6 +342,25 @@ var attacks = map[string]func(attackEnv, string) error{
 			return nil
 		}
 		return syscall.EPERM
+	},
+	"clone-files": func(e attackEnv, _ string) error {
+		// No race: clone(2)'s flags are a register.
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+			return err
+		}
+		pid, errno := cloneFilesChild(uintptr(p[1]))
+		if errno != 0 {
+			return errno
+		}
+		var ws unix.WaitStatus
+		unix.Wait4(int(pid), &ws, 0, nil)
+		b := make([]byte, 8)
+		if n, _ := unix.Read(p[0], b); n > 0 {
+			fmt.Println("SHARED the child shares the file table")
+			return nil
+		}
+		return fmt.Errorf("child did not report")
 	},
 	"openat2-trunc-race": func(e attackEnv, _ string) error {
 		how := &unix.OpenHow{Flags: unix.O_RDONLY}
@@ -538,6 +610,41 @@ var attacks = map[string]func(attackEnv, string) error{
 	"kill-pgrp-agent": func(e attackEnv, _ string) error { return unix.Kill(-e.agent, unix.SIGTERM) },
 	"kill-all-urg":    func(e attackEnv, _ string) error { return unix.Kill(-1, unix.SIGURG) },
 	"stop-agent":      func(e attackEnv, _ string) error { return unix.Kill(e.agent, unix.SIGSTOP) },
+	"sigqueue-agent": func(e attackEnv, _ string) error {
+		// rt_sigqueueinfo: a kill by another syscall, with a forged siginfo.
+		var info [128]byte
+		binary.LittleEndian.PutUint32(info[0:], uint32(unix.SIGTERM))
+		binary.LittleEndian.PutUint32(info[8:], ^uint32(0)) // si_code SI_QUEUE
+		_, _, en := syscall.Syscall(unix.SYS_RT_SIGQUEUEINFO, uintptr(e.agent), uintptr(unix.SIGTERM), uintptr(unsafe.Pointer(&info[0])))
+		if en != 0 {
+			return en
+		}
+		return nil
+	},
+	"fsetown-ex-pgrp-agent": func(e attackEnv, _ string) error {
+		// F_SETOWN_EX to the agent's process group: no pid of the agent
+		// is ever named.
+		pgid, err := unix.Getpgid(e.agent)
+		if err != nil {
+			return err
+		}
+		var p [2]int
+		if err := unix.Pipe(p[:]); err != nil {
+			return err
+		}
+		own := struct{ Type, Pid int32 }{2 /* F_OWNER_PGRP */, int32(pgid)} // struct f_owner_ex
+		if _, _, en := syscall.Syscall(unix.SYS_FCNTL, uintptr(p[0]), unix.F_SETOWN_EX, uintptr(unsafe.Pointer(&own))); en != 0 {
+			return en
+		}
+		if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETSIG, int(unix.SIGTERM)); err != nil {
+			return err
+		}
+		if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETFL, unix.O_ASYNC); err != nil {
+			return err
+		}
+		_, err = unix.Write(p[1], []byte("x"))
+		return err
+	},
 	"fsetown-sigio-agent": func(e attackEnv, _ string) error {
 		var p [2]int
 		if err := unix.Pipe(p[:]); err != nil {
@@ -565,6 +672,47 @@ var attacks = map[string]func(attackEnv, string) error{
 	},
 	"oom-score-adj-agent": func(e attackEnv, _ string) error {
 		return unwrapErrno(os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", e.agent), []byte("1000"), 0))
+	},
+
+	// --- class 8: one list, both enforcers: sockets -------------------------
+	"packet-socket": func(e attackEnv, _ string) error {
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0x0300 /* htons(ETH_P_ALL) */)
+		if err != nil {
+			return err
+		}
+		unix.Close(fd)
+		fmt.Println("PACKET-SOCKET")
+		return nil
+	},
+	"unix-symlink-host-socket": func(e attackEnv, _ string) error {
+		// The cgroup unix hook sees a path inside the workspace; the kernel
+		// resolves it to the host's socket.
+		l := filepath.Join(e.ws, "svc.sock")
+		if err := os.Symlink(e.hostSock, l); err != nil {
+			return unwrapErrno(err)
+		}
+		return unixConnect(l)
+	},
+	"unix-host-socket": func(e attackEnv, _ string) error { return unixConnect(e.hostSock) },
+	"benign-unix-ws-socket": func(e attackEnv, _ string) error {
+		// A socket in the workspace, reached through a symlink in it.
+		s := filepath.Join(e.ws, "own.sock")
+		ln, err := net.Listen("unix", s)
+		if err != nil {
+			return unwrapErrno(err)
+		}
+		defer ln.Close()
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				c.Write([]byte("WS-SERVICE\n"))
+				c.Close()
+			}
+		}()
+		l := filepath.Join(e.ws, "own-link")
+		if err := os.Symlink(s, l); err != nil {
+			return unwrapErrno(err)
+		}
+		return unixConnect(l)
 	},
 
 	// --- class 9: paths the cgroup hooks do not see ------------------------

@@ -1,7 +1,9 @@
 package adversarial
 
 import (
+	"encoding/binary"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -18,8 +20,6 @@ func probeArgs(name string, s, z uintptr) [5]uintptr {
 	switch name {
 	case "ptrace":
 		return [5]uintptr{0x4206 /* PTRACE_SEIZE */, 0x7ffffff0 /* no such pid */}
-	case "process_vm_readv", "process_vm_writev":
-		return [5]uintptr{0x7ffffff0}
 	case "pidfd_getfd", "fsconfig", "fsmount", "finit_module", "kexec_file_load", "setns":
 		return [5]uintptr{bad}
 	case "mount":
@@ -76,6 +76,9 @@ func dangerousCall(_ attackEnv, tech string) error {
 	s := m.str("/nonexistent-watcher-adversarial")
 	z, _ := m.buf(512)
 	a := probeArgs(name, s, z)
+	if name == "process_vm_readv" || name == "process_vm_writev" {
+		a = vmProbeArgs(m, abi == "syscall32")
+	}
 	var r int64
 	switch abi {
 	case "syscall64":
@@ -102,4 +105,28 @@ func dangerousCall(_ attackEnv, tech string) error {
 	fmt.Printf("RETURNED %d\n", r)
 	_ = unsafe.Pointer(nil)
 	return nil
+}
+
+// vmProbeArgs are process_vm_readv/writev arguments that reach the
+// kernel's access check (mm_access calls the ptrace hook) yet cannot
+// change anything where nothing refuses them: one byte to or from an
+// unmapped address of the parent (the test or the launcher), which fails
+// with EFAULT after the check. A zero-length or missing iovec would
+// return 0 before the check and prove nothing.
+func vmProbeArgs(m *mem32, compat bool) [5]uintptr {
+	lp, local := m.buf(16)
+	rp, remote := m.buf(16)
+	bp, _ := m.buf(8)
+	if compat { // struct compat_iovec: two u32
+		binary.LittleEndian.PutUint32(local[0:], uint32(bp))
+		binary.LittleEndian.PutUint32(local[4:], 1)
+		binary.LittleEndian.PutUint32(remote[0:], 0x1000)
+		binary.LittleEndian.PutUint32(remote[4:], 1)
+	} else {
+		binary.LittleEndian.PutUint64(local[0:], uint64(bp))
+		binary.LittleEndian.PutUint64(local[8:], 1)
+		binary.LittleEndian.PutUint64(remote[0:], 0x1000)
+		binary.LittleEndian.PutUint64(remote[8:], 1)
+	}
+	return [5]uintptr{uintptr(os.Getppid()), lp, 1, rp, 1}
 }

@@ -115,7 +115,8 @@ type bed struct {
 	agent              *exec.Cmd
 	agentIn            io.WriteCloser
 	agentLog           *bytes.Buffer
-	layer              string // "lsm" or "backstop": what enforces file rules
+	layer              string // "lsm", "fmod_ret" or "backstop": what enforces file rules
+	hostSock           string // a unix socket outside the workspace (a host service's stand-in)
 	leafSeq            int
 }
 
@@ -227,6 +228,25 @@ sandboxes:
 			t.Errorf("unpin: %v", err)
 		}
 	})
+	// A host service's socket outside the workspace (docker.sock,
+	// resolved's varlink): connects to it are refused.
+	os.MkdirAll(filepath.Join(base, "hostsvc"), 0o755)
+	b.hostSock = filepath.Join(base, "hostsvc", "svc.sock")
+	ln, err := net.Listen("unix", b.hostSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HOST-SERVICE\n"))
+			c.Close()
+		}
+	}()
 	b.startAgent()
 	// Created after the agent started: a prefix rule protects files that
 	// did not exist when the rules were written.
@@ -310,7 +330,7 @@ func (b *bed) startAgent() {
 			cmd.Wait()
 			t.Fatalf("agent did not start:\n%s", b.agentLog)
 		}
-	case <-time.After(90 * time.Second):
+	case <-time.After(300 * time.Second): // loading every program takes minutes under qemu's emulation
 		t.Fatalf("agent did not come up:\n%s", b.agentLog)
 	}
 	var layers []control.Layer
@@ -320,8 +340,8 @@ func (b *bed) startAgent() {
 	}
 	b.layer = "backstop"
 	for _, l := range layers {
-		if strings.Contains(l.Rule, "adv-secrets") && l.Mechanism == plan.MechLSM {
-			b.layer = "lsm"
+		if strings.Contains(l.Rule, "adv-secrets") && (l.Mechanism == plan.MechLSM || l.Mechanism == plan.MechFmodRet) {
+			b.layer = l.Mechanism
 		}
 	}
 }
@@ -423,7 +443,7 @@ func resultOf(code int, signaled syscall.Signal) string {
 func (b *bed) attackEnv(tech string) []string {
 	return []string{"ADV_ROLE=attack", "ADV_TECH=" + tech, "ADV_WS=" + b.ws, "ADV_SECRET=" + b.secretDir,
 		"ADV_TGT=" + b.tgt, "ADV_SCRATCH=" + b.scratch, "ADV_OUTSIDE=" + b.outside,
-		"ADV_AGENT=" + strconv.Itoa(b.agent.Process.Pid), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		"ADV_AGENT=" + strconv.Itoa(b.agent.Process.Pid), "ADV_HOSTSOCK=" + b.hostSock, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 }
 
 // inSandbox runs technique tech in a fresh leaf cgroup of the sandbox,

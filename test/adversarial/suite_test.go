@@ -29,6 +29,15 @@ type technique struct {
 	// kill (a truncation, a chmod); the row then needs the kill and the
 	// record, and reports whether the effect stayed.
 	afterTheFact bool
+	// delivery: the attack's syscall succeeds whatever happens to the
+	// agent (kill(-1) reaches other processes, a SIGIO is queued later):
+	// what counts is that the delivery to the agent was refused (an event
+	// with a denial) or the sender killed.
+	delivery bool
+	// expect is the result required per path and layer ("sandbox/lsm":
+	// "refused"), where the generic rule (refused before the fact on an
+	// LSM layer, stopped on the backstop) is not precise enough.
+	expect map[string]string
 	// achieved judges, from outside, whether the attacker got what it was
 	// after.
 	achieved func(b *bed, o outcome) (bool, string)
@@ -146,13 +155,27 @@ func resetWS(b *bed) {
 	}
 }
 
+// ia32 is what 32-bit system calls get: the LSM and cgroup hooks judge
+// kernel state whatever the entry, so on an LSM layer they are refused by
+// the rule they break, like 64-bit calls (the policy lets them run there,
+// see the ia32_syscalls layer line); the kill backstop keys its checks on
+// x86_64 numbers, so it kills every 32-bit call at entry; watcher exec's
+// seccomp arch guard refuses them.
+var ia32 = map[string]string{
+	"sandbox/lsm": "refused", "sandbox/fmod_ret": "refused", "sandbox/backstop": "killed",
+	"exec/lsm": "refused", "exec/fmod_ret": "refused", "exec/backstop": "refused",
+}
+
 var techniques = []technique{
-	{class: 1, name: "ia32-open-read", variant: "int 0x80 open+read of a protected file", achieved: leaked},
-	{class: 1, name: "ia32-openat-read", variant: "int 0x80 openat+read of a protected file", achieved: leaked},
-	{class: 1, name: "ia32-mount", variant: "int 0x80 mount tmpfs", achieved: mountedAt("m32")},
+	{class: 1, name: "ia32-open-read", variant: "int 0x80 open+read of a protected file", expect: ia32, achieved: leaked},
+	{class: 1, name: "ia32-openat-read", variant: "int 0x80 openat+read of a protected file", expect: ia32, achieved: leaked},
+	{class: 1, name: "ia32-mount", variant: "int 0x80 mount tmpfs", expect: ia32, achieved: mountedAt("m32")},
+	{class: 1, name: "ia32-socketcall-packet", variant: "int 0x80 socketcall(SYS_SOCKET, AF_PACKET)", expect: ia32, achieved: printed("PACKET-SOCKET")},
+	{class: 1, name: "ia32-kill-agent", variant: "int 0x80 kill(AGENT, SIGTERM)", expect: ia32, achieved: agentHurt},
 	{class: 1, name: "benign-read-ws", variant: "64-bit read in the workspace", benign: true, achieved: benignOK("hello from the workspace")},
 
 	{class: 2, name: "clone3-files-race", variant: "clone3 flags flipped to CLONE_FILES after the check", achieved: printed("SHARED")},
+	{class: 2, name: "clone-files", variant: "clone(2) CLONE_FILES without CLONE_THREAD", achieved: printed("SHARED")},
 	{class: 2, name: "openat2-trunc-race", variant: "openat2 open_how flipped to O_TRUNC after the check", afterTheFact: true, achieved: tgtChanged},
 
 	{class: 3, name: "clone-into-cgroup", variant: "clone3 CLONE_INTO_CGROUP to a cgroup outside", achieved: func(b *bed, o outcome) (bool, string) {
@@ -222,11 +245,18 @@ var techniques = []technique{
 	{class: 7, name: "tgkill-agent", variant: "tgkill(AGENT, AGENT, SIGTERM)", achieved: agentHurt},
 	{class: 7, name: "pidfd-agent", variant: "pidfd_send_signal(SIGTERM)", achieved: agentHurt},
 	{class: 7, name: "kill-pgrp-agent", variant: "kill(-AGENT_PGID, SIGTERM)", achieved: agentHurt},
-	{class: 7, name: "kill-all-urg", variant: "kill(-1, SIGURG)", achieved: agentHurt},
+	{class: 7, name: "kill-all-urg", variant: "kill(-1, SIGURG)", delivery: true, achieved: agentHurt},
 	{class: 7, name: "stop-agent", variant: "kill(AGENT, SIGSTOP)", achieved: agentHurt},
-	{class: 7, name: "fsetown-sigio-agent", variant: "F_SETOWN AGENT + F_SETSIG SIGTERM + O_ASYNC write", achieved: agentHurt},
+	{class: 7, name: "sigqueue-agent", variant: "rt_sigqueueinfo(AGENT, SIGTERM)", achieved: agentHurt},
+	{class: 7, name: "fsetown-sigio-agent", variant: "F_SETOWN AGENT + F_SETSIG SIGTERM + O_ASYNC write", delivery: true, achieved: agentHurt},
+	{class: 7, name: "fsetown-ex-pgrp-agent", variant: "F_SETOWN_EX AGENT's process group + F_SETSIG SIGTERM", delivery: true, achieved: agentHurt},
 	{class: 7, name: "ptrace-attach-agent", variant: "PTRACE_ATTACH to the agent", achieved: agentHurt},
 	{class: 7, name: "oom-score-adj-agent", variant: "write /proc/AGENT/oom_score_adj", achieved: oomChanged},
+
+	{class: 8, name: "packet-socket", variant: "socket(AF_PACKET, SOCK_RAW)", achieved: printed("PACKET-SOCKET")},
+	{class: 8, name: "unix-host-socket", variant: "connect to a host service's unix socket", achieved: printed("CONNECTED")},
+	{class: 8, name: "unix-symlink-host-socket", variant: "connect through a symlink in the workspace to a host socket", achieved: printed("CONNECTED")},
+	{class: 8, name: "benign-unix-ws-socket", variant: "unix socket in the workspace, through a symlink in it", benign: true, achieved: benignOK("WS-SERVICE")},
 
 	{class: 9, name: "binfmt-register", variant: "mount binfmt_misc / open register for write", achieved: printed("OPENED-REGISTER")},
 }
@@ -234,7 +264,13 @@ var techniques = []technique{
 // knownOpen lists rows not closed on a path/layer, with why: they are
 // reported as OPEN, not failed, and fail the test once they close (so the
 // list cannot go stale). Key: name + "/" + path + "/" + layer.
-var knownOpen = map[string]string{}
+var knownOpen = map[string]string{
+	// Without BPF LSM nothing judges the socket a unix connect reaches:
+	// cgroup/connect_unix sees the path as passed (inside the workspace),
+	// Landlock (ABI 7 here) has no right for pathname sockets.
+	"unix-symlink-host-socket/sandbox/backstop": "no unix LSM hook: the cgroup hook judges the path before the kernel resolves it",
+	"unix-symlink-host-socket/exec/backstop":    "no unix LSM hook: the cgroup hook judges the path before the kernel resolves it; Landlock ABI 7 has no unix right",
+}
 
 // raceNotWon is what a race technique prints when its flip never reached
 // the kernel in time: the target is unchanged and nothing happened that
@@ -242,13 +278,13 @@ var knownOpen = map[string]string{}
 const raceNotWon = "RACE-NOT-WON"
 
 // flaky lists rows seen both closed and open on this host; they are
-// reported, not asserted, until the cause is found.
-var flaky = map[string]string{
-	// Seen once in ~6 runs of the whole suite: the agent stand-in stopped on
-	// a SIGTERM sent through SIGIO although the sandbox count is taken in
-	// signal_generate before delivery. Not reproduced alone.
-	"fsetown-sigio-agent/sandbox/backstop": "agent stopped once in ~6 runs",
-}
+// reported, not asserted, until the cause is found. (fsetown-sigio-agent
+// was: the attack signals the agent twice, at its write and at its exit's
+// close; the agent compared the sandbox's count, so the first delivery's
+// handler could read both counts and the second then looked like the
+// operator's. It now stops only when the operator's count moved:
+// internal/enforce/backstop TestOperatorSignals.)
+var flaky = map[string]string{}
 
 type row struct {
 	tech      technique
@@ -260,6 +296,16 @@ type row struct {
 	verdict   string
 	knownOpen string
 	event     string
+}
+
+// refusedAny reports whether some event refused or killed.
+func refusedAny(evs []audit.Event) bool {
+	for _, e := range evs {
+		if e.Verdict == audit.VerdictDenied || e.Verdict == audit.VerdictKilled {
+			return true
+		}
+	}
+	return false
 }
 
 func eventSummary(e audit.Event) string {
@@ -336,6 +382,12 @@ func judge(t *testing.T, b *bed, tech technique, o outcome) row {
 		stopped = true
 		o.result, r.result = "dropped", "dropped"
 	}
+	if !stopped && !r.achieved && tech.delivery && refusedAny(evs) {
+		// The syscall reached other targets or queued the signal; its
+		// delivery to the agent was refused.
+		stopped = true
+		o.result, r.result = "refused at the agent", "refused at the agent"
+	}
 	if len(evs) > 0 {
 		r.event = eventSummary(evs[0])
 	}
@@ -346,10 +398,12 @@ func judge(t *testing.T, b *bed, tech technique, o outcome) row {
 	if !stopped {
 		problems = append(problems, "not stopped: "+o.result)
 	}
-	if o.path == "sandbox" && b.layer == "lsm" && o.result != "refused" && !r.achieved {
-		// BPF LSM refuses before the fact; a kill here means the rule fell
-		// back to the backstop.
-		problems = append(problems, "lsm path: want EPERM before the fact, got "+o.result)
+	if want, ok := tech.expect[o.path+"/"+b.layer]; ok && o.result != want {
+		problems = append(problems, fmt.Sprintf("want %s on %s/%s, got %s", want, o.path, b.layer, o.result))
+	} else if !ok && o.path == "sandbox" && b.layer != "backstop" && o.result != "refused" && o.result != "refused at the agent" && !r.achieved {
+		// BPF LSM and fmod_ret refuse before the fact; a kill here means
+		// the rule fell back to the backstop.
+		problems = append(problems, b.layer+" path: want EPERM before the fact, got "+o.result)
 	}
 	if !r.recorded && !(strings.Contains(o.out, raceNotWon) && !r.achieved) {
 		problems = append(problems, "no event recorded")

@@ -199,6 +199,7 @@ const (
 	backstopMapBsCategories           = "bs_categories"
 	backstopMapBsDirs                 = "bs_dirs"
 	backstopMapBsInodeRules           = "bs_inode_rules"
+	backstopMapBsOperatorSignals      = "bs_operator_signals"
 	backstopMapBsPathRules            = "bs_path_rules"
 	backstopMapBsPending              = "bs_pending"
 	backstopMapBsScratch              = "bs_scratch"
@@ -293,24 +294,25 @@ type backstopProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type backstopMapSpecs struct {
-	AgentTgid        *ebpf.MapSpec `ebpf:"agent_tgid"`
-	AlertEvents      *ebpf.MapSpec `ebpf:"alert_events"`
-	BsAgentSignals   *ebpf.MapSpec `ebpf:"bs_agent_signals"`
-	BsCategories     *ebpf.MapSpec `ebpf:"bs_categories"`
-	BsDirs           *ebpf.MapSpec `ebpf:"bs_dirs"`
-	BsInodeRules     *ebpf.MapSpec `ebpf:"bs_inode_rules"`
-	BsPathRules      *ebpf.MapSpec `ebpf:"bs_path_rules"`
-	BsPending        *ebpf.MapSpec `ebpf:"bs_pending"`
-	BsScratch        *ebpf.MapSpec `ebpf:"bs_scratch"`
-	BsScripts        *ebpf.MapSpec `ebpf:"bs_scripts"`
-	BsSyscallRules   *ebpf.MapSpec `ebpf:"bs_syscall_rules"`
-	BsSyscallRules32 *ebpf.MapSpec `ebpf:"bs_syscall_rules32"`
-	BsTasks          *ebpf.MapSpec `ebpf:"bs_tasks"`
-	MembershipCache  *ebpf.MapSpec `ebpf:"membership_cache"`
-	RingbufDrops     *ebpf.MapSpec `ebpf:"ringbuf_drops"`
-	RoutineEvents    *ebpf.MapSpec `ebpf:"routine_events"`
-	SandboxGen       *ebpf.MapSpec `ebpf:"sandbox_gen"`
-	Sandboxes        *ebpf.MapSpec `ebpf:"sandboxes"`
+	AgentTgid         *ebpf.MapSpec `ebpf:"agent_tgid"`
+	AlertEvents       *ebpf.MapSpec `ebpf:"alert_events"`
+	BsAgentSignals    *ebpf.MapSpec `ebpf:"bs_agent_signals"`
+	BsCategories      *ebpf.MapSpec `ebpf:"bs_categories"`
+	BsDirs            *ebpf.MapSpec `ebpf:"bs_dirs"`
+	BsInodeRules      *ebpf.MapSpec `ebpf:"bs_inode_rules"`
+	BsOperatorSignals *ebpf.MapSpec `ebpf:"bs_operator_signals"`
+	BsPathRules       *ebpf.MapSpec `ebpf:"bs_path_rules"`
+	BsPending         *ebpf.MapSpec `ebpf:"bs_pending"`
+	BsScratch         *ebpf.MapSpec `ebpf:"bs_scratch"`
+	BsScripts         *ebpf.MapSpec `ebpf:"bs_scripts"`
+	BsSyscallRules    *ebpf.MapSpec `ebpf:"bs_syscall_rules"`
+	BsSyscallRules32  *ebpf.MapSpec `ebpf:"bs_syscall_rules32"`
+	BsTasks           *ebpf.MapSpec `ebpf:"bs_tasks"`
+	MembershipCache   *ebpf.MapSpec `ebpf:"membership_cache"`
+	RingbufDrops      *ebpf.MapSpec `ebpf:"ringbuf_drops"`
+	RoutineEvents     *ebpf.MapSpec `ebpf:"routine_events"`
+	SandboxGen        *ebpf.MapSpec `ebpf:"sandbox_gen"`
+	Sandboxes         *ebpf.MapSpec `ebpf:"sandboxes"`
 }
 
 // backstopVariableSpecs contains global variables before they are loaded into the kernel.
@@ -351,24 +353,25 @@ func (o *backstopObjects) Close() error {
 //
 // It can be passed to loadBackstopObjects or ebpf.CollectionSpec.LoadAndAssign.
 type backstopMaps struct {
-	AgentTgid        *ebpf.Map `ebpf:"agent_tgid"`
-	AlertEvents      *ebpf.Map `ebpf:"alert_events"`
-	BsAgentSignals   *ebpf.Map `ebpf:"bs_agent_signals"`
-	BsCategories     *ebpf.Map `ebpf:"bs_categories"`
-	BsDirs           *ebpf.Map `ebpf:"bs_dirs"`
-	BsInodeRules     *ebpf.Map `ebpf:"bs_inode_rules"`
-	BsPathRules      *ebpf.Map `ebpf:"bs_path_rules"`
-	BsPending        *ebpf.Map `ebpf:"bs_pending"`
-	BsScratch        *ebpf.Map `ebpf:"bs_scratch"`
-	BsScripts        *ebpf.Map `ebpf:"bs_scripts"`
-	BsSyscallRules   *ebpf.Map `ebpf:"bs_syscall_rules"`
-	BsSyscallRules32 *ebpf.Map `ebpf:"bs_syscall_rules32"`
-	BsTasks          *ebpf.Map `ebpf:"bs_tasks"`
-	MembershipCache  *ebpf.Map `ebpf:"membership_cache"`
-	RingbufDrops     *ebpf.Map `ebpf:"ringbuf_drops"`
-	RoutineEvents    *ebpf.Map `ebpf:"routine_events"`
-	SandboxGen       *ebpf.Map `ebpf:"sandbox_gen"`
-	Sandboxes        *ebpf.Map `ebpf:"sandboxes"`
+	AgentTgid         *ebpf.Map `ebpf:"agent_tgid"`
+	AlertEvents       *ebpf.Map `ebpf:"alert_events"`
+	BsAgentSignals    *ebpf.Map `ebpf:"bs_agent_signals"`
+	BsCategories      *ebpf.Map `ebpf:"bs_categories"`
+	BsDirs            *ebpf.Map `ebpf:"bs_dirs"`
+	BsInodeRules      *ebpf.Map `ebpf:"bs_inode_rules"`
+	BsOperatorSignals *ebpf.Map `ebpf:"bs_operator_signals"`
+	BsPathRules       *ebpf.Map `ebpf:"bs_path_rules"`
+	BsPending         *ebpf.Map `ebpf:"bs_pending"`
+	BsScratch         *ebpf.Map `ebpf:"bs_scratch"`
+	BsScripts         *ebpf.Map `ebpf:"bs_scripts"`
+	BsSyscallRules    *ebpf.Map `ebpf:"bs_syscall_rules"`
+	BsSyscallRules32  *ebpf.Map `ebpf:"bs_syscall_rules32"`
+	BsTasks           *ebpf.Map `ebpf:"bs_tasks"`
+	MembershipCache   *ebpf.Map `ebpf:"membership_cache"`
+	RingbufDrops      *ebpf.Map `ebpf:"ringbuf_drops"`
+	RoutineEvents     *ebpf.Map `ebpf:"routine_events"`
+	SandboxGen        *ebpf.Map `ebpf:"sandbox_gen"`
+	Sandboxes         *ebpf.Map `ebpf:"sandboxes"`
 }
 
 func (m *backstopMaps) Close() error {
@@ -379,6 +382,7 @@ func (m *backstopMaps) Close() error {
 		m.BsCategories,
 		m.BsDirs,
 		m.BsInodeRules,
+		m.BsOperatorSignals,
 		m.BsPathRules,
 		m.BsPending,
 		m.BsScratch,

@@ -366,6 +366,18 @@ func (b *Backstop) AgentSignals(sig syscall.Signal) (uint64, error) {
 	return n, nil
 }
 
+// OperatorSignals returns how many times sig reached the agent the way
+// its operator sends it: from a user process outside every sandbox (kill,
+// tgkill, sigqueue) or from the kernel itself (a terminal's ^C), never a
+// file owner's SIGIO. Counted in the kernel before delivery.
+func (b *Backstop) OperatorSignals(sig syscall.Signal) (uint64, error) {
+	var n uint64
+	if err := b.maps("bs_operator_signals").Lookup(uint32(sig), &n); err != nil {
+		return 0, fmt.Errorf("operator signal count: %w", err)
+	}
+	return n, nil
+}
+
 func (b *Backstop) setSyscalls(r Rules) error {
 	table := make([]backstopSyscallRule, maxSyscalls)
 	for _, sr := range r.Syscalls {
@@ -425,6 +437,14 @@ func (b *Backstop) setSyscalls(r Rules) error {
 			if sr.Name == "umount2" {
 				table32[22] = table32[op.NR32] // i386 umount
 			}
+		}
+	}
+	// io_uring_setup is a category in the x86_64 table (argument-free, but
+	// shared with the ring-open checks); by i386 number it is a plain rule,
+	// for hosts that let 32-bit calls run (Compat allows them).
+	if r.IOUring.Action != enforce.ActionAllow {
+		if op, ok := dangerous.Lookup("io_uring_setup"); ok && op.NR32 != dangerous.None {
+			table32[op.NR32] = backstopSyscallRule{Action: r.IOUring.Action, RuleId: r.IOUring.ID}
 		}
 	}
 	if _, err := b.maps("bs_syscall_rules32").BatchUpdate(skeys, table32, nil); err != nil {

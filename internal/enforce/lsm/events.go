@@ -34,6 +34,8 @@ func Register(r *enforce.Reader) {
 		{enforce.EvModule, audit.KindModule, decodeModule},
 		{enforce.EvFileOp, audit.KindFileOp, decodeFile},
 		{enforce.EvOperation, audit.KindOperation, decodeTask},
+		{enforce.EvLSMSocket, audit.KindSocket, decodeSock},
+		{enforce.EvLSMUnix, audit.KindNet, decodeSock},
 	} {
 		r.Register(k.kind, k.ak, MechLSM, k.dec)
 		r.Register(k.kind+evFmodRet, k.ak, MechFmodRet, k.dec)
@@ -178,6 +180,38 @@ func decodeModule(raw []byte, ev *audit.Event) error {
 	ev.Message = Op(e.Op).String() + ": " + what
 	if p := cstr(e.Path[:]); p != "" {
 		ev.File = &audit.FileDetail{Path: p}
+	}
+	return nil
+}
+
+// Operations of socket events (enum sock_op).
+var sockOps = [...]string{"", "sock_create", "connect", "sendmsg"}
+
+// Why a unix peer was refused (UNIX_PEER_* in bpf/lsm.c).
+var unixReasons = [...]string{"", "unix socket outside the sandbox's socket paths (judged on the socket the kernel found)",
+	"abstract unix socket (the host's namespace)"}
+
+func decodeSock(raw []byte, ev *audit.Event) error {
+	e, err := enforce.Cast[lsmSockEvent](raw)
+	if err != nil {
+		return err
+	}
+	n := &audit.NetDetail{Family: uint16(e.Family), Type: uint16(e.Type), Protocol: uint16(e.Protocol)}
+	if int(e.Op) < len(sockOps) {
+		n.Op = sockOps[e.Op]
+	}
+	if int(e.Reason) < len(unixReasons) {
+		n.Reason = unixReasons[e.Reason]
+	}
+	n.Addr = cstr(e.Path[:])
+	if e.Fflags&2 != 0 {
+		n.Reason += "; path truncated"
+	}
+	ev.Net = n
+	if n.Op == "sock_create" {
+		ev.Message = fmt.Sprintf("socket(%d, %d, %d)", e.Family, e.Type, e.Protocol)
+	} else {
+		ev.Message = n.Reason
 	}
 	return nil
 }

@@ -167,6 +167,40 @@ type lsmSandbox struct {
 	Flags uint32
 }
 
+type lsmSockEvent struct {
+	_   structs.HostLayout
+	Hdr struct {
+		_         structs.HostLayout
+		TsNs      uint64
+		CgroupId  uint64
+		SandboxCg uint64
+		Pid       uint32
+		Tgid      uint32
+		Ppid      uint32
+		Uid       uint32
+		Kind      uint32
+		Verdict   uint32
+		RuleId    uint32
+		SandboxId uint32
+		Comm      [16]uint8
+	}
+	Op       uint32
+	Family   uint32
+	Type     uint32
+	Protocol uint32
+	Reason   uint32
+	Fflags   uint32
+	Path     [256]int8
+}
+
+type lsmSockKey struct {
+	_         structs.HostLayout
+	SandboxId uint32
+	Family    uint32
+	Type      uint32
+	Protocol  uint32
+}
+
 type lsmTaskEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -206,6 +240,8 @@ const (
 	lsmMapLsmOpRules                 = "lsm_op_rules"
 	lsmMapLsmPathRules               = "lsm_path_rules"
 	lsmMapLsmPwScratch               = "lsm_pw_scratch"
+	lsmMapLsmSockRules               = "lsm_sock_rules"
+	lsmMapLsmUnixRules               = "lsm_unix_rules"
 	lsmMapMembershipCache            = "membership_cache"
 	lsmMapRingbufDrops               = "ringbuf_drops"
 	lsmMapRoutineEvents              = "routine_events"
@@ -244,8 +280,11 @@ const (
 	lsmProgFmodSbMount               = "fmod_sb_mount"
 	lsmProgFmodSbPivotroot           = "fmod_sb_pivotroot"
 	lsmProgFmodSbUmount              = "fmod_sb_umount"
+	lsmProgFmodSocketCreate          = "fmod_socket_create"
 	lsmProgFmodTaskAlloc             = "fmod_task_alloc"
 	lsmProgFmodTaskKill              = "fmod_task_kill"
+	lsmProgFmodUnixMaySend           = "fmod_unix_may_send"
+	lsmProgFmodUnixStreamConnect     = "fmod_unix_stream_connect"
 	lsmProgFmodUsernsCreate          = "fmod_userns_create"
 	lsmProgLsmBpf                    = "lsm_bpf"
 	lsmProgLsmBprmCheckSecurity      = "lsm_bprm_check_security"
@@ -280,8 +319,11 @@ const (
 	lsmProgLsmSbMount                = "lsm_sb_mount"
 	lsmProgLsmSbPivotroot            = "lsm_sb_pivotroot"
 	lsmProgLsmSbUmount               = "lsm_sb_umount"
+	lsmProgLsmSocketCreate           = "lsm_socket_create"
 	lsmProgLsmTaskAlloc              = "lsm_task_alloc"
 	lsmProgLsmTaskKill               = "lsm_task_kill"
+	lsmProgLsmUnixMaySend            = "lsm_unix_may_send"
+	lsmProgLsmUnixStreamConnect      = "lsm_unix_stream_connect"
 	lsmProgLsmUsernsCreate           = "lsm_userns_create"
 	lsmVarUnusedAccessRule           = "unused_access_rule"
 	lsmVarUnusedCapRules             = "unused_cap_rules"
@@ -296,6 +338,8 @@ const (
 	lsmVarUnusedOpKey                = "unused_op_key"
 	lsmVarUnusedPathKey              = "unused_path_key"
 	lsmVarUnusedSandbox              = "unused_sandbox"
+	lsmVarUnusedSockEvent            = "unused_sock_event"
+	lsmVarUnusedSockKey              = "unused_sock_key"
 	lsmVarUnusedTaskEvent            = "unused_task_event"
 )
 
@@ -374,8 +418,11 @@ type lsmProgramSpecs struct {
 	FmodSbMount               *ebpf.ProgramSpec `ebpf:"fmod_sb_mount"`
 	FmodSbPivotroot           *ebpf.ProgramSpec `ebpf:"fmod_sb_pivotroot"`
 	FmodSbUmount              *ebpf.ProgramSpec `ebpf:"fmod_sb_umount"`
+	FmodSocketCreate          *ebpf.ProgramSpec `ebpf:"fmod_socket_create"`
 	FmodTaskAlloc             *ebpf.ProgramSpec `ebpf:"fmod_task_alloc"`
 	FmodTaskKill              *ebpf.ProgramSpec `ebpf:"fmod_task_kill"`
+	FmodUnixMaySend           *ebpf.ProgramSpec `ebpf:"fmod_unix_may_send"`
+	FmodUnixStreamConnect     *ebpf.ProgramSpec `ebpf:"fmod_unix_stream_connect"`
 	FmodUsernsCreate          *ebpf.ProgramSpec `ebpf:"fmod_userns_create"`
 	LsmBpf                    *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
 	LsmBprmCheckSecurity      *ebpf.ProgramSpec `ebpf:"lsm_bprm_check_security"`
@@ -410,8 +457,11 @@ type lsmProgramSpecs struct {
 	LsmSbMount                *ebpf.ProgramSpec `ebpf:"lsm_sb_mount"`
 	LsmSbPivotroot            *ebpf.ProgramSpec `ebpf:"lsm_sb_pivotroot"`
 	LsmSbUmount               *ebpf.ProgramSpec `ebpf:"lsm_sb_umount"`
+	LsmSocketCreate           *ebpf.ProgramSpec `ebpf:"lsm_socket_create"`
 	LsmTaskAlloc              *ebpf.ProgramSpec `ebpf:"lsm_task_alloc"`
 	LsmTaskKill               *ebpf.ProgramSpec `ebpf:"lsm_task_kill"`
+	LsmUnixMaySend            *ebpf.ProgramSpec `ebpf:"lsm_unix_may_send"`
+	LsmUnixStreamConnect      *ebpf.ProgramSpec `ebpf:"lsm_unix_stream_connect"`
 	LsmUsernsCreate           *ebpf.ProgramSpec `ebpf:"lsm_userns_create"`
 }
 
@@ -430,6 +480,8 @@ type lsmMapSpecs struct {
 	LsmOpRules      *ebpf.MapSpec `ebpf:"lsm_op_rules"`
 	LsmPathRules    *ebpf.MapSpec `ebpf:"lsm_path_rules"`
 	LsmPwScratch    *ebpf.MapSpec `ebpf:"lsm_pw_scratch"`
+	LsmSockRules    *ebpf.MapSpec `ebpf:"lsm_sock_rules"`
+	LsmUnixRules    *ebpf.MapSpec `ebpf:"lsm_unix_rules"`
 	MembershipCache *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops    *ebpf.MapSpec `ebpf:"ringbuf_drops"`
 	RoutineEvents   *ebpf.MapSpec `ebpf:"routine_events"`
@@ -454,6 +506,8 @@ type lsmVariableSpecs struct {
 	UnusedOpKey       *ebpf.VariableSpec `ebpf:"unused_op_key"`
 	UnusedPathKey     *ebpf.VariableSpec `ebpf:"unused_path_key"`
 	UnusedSandbox     *ebpf.VariableSpec `ebpf:"unused_sandbox"`
+	UnusedSockEvent   *ebpf.VariableSpec `ebpf:"unused_sock_event"`
+	UnusedSockKey     *ebpf.VariableSpec `ebpf:"unused_sock_key"`
 	UnusedTaskEvent   *ebpf.VariableSpec `ebpf:"unused_task_event"`
 }
 
@@ -488,6 +542,8 @@ type lsmMaps struct {
 	LsmOpRules      *ebpf.Map `ebpf:"lsm_op_rules"`
 	LsmPathRules    *ebpf.Map `ebpf:"lsm_path_rules"`
 	LsmPwScratch    *ebpf.Map `ebpf:"lsm_pw_scratch"`
+	LsmSockRules    *ebpf.Map `ebpf:"lsm_sock_rules"`
+	LsmUnixRules    *ebpf.Map `ebpf:"lsm_unix_rules"`
 	MembershipCache *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops    *ebpf.Map `ebpf:"ringbuf_drops"`
 	RoutineEvents   *ebpf.Map `ebpf:"routine_events"`
@@ -508,6 +564,8 @@ func (m *lsmMaps) Close() error {
 		m.LsmOpRules,
 		m.LsmPathRules,
 		m.LsmPwScratch,
+		m.LsmSockRules,
+		m.LsmUnixRules,
 		m.MembershipCache,
 		m.RingbufDrops,
 		m.RoutineEvents,
@@ -533,6 +591,8 @@ type lsmVariables struct {
 	UnusedOpKey       *ebpf.Variable `ebpf:"unused_op_key"`
 	UnusedPathKey     *ebpf.Variable `ebpf:"unused_path_key"`
 	UnusedSandbox     *ebpf.Variable `ebpf:"unused_sandbox"`
+	UnusedSockEvent   *ebpf.Variable `ebpf:"unused_sock_event"`
+	UnusedSockKey     *ebpf.Variable `ebpf:"unused_sock_key"`
 	UnusedTaskEvent   *ebpf.Variable `ebpf:"unused_task_event"`
 }
 
@@ -573,8 +633,11 @@ type lsmPrograms struct {
 	FmodSbMount               *ebpf.Program `ebpf:"fmod_sb_mount"`
 	FmodSbPivotroot           *ebpf.Program `ebpf:"fmod_sb_pivotroot"`
 	FmodSbUmount              *ebpf.Program `ebpf:"fmod_sb_umount"`
+	FmodSocketCreate          *ebpf.Program `ebpf:"fmod_socket_create"`
 	FmodTaskAlloc             *ebpf.Program `ebpf:"fmod_task_alloc"`
 	FmodTaskKill              *ebpf.Program `ebpf:"fmod_task_kill"`
+	FmodUnixMaySend           *ebpf.Program `ebpf:"fmod_unix_may_send"`
+	FmodUnixStreamConnect     *ebpf.Program `ebpf:"fmod_unix_stream_connect"`
 	FmodUsernsCreate          *ebpf.Program `ebpf:"fmod_userns_create"`
 	LsmBpf                    *ebpf.Program `ebpf:"lsm_bpf"`
 	LsmBprmCheckSecurity      *ebpf.Program `ebpf:"lsm_bprm_check_security"`
@@ -609,8 +672,11 @@ type lsmPrograms struct {
 	LsmSbMount                *ebpf.Program `ebpf:"lsm_sb_mount"`
 	LsmSbPivotroot            *ebpf.Program `ebpf:"lsm_sb_pivotroot"`
 	LsmSbUmount               *ebpf.Program `ebpf:"lsm_sb_umount"`
+	LsmSocketCreate           *ebpf.Program `ebpf:"lsm_socket_create"`
 	LsmTaskAlloc              *ebpf.Program `ebpf:"lsm_task_alloc"`
 	LsmTaskKill               *ebpf.Program `ebpf:"lsm_task_kill"`
+	LsmUnixMaySend            *ebpf.Program `ebpf:"lsm_unix_may_send"`
+	LsmUnixStreamConnect      *ebpf.Program `ebpf:"lsm_unix_stream_connect"`
 	LsmUsernsCreate           *ebpf.Program `ebpf:"lsm_userns_create"`
 }
 
@@ -649,8 +715,11 @@ func (p *lsmPrograms) Close() error {
 		p.FmodSbMount,
 		p.FmodSbPivotroot,
 		p.FmodSbUmount,
+		p.FmodSocketCreate,
 		p.FmodTaskAlloc,
 		p.FmodTaskKill,
+		p.FmodUnixMaySend,
+		p.FmodUnixStreamConnect,
 		p.FmodUsernsCreate,
 		p.LsmBpf,
 		p.LsmBprmCheckSecurity,
@@ -685,8 +754,11 @@ func (p *lsmPrograms) Close() error {
 		p.LsmSbMount,
 		p.LsmSbPivotroot,
 		p.LsmSbUmount,
+		p.LsmSocketCreate,
 		p.LsmTaskAlloc,
 		p.LsmTaskKill,
+		p.LsmUnixMaySend,
+		p.LsmUnixStreamConnect,
 		p.LsmUsernsCreate,
 	)
 }

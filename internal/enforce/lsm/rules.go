@@ -71,7 +71,16 @@ const (
 	// OpIOUring: creating an io_uring instance, on kernels whose rings get
 	// a secure anonymous inode (others: io_uring has no LSM hook).
 	OpIOUring Op = 21
-	opMax     Op = 22
+	// OpCloneFiles: clone or clone3 with CLONE_FILES and without
+	// CLONE_THREAD, a second process sharing the file table (judged on
+	// the flags the kernel copied at task_alloc; threads stay allowed).
+	OpCloneFiles Op = 22
+	// OpUnixConnect: the decision for a unix connect or datagram send
+	// whose peer is bound outside Rules.UnixPaths (judged on the peer the
+	// kernel found, by its bound path; abstract peers too). Without this
+	// op, unix peers are not judged.
+	OpUnixConnect Op = 23
+	opMax         Op = 24
 )
 
 // PathOp is what a file_op event changed (enum path_op in bpf/lsm.c).
@@ -96,6 +105,7 @@ var opNames = map[Op]string{
 	OpAgentSignal: "agent_signal", OpAgentPtrace: "agent_ptrace",
 	OpCloneIntoCgroup: "clone_into_cgroup", OpPerfEvent: "perf_event_open", OpUserNS: "userns_create",
 	OpKeyring: "key_alloc", OpUserfaultfd: "userfaultfd", OpIOUring: "io_uring_setup",
+	OpCloneFiles: "clone_files", OpUnixConnect: "unix_connect",
 }
 
 func (o Op) String() string {
@@ -193,6 +203,27 @@ type Rules struct {
 	Caps    []CapRule
 	// Exec rules: the longest matching prefix decides; none: allowed.
 	Exec []ExecRule
+	// Sockets judge socket creation by family, type and protocol, for
+	// every family (socket_create).
+	Sockets []SocketRule
+	// UnixPaths are the unix socket paths a connect or datagram send may
+	// reach when Ops has OpUnixConnect: a path ending in "/" covers
+	// everything below it, others exactly that path. Judged on the bound
+	// path of the socket the kernel found (symlinks resolved).
+	UnixPaths []string
+}
+
+// AnySocket is a wildcard for SocketRule's Family, Type and Protocol.
+const AnySocket = -1
+
+// SocketRule judges socket(2) and socketpair(2) from a sandbox. Lookups go
+// from the most specific pattern to the least: (family, type, protocol),
+// (family, any, protocol), (family, type, any), (family, any, any), (any,
+// type, any), like cgroupbpf.SocketRule, whose rules it can carry over
+// to families cgroup/sock_create never sees (AF_PACKET, AF_NETLINK...).
+type SocketRule struct {
+	Family, Type, Protocol int // AF_*, SOCK_*, IPPROTO_*, or AnySocket
+	Decision
 }
 
 const pathKeyLen = len(lsmPathKey{}.Path)
@@ -378,6 +409,21 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 		}
 		execs[pathKey(sid, key)] = lsmDecision{Action: r.Action, RuleId: r.RuleID}
 	}
+	socks, err := socketEntries(sid, r.Sockets)
+	if err != nil {
+		return err
+	}
+	unixPaths := map[lsmPathKey]lsmDecision{}
+	for _, p := range r.UnixPaths {
+		if !strings.HasPrefix(p, "/") || strings.IndexByte(p, 0) >= 0 || len(p)+1 > pathKeyLen {
+			return fmt.Errorf("unix socket path %q: not an absolute path of at most %d bytes", p, pathKeyLen-1)
+		}
+		key := p
+		if !strings.HasSuffix(p, "/") {
+			key += "\x00"
+		}
+		unixPaths[pathKey(sid, key)] = lsmDecision{Action: enforce.ActionAllow}
+	}
 	fs := map[lsmFsKey]lsmAccessRule{}
 	fsSet := map[lsmFsKey]Access{}
 	for _, f := range r.FS {
@@ -449,6 +495,12 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err := putAll(m["lsm_dev_rules"], devs); err != nil {
 		return err
 	}
+	if err := putAll(m["lsm_sock_rules"], socks); err != nil {
+		return err
+	}
+	if err := putAll(m["lsm_unix_rules"], unixPaths); err != nil {
+		return err
+	}
 	capMap := m["lsm_cap_rules"]
 	if caps.Record|caps.Block != 0 {
 		if err := capMap.Put(sid, caps); err != nil {
@@ -472,7 +524,53 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err := prune(m["lsm_fs_rules"], func(k lsmFsKey) bool { _, keep := fs[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
+	if err := prune(m["lsm_sock_rules"], func(k lsmSockKey) bool { _, keep := socks[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
+	if err := prune(m["lsm_unix_rules"], func(k lsmPathKey) bool { _, keep := unixPaths[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
 	return prune(m["lsm_dev_rules"], func(k lsmDevKey) bool { _, keep := devs[k]; return k.SandboxId != sid || keep })
+}
+
+// socketEntries builds the lsm_sock_rules entries of sandbox sid.
+func socketEntries(sid uint32, rules []SocketRule) (map[lsmSockKey]lsmDecision, error) {
+	field := func(v int, what string) (uint32, error) {
+		switch {
+		case v == AnySocket:
+			return ^uint32(0), nil
+		case v < 0 || v > 0xffff:
+			return 0, fmt.Errorf("socket %s %d out of range", what, v)
+		}
+		return uint32(v), nil
+	}
+	out := map[lsmSockKey]lsmDecision{}
+	for _, r := range rules {
+		if err := checkDecision(r.Decision); err != nil {
+			return nil, fmt.Errorf("socket rule %d/%d/%d: %w", r.Family, r.Type, r.Protocol, err)
+		}
+		fam, err := field(r.Family, "family")
+		if err != nil {
+			return nil, err
+		}
+		typ, err := field(r.Type, "type")
+		if err != nil {
+			return nil, err
+		}
+		proto, err := field(r.Protocol, "protocol")
+		if err != nil {
+			return nil, err
+		}
+		if fam == ^uint32(0) && (typ == ^uint32(0) || proto != ^uint32(0)) {
+			return nil, fmt.Errorf("socket rule */%d/%d: an any-family rule needs a type and any protocol (it is not looked up otherwise)", r.Type, r.Protocol)
+		}
+		k := lsmSockKey{SandboxId: sid, Family: fam, Type: typ, Protocol: proto}
+		if old, ok := out[k]; ok && old.Action >= r.Action {
+			continue // the stricter rule wins
+		}
+		out[k] = lsmDecision{Action: r.Action, RuleId: r.RuleID}
+	}
+	return out, nil
 }
 
 // ClearRules removes every rule of sandbox sid.

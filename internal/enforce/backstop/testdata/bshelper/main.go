@@ -122,6 +122,11 @@ func main() {
 		}
 	case "killagent":
 		err = unix.Kill(int(argInt(0)), 0)
+	case "sigio":
+		// F_SETOWN PID + F_SETSIG SIG + O_ASYNC on a pipe, then a write:
+		// the kernel signals PID now, and again when this process exits
+		// (the last writer's close wakes the reader).
+		err = sigio(int(argInt(0)), int(argInt(1)))
 	case "clonefiles":
 		// Reproducer of the CLONE_FILES hole: a partner sharing the file
 		// table, then the opener opens the protected file and is killed;
@@ -375,4 +380,22 @@ func uringReadFile(variant, path string) ([]byte, error) {
 		return nil, fmt.Errorf("read: %w", syscall.Errno(-n))
 	}
 	return buf[:n], nil
+}
+
+func sigio(pid, sig int) error {
+	var p [2]int
+	if err := unix.Pipe(p[:]); err != nil {
+		return err
+	}
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETOWN, pid); err != nil {
+		return err
+	}
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETSIG, sig); err != nil {
+		return err
+	}
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETFL, unix.O_ASYNC); err != nil {
+		return err
+	}
+	_, err := unix.Write(p[1], []byte("x"))
+	return err
 }
