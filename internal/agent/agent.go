@@ -255,12 +255,13 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("egress: %w", err)
 	}
 	egress.Register(a.reader)
-	if needsBackstop(a.plan) {
-		if a.backstop, err = backstop.Load(a.eng); err != nil {
-			return a, fmt.Errorf("kill backstop: %w", err)
-		}
-		backstop.RegisterHooks(a.reader, backstop.Hooks{OnMount: a.onMountKill})
+	// The backstop is loaded whatever the first plan needs: a reload may
+	// add rules only it enforces, and its syscall tracepoints (the costly
+	// part) attach only while its rules need them.
+	if a.backstop, err = backstop.Load(a.eng); err != nil {
+		return a, fmt.Errorf("kill backstop: %w", err)
 	}
+	backstop.RegisterHooks(a.reader, backstop.Hooks{OnMount: a.onMountKill})
 	// Refusals by seccomp and Landlock (commands run with watcher exec)
 	// happen before any hook of ours sees them: sys_exit records them. Any
 	// syscall tracepoint slows every task of the host, so they are attached
@@ -726,12 +727,6 @@ func firstErr(st map[string]error) error {
 		}
 	}
 	return nil
-}
-
-func needsBackstop(p *plan.Plan) bool {
-	b := p.Backstop
-	return len(b.Syscalls) > 0 || len(b.Paths) > 0 || b.CgroupWrite.Action != 0 || b.ProcMem.Action != 0 ||
-		b.CloneFiles.Action != 0 || b.IOUring.Action != 0 || b.SignalAgent.Action != 0 || b.CgroupEscape.Action != 0
 }
 
 func policyName(path string) string {
