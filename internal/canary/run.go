@@ -66,7 +66,9 @@ type Runner struct {
 	// acts, and with each DNS name a probe queries, so the agent marks
 	// their events as the canary's (never an attack, never scored).
 	Mark func(cgroupID uint64, dnsName, check string)
-	// EventWait bounds the wait for the events of a run (default 5s).
+	// EventWait bounds the wait for the events of a run (default 15s; a
+	// run ends as soon as every event is in, so only a missing event
+	// waits that long).
 	EventWait time.Duration
 	// ProbeTimeout bounds one probe (default 15s).
 	ProbeTimeout time.Duration
@@ -304,7 +306,7 @@ func (r *Runner) awaitEvents(ctx context.Context, sandbox string, from uint64, w
 	}
 	wait := r.EventWait
 	if wait <= 0 {
-		wait = 5 * time.Second
+		wait = 15 * time.Second
 	}
 	deadline := time.Now().Add(wait)
 	for {
@@ -401,11 +403,19 @@ func prepare(self string, checks []Check, scratch string) (*fixtures, error) {
 	for _, c := range checks {
 		switch c.Fixture {
 		case "honeytoken", "readable":
-			if err := fx.mkdirs(filepath.Dir(c.Target)); err != nil {
-				return fx, err
-			}
 			body := "watcher canary honeytoken " + randomHex(8) + "\n"
-			if err := os.WriteFile(c.Target, []byte(body), 0o600); err != nil {
+			var err error
+			// Another agent's canary on this host may remove the shared
+			// directory it created between our check and our write.
+			for try := 0; try < 5; try++ {
+				if err = fx.mkdirs(filepath.Dir(c.Target)); err != nil {
+					return fx, err
+				}
+				if err = os.WriteFile(c.Target, []byte(body), 0o600); !errors.Is(err, os.ErrNotExist) {
+					break
+				}
+			}
+			if err != nil {
 				return fx, fmt.Errorf("canary: honeytoken: %w", err)
 			}
 			fx.created = append(fx.created, c.Target)
