@@ -2,8 +2,11 @@ package canary
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -194,6 +197,32 @@ func TestDNSListed(t *testing.T) {
 	} {
 		if got := dnsListed(tc.entries, tc.name); got != tc.want {
 			t.Errorf("dnsListed(%v, %q) = %v, want %v", tc.entries, tc.name, got, tc.want)
+		}
+	}
+}
+
+// A honeytoken left by an agent killed mid-run is removed by a later run;
+// a fresh one (another agent's run in progress) and other files stay.
+func TestSweepStale(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, honeytokenName+"old")
+	fresh := filepath.Join(dir, honeytokenName+"fresh")
+	other := filepath.Join(dir, "credentials")
+	for _, p := range []string{old, fresh, other} {
+		if err := os.WriteFile(p, []byte("x\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-time.Hour)
+	os.Chtimes(old, past, past)
+	os.Chtimes(other, past, past)
+	sweepStale(dir)
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("stale honeytoken kept: %v", err)
+	}
+	for _, p := range []string{fresh, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s removed: %v", p, err)
 		}
 	}
 }

@@ -419,6 +419,7 @@ func prepare(self string, checks []Check, scratch string) (*fixtures, error) {
 				return fx, fmt.Errorf("canary: honeytoken: %w", err)
 			}
 			fx.created = append(fx.created, c.Target)
+			sweepStale(filepath.Dir(c.Target))
 		case "mountpoint":
 			if err := os.MkdirAll(c.Target, 0o755); err != nil {
 				return fx, fmt.Errorf("canary: mount point: %w", err)
@@ -542,4 +543,24 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// staleAfter is the age after which a honeytoken is taken for one left by
+// an agent killed during its run (a run takes seconds).
+const staleAfter = 10 * time.Minute
+
+// sweepStale removes honeytokens an agent killed mid-run left in dir.
+func sweepStale(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), honeytokenName) {
+			continue
+		}
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > staleAfter && info.Size() < 256 {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
