@@ -34,6 +34,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define S_IFCHR 0020000
 #define PTRACE_MODE_READ 0x01
 #define PTRACE_MODE_ATTACH 0x02
+#define PTRACE_MODE_NOAUDIT 0x04
+#define CAP_OPT_NOAUDIT 0x02
 #define PROC_SUPER_MAGIC 0x9fa0
 #define MINORBITS 20
 #define MINORMASK ((1U << MINORBITS) - 1)
@@ -310,13 +312,18 @@ static __always_inline int conclude(__u32 verdict)
 	return verdict == VERDICT_DENIED ? -EPERM : 0;
 }
 
+/* quiet: the kernel's NOAUDIT probes (/proc/PID/stat asking whether it may
+ * show wchan, ptrace_has_cap on a non-dumpable target, ns_capable_noaudit)
+ * are the kernel asking on the process's behalf and degrade gracefully when
+ * refused: decided like any check but not reported, the kernel's own audit
+ * convention (otherwise every `ps` in a sandbox is a refusal of the agent). */
 static __always_inline int judge_task(__u32 mech, __u32 op, __u32 kind, struct decision d, struct sandbox *sb,
-				      __u64 root, struct task_struct *target, __u32 mode, __s32 cap)
+				      __u64 root, struct task_struct *target, __u32 mode, __s32 cap, bool quiet)
 {
 	if (d.action == ACTION_ALLOW)
 		return 0;
 	__u32 verdict = effective_verdict(sb, d.action);
-	struct task_event *e = reserve_event(sizeof(*e), true);
+	struct task_event *e = quiet ? NULL : reserve_event(sizeof(*e), true);
 	if (e) {
 		fill_hdr(&e->hdr, kind + mech, verdict, d.rule_id, root, sb);
 		e->op = op;
@@ -342,7 +349,7 @@ static __always_inline int judge_op(__u32 mech, __u32 op, __u32 kind, __u32 mode
 	if (!sb)
 		return 0;
 	struct decision d = op_decision(sb->id, op, ACTION_ALLOW);
-	return judge_task(mech, op, kind, d, sb, root, NULL, mode, -1);
+	return judge_task(mech, op, kind, d, sb, root, NULL, mode, -1, false);
 }
 
 /* --- ptrace, signals, capabilities, bpf ----------------------------------- */
@@ -364,7 +371,7 @@ static __always_inline int decide_ptrace_access_check(__u32 mech, struct task_st
 		op = (mode & PTRACE_MODE_ATTACH) ? LSM_OP_PTRACE_ATTACH : LSM_OP_PTRACE_READ;
 		d = op_decision(sb->id, op, ACTION_ALLOW);
 	}
-	return judge_task(mech, op, EV_PTRACE, d, sb, root, child, mode, -1);
+	return judge_task(mech, op, EV_PTRACE, d, sb, root, child, mode, -1, mode & PTRACE_MODE_NOAUDIT);
 }
 WATCHER_HOOK(ptrace_access_check, security_ptrace_access_check,
 	     decide_ptrace_access_check(mech, child, mode, ret),
@@ -386,7 +393,7 @@ static __always_inline int decide_ptrace_traceme(__u32 mech, struct task_struct 
 	} else {
 		d = op_decision(sb->id, op, ACTION_ALLOW);
 	}
-	return judge_task(mech, op, EV_PTRACE, d, sb, root, parent, 0, -1);
+	return judge_task(mech, op, EV_PTRACE, d, sb, root, parent, 0, -1, false);
 }
 WATCHER_HOOK(ptrace_traceme, security_ptrace_traceme, decide_ptrace_traceme(mech, parent, ret),
 	     struct task_struct *parent, int ret)
@@ -404,7 +411,7 @@ static __always_inline int decide_task_kill(__u32 mech, struct task_struct *p, i
 	if (!sb)
 		return 0;
 	struct decision d = op_decision(sb->id, LSM_OP_AGENT_SIGNAL, ACTION_BLOCK);
-	return judge_task(mech, LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, p, (__u32)sig, -1);
+	return judge_task(mech, LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, p, (__u32)sig, -1, false);
 }
 WATCHER_HOOK(task_kill, security_task_kill, decide_task_kill(mech, p, sig, ret),
 	     struct task_struct *p, struct kernel_siginfo *info, int sig, const struct cred *cred, int ret)
@@ -436,7 +443,7 @@ static __always_inline int decide_capable(__u32 mech, int cap, unsigned int opts
 	else
 		return 0;
 	d.rule_id = r->rule_id[cap & 63];
-	return judge_task(mech, 0, EV_CAPABILITY, d, sb, root, NULL, opts, cap);
+	return judge_task(mech, 0, EV_CAPABILITY, d, sb, root, NULL, opts, cap, opts & CAP_OPT_NOAUDIT);
 }
 WATCHER_HOOK(capable, security_capable, decide_capable(mech, cap, opts, ret),
 	     const struct cred *cred, struct user_namespace *ns, int cap, unsigned int opts, int ret)
@@ -1109,7 +1116,7 @@ static __always_inline int decide_file_send_sigiotask(__u32 mech, struct task_st
 		sb = &none;
 	if (d.action < ACTION_BLOCK && sig != 0)
 		d.action = ACTION_RECORD;
-	return judge_task(mech, LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, tsk, (__u32)(sig ? sig : 29 /* SIGIO */), -1);
+	return judge_task(mech, LSM_OP_AGENT_SIGNAL, EV_SIGNAL, d, sb, root, tsk, (__u32)(sig ? sig : 29 /* SIGIO */), -1, false);
 }
 WATCHER_HOOK(file_send_sigiotask, security_file_send_sigiotask, decide_file_send_sigiotask(mech, tsk, sig, ret),
 	     struct task_struct *tsk, struct fown_struct *fown, int sig, int ret)
