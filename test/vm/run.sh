@@ -245,7 +245,7 @@ if [ \$hostroot = 1 ]; then
 	if ! mount -t overlay overlay -o lowerdir=/mnt/host,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work \$r; then
 		echo "guest: mount overlay failed" >\$out; echo "WATCHER-VM-RESULT: 3" >\$out; poweroff -f
 	fi
-	mkdir -p \$r/proc \$r/sys \$r/dev \$r/tmp \$r/run \$r/home
+	mkdir -p \$r/proc \$r/sys \$r/dev \$r/tmp \$r/run \$r/home \$r/root
 	mount -t proc proc \$r/proc
 	mount -t sysfs sysfs \$r/sys
 	mount -t devtmpfs devtmpfs \$r/dev
@@ -255,6 +255,7 @@ if [ \$hostroot = 1 ]; then
 	mount -t tmpfs -o mode=1777 tmpfs \$r/tmp
 	mount -t tmpfs -o mode=0755 tmpfs \$r/run
 	mount -t tmpfs -o mode=0755 tmpfs \$r/home
+	mount -t tmpfs -o mode=0700 tmpfs \$r/root
 	mkdir -p \$r/run/watcher-vm
 	mount --bind /tests \$r/run/watcher-vm
 fi
@@ -301,6 +302,11 @@ runtest() {
 		echo "=== guest: \$t exit \$rc (up \$(cut -d' ' -f1 /proc/uptime)s)"
 		[ \$rc -eq 0 ] || status=\$rc
 	done
+	if [ \$hostroot = 1 ]; then
+		# What reached the overlay's upper layer (each entry there costs a
+		# CAP_SYS_ADMIN check at every lookup: keep it empty).
+		echo "guest: overlay upper layer: \$(cd /mnt/rw/upper && find . -mindepth 1 -maxdepth 4 | head -20 | tr '\\n' ' ')"
+	fi
 	echo "WATCHER-VM-RESULT: \$status"
 } >\$out 2>&1
 sync
