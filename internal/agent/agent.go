@@ -212,7 +212,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	a.metrics.Registry.MustRegister(a.bpfStats)
 	a.metrics.Registry.MustRegister(&limitsCollector{a: a})
-	a.reader = a.eng.NewReader(enforce.ReaderOptions{SandboxName: a.sandboxName, RuleName: a.rules.Name})
+	a.reader = a.eng.NewReader(enforce.ReaderOptions{})
 	lsmStatus, lsmMech := lsm.ProbeMechanisms()
 	a.lsmProbe, a.lsmProbeMech = lsmStatus, lsmMech
 	if anyLoaded(lsmStatus) {

@@ -51,8 +51,9 @@ func (a *Agent) newPipeline() *pipeline.Pipeline {
 }
 
 // enrich is the enrich stage: what the producer left out, set once.
-// Kernel events arrive with sandbox, rule and severity from the reader's
-// decode (ids to names); the rest comes here.
+// Kernel events arrive as decoded (ids, the kernel's verdict and severity):
+// sandbox and rule ids are named here, from the plan in force and the
+// agent's rule table.
 func (a *Agent) enrich(ev *audit.Event) bool {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now()
@@ -65,6 +66,14 @@ func (a *Agent) enrich(ev *audit.Event) bool {
 	}
 	if ev.Kind == audit.KindAgent && ev.Mechanism == "" {
 		ev.Mechanism = "agent"
+	}
+	if ev.RuleID != 0 {
+		if name := a.rules.Name(ev.RuleID); name != "" {
+			ev.Rule = name
+		}
+	}
+	if ev.Sandbox.Name == "" && ev.Sandbox.ID != 0 {
+		ev.Sandbox.Name = a.sandboxName(ev.Sandbox.ID)
 	}
 	if ev.Sandbox.Name == "" && ev.Sandbox.CgroupID != 0 {
 		a.mu.Lock()

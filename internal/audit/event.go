@@ -97,6 +97,10 @@ type Sandbox struct {
 	Name string `json:"name,omitempty"`
 	// Labels are caller-supplied labels (e.g. a tool-call id for watcher exec).
 	Labels map[string]string `json:"labels,omitempty"`
+	// ID is the kernel's sandbox id (0: none), as decoded; the pipeline's
+	// enrich stage names it (Name). Not recorded: ids mean something only
+	// to the agent that planned them.
+	ID uint32 `json:"-"`
 }
 
 // Process identifies the task that performed the operation.
@@ -120,6 +124,9 @@ type Event struct {
 	Severity Severity  `json:"severity"`
 	// Rule names the policy rule that matched, empty when none did.
 	Rule string `json:"rule,omitempty"`
+	// RuleID is the kernel's rule id (0: none), as decoded; until the
+	// pipeline's enrich stage names it, Rule is "rule-<id>". Not recorded.
+	RuleID uint32 `json:"-"`
 	// Mechanism names the layer that produced the verdict: lsm, cgroup_bpf,
 	// seccomp, landlock, kill, tracepoint, dnsproxy, agent.
 	Mechanism string  `json:"mechanism,omitempty"`

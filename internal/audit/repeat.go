@@ -75,8 +75,8 @@ func put64(b []byte, v uint64) {
 // id, thread ids may differ), cgroup, kind, verdict, rule, layer and
 // details. Times and counts are not compared.
 func SameOperation(a, b *Event) bool {
-	if a.Kind != b.Kind || a.Verdict != b.Verdict || a.Rule != b.Rule || a.Mechanism != b.Mechanism ||
-		a.Sandbox.CgroupID != b.Sandbox.CgroupID || a.Sandbox.Name != b.Sandbox.Name ||
+	if a.Kind != b.Kind || a.Verdict != b.Verdict || a.Rule != b.Rule || a.RuleID != b.RuleID || a.Mechanism != b.Mechanism ||
+		a.Sandbox.CgroupID != b.Sandbox.CgroupID || a.Sandbox.ID != b.Sandbox.ID || a.Sandbox.Name != b.Sandbox.Name ||
 		a.Process.TGID != b.Process.TGID || a.Process.UID != b.Process.UID ||
 		a.Process.CgroupID != b.Process.CgroupID || a.Process.Comm != b.Process.Comm ||
 		a.Process.Exe != b.Process.Exe || len(a.Process.Args) != 0 || len(b.Process.Args) != 0 ||

@@ -82,10 +82,6 @@ type ReaderOptions struct {
 	// LossInterval is how often ring and queue drops are turned into loss
 	// events.
 	LossInterval time.Duration
-	// SandboxName maps a sandbox id to its name (optional).
-	SandboxName func(id uint32) string
-	// RuleName maps a rule id to its name (optional).
-	RuleName func(id uint32) string
 }
 
 // ReaderStats counts what the reader saw.
@@ -388,7 +384,8 @@ func (r *Reader) handle(raw []byte) {
 		Kind:      reg.kind,
 		Mechanism: reg.mechanism,
 		Severity:  audit.SeverityRoutine,
-		Sandbox:   audit.Sandbox{CgroupID: hdr.SandboxCg},
+		Sandbox:   audit.Sandbox{CgroupID: hdr.SandboxCg, ID: hdr.SandboxId},
+		RuleID:    hdr.RuleId,
 		Process: audit.Process{
 			PID: hdr.Pid, TGID: hdr.Tgid, PPID: hdr.Ppid, UID: hdr.Uid,
 			Comm: r.comm(&hdr.Comm), CgroupID: hdr.CgroupId,
@@ -400,16 +397,10 @@ func (r *Reader) handle(raw []byte) {
 	if ev.Verdict != audit.VerdictAllowed {
 		ev.Severity = audit.SeverityAlert
 	}
-	if r.opts.SandboxName != nil {
-		ev.Sandbox.Name = r.opts.SandboxName(hdr.SandboxId)
-	}
+	// Decoding is pure: ids as the kernel wrote them, with the id as the
+	// rule's name; the pipeline's enrich stage names sandbox and rule.
 	if hdr.RuleId != 0 {
-		if r.opts.RuleName != nil {
-			ev.Rule = r.opts.RuleName(hdr.RuleId)
-		}
-		if ev.Rule == "" {
-			ev.Rule = "rule-" + strconv.FormatUint(uint64(hdr.RuleId), 10)
-		}
+		ev.Rule = RuleLabel(hdr.RuleId)
 	}
 	if err := reg.dec(raw, ev); err != nil {
 		r.decodeErrs.Add(1)
@@ -421,6 +412,9 @@ func (r *Reader) handle(raw []byte) {
 	}
 	r.deliver(ev)
 }
+
+// RuleLabel is the name of a rule id no rule table names: "rule-<id>".
+func RuleLabel(id uint32) string { return "rule-" + strconv.FormatUint(uint64(id), 10) }
 
 // comm returns the process name of a header, interned: a sandbox runs few
 // distinct commands, and each event would otherwise allocate its own.

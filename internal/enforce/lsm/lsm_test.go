@@ -123,7 +123,6 @@ func setup(t *testing.T) (*enforce.Engine, *LSM) {
 		shared.cancel = cancel
 		shared.done = make(chan struct{})
 		rd := eng.NewReader(enforce.ReaderOptions{
-			RuleName: func(id uint32) string { return fmt.Sprintf("rule-%d", id) },
 			// Every refusal is checked for its own event: no folding of
 			// identical ones into burst records.
 			Burst: -1,
