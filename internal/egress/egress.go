@@ -30,6 +30,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 )
 
 // Group is the hook group name: links are pinned under
@@ -673,7 +674,7 @@ func (e *Egress) reportOverflow(id uint32, evicted []netip.Addr) {
 	first := evicted[0]
 	e.opts.Notify(audit.Event{
 		Time: time.Now(), Kind: audit.KindNet, Verdict: audit.VerdictRecorded,
-		Severity: audit.SeverityAlert, Mechanism: "cgroup_bpf",
+		Severity: audit.SeverityAlert, Mechanism: cgroupbpf.Mechanism,
 		Net: &audit.NetDetail{
 			Op: "allowlist", Addr: first.String(),
 			Reason: fmt.Sprintf("answered-address allowlist of sandbox %d full: %d unexpired address(es) evicted, earliest expiry first; they are refused until resolved again", id, len(evicted)),

@@ -14,19 +14,24 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/trace"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
-// Mechanisms named in Plan.Layers.
+// Mechanisms named in Plan.Layers: the names the layers put in their
+// events, defined once by each layer's package.
 const (
-	MechLSM       = "lsm"
-	MechFmodRet   = "fmod_ret" // the LSM layer's decisions as fmod_ret programs on security_* functions
-	MechCgroupBPF = "cgroup_bpf"
-	MechKill      = "kill"
-	MechLaunch    = "seccomp+landlock"
-	MechRecord    = "record"
-	MechNone      = "none"
+	MechLSM       = lsm.MechLSM
+	MechFmodRet   = lsm.MechFmodRet // the LSM layer's decisions as fmod_ret programs on security_* functions
+	MechCgroupBPF = cgroupbpf.Mechanism
+	MechKill      = backstop.Mechanism
+	// MechLaunch is watcher exec's pair: its refusals are events of
+	// mechanism "seccomp" or "landlock".
+	MechLaunch = trace.MechanismSeccomp + "+" + trace.MechanismLandlock
+	MechRecord = "record"
+	MechNone   = "none"
 )
 
 func (c *compiler) hook(name string) bool {
