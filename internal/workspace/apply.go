@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,15 +96,6 @@ func (w *Workspace) lowerHash() (string, error) {
 
 // applyLayer moves the upper layer's changes into the real directory.
 func applyLayer(l *Layer) error {
-	var opaque []string
-	underOpaque := func(rel string) bool {
-		for _, o := range opaque {
-			if strings.HasPrefix(rel, o+"/") {
-				return true
-			}
-		}
-		return false
-	}
 	sameDev := false
 	if a, err := lstat(l.Upper); err == nil {
 		if b, err := lstat(l.Lower); err == nil {
@@ -117,24 +107,9 @@ func applyLayer(l *Layer) error {
 		st   *unix.Stat_t
 	}
 	var dirs []dirAttr
-	err := filepath.WalkDir(l.Upper, func(up string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(l.Upper, up)
-		if rel == "." {
-			return nil
-		}
-		real := filepath.Join(l.Lower, rel)
-		ust, err := lstat(up)
-		if err != nil {
-			return err
-		}
-		lst, lerr := lstat(real)
-		if lerr != nil && !errors.Is(lerr, unix.ENOENT) {
-			return lerr
-		}
-		inLower := lerr == nil
+	err := walkUpper(l, func(e *upperEntry) error {
+		up, real, ust, lst := e.up, e.real, e.ust, e.lst
+		inLower := lst != nil
 		switch {
 		case isWhiteout(ust):
 			return os.RemoveAll(real)
@@ -145,8 +120,7 @@ func applyLayer(l *Layer) error {
 				}
 				inLower = false
 			}
-			if inLower && (isOpaque(up) || underOpaque(rel)) {
-				opaque = append(opaque, rel)
+			if e.opaque {
 				ents, err := os.ReadDir(real)
 				if err != nil {
 					return err

@@ -99,10 +99,21 @@ func treeSize(p string) int64 {
 	return n
 }
 
-func diffLayer(l *Layer) ([]Change, error) {
-	var out []Change
-	// Below an opaque directory no lower entry shows through, whatever the
-	// directories in between say.
+// upperEntry is one entry of an upper layer beside the lower entry of the
+// same name.
+type upperEntry struct {
+	up, rel, real string
+	ust           *unix.Stat_t
+	lst           *unix.Stat_t // nil when the lower layer has no such entry
+	// opaque: a directory over a lower directory that shows nothing of it
+	// (opaque itself, or below an opaque directory: no lower entry shows
+	// through, whatever the directories in between say).
+	opaque bool
+}
+
+// walkUpper visits every entry of the upper layer, parents first, with its
+// lower counterpart; visit's filepath.SkipDir skips a directory.
+func walkUpper(l *Layer, visit func(e *upperEntry) error) error {
 	var opaque []string
 	underOpaque := func(rel string) bool {
 		for _, o := range opaque {
@@ -112,7 +123,7 @@ func diffLayer(l *Layer) ([]Change, error) {
 		}
 		return false
 	}
-	err := filepath.WalkDir(l.Upper, func(up string, d fs.DirEntry, err error) error {
+	return filepath.WalkDir(l.Upper, func(up string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -120,16 +131,30 @@ func diffLayer(l *Layer) ([]Change, error) {
 		if rel == "." {
 			return nil
 		}
-		real := filepath.Join(l.Lower, rel)
-		ust, err := lstat(up)
-		if err != nil {
+		e := &upperEntry{up: up, rel: rel, real: filepath.Join(l.Lower, rel)}
+		if e.ust, err = lstat(up); err != nil {
 			return err
 		}
-		lst, lerr := lstat(real)
+		lst, lerr := lstat(e.real)
 		if lerr != nil && !errors.Is(lerr, unix.ENOENT) {
 			return lerr
 		}
-		inLower := lerr == nil
+		if lerr == nil {
+			e.lst = lst
+		}
+		if isDir(e.ust) && e.lst != nil && isDir(e.lst) && (isOpaque(up) || underOpaque(rel)) {
+			e.opaque = true
+			opaque = append(opaque, rel)
+		}
+		return visit(e)
+	})
+}
+
+func diffLayer(l *Layer) ([]Change, error) {
+	var out []Change
+	err := walkUpper(l, func(e *upperEntry) error {
+		up, real, ust, lst := e.up, e.real, e.ust, e.lst
+		inLower := lst != nil
 		switch {
 		case isWhiteout(ust):
 			if inLower {
@@ -144,8 +169,7 @@ func diffLayer(l *Layer) ([]Change, error) {
 				// A directory replaced a file.
 				out = append(out, Change{Kind: Changed, Path: real, Dir: true, Size: treeSize(up)})
 				return filepath.SkipDir
-			case isOpaque(up) || underOpaque(rel):
-				opaque = append(opaque, rel)
+			case e.opaque:
 				// Everything of the lower directory that the upper one
 				// does not hold again is gone.
 				gone, err := opaqueDeletions(real, up)
