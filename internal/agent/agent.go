@@ -1,5 +1,5 @@
-// Package agent ties watcher's parts into the running agent: it compiles the
-// policy into each enforcement layer, loads and pins the BPF programs (or
+// Package agent ties watcher's parts into the running agent: it writes the
+// plan (internal/plan) into each enforcement layer, loads and pins the BPF programs (or
 // adopts a previous agent's pins), registers the sandbox cgroups (including
 // ones that appear later), runs the DNS proxy, and fans every event out to
 // the ledger, the live tail, Prometheus and the escape watch.
