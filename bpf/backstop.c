@@ -886,8 +886,13 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 	pw_resolve_file(&s->pw, file);
 	if (!action) {
 		struct path_rule *pr = match_path(s, sb->id);
-		if (!pr || !(pr->ops & ops))
-			pr = match_inode(inode, sb->id);
+		if (!pr || !(pr->ops & ops) || !pr->action) {
+			/* Another name of a protected file (a hard link into
+			 * an allowed place): its inode decides. */
+			struct path_rule *ir = match_inode(inode, sb->id);
+			if (ir && (ir->ops & ops) && ir->action)
+				pr = ir;
+		}
 		if (!pr || !(pr->ops & ops) || !pr->action)
 			return;
 		action = pr->action;

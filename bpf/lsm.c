@@ -65,7 +65,8 @@ enum lsm_op {
 	LSM_OP_IO_URING = 21,        /* io_uring_setup(2), where the kernel gives the ring a secure anon inode */
 	LSM_OP_CLONE_FILES = 22,     /* clone/clone3 sharing the file table with a new process (not a thread) */
 	LSM_OP_UNIX_CONNECT = 23,    /* unix connect/send to a socket outside the sandbox's socket paths */
-	LSM_OP_MAX = 24,
+	LSM_OP_EXEC_FILELESS = 24,   /* exec or PROT_EXEC mapping of a file with no name (memfd, deleted) */
+	LSM_OP_MAX = 25,
 };
 
 /* Which table decided a file_open. */
@@ -702,24 +703,47 @@ static __always_inline void consider(struct file_verdict *v, struct access_rule 
 	}
 }
 
+/* What a file decision is about: the inode (absent for a name about to be
+ * created) and its filesystem. */
+struct file_facts {
+	__u64 ino;
+	__u64 magic; /* super_block.s_magic */
+	__u32 dev;   /* kernel dev_t of the filesystem */
+	__u32 rdev;  /* device nodes: the device's dev_t */
+	__u32 mode;  /* i_mode: type and permission bits */
+};
+
+static __always_inline void facts_of(struct file_facts *f, struct inode *inode, struct super_block *s)
+{
+	f->ino = 0;
+	f->mode = 0;
+	f->rdev = 0;
+	if (inode) {
+		f->ino = BPF_CORE_READ(inode, i_ino);
+		f->mode = BPF_CORE_READ(inode, i_mode);
+		f->rdev = BPF_CORE_READ(inode, i_rdev);
+	}
+	f->dev = BPF_CORE_READ(s, s_dev);
+	f->magic = BPF_CORE_READ(s, s_magic);
+}
+
 /* judge_file_tables checks every file table of one sandbox id. */
 static __always_inline void judge_file_tables(struct file_verdict *v, __u32 sid, struct path_key *key,
-					      __u32 dev, __u64 ino, __u64 magic, __u32 mode, __u32 rdev,
-					      bool write)
+					      const struct file_facts *f, bool write)
 {
-	struct ino_key ik = { .sandbox_id = sid, .dev = dev, .ino = ino };
+	struct ino_key ik = { .sandbox_id = sid, .dev = f->dev, .ino = f->ino };
 	consider(v, bpf_map_lookup_elem(&lsm_ino_rules, &ik), write, MATCH_INODE);
 
-	struct fs_key fk = { .sandbox_id = sid, .magic = magic };
+	struct fs_key fk = { .sandbox_id = sid, .magic = f->magic };
 	consider(v, bpf_map_lookup_elem(&lsm_fs_rules, &fk), write, MATCH_FS);
 
-	__u32 ftype = mode & S_IFMT;
+	__u32 ftype = f->mode & S_IFMT;
 	if (ftype == S_IFBLK || ftype == S_IFCHR) {
 		struct dev_key dk = {
 			.sandbox_id = sid,
 			.type = ftype == S_IFBLK ? DEV_BLOCK : DEV_CHAR,
-			.major = rdev >> MINORBITS,
-			.minor = rdev & MINORMASK,
+			.major = f->rdev >> MINORBITS,
+			.minor = f->rdev & MINORMASK,
 		};
 		struct access_rule *r = bpf_map_lookup_elem(&lsm_dev_rules, &dk);
 		if (!r) {
@@ -735,6 +759,76 @@ static __always_inline void judge_file_tables(struct file_verdict *v, __u32 sid,
 
 	key->sandbox_id = sid;
 	consider(v, bpf_map_lookup_elem(&lsm_path_rules, key), write, MATCH_PATH);
+}
+
+/* judge_file_rules judges by the sandbox's file tables, else by the
+ * defaults (sandbox 0): the write or read rules, or with read_too both
+ * (strictest wins). */
+static __always_inline void judge_file_rules(struct file_verdict *v, __u32 sid, struct path_key *key,
+					     const struct file_facts *f, bool write, bool read_too)
+{
+	judge_file_tables(v, sid, key, f, write);
+	if (read_too)
+		judge_file_tables(v, sid, key, f, false);
+	if (v->match != MATCH_NONE)
+		return;
+	judge_file_tables(v, 0, key, f, write);
+	if (read_too)
+		judge_file_tables(v, 0, key, f, false);
+}
+
+/* set_key_len sets key's prefix length from n, the bytes copied with their
+ * NUL: the NUL counts (exact rules match) unless the path was cut, when
+ * only prefix rules may match. */
+static __always_inline void set_key_len(struct path_key *key, long n, bool truncated)
+{
+	if (n <= 0) {
+		key->path[0] = 0;
+		n = 1;
+	}
+	if (n > LSM_PATH_LEN)
+		n = LSM_PATH_LEN;
+	if (truncated)
+		n--;
+	key->prefixlen = 32 + 8 * (__u32)n;
+}
+
+/* key_from_walk resolves p (relative to the task's root) with the path
+ * walk into pw and key; it returns whether the path was cut. */
+static __always_inline bool key_from_walk(struct path_key *key, struct pathwalk *pw, struct path *p)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct path rootp = BPF_CORE_READ(task, fs, root);
+	pw_resolve(pw, p, &rootp);
+	long n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
+	bool truncated = n <= 0 || (pw->flags & PW_F_TRUNCATED) || pw->len + 1 > LSM_PATH_LEN;
+	set_key_len(key, n, truncated);
+	return truncated;
+}
+
+/* emit_file reports a file decision (path: kernel memory) and returns the
+ * hook's result. */
+static __always_inline int emit_file(__u32 kind, __u32 verdict, __u32 rule_id, __u64 root, struct sandbox *sb,
+				     const struct file_facts *f, __u32 flags, __u32 fmode, __u32 match, __u32 fflags,
+				     __u32 op, const char *path)
+{
+	struct file_event *e = reserve_event(sizeof(*e), true);
+	if (e) {
+		fill_hdr(&e->hdr, kind, verdict, rule_id, root, sb);
+		e->ino = f->ino;
+		e->flags = flags;
+		e->fmode = fmode;
+		e->i_mode = f->mode;
+		e->dev = f->dev;
+		e->rdev = f->rdev;
+		e->match = match;
+		e->fflags = fflags;
+		e->op = op;
+		e->magic = f->magic;
+		bpf_probe_read_kernel_str(e->path, sizeof(e->path), path);
+		submit_event(e, true);
+	}
+	return conclude(verdict);
 }
 
 static __always_inline int decide_file_open(__u32 mech, struct file *file, int ret)
@@ -754,14 +848,11 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 	__u32 fflags = BPF_CORE_READ(file, f_flags);
 	bool write = (fmode & FMODE_WRITE) || (fflags & (O_TRUNC | O_APPEND));
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
-	__u32 mode = BPF_CORE_READ(inode, i_mode);
-	__u64 ino = BPF_CORE_READ(inode, i_ino);
-	__u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
-	__u32 rdev = BPF_CORE_READ(inode, i_rdev);
-	__u64 magic = BPF_CORE_READ(inode, i_sb, s_magic);
+	struct file_facts f;
+	facts_of(&f, inode, BPF_CORE_READ(inode, i_sb));
 
 	/* The path as the kernel opened it, relative to the task's root. */
-	__u32 truncated = 0;
+	bool truncated = false;
 	long n = bpf_d_path((struct path *)&file->f_path, key->path, sizeof(key->path));
 	if (n <= 0) {
 		/* Longer than the key: the walk keeps the first bytes, which
@@ -772,27 +863,15 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 			pw_resolve_file(pw, file);
 			n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
 		}
-		truncated = 1;
-		if (n <= 0) {
-			key->path[0] = 0;
-			n = 1;
-		}
+		truncated = true;
 	}
-	/* n counts the NUL: include it (exact rules match) unless the path
-	 * was cut, when only prefix rules may match. */
-	if (n > LSM_PATH_LEN)
-		n = LSM_PATH_LEN;
-	if (truncated)
-		n--;
-	key->prefixlen = 32 + 8 * (__u32)n;
+	set_key_len(key, n, truncated);
 
 	struct file_verdict v = {};
-	judge_file_tables(&v, sb->id, key, dev, ino, magic, mode, rdev, write);
-	if (v.match == MATCH_NONE)
-		judge_file_tables(&v, 0, key, dev, ino, magic, mode, rdev, write);
+	judge_file_rules(&v, sb->id, key, &f, write, false);
 
 	/* /proc/PID/mem (and /proc/PID/task/TID/mem), any PID. */
-	if (magic == PROC_SUPER_MAGIC) {
+	if (f.magic == PROC_SUPER_MAGIC) {
 		char name[4] = {};
 		bpf_probe_read_kernel(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
 		if (name[0] == 'm' && name[1] == 'e' && name[2] == 'm' && name[3] == 0) {
@@ -808,23 +887,8 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 	if (v.action == ACTION_ALLOW)
 		return 0;
 	__u32 verdict = effective_verdict(sb, v.action);
-	struct file_event *e = reserve_event(sizeof(*e), true);
-	if (e) {
-		fill_hdr(&e->hdr, EV_FILE_OPEN + mech, verdict, v.rule_id, root, sb);
-		e->ino = ino;
-		e->flags = fflags;
-		e->fmode = fmode;
-		e->i_mode = mode;
-		e->dev = dev;
-		e->rdev = rdev;
-		e->match = v.match;
-		e->fflags = (write ? FILE_F_WRITE : 0) | (truncated ? FILE_F_TRUNCATED : 0);
-		e->op = 0;
-		e->magic = magic;
-		bpf_probe_read_kernel_str(e->path, sizeof(e->path), key->path);
-		submit_event(e, true);
-	}
-	return conclude(verdict);
+	return emit_file(EV_FILE_OPEN + mech, verdict, v.rule_id, root, sb, &f, fflags, fmode, v.match,
+			 (write ? FILE_F_WRITE : 0) | (truncated ? FILE_F_TRUNCATED : 0), 0, key->path);
 }
 /* bpf_d_path is allowed on security_file_open for fmod_ret too. */
 WATCHER_HOOK(file_open, security_file_open, decide_file_open(mech, file, ret), struct file *file, int ret)
@@ -852,6 +916,7 @@ enum path_op {
 	PATH_OP_REMOVEXATTR = 14,
 	PATH_OP_EXEC = 15,       /* a file execve runs: the binary, then a script's interpreter */
 	PATH_OP_MMAP_EXEC = 16,  /* a file mapped executable (ld.so /tmp/x, a preloaded library) */
+	PATH_OP_UTIMES = 17,     /* utimensat, utimes, futimesat: the times alone */
 };
 
 /* judge_path judges op on the file at {mnt, dentry} (dentry may be
@@ -868,64 +933,18 @@ static __always_inline int judge_path(__u32 mech, __u32 op, struct vfsmount *mnt
 	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
 	if (!key || !pw)
 		return 0;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	struct path rootp = BPF_CORE_READ(task, fs, root);
 	struct path p = { .mnt = mnt, .dentry = dentry };
-	pw_resolve(pw, &p, &rootp);
-	long n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
-	bool truncated = (pw->flags & PW_F_TRUNCATED) || pw->len + 1 > LSM_PATH_LEN;
-	if (n <= 0) {
-		key->path[0] = 0;
-		n = 1;
-		truncated = true;
-	}
-	if (n > LSM_PATH_LEN)
-		n = LSM_PATH_LEN;
-	if (truncated)
-		n--;
-	key->prefixlen = 32 + 8 * (__u32)n;
-
-	struct inode *inode = BPF_CORE_READ(dentry, d_inode);
-	__u64 ino = 0;
-	__u32 mode = 0, rdev = 0;
-	if (inode) {
-		ino = BPF_CORE_READ(inode, i_ino);
-		mode = BPF_CORE_READ(inode, i_mode);
-		rdev = BPF_CORE_READ(inode, i_rdev);
-	}
-	struct super_block *s = BPF_CORE_READ(dentry, d_sb);
-	__u32 dev = BPF_CORE_READ(s, s_dev);
-	__u64 magic = BPF_CORE_READ(s, s_magic);
+	bool truncated = key_from_walk(key, pw, &p);
+	struct file_facts f;
+	facts_of(&f, BPF_CORE_READ(dentry, d_inode), BPF_CORE_READ(dentry, d_sb));
 
 	struct file_verdict v = {};
-	judge_file_tables(&v, sb->id, key, dev, ino, magic, mode, rdev, true);
-	if (read_too)
-		judge_file_tables(&v, sb->id, key, dev, ino, magic, mode, rdev, false);
-	if (v.match == MATCH_NONE) {
-		judge_file_tables(&v, 0, key, dev, ino, magic, mode, rdev, true);
-		if (read_too)
-			judge_file_tables(&v, 0, key, dev, ino, magic, mode, rdev, false);
-	}
+	judge_file_rules(&v, sb->id, key, &f, true, read_too);
 	if (v.action == ACTION_ALLOW)
 		return 0;
 	__u32 verdict = effective_verdict(sb, v.action);
-	struct file_event *e = reserve_event(sizeof(*e), true);
-	if (e) {
-		fill_hdr(&e->hdr, EV_FILE_OP + mech, verdict, v.rule_id, root, sb);
-		e->ino = ino;
-		e->flags = 0;
-		e->fmode = 0;
-		e->i_mode = mode;
-		e->dev = dev;
-		e->rdev = rdev;
-		e->match = v.match;
-		e->fflags = FILE_F_WRITE | (truncated ? FILE_F_TRUNCATED : 0);
-		e->op = op;
-		e->magic = magic;
-		bpf_probe_read_kernel_str(e->path, sizeof(e->path), key->path);
-		submit_event(e, true);
-	}
-	return conclude(verdict);
+	return emit_file(EV_FILE_OP + mech, verdict, v.rule_id, root, sb, &f, 0, 0, v.match,
+			 FILE_F_WRITE | (truncated ? FILE_F_TRUNCATED : 0), op, key->path);
 }
 
 static __always_inline int judge_path_at(__u32 mech, __u32 op, const struct path *path, int ret)
@@ -1044,6 +1063,34 @@ WATCHER_HOOK(inode_setxattr, security_inode_setxattr, judge_dentry(mech, PATH_OP
 WATCHER_HOOK(inode_removexattr, security_inode_removexattr, judge_dentry(mech, PATH_OP_REMOVEXATTR, dentry, ret),
 	     void *idmap, struct dentry *dentry, const char *name, int ret)
 
+/* From include/linux/fs.h (struct iattr's ia_valid). */
+#define ATTR_MODE (1 << 0)
+#define ATTR_UID (1 << 1)
+#define ATTR_GID (1 << 2)
+#define ATTR_SIZE (1 << 3)
+#define ATTR_ATIME (1 << 4)
+#define ATTR_MTIME (1 << 5)
+
+/* utimensat(2), utimes(2) and futimesat(2) reach no path hook: only
+ * notify_change's inode_setattr. Judged when the times change and nothing
+ * a path hook judged already does (chmod, chown, truncate set ATTR_MODE,
+ * ATTR_UID/GID, ATTR_SIZE). The arguments moved across kernels: 6.1's LSM
+ * hook is (dentry, attr) while its security_inode_setattr is (userns,
+ * dentry, attr); from 6.9 both are (idmap, dentry, attr). So they are read
+ * by count. The previous program's return value is not read (see bpf). */
+static __always_inline int decide_inode_setattr(__u32 mech, void *ctx)
+{
+	__u64 d = 0, a = 0;
+	__u32 first = bpf_get_func_arg_cnt(ctx) >= 3 ? 1 : 0;
+	if (bpf_get_func_arg(ctx, first, &d) || bpf_get_func_arg(ctx, first + 1, &a) || !d || !a)
+		return 0;
+	unsigned int valid = BPF_CORE_READ((struct iattr *)a, ia_valid);
+	if (!(valid & (ATTR_ATIME | ATTR_MTIME)) || (valid & (ATTR_MODE | ATTR_UID | ATTR_GID | ATTR_SIZE)))
+		return 0;
+	return judge_dentry(mech, PATH_OP_UTIMES, (struct dentry *)d, 0);
+}
+WATCHER_HOOK(inode_setattr, security_inode_setattr, decide_inode_setattr(mech, ctx), void *first_arg)
+
 /* --- leaving the sandbox at creation, namespaces, perf, keys ------------- */
 
 #define CLONE_INTO_CGROUP 0x200000000ULL
@@ -1125,9 +1172,12 @@ WATCHER_HOOK(file_send_sigiotask, security_file_send_sigiotask, decide_file_send
 
 #define PROT_EXEC 0x4
 #define MATCH_EXEC 6
+#define MATCH_FILELESS 7 /* the fileless-exec op: a file with no name */
 
 /* judge_exec judges op on file by the exec rules (the sandbox's, else the
- * defaults). */
+ * defaults). A file with no name (memfd_create + execveat, a file deleted
+ * after it was opened, O_TMPFILE) has no path an exec rule could give: it
+ * is judged by the fileless-exec op instead. */
 static __always_inline int judge_exec(__u32 mech, __u32 op, struct file *file)
 {
 	if (!file)
@@ -1141,47 +1191,32 @@ static __always_inline int judge_exec(__u32 mech, __u32 op, struct file *file)
 	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
 	if (!key || !pw)
 		return 0;
-	pw_resolve_file(pw, file);
-	long n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
-	bool truncated = (pw->flags & PW_F_TRUNCATED) || pw->len + 1 > LSM_PATH_LEN;
-	if (n <= 0) {
-		key->path[0] = 0;
-		n = 1;
-		truncated = true;
+	struct path fp = BPF_CORE_READ(file, f_path);
+	bool truncated = key_from_walk(key, pw, &fp);
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	struct file_facts f;
+	facts_of(&f, inode, BPF_CORE_READ(inode, i_sb));
+
+	struct decision d = { .action = ACTION_ALLOW };
+	__u32 match = MATCH_EXEC;
+	if (!BPF_CORE_READ(inode, __i_nlink)) {
+		d = op_decision(sb->id, LSM_OP_EXEC_FILELESS, ACTION_ALLOW);
+		match = MATCH_FILELESS;
+	} else {
+		key->sandbox_id = sb->id;
+		struct decision *r = bpf_map_lookup_elem(&lsm_exec_rules, key);
+		if (!r) {
+			key->sandbox_id = 0;
+			r = bpf_map_lookup_elem(&lsm_exec_rules, key);
+		}
+		if (r)
+			d = *r;
 	}
-	if (n > LSM_PATH_LEN)
-		n = LSM_PATH_LEN;
-	if (truncated)
-		n--;
-	key->prefixlen = 32 + 8 * (__u32)n;
-	key->sandbox_id = sb->id;
-	struct decision *d = bpf_map_lookup_elem(&lsm_exec_rules, key);
-	if (!d) {
-		key->sandbox_id = 0;
-		d = bpf_map_lookup_elem(&lsm_exec_rules, key);
-	}
-	if (!d || d->action == ACTION_ALLOW)
+	if (d.action == ACTION_ALLOW)
 		return 0;
-	struct decision dd = *d;
-	__u32 verdict = effective_verdict(sb, dd.action);
-	struct file_event *e = reserve_event(sizeof(*e), true);
-	if (e) {
-		struct inode *inode = BPF_CORE_READ(file, f_inode);
-		fill_hdr(&e->hdr, EV_FILE_OP + mech, verdict, dd.rule_id, root, sb);
-		e->ino = BPF_CORE_READ(inode, i_ino);
-		e->flags = BPF_CORE_READ(file, f_flags);
-		e->fmode = BPF_CORE_READ(file, f_mode);
-		e->i_mode = BPF_CORE_READ(inode, i_mode);
-		e->dev = BPF_CORE_READ(inode, i_sb, s_dev);
-		e->rdev = 0;
-		e->match = MATCH_EXEC;
-		e->fflags = truncated ? FILE_F_TRUNCATED : 0;
-		e->op = op;
-		e->magic = BPF_CORE_READ(inode, i_sb, s_magic);
-		bpf_probe_read_kernel_str(e->path, sizeof(e->path), pw->buf);
-		submit_event(e, true);
-	}
-	return conclude(verdict);
+	__u32 verdict = effective_verdict(sb, d.action);
+	return emit_file(EV_FILE_OP + mech, verdict, d.rule_id, root, sb, &f, BPF_CORE_READ(file, f_flags),
+			 BPF_CORE_READ(file, f_mode), match, truncated ? FILE_F_TRUNCATED : 0, op, key->path);
 }
 
 /* Called once per binary of the chain: the file execve named, then the

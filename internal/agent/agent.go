@@ -78,12 +78,16 @@ type Agent struct {
 	opts    Options
 	started time.Time
 
-	mu     sync.Mutex // guards policy, plan, sandboxes
-	pol    *policy.Policy
-	plan   *plan.Plan
-	rules  *plan.RuleTable
-	roots  map[uint64]*root // registered sandbox roots by cgroup id
-	labels sync.Map         // cgroup id -> leaf label (watcher exec)
+	mu sync.Mutex // guards policy, plan, sandboxes
+	// applyMu serialises writing rules into the layers (a reload, and
+	// inode entries following the files: inodewatch.go).
+	applyMu sync.Mutex
+	inodes  *inodeWatch
+	pol     *policy.Policy
+	plan    *plan.Plan
+	rules   *plan.RuleTable
+	roots   map[uint64]*root // registered sandbox roots by cgroup id
+	labels  sync.Map         // cgroup id -> leaf label (watcher exec)
 
 	eng        *enforce.Engine
 	reader     *enforce.Reader
@@ -262,6 +266,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("kill backstop: %w", err)
 	}
 	backstop.RegisterHooks(a.reader, backstop.Hooks{OnMount: a.onMountKill})
+	if a.inodes, err = newInodeWatch(); err != nil {
+		return a, fmt.Errorf("inode watch: %w", err)
+	}
 	// Refusals by seccomp and Landlock (commands run with watcher exec)
 	// happen before any hook of ours sees them: sys_exit records them. Any
 	// syscall tracepoint slows every task of the host, so they are attached
@@ -321,6 +328,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.watchPosture(ctx) }()
 	a.startCanary(ctx)
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.followInodes() }()
 	if a.reloader != nil {
 		// Edits of the policy file take effect without a signal; a bad
 		// edit is refused and the policy in force stays.
@@ -477,7 +486,12 @@ func (a *Agent) onMountKill(mk backstop.MountKill) {
 // written before old ones are removed by each layer, so a reload leaves no
 // gap.
 func (a *Agent) applyPlan() error {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
 	p := a.plan
+	if a.inodes != nil {
+		defer func() { a.inodes.set(inodeWatchDirs(p, a.ownFiles())) }()
+	}
 	names := make(map[uint32]string, len(p.SandboxIDs))
 	for name, id := range p.SandboxIDs {
 		names[id] = name
@@ -619,6 +633,9 @@ func (a *Agent) Stop() error {
 		}
 		if a.cancel != nil {
 			a.cancel()
+		}
+		if a.inodes != nil {
+			a.inodes.close()
 		}
 		a.wg.Wait()
 		var errs []error

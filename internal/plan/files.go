@@ -19,7 +19,8 @@ import (
 // changeHooks judge changes made without an open for write by the file
 // write rules (bpf/lsm.c, path operations).
 var changeHooks = []string{"path_truncate", "path_mknod", "path_mkdir", "path_unlink", "path_rmdir",
-	"path_symlink", "path_link", "path_rename", "path_chmod", "path_chown", "inode_setxattr", "inode_removexattr"}
+	"path_symlink", "path_link", "path_rename", "path_chmod", "path_chown", "inode_setxattr", "inode_removexattr",
+	"inode_setattr"}
 
 // changeHooksNote says which of the change hooks enforce a write rule here.
 func (c *compiler) changeHooksNote() string {
@@ -30,7 +31,7 @@ func (c *compiler) changeHooksNote() string {
 		}
 	}
 	if len(missing) == 0 {
-		return "truncate, O_CREAT/mknod, link, rename, unlink, symlink, chmod, chown, xattr refused by lsm path hooks"
+		return "truncate, O_CREAT/mknod, link, rename, unlink, symlink, chmod, chown, xattr, utimes refused by lsm path hooks"
 	}
 	return "not judged here (hooks missing): " + strings.Join(missing, ", ")
 }
@@ -229,6 +230,11 @@ func (c *compiler) lsmFiles(fs *fileSet, lr *lsm.Rules) {
 			if r, ok := t.decide(k, accExec); ok {
 				lr.Exec = append(lr.Exec, lsm.ExecRule{Path: k.path, Prefix: k.prefix,
 					Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}})
+				if blocking(r.Action) {
+					// A file with no name (memfd, deleted) escapes every
+					// exec rule: refused wherever one blocks.
+					lr.Ops[lsm.OpExecFileless] = lsm.Decision{Action: enforce.ActionBlock, RuleID: c.rules.ID("exec-fileless")}
+				}
 			}
 		}
 	}
@@ -354,6 +360,14 @@ func (c *compiler) backstopFiles(sid uint32, fs *fileSet, sysctlRules int) map[s
 	return lost
 }
 
+// backstopChangeNote says what the backstop does about changes made
+// without a write-open (bpf/backstop.c, inode_changed).
+const backstopChangeNote = "truncate, chmod, chown, rename, link, unlink, symlink, mknod, xattr, utimes: killed after the fact " +
+	"(ctime tracepoints, Linux >= 6.13), not on overlay filesystems (a container's root, a workspace overlay), where only opens are judged"
+
+// inodeNote says how other names of a protected file are judged.
+const inodeNote = "other names (hard links, bind mounts) by inode: the exact file and every file below a prefix, followed when replaced, created or moved in"
+
 // fileLines adds the Layers line of every file and exec rule.
 func (c *compiler) fileLines(sb *policy.Sandbox, fs *fileSet, sysctlRules int, lost map[string][]string, procMemUse *globalUse) {
 	lines, fileLayer, execLayer, fileOpen, lsmExec := fs.lines, fs.fileLayer, fs.execLayer, fs.fileOpen, fs.lsmExec
@@ -376,7 +390,8 @@ func (c *compiler) fileLines(sb *policy.Sandbox, fs *fileSet, sysctlRules int, l
 			l = execLayer
 			if lsmExec {
 				l.notes = []string{"lsm bprm_check_security on the binary, a script and its interpreter",
-					"mmap_file/file_mprotect on files mapped executable (the dynamic loader, libraries)"}
+					"mmap_file/file_mprotect on files mapped executable (the dynamic loader, libraries)",
+					"a file with no name (memfd, deleted) refused at exec and PROT_EXEC mapping"}
 				if !c.hook("file_mprotect") {
 					l.notes = append(l.notes, "mprotect(PROT_EXEC) not judged (file_mprotect missing)")
 				}
@@ -394,12 +409,15 @@ func (c *compiler) fileLines(sb *policy.Sandbox, fs *fileSet, sysctlRules int, l
 		default:
 			l = fileLayer
 			if fileOpen {
-				l.notes = []string{"lsm file_open on the resolved path"}
+				l.notes = []string{"lsm file_open on the resolved path", inodeNote}
 				if r.Access != policy.AccessRead {
 					l.notes = append(l.notes, c.changeHooksNote())
 				}
 			} else {
-				l.notes = []string{"backstop at open, on the resolved path"}
+				l.notes = []string{"backstop at open, on the resolved path", inodeNote}
+				if r.Access != policy.AccessRead {
+					l.notes = append(l.notes, backstopChangeNote)
+				}
 			}
 		}
 		if line.expanded != nil {

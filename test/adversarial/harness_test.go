@@ -106,6 +106,7 @@ type bed struct {
 	self               string // copy of this binary outside /tmp (exec rules)
 	base, ws, scratch  string
 	secretDir, tgt     string
+	shadow             string // file of an exact rule (adv-shadow)
 	cgroup, cgAbs      string // sandbox root (relative, absolute)
 	outside            string // a cgroup outside every sandbox
 	pinDir, socketDir  string
@@ -148,13 +149,14 @@ func newBed(t *testing.T) *bed {
 	b.ws = filepath.Join(base, "ws")
 	b.secretDir = filepath.Join(base, "secret")
 	b.tgt = filepath.Join(base, "etc")
+	b.shadow = filepath.Join(base, "pw", "shadow")
 	scratch, err := os.MkdirTemp("/tmp", "watcher-adv-scratch-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.scratch = scratch
 	t.Cleanup(func() { os.RemoveAll(scratch) })
-	for _, d := range []string{b.ws, b.secretDir, b.tgt, filepath.Join(base, "bin"), filepath.Join(base, "run")} {
+	for _, d := range []string{b.ws, b.secretDir, b.tgt, filepath.Dir(b.shadow), filepath.Join(base, "bin"), filepath.Join(base, "run")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -163,6 +165,7 @@ func newBed(t *testing.T) *bed {
 	os.WriteFile(filepath.Join(b.ws, "hello"), []byte("hello from the workspace\n"), 0o644)
 	b.resetSecrets()
 	b.resetTarget()
+	os.WriteFile(b.shadow, []byte(secretContent+"-shadow\n"), 0o600)
 
 	self, err := os.Executable()
 	if err != nil {
@@ -207,7 +210,8 @@ sandboxes:
     escape: {enabled: false}
     files:
       - {name: adv-secrets, path: %s/, match: prefix, access: any, action: block}
-`, b.ledger, b.socketDir, b.pinDir, b.cgroup, freePort(t), b.cgroup, b.ws, b.secretDir)
+      - {name: adv-shadow, path: %s, match: exact, access: any, action: block}
+`, b.ledger, b.socketDir, b.pinDir, b.cgroup, freePort(t), b.cgroup, b.ws, b.secretDir, b.shadow)
 	b.policyPath = filepath.Join(base, "policy.yaml")
 	if err := os.WriteFile(b.policyPath, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
@@ -440,8 +444,8 @@ func resultOf(code int, signaled syscall.Signal) string {
 	return fmt.Sprintf("failed(exit %d, signal %d)", code, int(signaled))
 }
 
-func (b *bed) attackEnv(tech string) []string {
-	return []string{"ADV_ROLE=attack", "ADV_TECH=" + tech, "ADV_WS=" + b.ws, "ADV_SECRET=" + b.secretDir,
+func (b *bed) attackEnv(tech, arg string) []string {
+	return []string{"ADV_ROLE=attack", "ADV_TECH=" + tech, "ADV_ARG=" + arg, "ADV_WS=" + b.ws, "ADV_SECRET=" + b.secretDir,
 		"ADV_TGT=" + b.tgt, "ADV_SCRATCH=" + b.scratch, "ADV_OUTSIDE=" + b.outside,
 		"ADV_AGENT=" + strconv.Itoa(b.agent.Process.Pid), "ADV_HOSTSOCK=" + b.hostSock, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 }
@@ -451,7 +455,7 @@ func (b *bed) attackEnv(tech string) []string {
 // Landlock): it starts outside, then joins the leaf through cgroup.procs
 // (this binary's package initialisers call bpf(), which the backstop would
 // take for the attack).
-func (b *bed) inSandbox(tech string) outcome {
+func (b *bed) inSandbox(tech, arg string) outcome {
 	t := b.t
 	b.leafSeq++
 	leaf := filepath.Join(b.cgAbs, fmt.Sprintf("c%d", b.leafSeq))
@@ -461,7 +465,7 @@ func (b *bed) inSandbox(tech string) outcome {
 	o := outcome{path: "sandbox", started: time.Now()}
 	o.cgroup, _ = cgroupfs.ID(leaf)
 	cmd := exec.Command(b.self, "-test.run=^$")
-	cmd.Env = append(b.attackEnv(tech), "ADV_JOIN="+filepath.Join(leaf, "cgroup.procs"))
+	cmd.Env = append(b.attackEnv(tech, arg), "ADV_JOIN="+filepath.Join(leaf, "cgroup.procs"))
 	cmd.Dir = b.ws
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -489,7 +493,7 @@ func (b *bed) inSandbox(tech string) outcome {
 // viaExec runs technique tech as `watcher exec` does: seccomp, Landlock
 // and no_new_privs from the sandbox's plan, in a fresh leaf of the exec
 // parent, under the running agent's kernel hooks.
-func (b *bed) viaExec(tech string) outcome {
+func (b *bed) viaExec(tech, arg string) outcome {
 	t := b.t
 	sb := b.pol.Sandbox("adv")
 	execPlan, err := plan.Compile(b.pol, plan.Env{LSM: map[string]error{}}, plan.NewRuleTable())
@@ -507,7 +511,7 @@ func (b *bed) viaExec(tech string) outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	v, runErr := launch.Run(ctx, launch.Config{
-		Path: b.self, Args: []string{"-test.run=^$"}, Env: b.attackEnv(tech), Dir: b.ws,
+		Path: b.self, Args: []string{"-test.run=^$"}, Env: b.attackEnv(tech, arg), Dir: b.ws,
 		Stdout: &out, Stderr: &out, Sandbox: sb.Name, CgroupParent: agent.ExecParents(b.pol, sb)[0],
 		Label: o.label, Restrictions: execPlan.Launch[sb.Name], Executable: b.self,
 		Timeouts: launch.Timeouts{Kill: 60 * time.Second},

@@ -43,6 +43,9 @@ type technique struct {
 	achieved func(b *bed, o outcome) (bool, string)
 	// reset runs after the row (puts files back).
 	reset func(b *bed)
+	// setup runs before each run of the row: what the host does (a
+	// file created, replaced or given another name outside the sandbox).
+	setup func(b *bed) string
 }
 
 func leaked(b *bed, o outcome) (bool, string) {
@@ -209,6 +212,9 @@ var techniques = []technique{
 	{class: 4, name: "proc-self-root", variant: "/proc/self/root/<protected>", achieved: leaked},
 	{class: 4, name: "proc-agent-root", variant: "/proc/AGENT/root/<protected>", achieved: leaked},
 	{class: 4, name: "bind-mount-read", variant: "bind mount of the protected directory", achieved: mountedAt("bind")},
+	{class: 4, name: "late-file-host-link", variant: "a file created under the prefix after start, read through a link the host made", achieved: leaked, setup: lateFileHostLink},
+	{class: 4, name: "moved-in-earlier-link", variant: "a file renamed over a protected one, read through a link made before the move", achieved: leaked, setup: movedInEarlierLink},
+	{class: 4, name: "exact-replaced-passwd", variant: "an exact rule's file replaced passwd-style (tmp + rename), read through another name", achieved: leaked, setup: exactReplacedPasswd},
 	{class: 4, name: "benign-hardlink-in-ws", variant: "hard link inside the workspace", benign: true, achieved: benignOK("hello from the workspace")},
 	{class: 4, name: "benign-rename-in-ws", variant: "rename inside the workspace", benign: true, achieved: benignOK("moved")},
 
@@ -332,11 +338,15 @@ func TestAdversarial(t *testing.T) {
 		for _, path := range []string{"sandbox", "exec"} {
 			t.Run(tech.name+"/"+path, func(t *testing.T) {
 				b.t = t
+				var arg string
+				if tech.setup != nil {
+					arg = tech.setup(b)
+				}
 				var o outcome
 				if path == "sandbox" {
-					o = b.inSandbox(tech.name)
+					o = b.inSandbox(tech.name, arg)
 				} else {
-					o = b.viaExec(tech.name)
+					o = b.viaExec(tech.name, arg)
 				}
 				r := judge(t, b, tech, o)
 				resetWS(b)
@@ -494,9 +504,9 @@ func TestDangerousList(t *testing.T) {
 				b.t = t
 				var o outcome
 				if path == "sandbox" {
-					o = b.inSandbox(tech)
+					o = b.inSandbox(tech, "")
 				} else {
-					o = b.viaExec(tech)
+					o = b.viaExec(tech, "")
 				}
 				cells = append(cells, listVerdict(t, b, op, tech, o))
 				b.ensureAgent()

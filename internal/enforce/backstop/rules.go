@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -524,6 +525,9 @@ func (b *Backstop) setPaths(rules []PathRule) error {
 		}
 		wantInodes[ik] = true
 	}
+	if err := treeInodes(rules, inodes, wantInodes); err != nil {
+		return err
+	}
 	// Remove stale entries.
 	var pk backstopPathKey
 	var stalePaths []backstopPathKey
@@ -559,6 +563,61 @@ func (b *Backstop) setPaths(rules []PathRule) error {
 		}
 	}
 	return nil
+}
+
+// treeInodes gives the files below prefix rules that judge reads inode
+// entries too (enforce.TreeInodes), each with the rule its own path gets
+// (the longest rule of its sandbox), as the files are now; exact rules'
+// entries win.
+func treeInodes(rules []PathRule, inodes *ebpf.Map, want map[backstopInodeKey]bool) error {
+	budget := enforce.MaxTreeInodes
+	for _, p := range rules {
+		if !p.Prefix || p.Ops&OpRead == 0 || p.Action == 0 || p.Path == "/" {
+			continue
+		}
+		var perr error
+		_, err := enforce.TreeInodes(strings.TrimSuffix(p.Path, "/"), &budget, func(path string, st *unix.Stat_t) {
+			r := longestRule(rules, p.SandboxID, path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+			ik := backstopInodeKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: p.SandboxID}
+			if r == nil || r.Action == 0 || want[ik] {
+				return
+			}
+			if err := inodes.Put(ik, backstopPathRule{Action: r.Action, RuleId: r.ID, Ops: uint32(r.Ops)}); err != nil && perr == nil {
+				perr = fmt.Errorf("set backstop inode rule for %q: %w", path, err)
+			}
+			want[ik] = true
+		})
+		if err == nil {
+			err = perr
+		}
+		if err != nil {
+			return fmt.Errorf("backstop inodes below %q: %w", p.Path, err)
+		}
+	}
+	return nil
+}
+
+// longestRule is the rule of sandbox sid the kernel's longest prefix
+// match picks for path (a directory also as path + "/").
+func longestRule(rules []PathRule, sid uint32, path string, dir bool) *PathRule {
+	var best *PathRule
+	bestLen := -1
+	for i := range rules {
+		r := &rules[i]
+		if r.SandboxID != sid {
+			continue
+		}
+		if !r.Prefix {
+			if r.Path == path {
+				return r
+			}
+			continue
+		}
+		if len(r.Path) > bestLen && (strings.HasPrefix(path, r.Path) || (dir && strings.HasPrefix(path+"/", r.Path))) {
+			best, bestLen = r, len(r.Path)
+		}
+	}
+	return best
 }
 
 // SyscallNames lists the known syscall names, sorted.

@@ -107,6 +107,10 @@ func doChangeOp(op opSpec) string {
 		return errnoResult(exec.Command(op.Path, "-test.run=^$").Run())
 	case "mmap_exec", "mmap_read", "mprotect_exec":
 		return mapFile(op.Kind, op.Path)
+	case "utimes":
+		return errnoResult(unix.UtimesNano(op.Path, []unix.Timespec{{Sec: 1}, {Sec: 1}}))
+	case "memfd_exec", "memfd_mmap_exec":
+		return memfdCode(op.Kind, op.Path)
 	}
 	return "ERR: unknown op kind " + op.Kind
 }
@@ -191,4 +195,37 @@ func mapFile(kind, path string) string {
 		return errnoResult(unix.Mprotect(b, unix.PROT_READ|unix.PROT_EXEC))
 	}
 	return "OK"
+}
+
+// memfdCode copies the program at path into a memfd (a file with no name)
+// and runs it through /proc/self/fd (memfd_exec, which is execveat of the
+// descriptor), or maps it executable as a loader would (memfd_mmap_exec).
+func memfdCode(kind, path string) string {
+	fd, err := unix.MemfdCreate("payload", unix.MFD_CLOEXEC)
+	if err != nil {
+		return "ERR: memfd_create: " + err.Error()
+	}
+	defer unix.Close(fd)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "ERR: " + err.Error()
+	}
+	if _, err := unix.Write(fd, b); err != nil {
+		return "ERR: write: " + err.Error()
+	}
+	if kind == "memfd_mmap_exec" {
+		m, err := unix.Mmap(fd, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE)
+		if err != nil {
+			return errnoResult(err)
+		}
+		unix.Munmap(m)
+		return "OK"
+	}
+	// Not CLOEXEC for the child: exec.Command passes only 0-2, so run the
+	// descriptor through ExtraFiles as fd 3.
+	f := os.NewFile(uintptr(fd), "memfd")
+	cmd := exec.Command("/proc/self/fd/3", "-test.run=^$")
+	cmd.ExtraFiles = []*os.File{f}
+	err = cmd.Run()
+	return errnoResult(err)
 }

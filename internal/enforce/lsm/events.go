@@ -48,7 +48,7 @@ func cstr(b []int8) string {
 }
 
 // File match tables (enum file_match).
-var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec"}
+var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec", "fileless exec"}
 
 const (
 	sIFMT  = 0o170000

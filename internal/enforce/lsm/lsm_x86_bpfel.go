@@ -257,6 +257,7 @@ const (
 	lsmProgFmodFsContextParseParam   = "fmod_fs_context_parse_param"
 	lsmProgFmodInodeInitSecurityAnon = "fmod_inode_init_security_anon"
 	lsmProgFmodInodeRemovexattr      = "fmod_inode_removexattr"
+	lsmProgFmodInodeSetattr          = "fmod_inode_setattr"
 	lsmProgFmodInodeSetxattr         = "fmod_inode_setxattr"
 	lsmProgFmodKernelLoadData        = "fmod_kernel_load_data"
 	lsmProgFmodKernelReadFile        = "fmod_kernel_read_file"
@@ -296,6 +297,7 @@ const (
 	lsmProgLsmFsContextParseParam    = "lsm_fs_context_parse_param"
 	lsmProgLsmInodeInitSecurityAnon  = "lsm_inode_init_security_anon"
 	lsmProgLsmInodeRemovexattr       = "lsm_inode_removexattr"
+	lsmProgLsmInodeSetattr           = "lsm_inode_setattr"
 	lsmProgLsmInodeSetxattr          = "lsm_inode_setxattr"
 	lsmProgLsmKernelLoadData         = "lsm_kernel_load_data"
 	lsmProgLsmKernelReadFile         = "lsm_kernel_read_file"
@@ -395,6 +397,7 @@ type lsmProgramSpecs struct {
 	FmodFsContextParseParam   *ebpf.ProgramSpec `ebpf:"fmod_fs_context_parse_param"`
 	FmodInodeInitSecurityAnon *ebpf.ProgramSpec `ebpf:"fmod_inode_init_security_anon"`
 	FmodInodeRemovexattr      *ebpf.ProgramSpec `ebpf:"fmod_inode_removexattr"`
+	FmodInodeSetattr          *ebpf.ProgramSpec `ebpf:"fmod_inode_setattr"`
 	FmodInodeSetxattr         *ebpf.ProgramSpec `ebpf:"fmod_inode_setxattr"`
 	FmodKernelLoadData        *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile        *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
@@ -434,6 +437,7 @@ type lsmProgramSpecs struct {
 	LsmFsContextParseParam    *ebpf.ProgramSpec `ebpf:"lsm_fs_context_parse_param"`
 	LsmInodeInitSecurityAnon  *ebpf.ProgramSpec `ebpf:"lsm_inode_init_security_anon"`
 	LsmInodeRemovexattr       *ebpf.ProgramSpec `ebpf:"lsm_inode_removexattr"`
+	LsmInodeSetattr           *ebpf.ProgramSpec `ebpf:"lsm_inode_setattr"`
 	LsmInodeSetxattr          *ebpf.ProgramSpec `ebpf:"lsm_inode_setxattr"`
 	LsmKernelLoadData         *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile         *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
@@ -610,6 +614,7 @@ type lsmPrograms struct {
 	FmodFsContextParseParam   *ebpf.Program `ebpf:"fmod_fs_context_parse_param"`
 	FmodInodeInitSecurityAnon *ebpf.Program `ebpf:"fmod_inode_init_security_anon"`
 	FmodInodeRemovexattr      *ebpf.Program `ebpf:"fmod_inode_removexattr"`
+	FmodInodeSetattr          *ebpf.Program `ebpf:"fmod_inode_setattr"`
 	FmodInodeSetxattr         *ebpf.Program `ebpf:"fmod_inode_setxattr"`
 	FmodKernelLoadData        *ebpf.Program `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile        *ebpf.Program `ebpf:"fmod_kernel_read_file"`
@@ -649,6 +654,7 @@ type lsmPrograms struct {
 	LsmFsContextParseParam    *ebpf.Program `ebpf:"lsm_fs_context_parse_param"`
 	LsmInodeInitSecurityAnon  *ebpf.Program `ebpf:"lsm_inode_init_security_anon"`
 	LsmInodeRemovexattr       *ebpf.Program `ebpf:"lsm_inode_removexattr"`
+	LsmInodeSetattr           *ebpf.Program `ebpf:"lsm_inode_setattr"`
 	LsmInodeSetxattr          *ebpf.Program `ebpf:"lsm_inode_setxattr"`
 	LsmKernelLoadData         *ebpf.Program `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile         *ebpf.Program `ebpf:"lsm_kernel_read_file"`
@@ -692,6 +698,7 @@ func (p *lsmPrograms) Close() error {
 		p.FmodFsContextParseParam,
 		p.FmodInodeInitSecurityAnon,
 		p.FmodInodeRemovexattr,
+		p.FmodInodeSetattr,
 		p.FmodInodeSetxattr,
 		p.FmodKernelLoadData,
 		p.FmodKernelReadFile,
@@ -731,6 +738,7 @@ func (p *lsmPrograms) Close() error {
 		p.LsmFsContextParseParam,
 		p.LsmInodeInitSecurityAnon,
 		p.LsmInodeRemovexattr,
+		p.LsmInodeSetattr,
 		p.LsmInodeSetxattr,
 		p.LsmKernelLoadData,
 		p.LsmKernelReadFile,

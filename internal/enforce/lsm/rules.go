@@ -80,7 +80,11 @@ const (
 	// kernel found, by its bound path; abstract peers too). Without this
 	// op, unix peers are not judged.
 	OpUnixConnect Op = 23
-	opMax         Op = 24
+	// OpExecFileless: exec, or a PROT_EXEC mapping, of a file with no name
+	// (memfd_create + execveat, a file deleted after it was opened,
+	// O_TMPFILE): no exec rule can name it.
+	OpExecFileless Op = 24
+	opMax          Op = 25
 )
 
 // PathOp is what a file_op event changed (enum path_op in bpf/lsm.c).
@@ -88,7 +92,7 @@ type PathOp uint32
 
 var pathOpNames = [...]string{"", "truncate", "create", "mkdir", "unlink", "rmdir", "symlink",
 	"link_source", "link", "rename_from", "rename_to", "chmod", "chown", "setxattr", "removexattr",
-	"exec", "mmap_exec"}
+	"exec", "mmap_exec", "utimes"}
 
 func (p PathOp) String() string {
 	if int(p) < len(pathOpNames) && p != 0 {
@@ -105,7 +109,7 @@ var opNames = map[Op]string{
 	OpAgentSignal: "agent_signal", OpAgentPtrace: "agent_ptrace",
 	OpCloneIntoCgroup: "clone_into_cgroup", OpPerfEvent: "perf_event_open", OpUserNS: "userns_create",
 	OpKeyring: "key_alloc", OpUserfaultfd: "userfaultfd", OpIOUring: "io_uring_setup",
-	OpCloneFiles: "clone_files", OpUnixConnect: "unix_connect",
+	OpCloneFiles: "clone_files", OpUnixConnect: "unix_connect", OpExecFileless: "exec_fileless",
 }
 
 func (o Op) String() string {
@@ -334,6 +338,62 @@ func buildPaths(rules []PathRule) (map[string]*pathEntry, error) {
 	return entries, nil
 }
 
+// prefixInodes adds inode entries for the files below prefix rules that
+// judge reads, each with the rule its own path gets (the longest matching
+// entry: an allowed file below a protected directory stays allowed), as
+// the files are now. A file created, moved in or replaced later needs
+// another SetRules (the agent watches these directories). Exact rules'
+// entries win over these.
+func prefixInodes(sid uint32, entries map[string]*pathEntry, inodes map[lsmInoKey]lsmAccessRule) error {
+	var prefixes []string
+	for key, e := range entries {
+		if !strings.HasSuffix(key, "\x00") && e.rule.ReadAction != enforce.ActionAllow && key != "/" {
+			prefixes = append(prefixes, key)
+		}
+	}
+	sort.Strings(prefixes)
+	budget := enforce.MaxTreeInodes
+	exact := map[lsmInoKey]bool{}
+	for k := range inodes {
+		exact[k] = true
+	}
+	for _, pfx := range prefixes {
+		_, err := enforce.TreeInodes(strings.TrimSuffix(pfx, "/"), &budget, func(path string, st *unix.Stat_t) {
+			e := longestEntry(entries, path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+			if e == nil || (e.rule.ReadAction == enforce.ActionAllow && e.rule.WriteAction == enforce.ActionAllow) {
+				return
+			}
+			ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(st.Dev), Ino: st.Ino}
+			if !exact[ik] {
+				inodes[ik] = e.rule
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("inodes below %q: %w", pfx, err)
+		}
+	}
+	return nil
+}
+
+// longestEntry returns the entry the kernel's longest prefix match picks
+// for path (a directory also as path + "/").
+func longestEntry(entries map[string]*pathEntry, path string, dir bool) *pathEntry {
+	if e, ok := entries[path+"\x00"]; ok {
+		return e
+	}
+	var best *pathEntry
+	bestLen := -1
+	for key, e := range entries {
+		if strings.HasSuffix(key, "\x00") || len(key) <= bestLen {
+			continue
+		}
+		if strings.HasPrefix(path, key) || (dir && strings.HasPrefix(path+"/", key)) {
+			best, bestLen = e, len(key)
+		}
+	}
+	return best
+}
+
 func pathKey(sid uint32, key string) lsmPathKey {
 	k := lsmPathKey{SandboxId: sid, Prefixlen: uint32(32 + 8*len(key))}
 	for i := 0; i < len(key); i++ {
@@ -394,6 +454,9 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 			continue
 		}
 		inodes[ik] = e.rule
+	}
+	if err := prefixInodes(sid, entries, inodes); err != nil {
+		return err
 	}
 	execs := map[lsmPathKey]lsmDecision{}
 	for _, r := range r.Exec {
