@@ -806,15 +806,36 @@ static __always_inline bool key_from_walk(struct path_key *key, struct pathwalk 
 	return truncated;
 }
 
-/* emit_file reports a file decision (path: kernel memory) and returns the
- * hook's result. */
-static __always_inline int emit_file(__u32 kind, __u32 verdict, __u32 rule_id, __u64 root, struct sandbox *sb,
-				     const struct file_facts *f, __u32 flags, __u32 fmode, __u32 match, __u32 fflags,
-				     __u32 op, const char *path)
+/* A file decision in progress: the caller's sandbox and the per-CPU
+ * scratch for its path. */
+struct file_ctx {
+	__u64 root;
+	struct sandbox *sb;
+	struct path_key *key;
+	struct pathwalk *pw;
+};
+
+/* file_begin fills c; false when the task is in no sandbox (allowed). */
+static __always_inline bool file_begin(struct file_ctx *c)
 {
+	__u32 zero = 0;
+	c->root = 0;
+	c->sb = current_sandbox(&c->root);
+	c->key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
+	c->pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
+	return c->sb && c->key && c->pw;
+}
+
+/* emit_file reports a file decision on the path in c->key and returns the
+ * hook's result. */
+static __always_inline int emit_file(__u32 kind, struct file_ctx *c, __u32 action, __u32 rule_id,
+				     const struct file_facts *f, __u32 flags, __u32 fmode, __u32 match, __u32 fflags,
+				     __u32 op)
+{
+	__u32 verdict = effective_verdict(c->sb, action);
 	struct file_event *e = reserve_event(sizeof(*e), true);
 	if (e) {
-		fill_hdr(&e->hdr, kind, verdict, rule_id, root, sb);
+		fill_hdr(&e->hdr, kind, verdict, rule_id, c->root, c->sb);
 		e->ino = f->ino;
 		e->flags = flags;
 		e->fmode = fmode;
@@ -825,7 +846,7 @@ static __always_inline int emit_file(__u32 kind, __u32 verdict, __u32 rule_id, _
 		e->fflags = fflags;
 		e->op = op;
 		e->magic = f->magic;
-		bpf_probe_read_kernel_str(e->path, sizeof(e->path), path);
+		bpf_probe_read_kernel_str(e->path, sizeof(e->path), c->key->path);
 		submit_event(e, true);
 	}
 	return conclude(verdict);
@@ -835,13 +856,8 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 {
 	if (ret)
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	__u32 zero = 0;
-	struct path_key *key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
-	if (!key)
+	struct file_ctx c;
+	if (!file_begin(&c))
 		return 0;
 
 	__u32 fmode = BPF_CORE_READ(file, f_mode);
@@ -853,29 +869,25 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 
 	/* The path as the kernel opened it, relative to the task's root. */
 	bool truncated = false;
-	long n = bpf_d_path((struct path *)&file->f_path, key->path, sizeof(key->path));
+	long n = bpf_d_path((struct path *)&file->f_path, c.key->path, sizeof(c.key->path));
 	if (n <= 0) {
 		/* Longer than the key: the walk keeps the first bytes, which
 		 * is all a prefix rule needs. */
-		struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
-		n = 0;
-		if (pw) {
-			pw_resolve_file(pw, file);
-			n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
-		}
+		pw_resolve_file(c.pw, file);
+		n = bpf_probe_read_kernel_str(c.key->path, sizeof(c.key->path), c.pw->buf);
 		truncated = true;
 	}
-	set_key_len(key, n, truncated);
+	set_key_len(c.key, n, truncated);
 
 	struct file_verdict v = {};
-	judge_file_rules(&v, sb->id, key, &f, write, false);
+	judge_file_rules(&v, c.sb->id, c.key, &f, write, false);
 
 	/* /proc/PID/mem (and /proc/PID/task/TID/mem), any PID. */
 	if (f.magic == PROC_SUPER_MAGIC) {
 		char name[4] = {};
 		bpf_probe_read_kernel(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
 		if (name[0] == 'm' && name[1] == 'e' && name[2] == 'm' && name[3] == 0) {
-			struct decision d = op_decision(sb->id, LSM_OP_PROC_MEM, ACTION_ALLOW);
+			struct decision d = op_decision(c.sb->id, LSM_OP_PROC_MEM, ACTION_ALLOW);
 			if (d.action > v.action) {
 				v.action = d.action;
 				v.rule_id = d.rule_id;
@@ -886,9 +898,8 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 
 	if (v.action == ACTION_ALLOW)
 		return 0;
-	__u32 verdict = effective_verdict(sb, v.action);
-	return emit_file(EV_FILE_OPEN + mech, verdict, v.rule_id, root, sb, &f, fflags, fmode, v.match,
-			 (write ? FILE_F_WRITE : 0) | (truncated ? FILE_F_TRUNCATED : 0), 0, key->path);
+	return emit_file(EV_FILE_OPEN + mech, &c, v.action, v.rule_id, &f, fflags, fmode, v.match,
+			 (write ? FILE_F_WRITE : 0) | (truncated ? FILE_F_TRUNCATED : 0), 0);
 }
 /* bpf_d_path is allowed on security_file_open for fmod_ret too. */
 WATCHER_HOOK(file_open, security_file_open, decide_file_open(mech, file, ret), struct file *file, int ret)
@@ -924,27 +935,20 @@ enum path_op {
  * (strictest wins): a new name for a file is a way to read it too. */
 static __always_inline int judge_path(__u32 mech, __u32 op, struct vfsmount *mnt, struct dentry *dentry, bool read_too)
 {
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	__u32 zero = 0;
-	struct path_key *key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
-	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
-	if (!key || !pw)
+	struct file_ctx c;
+	if (!file_begin(&c))
 		return 0;
 	struct path p = { .mnt = mnt, .dentry = dentry };
-	bool truncated = key_from_walk(key, pw, &p);
+	bool truncated = key_from_walk(c.key, c.pw, &p);
 	struct file_facts f;
 	facts_of(&f, BPF_CORE_READ(dentry, d_inode), BPF_CORE_READ(dentry, d_sb));
 
 	struct file_verdict v = {};
-	judge_file_rules(&v, sb->id, key, &f, true, read_too);
+	judge_file_rules(&v, c.sb->id, c.key, &f, true, read_too);
 	if (v.action == ACTION_ALLOW)
 		return 0;
-	__u32 verdict = effective_verdict(sb, v.action);
-	return emit_file(EV_FILE_OP + mech, verdict, v.rule_id, root, sb, &f, 0, 0, v.match,
-			 FILE_F_WRITE | (truncated ? FILE_F_TRUNCATED : 0), op, key->path);
+	return emit_file(EV_FILE_OP + mech, &c, v.action, v.rule_id, &f, 0, 0, v.match,
+			 FILE_F_WRITE | (truncated ? FILE_F_TRUNCATED : 0), op);
 }
 
 static __always_inline int judge_path_at(__u32 mech, __u32 op, const struct path *path, int ret)
@@ -1182,17 +1186,11 @@ static __always_inline int judge_exec(__u32 mech, __u32 op, struct file *file)
 {
 	if (!file)
 		return 0;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	__u32 zero = 0;
-	struct path_key *key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
-	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
-	if (!key || !pw)
+	struct file_ctx c;
+	if (!file_begin(&c))
 		return 0;
 	struct path fp = BPF_CORE_READ(file, f_path);
-	bool truncated = key_from_walk(key, pw, &fp);
+	bool truncated = key_from_walk(c.key, c.pw, &fp);
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
 	struct file_facts f;
 	facts_of(&f, inode, BPF_CORE_READ(inode, i_sb));
@@ -1200,23 +1198,22 @@ static __always_inline int judge_exec(__u32 mech, __u32 op, struct file *file)
 	struct decision d = { .action = ACTION_ALLOW };
 	__u32 match = MATCH_EXEC;
 	if (!BPF_CORE_READ(inode, __i_nlink)) {
-		d = op_decision(sb->id, LSM_OP_EXEC_FILELESS, ACTION_ALLOW);
+		d = op_decision(c.sb->id, LSM_OP_EXEC_FILELESS, ACTION_ALLOW);
 		match = MATCH_FILELESS;
 	} else {
-		key->sandbox_id = sb->id;
-		struct decision *r = bpf_map_lookup_elem(&lsm_exec_rules, key);
+		c.key->sandbox_id = c.sb->id;
+		struct decision *r = bpf_map_lookup_elem(&lsm_exec_rules, c.key);
 		if (!r) {
-			key->sandbox_id = 0;
-			r = bpf_map_lookup_elem(&lsm_exec_rules, key);
+			c.key->sandbox_id = 0;
+			r = bpf_map_lookup_elem(&lsm_exec_rules, c.key);
 		}
 		if (r)
 			d = *r;
 	}
 	if (d.action == ACTION_ALLOW)
 		return 0;
-	__u32 verdict = effective_verdict(sb, d.action);
-	return emit_file(EV_FILE_OP + mech, verdict, d.rule_id, root, sb, &f, BPF_CORE_READ(file, f_flags),
-			 BPF_CORE_READ(file, f_mode), match, truncated ? FILE_F_TRUNCATED : 0, op, key->path);
+	return emit_file(EV_FILE_OP + mech, &c, d.action, d.rule_id, &f, BPF_CORE_READ(file, f_flags),
+			 BPF_CORE_READ(file, f_mode), match, truncated ? FILE_F_TRUNCATED : 0, op);
 }
 
 /* Called once per binary of the chain: the file execve named, then the
