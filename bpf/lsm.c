@@ -1200,6 +1200,9 @@ static __always_inline int judge_exec(__u32 mech, __u32 op, struct file *file)
 	if (!BPF_CORE_READ(inode, __i_nlink)) {
 		d = op_decision(c.sb->id, LSM_OP_EXEC_FILELESS, ACTION_ALLOW);
 		match = MATCH_FILELESS;
+		/* Its pseudo path is "/": report the name it was given
+		 * ("memfd:payload"). */
+		bpf_probe_read_kernel_str(c.key->path, sizeof(c.key->path), BPF_CORE_READ(file, f_path.dentry, d_name.name));
 	} else {
 		c.key->sandbox_id = c.sb->id;
 		struct decision *r = bpf_map_lookup_elem(&lsm_exec_rules, c.key);
