@@ -574,6 +574,47 @@ static __always_inline void mmap_exec(struct pt_regs *regs)
 		judge_file(file, OP_EXEC, NR_mmap, root, sb);
 }
 
+#define NR_mprotect 10
+#define MPROTECT_MAX_VMAS 4
+
+struct vma_file {
+	struct file *file;
+	__u64 end;
+};
+
+static long vma_file_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_file *v = data;
+	v->file = BPF_CORE_READ(vma, vm_file);
+	v->end = BPF_CORE_READ(vma, vm_end);
+	return 0;
+}
+
+/* mprotect_exec: mprotect/pkey_mprotect adding PROT_EXEC to a mapping of a
+ * file (mapped readable, then made executable) is judged like mmap
+ * PROT_EXEC, on the files of the mappings in the range (the kernel's VMAs,
+ * not user memory), the first MPROTECT_MAX_VMAS of them. */
+static __always_inline void mprotect_exec(struct pt_regs *regs)
+{
+	__u64 prot = BPF_CORE_READ(regs, dx);
+	if (!(prot & PROT_EXEC_))
+		return;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return;
+	__u64 addr = BPF_CORE_READ(regs, di), end = addr + BPF_CORE_READ(regs, si);
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	for (int i = 0; i < MPROTECT_MAX_VMAS && addr < end; i++) {
+		struct vma_file v = {};
+		if (bpf_find_vma(task, addr, vma_file_cb, &v, 0) || v.end <= addr)
+			return; /* a hole: the kernel refuses the call (ENOMEM) */
+		if (v.file)
+			judge_file(v.file, OP_EXEC, NR_mprotect, root, sb);
+		addr = v.end;
+	}
+}
+
 #define TS_COMPAT 0x0002            /* arch/x86: a 32-bit syscall is running */
 #define X32_SYSCALL_BIT 0x40000000
 #define COMPAT_NR_BASE 0x10000      /* event nr of i386 syscall n: BASE + n */
@@ -667,7 +708,10 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 	if (!r || (!r->action && !r->category))
 		return 0;
 	if (r->category == CAT_MMAP_EXEC) {
-		mmap_exec(regs);
+		if (id == NR_mmap)
+			mmap_exec(regs);
+		else
+			mprotect_exec(regs);
 		return 0;
 	}
 

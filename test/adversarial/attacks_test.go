@@ -575,6 +575,26 @@ var attacks = map[string]func(attackEnv, string) error{
 		fmt.Println("MAPPED-EXEC")
 		return nil
 	},
+	"mprotect-exec-tmp": func(e attackEnv, _ string) error {
+		t := filepath.Join(e.scratch, "code2")
+		if err := os.WriteFile(t, make([]byte, 4096), 0o644); err != nil {
+			return err
+		}
+		fd, err := unix.Open(t, unix.O_RDONLY, 0)
+		if err != nil {
+			return err
+		}
+		b, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ, unix.MAP_PRIVATE)
+		if err != nil {
+			return err
+		}
+		defer unix.Munmap(b)
+		if err := unix.Mprotect(b, unix.PROT_READ|unix.PROT_EXEC); err != nil {
+			return err
+		}
+		fmt.Println("MPROTECTED-EXEC")
+		return nil
+	},
 	"memfd-exec": func(e attackEnv, _ string) error {
 		fd, err := unix.MemfdCreate("payload", 0)
 		if err != nil {

@@ -239,6 +239,7 @@ var techniques = []technique{
 	{class: 6, name: "exec-tmp-shebang", variant: "exec a /tmp script through its shebang", achieved: marker},
 	{class: 6, name: "exec-tmp-ldso", variant: "ld.so /tmp/x", achieved: marker},
 	{class: 6, name: "mmap-exec-tmp", variant: "mmap PROT_EXEC of a /tmp file", achieved: printed("MAPPED-EXEC")},
+	{class: 6, name: "mprotect-exec-tmp", variant: "mmap a /tmp file readable, then mprotect PROT_EXEC", achieved: printed("MPROTECTED-EXEC")},
 	{class: 6, name: "memfd-exec", variant: "memfd_create + exec through /proc/self/fd", achieved: marker},
 	{class: 6, name: "benign-exec-ws-script", variant: "script run from the workspace", benign: true, achieved: func(b *bed, o outcome) (bool, string) {
 		if ok, _ := marker(b, o); ok && o.result == "achieved" {

@@ -174,6 +174,7 @@ var Syscalls = map[string]int{
 	"fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
 	"pidfd_getfd": 438, "mount_setattr": 442, "keyctl": 250, "add_key": 248,
 	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169, "mmap": 9, "socket": 41,
+	"mprotect": 10, "pkey_mprotect": 329,
 }
 
 // The one list of dangerous syscalls names every entry rules may use.
@@ -201,6 +202,7 @@ var categorySyscalls = map[string]uint32{
 	"kill": catSignalAgent, "tkill": catSignalAgent, "tgkill": catSignalAgent,
 	"rt_sigqueueinfo": catSignalAgent, "rt_tgsigqueueinfo": catSignalAgent,
 	"pidfd_send_signal": catSignalAgent, "mmap": catMmapExec, "socket": catPacketSocket,
+	"mprotect": catMmapExec, "pkey_mprotect": catMmapExec,
 }
 
 // DefaultRules is the backstop for the dangerous operations watcher refuses
