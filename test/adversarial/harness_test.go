@@ -335,7 +335,10 @@ func (b *bed) startAgent() {
 			t.Fatalf("agent did not start:\n%s", b.agentLog)
 		}
 	case <-time.After(300 * time.Second): // loading every program takes minutes under qemu's emulation
-		t.Fatalf("agent did not come up:\n%s", b.agentLog)
+		// A goroutine dump (Go prints one on SIGQUIT) says where it hangs.
+		cmd.Process.Signal(syscall.SIGQUIT)
+		cmd.Wait()
+		t.Fatalf("agent did not come up in 300 s:\n%s", b.agentLog)
 	}
 	var layers []control.Layer
 	lb, err := os.ReadFile(b.layersPath)
