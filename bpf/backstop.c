@@ -556,25 +556,18 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 #define PROT_EXEC_ 0x4
 #define MAP_ANONYMOUS_ 0x20
 
-/* mmap_exec: code mapped from a file (the dynamic loader's `ld.so /tmp/x`,
- * a hand-written loader) is judged by the exec rules like an exec of the
- * file, before the mapping exists. prot, flags and fd are registers; the
- * file is the descriptor's (kernel state). */
-static __always_inline void mmap_exec(struct pt_regs *regs)
+/* mmap_exec_file: code mapped from a file (the dynamic loader's `ld.so
+ * /tmp/x`, a hand-written loader) is judged by the exec rules like an exec
+ * of the file, before the mapping exists. prot, flags and fd are
+ * registers; the file is the descriptor's (kernel state). */
+static __always_inline struct file *mmap_exec_file(struct pt_regs *regs)
 {
 	__u64 prot = BPF_CORE_READ(regs, dx), flags = BPF_CORE_READ(regs, r10);
 	if (!(prot & PROT_EXEC_) || (flags & MAP_ANONYMOUS_))
-		return;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return;
-	struct file *file = pw_fd_file((long)BPF_CORE_READ(regs, r8));
-	if (file)
-		judge_file(file, OP_EXEC, NR_mmap, root, sb);
+		return NULL;
+	return pw_fd_file((long)BPF_CORE_READ(regs, r8));
 }
 
-#define NR_mprotect 10
 #define MPROTECT_MAX_VMAS 4
 
 struct vma_file {
@@ -590,29 +583,27 @@ static long vma_file_cb(struct task_struct *task, struct vm_area_struct *vma, vo
 	return 0;
 }
 
-/* mprotect_exec: mprotect/pkey_mprotect adding PROT_EXEC to a mapping of a
- * file (mapped readable, then made executable) is judged like mmap
- * PROT_EXEC, on the files of the mappings in the range (the kernel's VMAs,
- * not user memory), the first MPROTECT_MAX_VMAS of them. */
-static __always_inline void mprotect_exec(struct pt_regs *regs)
+/* mprotect_exec_file: mprotect/pkey_mprotect adding PROT_EXEC to a file
+ * mapping (mapped readable, then made executable) is judged like mmap
+ * PROT_EXEC, on the kernel's VMAs in the range, not user memory: the file
+ * of the first file mapping among the first MPROTECT_MAX_VMAS (one
+ * judgement per call keeps the program small enough for older
+ * verifiers). */
+static __always_inline struct file *mprotect_exec_file(struct pt_regs *regs)
 {
-	__u64 prot = BPF_CORE_READ(regs, dx);
-	if (!(prot & PROT_EXEC_))
-		return;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return;
+	if (!(BPF_CORE_READ(regs, dx) & PROT_EXEC_))
+		return NULL;
 	__u64 addr = BPF_CORE_READ(regs, di), end = addr + BPF_CORE_READ(regs, si);
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
 	for (int i = 0; i < MPROTECT_MAX_VMAS && addr < end; i++) {
 		struct vma_file v = {};
 		if (bpf_find_vma(task, addr, vma_file_cb, &v, 0) || v.end <= addr)
-			return; /* a hole: the kernel refuses the call (ENOMEM) */
+			return NULL; /* a hole: the kernel refuses the call (ENOMEM) */
 		if (v.file)
-			judge_file(v.file, OP_EXEC, NR_mprotect, root, sb);
+			return v.file;
 		addr = v.end;
 	}
+	return NULL;
 }
 
 #define TS_COMPAT 0x0002            /* arch/x86: a 32-bit syscall is running */
@@ -708,10 +699,11 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 	if (!r || (!r->action && !r->category))
 		return 0;
 	if (r->category == CAT_MMAP_EXEC) {
-		if (id == NR_mmap)
-			mmap_exec(regs);
-		else
-			mprotect_exec(regs);
+		struct file *file = id == NR_mmap ? mmap_exec_file(regs) : mprotect_exec_file(regs);
+		__u64 root = 0;
+		struct sandbox *sb = file ? current_sandbox(&root) : NULL;
+		if (sb)
+			judge_file(file, OP_EXEC, id, root, sb);
 		return 0;
 	}
 
