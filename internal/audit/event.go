@@ -304,5 +304,8 @@ type SampleRow struct {
 func (e *Event) IsAlert() bool {
 	return e.Severity == SeverityAlert || e.Verdict == VerdictDenied || e.Verdict == VerdictKilled ||
 		e.Kind == KindLoss || e.Kind == KindRecovery || e.Kind == KindEscape ||
-		e.Kind == KindPosture // rare, and a change of hardening must never be sampled out
+		e.Kind == KindPosture || // rare, and a change of hardening must never be sampled out
+		// A record-mode sandbox's would-refuse DNS record stands for a
+		// refusal, and refusals are never sampled out.
+		e.Kind == KindDNS && e.Verdict == VerdictRecorded
 }

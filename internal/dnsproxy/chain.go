@@ -388,10 +388,29 @@ func policyStage(s *Server, r *request) bool {
 	name := strings.ToLower(strings.TrimSuffix(r.q.Name, "."))
 	sb := r.sandbox
 	if sb.deny.match(name) {
+		if sb.recordOnly {
+			s.wouldRefuse(r, ReasonDenied, audit.SeverityRoutine)
+			return false
+		}
 		return s.block(r, ReasonDenied, audit.SeverityRoutine)
 	}
 	r.notAllowed = !sb.defaultAllow && !sb.allow.match(name)
+	if r.notAllowed && sb.recordOnly {
+		// Record mode: forwarded like an allowed name, recorded as the
+		// refusal it would have been.
+		r.notAllowed = false
+		s.wouldRefuse(r, ReasonNotAllowed, audit.SeverityRoutine)
+	}
 	return false
+}
+
+// wouldRefuse marks r as recorded with reason: it goes on, and its event
+// says what enforcement would have refused.
+func (s *Server) wouldRefuse(r *request, reason string, sev audit.Severity) {
+	s.stats.recorded.Add(1)
+	r.reason = reason
+	r.verdict = audit.VerdictRecorded
+	r.severity = sev
 }
 
 func detectStage(s *Server, r *request) bool {
@@ -417,10 +436,7 @@ func detectStage(s *Server, r *request) bool {
 	if reason != "" {
 		if sb.mode == "record" && !r.notAllowed {
 			// Record mode: let it through, but leave an alert behind.
-			s.stats.recorded.Add(1)
-			r.reason = reason
-			r.verdict = audit.VerdictRecorded
-			r.severity = audit.SeverityAlert
+			s.wouldRefuse(r, reason, audit.SeverityAlert)
 			return false
 		}
 		return s.block(r, reason, audit.SeverityAlert)

@@ -203,3 +203,9 @@ func ede(m *dns.Msg) (uint16, string, bool) {
 // noHostAddrs is Config.HostAddrs for tests whose upstream answers
 // addresses the test machine may own.
 func noHostAddrs() ([]netip.Addr, error) { return nil, nil }
+
+func (l *eventLog) reset() {
+	l.mu.Lock()
+	l.events = nil
+	l.mu.Unlock()
+}

@@ -64,6 +64,10 @@ type SandboxPolicy struct {
 	// refused in answers otherwise (DNS rebinding). The agent fills it from
 	// the sandbox's explicit egress rules (egress.allow, loopback services).
 	LocalAllow []string `yaml:"local_allow,omitempty"`
+	// RecordOnly is set for a sandbox in record mode: names the allow and
+	// deny lists would refuse are forwarded, and the event is a
+	// would-refuse record instead of a refusal.
+	RecordOnly bool `yaml:"record_only,omitempty"`
 }
 
 // RateLimit is a token bucket.
@@ -250,6 +254,7 @@ type compiledSandbox struct {
 	rate            RateLimit
 	rare            RateLimit
 	mode            string // enforce, record, off
+	recordOnly      bool   // lists record instead of refuse
 	limits          streamLimits
 	localAllow      []netip.Prefix
 }
@@ -335,6 +340,7 @@ func compilePolicy(p *Policy) *compiledPolicy {
 			defaultAllow:    sp.Default == "allow",
 			rate:            sp.RateLimit,
 			mode:            d.Mode,
+			recordOnly:      sp.RecordOnly,
 			limits: streamLimits{
 				window:     orDuration(d.Window, 5*time.Minute),
 				blockFor:   orDuration(d.BlockFor, 30*time.Minute),

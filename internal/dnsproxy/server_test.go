@@ -478,3 +478,59 @@ func TestStateIsBounded(t *testing.T) {
 		t.Errorf("%d name hashes kept for one domain", n)
 	}
 }
+
+// TestRecordOnlySandbox: a sandbox in record mode resolves what its lists
+// would refuse and records each as a would-refuse event; the same lists
+// without record_only refuse.
+func TestRecordOnlySandbox(t *testing.T) {
+	up := startUpstream(t)
+	events := &eventLog{}
+	_, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events, Policy: mustPolicy(t, `
+sandboxes:
+  sb:
+    allow: [.example.com]
+    deny: [bad.example.com]
+    record_only: true
+`)})
+	for _, tc := range []struct {
+		name, reason string
+		verdict      audit.Verdict
+	}{
+		{"unlisted.org.", ReasonNotAllowed, audit.VerdictRecorded},
+		{"bad.example.com.", ReasonDenied, audit.VerdictRecorded},
+		{"ok.example.com.", "", audit.VerdictAllowed},
+		{"nxunlisted.org.", ReasonNotAllowed, audit.VerdictRecorded}, // the upstream says NXDOMAIN
+	} {
+		events.reset()
+		r := query(t, addr, tc.name, dns.TypeA)
+		if strings.HasPrefix(tc.name, "nx") {
+			if r.Rcode != dns.RcodeNameError {
+				t.Errorf("%s: %s, want the upstream's NXDOMAIN", tc.name, dns.RcodeToString[r.Rcode])
+			}
+		} else if r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+			t.Errorf("%s in record mode: %s, %d answers", tc.name, dns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+		evs := events.all()
+		if len(evs) != 1 || evs[0].Verdict != tc.verdict || evs[0].DNS.Reason != tc.reason {
+			t.Errorf("%s: events %+v, want one %s with reason %q", tc.name, evs, tc.verdict, tc.reason)
+		}
+	}
+
+	events2 := &eventLog{}
+	_, enforcing := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events2, Policy: mustPolicy(t, `
+sandboxes:
+  sb:
+    allow: [.example.com]
+    deny: [bad.example.com]
+`)})
+	for _, name := range []string{"unlisted.org.", "bad.example.com."} {
+		if r := query(t, enforcing, name, dns.TypeA); r.Rcode != dns.RcodeNameError {
+			t.Errorf("%s enforced: %s, want NXDOMAIN", name, dns.RcodeToString[r.Rcode])
+		}
+	}
+	for _, ev := range events2.all() {
+		if ev.Verdict != audit.VerdictDenied {
+			t.Errorf("enforcing event %+v", ev)
+		}
+	}
+}

@@ -122,6 +122,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 		HighCardinality: slices.Clone(d.Detection.HighCardinality),
 		RateLimit:       dnsproxy.RateLimit{QPS: float64(d.Detection.RateLimit)},
 		LocalAllow:      localAllowOf(cfg.Rules),
+		RecordOnly:      record,
 		Detection: dnsproxy.Detection{
 			Mode:             "off",
 			Window:           dnsproxy.Duration(d.Detection.Window.Duration),
@@ -152,12 +153,9 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 		dnsNotes = append(dnsNotes, fmt.Sprintf("answers with loopback, private, link-local, unique-local, metadata or host addresses refused (DNS rebinding) outside %d explicit egress networks; such addresses are never admitted by an answer", len(sp.LocalAllow)))
 	}
 	if record {
-		// The proxy has no record mode for its name lists: refusing names
-		// would break the workload record mode promises to leave alone.
-		// Every query is still an event.
-		sp.Default = string(policy.DNSAllow)
-		sp.Deny = nil
-		dnsNotes = append(dnsNotes, "mode: record: every name is answered (the lists are not applied; each query is still recorded)")
+		// The lists record instead of refuse (RecordOnly): every name is
+		// answered, and what they would refuse is a would-refuse record.
+		dnsNotes = append(dnsNotes, "mode: record: every name is answered; names the lists would refuse are recorded as such")
 	}
 	c.plan.DNS.Sandboxes[sb.Name] = sp
 	dnsAction := policy.ActionBlock

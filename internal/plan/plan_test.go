@@ -340,8 +340,12 @@ sandboxes:
 	if m := plan.DNS.Sandboxes["live"].Detection.Mode; m != "enforce" {
 		t.Errorf("live DNS detection mode = %q", m)
 	}
-	if d := plan.DNS.Sandboxes["trial"].Default; d != "allow" {
-		t.Errorf("trial DNS default = %q, want allow (record mode lets names resolve)", d)
+	// Record mode keeps the lists and records what they would refuse.
+	if sp := plan.DNS.Sandboxes["trial"]; !sp.RecordOnly || sp.Default != "deny" {
+		t.Errorf("trial DNS: record_only %v default %q, want the lists kept in record-only mode", sp.RecordOnly, sp.Default)
+	}
+	if plan.DNS.Sandboxes["live"].RecordOnly {
+		t.Errorf("live DNS is record-only")
 	}
 	mech, note, _ := findLayer(plan, "trial: file rule cred-shadow")
 	if mech != MechRecord || !strings.Contains(note, "kill") {
