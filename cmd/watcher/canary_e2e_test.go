@@ -151,15 +151,21 @@ func TestCanary(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	// Remove the kill backstop's path rules behind the agent's back.
-	rules, err := ebpf.LoadPinnedMap(filepath.Join(tb.pinDir, "maps", "bs_path_rules"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rules.Close()
-	removed := clearMap(t, rules)
-	if removed == 0 {
-		t.Fatal("bs_path_rules was empty")
+	// Remove the kill backstop's file rules behind the agent's back: the
+	// path rules and the inode entries that follow protected files under
+	// their other names (both would refuse the honeytoken).
+	removed := 0
+	for _, name := range []string{"bs_path_rules", "bs_inode_rules"} {
+		rules, err := ebpf.LoadPinnedMap(filepath.Join(tb.pinDir, "maps", name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := clearMap(t, rules)
+		rules.Close()
+		if n == 0 && name == "bs_path_rules" {
+			t.Fatal("bs_path_rules was empty")
+		}
+		removed += n
 	}
 	broken := time.Now()
 	run := firstRunAfter(t, tb, broken)

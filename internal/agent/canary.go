@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,10 @@ type canaryState struct {
 	kick   chan string
 	leaves sync.Map // probe leaf cgroup id -> check name
 	names  sync.Map // DNS name a probe queries -> check name
-	marks  atomic.Int64
+	// fixtures are paths the runner creates (-> time noted): the inode
+	// watch does not rewrite the file rules for them.
+	fixtures sync.Map
+	marks    atomic.Int64
 }
 
 // canaryForget is how long probe leaves and names stay marked: their
@@ -137,7 +141,8 @@ func (a *Agent) RunCanary(ctx context.Context, sandbox, reason string) (control.
 	// Landlock refusals must be recorded.
 	execPath := a.PrepareExec() == nil
 	runner := &canary.Runner{LedgerDir: pol.Agent.LedgerDir, Mark: a.markCanary,
-		From: func() uint64 { seq, _ := a.ledger.Head(); return seq }}
+		Fixture: func(p string) { a.canary.fixtures.Store(filepath.Clean(p), time.Now()) },
+		From:    func() uint64 { seq, _ := a.ledger.Head(); return seq }}
 	rep, err = runner.Run(ctx, canary.Target{Policy: pol, Sandbox: sb, Layers: plan.Layers, Parent: abs,
 		ExecParent: parent, Restrictions: plan.Launch[sb.Name], Exec: execPath, Reason: reason})
 	if err != nil {
@@ -280,4 +285,24 @@ func (a *Agent) canaryCheckOf(ev *audit.Event) string {
 		}
 	}
 	return ""
+}
+
+// withoutCanaryFixtures drops from changed the canary's own fixtures (forgetting
+// fixtures older than canaryForget): what is left needs the file rules
+// written again.
+func (a *Agent) withoutCanaryFixtures(changed []string) []string {
+	now := time.Now()
+	a.canary.fixtures.Range(func(k, v any) bool {
+		if now.Sub(v.(time.Time)) > canaryForget {
+			a.canary.fixtures.Delete(k)
+		}
+		return true
+	})
+	out := changed[:0]
+	for _, p := range changed {
+		if _, ok := a.canary.fixtures.Load(p); !ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -176,6 +176,9 @@ func (a *Agent) followInodes() {
 		if err != nil {
 			return
 		}
+		if changed = a.withoutCanaryFixtures(changed); len(changed) == 0 {
+			continue
+		}
 		a.applyMu.Lock()
 		a.mu.Lock()
 		p := a.plan

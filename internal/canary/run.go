@@ -66,6 +66,12 @@ type Runner struct {
 	// acts, and with each DNS name a probe queries, so the agent marks
 	// their events as the canary's (never an attack, never scored).
 	Mark func(cgroupID uint64, dnsName, check string)
+	// Fixture, when set, is called with each path the run is about to
+	// create (honeytokens, their directories, files probes write), so the
+	// agent's inode watch does not rewrite the file rules for its own
+	// fixtures: a rewrite would repair a broken rule table before the
+	// probes could find it broken.
+	Fixture func(path string)
 	// EventWait bounds the wait for the events of a run (default 15s; a
 	// run ends as soon as every event is in, so only a missing event
 	// waits that long).
@@ -107,7 +113,7 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 	defer os.RemoveAll(scratch)
 	suffix := randomHex(6)
 	checks := Plan(t.Policy, t.Sandbox, t.Layers, scratch, suffix)
-	fx, err := prepare(self, checks, scratch)
+	fx, err := prepare(self, checks, scratch, r.Fixture)
 	defer fx.cleanup()
 	if err != nil {
 		return rep, err
@@ -396,10 +402,17 @@ type fixtures struct {
 	sleepIn  io.Closer
 	mounts   []string
 	names    map[string]string // check name -> per-path DNS name base
+	note     func(string)      // Runner.Fixture
 }
 
-func prepare(self string, checks []Check, scratch string) (*fixtures, error) {
-	fx := &fixtures{names: map[string]string{}}
+func (fx *fixtures) noteFixture(path string) {
+	if fx.note != nil {
+		fx.note(path)
+	}
+}
+
+func prepare(self string, checks []Check, scratch string, note func(string)) (*fixtures, error) {
+	fx := &fixtures{names: map[string]string{}, note: note}
 	for _, c := range checks {
 		switch c.Fixture {
 		case "honeytoken", "readable":
@@ -411,6 +424,7 @@ func prepare(self string, checks []Check, scratch string) (*fixtures, error) {
 				if err = fx.mkdirs(filepath.Dir(c.Target)); err != nil {
 					return fx, err
 				}
+				fx.noteFixture(c.Target)
 				if err = os.WriteFile(c.Target, []byte(body), 0o600); !errors.Is(err, os.ErrNotExist) {
 					break
 				}
@@ -426,6 +440,7 @@ func prepare(self string, checks []Check, scratch string) (*fixtures, error) {
 			}
 			fx.mounts = append(fx.mounts, c.Target)
 		case "created":
+			fx.noteFixture(c.Target)
 			fx.created = append(fx.created, c.Target)
 		}
 		switch c.Op {
@@ -472,6 +487,7 @@ func (fx *fixtures) mkdirs(dir string) error {
 		missing = append([]string{d}, missing...)
 	}
 	for _, d := range missing {
+		fx.noteFixture(d)
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("canary: honeytoken directory: %w", err)
 		}
