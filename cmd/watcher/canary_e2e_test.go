@@ -153,22 +153,48 @@ func TestCanary(t *testing.T) {
 
 	// Remove the kill backstop's file rules behind the agent's back: the
 	// path rules and the inode entries that follow protected files under
-	// their other names (both would refuse the honeytoken).
-	removed := 0
+	// their other names (both would refuse the honeytoken). The agent
+	// writes its rules again after changes in watched host directories
+	// (other tests run beside this one), so the break is kept up until the
+	// run that must find it has been seen.
+	var maps []*ebpf.Map
 	for _, name := range []string{"bs_path_rules", "bs_inode_rules"} {
-		rules, err := ebpf.LoadPinnedMap(filepath.Join(tb.pinDir, "maps", name), nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(tb.pinDir, "maps", name), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := clearMap(t, rules)
-		rules.Close()
-		if n == 0 && name == "bs_path_rules" {
-			t.Fatal("bs_path_rules was empty")
-		}
-		removed += n
+		defer m.Close()
+		maps = append(maps, m)
 	}
+	removed := clearMap(t, maps[0])
+	if removed == 0 {
+		t.Fatal("bs_path_rules was empty")
+	}
+	removed += clearMap(t, maps[1])
 	broken := time.Now()
+	stop := make(chan struct{})
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			for _, m := range maps {
+				k := make([]byte, m.KeySize())
+				for m.NextKey(nil, k) == nil {
+					if m.Delete(k) != nil {
+						break
+					}
+				}
+			}
+		}
+	}()
 	run := firstRunAfter(t, tb, broken)
+	close(stop)
+	<-kept
 	msg := run.Event.Message
 	if !strings.Contains(msg, "(interval)") || !strings.Contains(msg, "runtime/file_read_blocked") {
 		t.Fatalf("the first periodic run after removing %d path rules: %s", removed, msg)

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
@@ -279,15 +280,11 @@ func (s *Server) listen(l Listener) error {
 	if !udp && !tcp {
 		return fmt.Errorf("dnsproxy: listener %s: network must be udp, tcp or empty", l.Addr)
 	}
-	addr := l.Addr
-	if udp {
-		pc, err := net.ListenPacket("udp", addr)
-		if err != nil {
-			return fmt.Errorf("dnsproxy: listen udp %s: %w", addr, err)
-		}
-		conn := pc.(*net.UDPConn)
-		// Bind TCP to the same port when UDP picked one.
-		addr = conn.LocalAddr().String()
+	conn, ln, err := bindListener(l.Addr, udp, tcp)
+	if err != nil {
+		return err
+	}
+	if conn != nil {
 		s.mu.Lock()
 		s.udpConns = append(s.udpConns, conn)
 		s.mu.Unlock()
@@ -297,11 +294,7 @@ func (s *Server) listen(l Listener) error {
 			go s.serveUDP(conn, l.Sandbox)
 		}
 	}
-	if tcp {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("dnsproxy: listen tcp %s: %w", addr, err)
-		}
+	if ln != nil {
 		s.mu.Lock()
 		s.tcpLns = append(s.tcpLns, ln)
 		s.mu.Unlock()
@@ -504,4 +497,40 @@ func (s *Server) HandlePacket(ctx context.Context, raw []byte, src QuerySource) 
 	r := &request{raw: raw, src: src, ctx: ctx}
 	resp, _ := s.process(r, nil)
 	return resp
+}
+
+// bindListener binds UDP and/or TCP on addr. When UDP picks the port
+// (port 0), TCP is bound to the same port; if another process holds that
+// TCP port, both are tried again on a new port instead of failing.
+func bindListener(addr string, udp, tcp bool) (*net.UDPConn, net.Listener, error) {
+	_, port, _ := net.SplitHostPort(addr)
+	tries := 1
+	if udp && tcp && port == "0" {
+		tries = 10
+	}
+	for try := 1; ; try++ {
+		var conn *net.UDPConn
+		tcpAddr := addr
+		if udp {
+			pc, err := net.ListenPacket("udp", addr)
+			if err != nil {
+				return nil, nil, fmt.Errorf("dnsproxy: listen udp %s: %w", addr, err)
+			}
+			conn = pc.(*net.UDPConn)
+			tcpAddr = conn.LocalAddr().String()
+		}
+		if !tcp {
+			return conn, nil, nil
+		}
+		ln, err := net.Listen("tcp", tcpAddr)
+		if err == nil {
+			return conn, ln, nil
+		}
+		if conn != nil {
+			conn.Close()
+		}
+		if try >= tries || !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, nil, fmt.Errorf("dnsproxy: listen tcp %s: %w", tcpAddr, err)
+		}
+	}
 }
