@@ -156,7 +156,7 @@ func TestCanary(t *testing.T) {
 	// their other names (both would refuse the honeytoken). The agent
 	// writes its rules again after changes in watched host directories
 	// (other tests run beside this one), so the break is kept up until the
-	// run that must find it has been seen.
+	// runs that must find it (the next periodic one and watcher check) are done.
 	var maps []*ebpf.Map
 	for _, name := range []string{"bs_path_rules", "bs_inode_rules"} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(tb.pinDir, "maps", name), nil)
@@ -193,8 +193,6 @@ func TestCanary(t *testing.T) {
 		}
 	}()
 	run := firstRunAfter(t, tb, broken)
-	close(stop)
-	<-kept
 	msg := run.Event.Message
 	if !strings.Contains(msg, "(interval)") || !strings.Contains(msg, "runtime/file_read_blocked") {
 		t.Fatalf("the first periodic run after removing %d path rules: %s", removed, msg)
@@ -214,6 +212,8 @@ func TestCanary(t *testing.T) {
 	if code != 1 || !regexp.MustCompile(`runtime\s+file_read_blocked\s+\S+\s+killed\s+allowed\s.*FAIL`).MatchString(out) {
 		t.Errorf("check after the break: exit %d\n%s", code, out)
 	}
+	close(stop) // the on-demand check above must find the break too
+	<-kept
 	if !regexp.MustCompile(`watcher_canary_failures_total\{check="runtime/file_read_blocked",sandbox="agents"\} [1-9]`).MatchString(scrape(t, tb.metrics)) {
 		t.Errorf("failure not counted:\n%s", grepLines([]byte(scrape(t, tb.metrics)), "watcher_canary_failures"))
 	}
