@@ -417,7 +417,25 @@ static __always_inline int decide_task_kill(__u32 mech, struct task_struct *p, i
 WATCHER_HOOK(task_kill, security_task_kill, decide_task_kill(mech, p, sig, ret),
 	     struct task_struct *p, struct kernel_siginfo *info, int sig, const struct cred *cred, int ret)
 
-static __always_inline int decide_capable(__u32 mech, int cap, unsigned int opts, int ret)
+/* Credentials the kernel substituted for the task's own (override_creds:
+ * overlayfs acting as its mounter on the layers below a container root,
+ * access(2) checking with the real ids) ask for the substitute's
+ * capabilities, not the sandbox's: overlayfs checks the caller's own
+ * credentials on the overlay inode before it switches. Judging them
+ * refuses or records what the sandbox never asked for (every file of a
+ * container root on overlayfs). The one substitution a sandboxed task can
+ * choose, an io_uring personality, carries its own earlier credentials:
+ * judged whenever the sandbox may use io_uring at all. */
+static __always_inline bool substituted_cred(const struct cred *cred, __u32 sid)
+{
+	struct task_struct *cur = (struct task_struct *)bpf_get_current_task_btf();
+	const struct cred *subjective = BPF_CORE_READ(cur, cred);
+	if (cred != subjective || subjective == BPF_CORE_READ(cur, real_cred))
+		return false;
+	return op_decision(sid, LSM_OP_IO_URING, ACTION_ALLOW).action == ACTION_BLOCK;
+}
+
+static __always_inline int decide_capable(__u32 mech, const struct cred *cred, int cap, unsigned int opts, int ret)
 {
 	if (ret)
 		return ret;
@@ -426,6 +444,8 @@ static __always_inline int decide_capable(__u32 mech, int cap, unsigned int opts
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
+		return 0;
+	if (substituted_cred(cred, sb->id))
 		return 0;
 	__u32 sid = sb->id;
 	struct cap_rules *r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
@@ -446,7 +466,7 @@ static __always_inline int decide_capable(__u32 mech, int cap, unsigned int opts
 	d.rule_id = r->rule_id[cap & 63];
 	return judge_task(mech, 0, EV_CAPABILITY, d, sb, root, NULL, opts, cap, opts & CAP_OPT_NOAUDIT);
 }
-WATCHER_HOOK(capable, security_capable, decide_capable(mech, cap, opts, ret),
+WATCHER_HOOK(capable, security_capable, decide_capable(mech, cred, cap, opts, ret),
 	     const struct cred *cred, struct user_namespace *ns, int cap, unsigned int opts, int ret)
 
 /* bpf(2): 6.1 passes (cmd, attr, size), 6.18 adds a `kernel` flag, so the

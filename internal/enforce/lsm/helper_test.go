@@ -198,6 +198,9 @@ func doOp(op opSpec) string {
 	if res, ok := doTaskSockOp(op); ok {
 		return res
 	}
+	if res, ok := doCredOp(op); ok {
+		return res
+	}
 	return doChangeOp(op)
 }
 
