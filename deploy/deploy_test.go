@@ -45,45 +45,16 @@ func run(t *testing.T, dir, bin string, args ...string) (string, error) {
 }
 
 func TestPrometheusRules(t *testing.T) {
-	promtool := lookTool(t, "promtool", "prometheus")
-	if out, err := run(t, "prometheus", promtool, "check", "rules", "alerts.yml"); err != nil {
-		t.Fatalf("promtool check rules: %v\n%s", err, out)
-	}
-	out, err := run(t, "prometheus", promtool, "test", "rules", "alerts_test.yml")
-	if err != nil {
-		t.Fatalf("promtool test rules: %v\n%s", err, out)
-	}
-	t.Logf("promtool test rules:\n%s", out)
-
+	r := promRules(t, "alerts")
 	// Every alert the agent's operators rely on exists and is tested.
-	rules, err := os.ReadFile("prometheus/alerts.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests, err := os.ReadFile("prometheus/alerts_test.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, alert := range []string{"WatcherDenialsSpike", "WatcherEventLoss", "WatcherSandboxFrozen", "WatcherLedgerStalled", "WatcherAgentDown"} {
-		if !bytes.Contains(rules, []byte("alert: "+alert+"\n")) {
+		if !bytes.Contains(r.rules, []byte("alert: "+alert+"\n")) {
 			t.Errorf("alerts.yml lacks %s", alert)
 		}
-		if !bytes.Contains(tests, []byte("alertname: "+alert+"\n")) {
-			t.Errorf("alerts_test.yml does not test %s", alert)
-		}
 	}
-
+	r.requireTested(t)
 	// The tests can fail: the same tests against a broken rule do.
-	dir := t.TempDir()
-	broken := bytes.Replace(rules, []byte("expr: watcher_sandbox_frozen == 1"), []byte("expr: watcher_sandbox_frozen == 2"), 1)
-	if bytes.Equal(broken, rules) {
-		t.Fatal("could not break the frozen-sandbox rule for the negative check")
-	}
-	os.WriteFile(filepath.Join(dir, "alerts.yml"), broken, 0o644)
-	os.WriteFile(filepath.Join(dir, "alerts_test.yml"), tests, 0o644)
-	if out, err := run(t, dir, promtool, "test", "rules", "alerts_test.yml"); err == nil || !strings.Contains(out, "WatcherSandboxFrozen") {
-		t.Fatalf("broken rule passed the tests (err %v):\n%s", err, out)
-	}
+	r.mustCatch(t, "WatcherSandboxFrozen", "expr: watcher_sandbox_frozen == 1", "expr: watcher_sandbox_frozen == 2")
 }
 
 // unitFor returns the unit text with its ExecStart binary replaced by an
