@@ -15,5 +15,5 @@ if [ -d internal/dnsproxy ]; then
 else
 	echo "internal/dnsproxy absent: skipping the DNS capture benchmark" >&2
 fi
-go test -run '^$' -bench "^($benches)\$" -benchtime=1x -count=1 ./internal/egress/ 2>&1 |
+go test -run '^$' -bench "^($benches)\$" -benchtime=1x -count=1 ./internal/enforce/egress/ 2>&1 |
 	tee -a /dev/stderr | grep -E '^(egress overhead|dns capture)' || true

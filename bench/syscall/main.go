@@ -30,7 +30,7 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 )
 
 var ops = []string{"openat+close", "stat", "getpid"}
@@ -103,12 +103,12 @@ func run(rounds, iters int) error {
 	if err := bs.SetRules(backstop.DefaultRules()); err != nil {
 		return err
 	}
-	tr, err := trace.Load(eng)
+	tr, err := recorder.Load(eng)
 	if err != nil {
 		return err
 	}
 	defer tr.Close()
-	if err := tr.SetConfig(trace.Config{ModuleAlerts: true}); err != nil {
+	if err := tr.SetConfig(recorder.Config{ModuleAlerts: true}); err != nil {
 		return err
 	}
 	var probes probesObjects

@@ -26,13 +26,13 @@ import (
 	"github.com/watcherhq/watcher/internal/containers"
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/egress"
-	"github.com/watcherhq/watcher/internal/egress/dnsbind"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/egress"
+	"github.com/watcherhq/watcher/internal/enforce/egress/dnsbind"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/escape"
 	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/ledger"
@@ -96,8 +96,8 @@ type Agent struct {
 	backstop   *backstop.Backstop
 	sigSeen    sync.Map    // syscall.Signal -> uint64: operator-sent count already seen
 	sigCounted atomic.Bool // the kernel counts the operator's signals (watchSignals)
-	tracer     *trace.Tracer
-	cgroups    *cgroupbpf.Hooks
+	recorder   *recorder.Recorder
+	cgroups    *cgroupbpf.Programs
 	egress     *egress.Egress
 	dirs       *dnsbind.Directory
 	dns        *dnsproxy.Server
@@ -233,10 +233,10 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	// Exec and exit records (sched tracepoints: no syscall slow path); the
 	// sampled syscall stream only when a sandbox asks for it, since any
 	// syscall tracepoint slows every task on the host.
-	if a.tracer, err = trace.Load(a.eng); err != nil {
+	if a.recorder, err = recorder.Load(a.eng); err != nil {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}
-	trace.Register(a.reader)
+	recorder.Register(a.reader)
 
 	// The DNS proxy starts refusing everything, so its real addresses (port
 	// 0 picks one) are known before the policy is compiled with them.
@@ -274,14 +274,14 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	// syscall tracepoint slows every task of the host, so they are attached
 	// only while commands run (recording.go), or at once when the caller
 	// asks. A predecessor's recording stays while its commands may run.
-	if a.tracer.DenialsPinned() {
+	if a.recorder.DenialsPinned() {
 		a.exec.lastPrepare.Store(time.Now().UnixNano())
 	}
 	a.denialsOn.Store(a.wantDenials())
 	if err := a.applyPlan(); err != nil {
 		return a, err
 	}
-	if err := a.tracer.Attach(trace.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: a.denialsOn.Load()}); err != nil {
+	if err := a.recorder.Attach(recorder.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: a.denialsOn.Load()}); err != nil {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}
 	// The backstop's own syscall tracepoints follow its rules (attached
@@ -506,7 +506,7 @@ func (a *Agent) applyPlan() error {
 	}
 	tc := p.Trace
 	tc.RecordDenials = a.denialsOn.Load()
-	if err := a.tracer.SetConfig(tc); err != nil {
+	if err := a.recorder.SetConfig(tc); err != nil {
 		return fmt.Errorf("trace config: %w", err)
 	}
 	if a.backstop != nil {
@@ -639,7 +639,7 @@ func (a *Agent) Stop() error {
 		}
 		a.wg.Wait()
 		var errs []error
-		for _, c := range []interface{ Close() error }{a.lsmCloser(), a.backstopCloser(), a.tracerCloser(), a.cgroupsCloser(), a.egressCloser()} {
+		for _, c := range []interface{ Close() error }{a.lsmCloser(), a.backstopCloser(), a.recorderCloser(), a.cgroupsCloser(), a.egressCloser()} {
 			if c != nil {
 				if err := c.Close(); err != nil {
 					errs = append(errs, err)
@@ -676,11 +676,11 @@ func (a *Agent) backstopCloser() interface{ Close() error } {
 	}
 	return a.backstop
 }
-func (a *Agent) tracerCloser() interface{ Close() error } {
-	if a.tracer == nil {
+func (a *Agent) recorderCloser() interface{ Close() error } {
+	if a.recorder == nil {
 		return nil
 	}
-	return a.tracer
+	return a.recorder
 }
 func (a *Agent) cgroupsCloser() interface{ Close() error } {
 	if a.cgroups == nil {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 )
 
 // Recording the refusals of `watcher exec` commands (seccomp and Landlock
@@ -61,19 +61,19 @@ func (a *Agent) syncRecording() error {
 	a.mu.Unlock()
 	want := a.wantDenials()
 	tc.RecordDenials = want
-	opts := trace.AttachOptions{Syscalls: stream, Denials: want}
+	opts := recorder.AttachOptions{Syscalls: stream, Denials: want}
 	if want {
-		if err := a.tracer.SetSyscalls(opts); err != nil {
+		if err := a.recorder.SetSyscalls(opts); err != nil {
 			return err
 		}
-		if err := a.tracer.SetConfig(tc); err != nil {
+		if err := a.recorder.SetConfig(tc); err != nil {
 			return err
 		}
 	} else {
-		if err := a.tracer.SetConfig(tc); err != nil {
+		if err := a.recorder.SetConfig(tc); err != nil {
 			return err
 		}
-		if err := a.tracer.SetSyscalls(opts); err != nil {
+		if err := a.recorder.SetSyscalls(opts); err != nil {
 			return err
 		}
 	}

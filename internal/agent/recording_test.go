@@ -16,7 +16,7 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -118,7 +118,7 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
     canary: {enabled: false}
 `, cg)
 	})
-	trIDs, err := a.tracer.ProgramIDs()
+	trIDs, err := a.recorder.ProgramIDs()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,12 +135,12 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 		t.Helper()
 		tl := kernelLinks(t, trIDs)
 		wantEnter := denials || plan.SyscallStream
-		if (tl[trace.ProgSysEnter] > 0) != wantEnter || (tl[trace.ProgSysExit] > 0) != denials {
+		if (tl[recorder.ProgSysEnter] > 0) != wantEnter || (tl[recorder.ProgSysExit] > 0) != denials {
 			t.Errorf("%s: recording sys_enter %d, sys_exit %d links in the kernel; want sys_enter=%v sys_exit=%v",
-				state, tl[trace.ProgSysEnter], tl[trace.ProgSysExit], wantEnter, denials)
+				state, tl[recorder.ProgSysEnter], tl[recorder.ProgSysExit], wantEnter, denials)
 		}
-		if tl[trace.ProgExec] != 1 || tl[trace.ProgExit] != 1 {
-			t.Errorf("%s: exec/exit recording has %d/%d links, want 1/1", state, tl[trace.ProgExec], tl[trace.ProgExit])
+		if tl[recorder.ProgExec] != 1 || tl[recorder.ProgExit] != 1 {
+			t.Errorf("%s: exec/exit recording has %d/%d links, want 1/1", state, tl[recorder.ProgExec], tl[recorder.ProgExit])
 		}
 		if bsIDs != nil {
 			bl := kernelLinks(t, bsIDs)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -152,7 +152,7 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 		if op := plan.OperationOfSyscall(e.Syscall.Name); op != "" {
 			r.Allow = []string{fmt.Sprintf("operations: {%s: allow}", op)}
 		}
-		if e.Mechanism == trace.MechanismSeccomp {
+		if e.Mechanism == recorder.MechanismSeccomp {
 			r.Note = e.Message
 			if r.Allow == nil {
 				r.Note += "; refused by the launcher's fixed seccomp list whatever the policy (run it in a runtime-placed cgroup instead of watcher exec)"
@@ -207,7 +207,7 @@ func fileAllow(r *Refusal, rules []policy.FileRule, def policy.Action, path stri
 		d = policy.FileRule{Name: "exec-default"}
 	}
 	if !blocked {
-		if r.Layer == trace.MechanismLandlock {
+		if r.Layer == recorder.MechanismLandlock {
 			r.Note = "the policy allows this: Landlock's ruleset is planned when the command starts and grants what existed then (the entry was created later in a directory on the path to a blocked entry); run the command again"
 		}
 		return

@@ -15,7 +15,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 )
 
 // TestAgentTax measures what a running agent costs processes outside every
@@ -71,13 +71,13 @@ func TestAgentTax(t *testing.T) {
     preset: restricted
 `, cg)
 	})
-	trIDs, err := a.tracer.ProgramIDs()
+	trIDs, err := a.recorder.ProgramIDs()
 	if err != nil {
 		t.Fatal(err)
 	}
 	describe := func(state string) {
 		l := kernelLinks(t, trIDs)
-		s := fmt.Sprintf("recording sys_enter=%d sys_exit=%d", l[trace.ProgSysEnter], l[trace.ProgSysExit])
+		s := fmt.Sprintf("recording sys_enter=%d sys_exit=%d", l[recorder.ProgSysEnter], l[recorder.ProgSysExit])
 		if a.backstop != nil {
 			ids, err := a.backstop.ProgramIDs()
 			if err != nil {
@@ -109,12 +109,12 @@ func TestAgentTax(t *testing.T) {
 		a.exec.lastPrepare.Store(1)
 		waitIdle()
 		// As before on-demand attach: recording whenever a backstop loads.
-		if err := a.tracer.SetSyscalls(trace.AttachOptions{Syscalls: true, Denials: true}); err != nil {
+		if err := a.recorder.SetSyscalls(recorder.AttachOptions{Syscalls: true, Denials: true}); err != nil {
 			t.Fatal(err)
 		}
 		describe("recording always on (previous agents)")
 		measure("recording always on (previous agents)")
-		if err := a.tracer.SetSyscalls(trace.AttachOptions{Syscalls: a.Plan().SyscallStream}); err != nil {
+		if err := a.recorder.SetSyscalls(recorder.AttachOptions{Syscalls: a.Plan().SyscallStream}); err != nil {
 			t.Fatal(err)
 		}
 	}

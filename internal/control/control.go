@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -297,7 +298,7 @@ func (c *Client) Status() (Status, error) {
 
 // Thaw asks the agent to thaw a frozen sandbox.
 func (c *Client) Thaw(sandbox string) error {
-	_, err := c.do("POST", "/thaw?sandbox="+urlEscape(sandbox))
+	_, err := c.do("POST", "/thaw?sandbox="+url.QueryEscape(sandbox))
 	return err
 }
 
@@ -356,7 +357,7 @@ func (c *Client) Check(sandbox string, timeout time.Duration) ([]CanaryReport, e
 	hc := *c.http
 	hc.Timeout = timeout
 	long.http = &hc
-	body, err := long.do("POST", "/check?sandbox="+urlEscape(sandbox))
+	body, err := long.do("POST", "/check?sandbox="+url.QueryEscape(sandbox))
 	if err != nil {
 		return nil, err
 	}

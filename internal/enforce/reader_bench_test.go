@@ -21,7 +21,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 )
 
 // stormHelper builds the getpid storm generator once per benchmark. It is a
@@ -77,18 +77,18 @@ func BenchmarkReaderEvents(b *testing.B) {
 	})
 	b.Run("routine", func(b *testing.B) {
 		benchStorm(b, bin, func(eng *enforce.Engine, r *enforce.Reader) func() {
-			tr, err := trace.Load(eng)
+			tr, err := recorder.Load(eng)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := tr.SetConfig(trace.Config{SampleEvery: 1}); err != nil {
+			if err := tr.SetConfig(recorder.Config{SampleEvery: 1}); err != nil {
 				b.Fatal(err)
 			}
-			if err := tr.Attach(trace.AttachOptions{Syscalls: true}); err != nil {
+			if err := tr.Attach(recorder.AttachOptions{Syscalls: true}); err != nil {
 				b.Fatal(err)
 			}
-			trace.Register(r)
-			return func() { tr.Close(); trace.Detach(eng.PinDir()) }
+			recorder.Register(r)
+			return func() { tr.Close(); recorder.Detach(eng.PinDir()) }
 		}, false, audit.KindSyscall, audit.VerdictAllowed)
 	})
 }

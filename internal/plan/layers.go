@@ -16,7 +16,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -29,7 +29,7 @@ const (
 	MechKill      = backstop.Mechanism
 	// MechLaunch is watcher exec's pair: its refusals are events of
 	// mechanism "seccomp" or "landlock".
-	MechLaunch = trace.MechanismSeccomp + "+" + trace.MechanismLandlock
+	MechLaunch = recorder.MechanismSeccomp + "+" + recorder.MechanismLandlock
 	MechRecord = "record"
 	MechNone   = "none"
 )

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/egress"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/policy"
 )

@@ -8,7 +8,7 @@
 // Layers, strongest first:
 //   - BPF LSM (internal/enforce/lsm): a real EPERM before the operation, for
 //     every process in the sandbox. Used for each rule whose hook loaded.
-//   - cgroup BPF (internal/enforce/cgroupbpf, internal/egress): a real EPERM
+//   - cgroup BPF (internal/enforce/cgroupbpf, internal/enforce/egress): a real EPERM
 //     for device access, /proc/sys reads and writes, SOCK_RAW sockets and
 //     network egress. Works on every kernel watcher supports, so these rules
 //     go there whatever LSM offers.
@@ -39,12 +39,12 @@ import (
 
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/egress"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -116,7 +116,7 @@ type Plan struct {
 	// Launch are the restrictions of `watcher exec` per sandbox name.
 	Launch map[string]launch.Restrictions
 	// Trace configures the recording tracepoints.
-	Trace trace.Config
+	Trace recorder.Config
 	// SyscallStream says the raw sys_enter tracepoint must be attached: a
 	// sandbox records the syscall stream, or module attempts must be
 	// recorded while no backstop syscall rule sees them.

@@ -51,8 +51,8 @@ var hooks = []hook{
 	{"sock_create", ebpf.AttachCGroupInetSockCreate, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgSockCreate }},
 }
 
-// Hooks is the loaded cgroup hook group.
-type Hooks struct {
+// Programs is the loaded cgroup program group (device, sysctl, socket creation).
+type Programs struct {
 	pinDir string
 	objs   cgroupObjects
 
@@ -61,8 +61,8 @@ type Hooks struct {
 
 // Load loads the cgroup programs with the engine's shared maps. Close keeps
 // the pinned links (and so enforcement).
-func Load(eng *enforce.Engine) (*Hooks, error) {
-	h := &Hooks{pinDir: eng.PinDir()}
+func Load(eng *enforce.Engine) (*Programs, error) {
+	h := &Programs{pinDir: eng.PinDir()}
 	if err := loadCgroupObjects(&h.objs, eng.CollectionOptions()); err != nil {
 		return nil, fmt.Errorf("load cgroup hooks: %w", err)
 	}
@@ -70,10 +70,10 @@ func Load(eng *enforce.Engine) (*Hooks, error) {
 }
 
 // Close releases the programs' file descriptors; pinned links stay.
-func (h *Hooks) Close() error { return h.objs.Close() }
+func (h *Programs) Close() error { return h.objs.Close() }
 
 // sandboxPinDir is where the links of one sandbox root are pinned.
-func (h *Hooks) sandboxPinDir(cg uint64) string {
+func (h *Programs) sandboxPinDir(cg uint64) string {
 	return filepath.Join(enforce.LinkPinDir(h.pinDir, Group), strconv.FormatUint(cg, 10))
 }
 
@@ -82,7 +82,7 @@ func (h *Hooks) sandboxPinDir(cg uint64) string {
 // links. When links for that cgroup are already pinned (an earlier agent),
 // their programs are replaced in place, without a gap. It returns the
 // cgroup id.
-func (h *Hooks) Attach(path string) (uint64, error) {
+func (h *Programs) Attach(path string) (uint64, error) {
 	abs, err := cgroupfs.Abs(path)
 	if err != nil {
 		return 0, fmt.Errorf("attach cgroup hooks: %w", err)
@@ -131,7 +131,7 @@ func (h *Hooks) Attach(path string) (uint64, error) {
 
 // Detach detaches the programs from the sandbox root with cgroup id cg and
 // removes the pins. Detaching a sandbox that has none is not an error.
-func (h *Hooks) Detach(cg uint64) error {
+func (h *Programs) Detach(cg uint64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return detachPins(h.sandboxPinDir(cg))
@@ -169,7 +169,7 @@ func detachPins(dir string) error {
 }
 
 // Attached lists the cgroup ids with pinned links of this group.
-func (h *Hooks) Attached() ([]uint64, error) {
+func (h *Programs) Attached() ([]uint64, error) {
 	ents, err := os.ReadDir(enforce.LinkPinDir(h.pinDir, Group))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil

@@ -165,7 +165,7 @@ func openableBlockDevice(t *testing.T, dir string) (string, uint32, uint32) {
 
 type fixture struct {
 	eng     *enforce.Engine
-	hooks   *cgroupbpf.Hooks
+	hooks   *cgroupbpf.Programs
 	sandbox string
 	child   string
 	outside string

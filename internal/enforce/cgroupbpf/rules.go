@@ -100,7 +100,7 @@ func checkAction(a uint32) error {
 }
 
 // SetDeviceRules replaces the device rule table.
-func (h *Hooks) SetDeviceRules(rules []DeviceRule) error {
+func (h *Programs) SetDeviceRules(rules []DeviceRule) error {
 	want := map[cgroupDevKey]cgroupRule{}
 	for i, r := range rules {
 		if r.Type != BlockDevice && r.Type != CharDevice {
@@ -137,7 +137,7 @@ func (h *Hooks) SetDeviceRules(rules []DeviceRule) error {
 }
 
 // SetSysctlRules replaces the sysctl rule table.
-func (h *Hooks) SetSysctlRules(rules []SysctlRule) error {
+func (h *Programs) SetSysctlRules(rules []SysctlRule) error {
 	want := map[cgroupSysctlKey]cgroupRule{}
 	for i, r := range rules {
 		var k cgroupSysctlKey
@@ -167,7 +167,7 @@ func (h *Hooks) SetSysctlRules(rules []SysctlRule) error {
 }
 
 // SetSocketRules replaces the socket rule table.
-func (h *Hooks) SetSocketRules(rules []SocketRule) error {
+func (h *Programs) SetSocketRules(rules []SocketRule) error {
 	want := map[cgroupSockKey]cgroupRule{}
 	for i, r := range rules {
 		fam, err := field(r.Family, "family")

@@ -1,4 +1,4 @@
-package trace_test
+package recorder_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/launch"
 )
 
@@ -80,12 +80,12 @@ func (c *collector) count(pred func(audit.Event) bool) int {
 	return n
 }
 
-func setup(t *testing.T, cfg trace.Config) (*enforce.Engine, *trace.Tracer, *collector, string, uint64) {
+func setup(t *testing.T, cfg recorder.Config) (*enforce.Engine, *recorder.Recorder, *collector, string, uint64) {
 	t.Helper()
-	return setupWith(t, cfg, trace.AttachOptions{Syscalls: true})
+	return setupWith(t, cfg, recorder.AttachOptions{Syscalls: true})
 }
 
-func setupWith(t *testing.T, cfg trace.Config, opts trace.AttachOptions) (*enforce.Engine, *trace.Tracer, *collector, string, uint64) {
+func setupWith(t *testing.T, cfg recorder.Config, opts recorder.AttachOptions) (*enforce.Engine, *recorder.Recorder, *collector, string, uint64) {
 	t.Helper()
 	eng := enforcetest.Engine(t)
 	sb := enforcetest.Cgroup(t, "sb")
@@ -93,7 +93,7 @@ func setupWith(t *testing.T, cfg trace.Config, opts trace.AttachOptions) (*enfor
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := trace.Load(eng)
+	tr, err := recorder.Load(eng)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,9 +104,9 @@ func setupWith(t *testing.T, cfg trace.Config, opts trace.AttachOptions) (*enfor
 	if err := tr.Attach(opts); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { trace.Detach(eng.PinDir()) })
+	t.Cleanup(func() { recorder.Detach(eng.PinDir()) })
 	rd := eng.NewReader(enforce.ReaderOptions{PollInterval: 10 * time.Millisecond})
-	trace.Register(rd)
+	recorder.Register(rd)
 	c := &collector{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -133,7 +133,7 @@ func run(t *testing.T, cg string, name string, args ...string) (int, string) {
 // event with the resolved exe, argv and parent chain, and an exit event
 // with the status; nothing is recorded outside.
 func TestExecExitParentChain(t *testing.T) {
-	_, _, c, sb, sbID := setup(t, trace.Config{})
+	_, _, c, sb, sbID := setup(t, recorder.Config{})
 	leaf := enforcetest.Child(t, enforcetest.Child(t, sb, "nested"), "leaf")
 	leafID, _ := cgroupfs.ID(leaf)
 	sh, err := exec.LookPath("sh")
@@ -171,7 +171,7 @@ func TestExecExitParentChain(t *testing.T) {
 // TestModuleAttempts: module and kexec loading attempts fail here (ENOSYS)
 // but are recorded as alerts, with the file for finit_module.
 func TestModuleAttempts(t *testing.T) {
-	_, _, c, sb, _ := setup(t, trace.Config{ModuleAlerts: true, ModuleRuleID: 5})
+	_, _, c, sb, _ := setup(t, recorder.Config{ModuleAlerts: true, ModuleRuleID: 5})
 	for _, op := range []string{"init_module", "finit_module"} {
 		leaf := enforcetest.Child(t, sb, op)
 		pid, out := run(t, leaf, helperBin, op)
@@ -197,14 +197,14 @@ func TestModuleAttempts(t *testing.T) {
 // 1 in N events travel.
 func TestSampledSyscalls(t *testing.T) {
 	const every, calls = 100, 50000
-	_, tr, c, sb, sbID := setup(t, trace.Config{SampleEvery: every})
+	_, tr, c, sb, sbID := setup(t, recorder.Config{SampleEvery: every})
 	leaf := enforcetest.Child(t, sb, "leaf")
 	pid, out := run(t, leaf, helperBin, "getpid", fmt.Sprint(calls))
 	counts, err := tr.Counts()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := counts[trace.CountKey{SandboxCgroup: sbID, Nr: uint32(syscall.SYS_GETPID)}]
+	got := counts[recorder.CountKey{SandboxCgroup: sbID, Nr: uint32(syscall.SYS_GETPID)}]
 	if got < calls || got > calls+100 {
 		t.Fatalf("getpid total %d, want %d (+ the runtime's few); helper: %s", got, calls, out)
 	}
@@ -225,7 +225,7 @@ func TestSampledSyscalls(t *testing.T) {
 
 func TestProbe(t *testing.T) {
 	eng := enforcetest.Engine(t)
-	for name, err := range trace.Probe(eng) {
+	for name, err := range recorder.Probe(eng) {
 		if err != nil {
 			t.Errorf("%s does not load: %v", name, err)
 		}

@@ -1,5 +1,5 @@
 // Package dnsbind connects the DNS proxy (internal/dnsproxy) to the kernel
-// egress hooks (internal/egress): the proxy learns which sandbox sent a
+// egress hooks (internal/enforce/egress): the proxy learns which sandbox sent a
 // query from the kernel's record of the client socket, and every allowed
 // answer's addresses are admitted to that sandbox's connect allowlist
 // before the answer is sent.
@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/egress"
+	"github.com/watcherhq/watcher/internal/enforce/egress"
 )
 
 // Directory maps sandbox names (the proxy's policy keys) to sandbox ids

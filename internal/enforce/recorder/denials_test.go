@@ -1,4 +1,4 @@
-package trace_test
+package recorder_test
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
-	"github.com/watcherhq/watcher/internal/enforce/trace"
+	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
@@ -102,7 +102,7 @@ func launchDeny(t *testing.T, e denyEnv, cgroup string) (launch.Verdict, map[str
 // not taken for seccomp's; the same refusals outside a sandbox, or with
 // recording off, produce nothing.
 func TestDenialsRecorded(t *testing.T) {
-	_, tr, c, sb, sbID := setupWith(t, trace.Config{RecordDenials: true}, trace.AttachOptions{Denials: true})
+	_, tr, c, sb, sbID := setupWith(t, recorder.Config{RecordDenials: true}, recorder.AttachOptions{Denials: true})
 	e := newDenyEnv(t)
 	v, _ := launchDeny(t, e, sb)
 	leafID := v.CgroupID
@@ -121,7 +121,7 @@ func TestDenialsRecorded(t *testing.T) {
 
 	seccompDenial := func(name string) func(audit.Event) bool {
 		return func(ev audit.Event) bool {
-			return mine(ev) && ev.Mechanism == trace.MechanismSeccomp && ev.Syscall != nil && ev.Syscall.Name == name
+			return mine(ev) && ev.Mechanism == recorder.MechanismSeccomp && ev.Syscall != nil && ev.Syscall.Name == name
 		}
 	}
 	for _, name := range []string{"mount", "ptrace", "socket"} {
@@ -160,7 +160,7 @@ func TestDenialsRecorded(t *testing.T) {
 			continue
 		}
 		checkCommon(ev, want.syscall)
-		if ev.Mechanism != trace.MechanismLandlock || ev.File == nil || ev.File.Path != want.path ||
+		if ev.Mechanism != recorder.MechanismLandlock || ev.File == nil || ev.File.Path != want.path ||
 			ev.Syscall.Ret != -int64(syscall.EACCES) ||
 			!strings.Contains(ev.Message, "path is the string the caller passed") ||
 			strings.Contains(ev.Message, "CAP_DAC_OVERRIDE") {
@@ -181,7 +181,7 @@ func TestDenialsRecorded(t *testing.T) {
 	if !ia32.Supported {
 		wantSeccomp = 3
 	}
-	if n := c.count(func(ev audit.Event) bool { return mine(ev) && ev.Mechanism == trace.MechanismSeccomp }); n != wantSeccomp {
+	if n := c.count(func(ev audit.Event) bool { return mine(ev) && ev.Mechanism == recorder.MechanismSeccomp }); n != wantSeccomp {
 		t.Errorf("%d seccomp denial events, want %d", n, wantSeccomp)
 	}
 	for _, p := range []string{e.secret, e.prog} {
@@ -204,7 +204,7 @@ func TestDenialsRecorded(t *testing.T) {
 	outside := enforcetest.Cgroup(t, "outside")
 	ov, _ := launchDeny(t, e, outside)
 	// Recording off (programs still attached): nothing either.
-	if err := tr.SetConfig(trace.Config{}); err != nil {
+	if err := tr.SetConfig(recorder.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	offv, _ := launchDeny(t, e, sb)
@@ -225,12 +225,12 @@ func TestDenialsRecorded(t *testing.T) {
 // is an error, not a silent gap in the record.
 func TestDenialWatchRejectsUnknown(t *testing.T) {
 	eng := enforcetest.Engine(t)
-	tr, err := trace.Load(eng)
+	tr, err := recorder.Load(eng)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	err = tr.SetConfig(trace.Config{RecordDenials: true, SeccompSyscalls: []string{"ptrace", "no_such_syscall"}})
+	err = tr.SetConfig(recorder.Config{RecordDenials: true, SeccompSyscalls: []string{"ptrace", "no_such_syscall"}})
 	if err == nil || !strings.Contains(err.Error(), "no_such_syscall") {
 		t.Fatalf("SetConfig with an unknown syscall: %v", err)
 	}
@@ -242,15 +242,15 @@ func TestDenialWatchRejectsUnknown(t *testing.T) {
 // the same run; it reports both and their ratio. openat is in the watch
 // set (open family), getpid is not.
 //
-//	go test -run '^$' -bench DenialsOutside ./internal/enforce/trace/
+//	go test -run '^$' -bench DenialsOutside ./internal/enforce/recorder/
 func BenchmarkDenialsOutside(b *testing.B) {
 	eng := enforcetest.Engine(b)
-	tr, err := trace.Load(eng)
+	tr, err := recorder.Load(eng)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer tr.Close()
-	if err := tr.SetConfig(trace.Config{RecordDenials: true}); err != nil {
+	if err := tr.SetConfig(recorder.Config{RecordDenials: true}); err != nil {
 		b.Fatal(err)
 	}
 	path, _ := syscall.BytePtrFromString("/dev/null")
@@ -294,8 +294,8 @@ func BenchmarkDenialsOutside(b *testing.B) {
 // recorded, and they are detached again when no command needs them, while
 // exec and exit recording stays.
 func TestDenialsAttachDetach(t *testing.T) {
-	eng, tr, c, sb, _ := setupWith(t, trace.Config{}, trace.AttachOptions{})
-	pins := enforce.LinkPinDir(eng.PinDir(), trace.Group)
+	eng, tr, c, sb, _ := setupWith(t, recorder.Config{}, recorder.AttachOptions{})
+	pins := enforce.LinkPinDir(eng.PinDir(), recorder.Group)
 	expect := func(state string, want bool) {
 		t.Helper()
 		ids, err := tr.ProgramIDs()
@@ -306,13 +306,13 @@ func TestDenialsAttachDetach(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range []string{trace.ProgSysEnter, trace.ProgSysExit} {
+		for _, p := range []string{recorder.ProgSysEnter, recorder.ProgSysExit} {
 			_, err := os.Stat(filepath.Join(pins, p))
 			if (links[ids[p]] > 0) != want || (err == nil) != want {
 				t.Errorf("%s: %s has %d links in the kernel (pin: %v), want attached=%v", state, p, links[ids[p]], err, want)
 			}
 		}
-		for _, p := range []string{trace.ProgExec, trace.ProgExit} {
+		for _, p := range []string{recorder.ProgExec, recorder.ProgExit} {
 			if links[ids[p]] != 1 {
 				t.Errorf("%s: %s has %d links, want 1", state, p, links[ids[p]])
 			}
@@ -323,11 +323,11 @@ func TestDenialsAttachDetach(t *testing.T) {
 	}
 	expect("before any command", false)
 	for i := 0; i < 2; i++ { // idempotent
-		if err := tr.SetSyscalls(trace.AttachOptions{Denials: true}); err != nil {
+		if err := tr.SetSyscalls(recorder.AttachOptions{Denials: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := tr.SetConfig(trace.Config{RecordDenials: true}); err != nil {
+	if err := tr.SetConfig(recorder.Config{RecordDenials: true}); err != nil {
 		t.Fatal(err)
 	}
 	expect("a command announced", true)
@@ -336,7 +336,7 @@ func TestDenialsAttachDetach(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, ok := c.find(func(ev audit.Event) bool {
-			return int(ev.Process.TGID) == v.PID && ev.Mechanism == trace.MechanismSeccomp && ev.Syscall != nil && ev.Syscall.Name == "mount"
+			return int(ev.Process.TGID) == v.PID && ev.Mechanism == recorder.MechanismSeccomp && ev.Syscall != nil && ev.Syscall.Name == "mount"
 		}); ok {
 			break
 		}
@@ -345,20 +345,20 @@ func TestDenialsAttachDetach(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := tr.SetConfig(trace.Config{}); err != nil {
+	if err := tr.SetConfig(recorder.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.SetSyscalls(trace.AttachOptions{}); err != nil {
+	if err := tr.SetSyscalls(recorder.AttachOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	expect("no command left", false)
 	// The syscall stream alone needs sys_enter only.
-	if err := tr.SetSyscalls(trace.AttachOptions{Syscalls: true}); err != nil {
+	if err := tr.SetSyscalls(recorder.AttachOptions{Syscalls: true}); err != nil {
 		t.Fatal(err)
 	}
 	ids, _ := tr.ProgramIDs()
 	links, _ := enforce.LinkedPrograms()
-	if links[ids[trace.ProgSysEnter]] != 1 || links[ids[trace.ProgSysExit]] != 0 {
-		t.Errorf("syscall stream: sys_enter %d and sys_exit %d links, want 1 and 0", links[ids[trace.ProgSysEnter]], links[ids[trace.ProgSysExit]])
+	if links[ids[recorder.ProgSysEnter]] != 1 || links[ids[recorder.ProgSysExit]] != 0 {
+		t.Errorf("syscall stream: sys_enter %d and sys_exit %d links, want 1 and 0", links[ids[recorder.ProgSysEnter]], links[ids[recorder.ProgSysExit]])
 	}
 }

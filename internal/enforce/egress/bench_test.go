@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/egress"
-	"github.com/watcherhq/watcher/internal/egress/dnsbind"
+	"github.com/watcherhq/watcher/internal/enforce/egress"
+	"github.com/watcherhq/watcher/internal/enforce/egress/dnsbind"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 )
 

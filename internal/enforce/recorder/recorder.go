@@ -1,11 +1,11 @@
-// Package trace records what sandboxed processes do with tracepoints (which
+// Package recorder records what sandboxed processes do with tracepoints (which
 // load on every kernel watcher supports, BPF LSM or not): exec and exit
 // events with the parent chain, attempts to load kernel code, an optional
 // sampled stream of all syscalls with exact per-sandbox totals, and the
 // refusals of the seccomp filter and Landlock ruleset that `watcher exec`
 // applies (which act before any LSM hook or sys_enter program sees the
 // operation, so nothing else records them).
-package trace
+package recorder
 
 import (
 	"errors"
@@ -37,7 +37,7 @@ const (
 	MechanismLandlock = "landlock"
 )
 
-// Program names, as in bpf/trace.c.
+// Program names, as in bpf/recorder.c.
 const (
 	ProgSysEnter = "trace_sys_enter"
 	ProgSysExit  = "trace_sys_exit"
@@ -85,7 +85,7 @@ var DefaultSeccompSyscalls = []string{
 }
 
 // OpenSyscalls are the syscalls whose EACCES/EPERM is recorded with the
-// path argument (bpf/trace.c knows where each keeps its path and flags):
+// path argument (bpf/recorder.c knows where each keeps its path and flags):
 // the open family and exec, and the path operations Landlock also refuses
 // (creating, removing, linking and renaming entries, truncate), recorded
 // as writes of the path that needed the right.
@@ -98,7 +98,7 @@ var pathWrites = map[string]bool{"mkdir": true, "mkdirat": true, "rmdir": true, 
 	"rename": true, "renameat": true, "renameat2": true, "link": true, "linkat": true, "symlink": true,
 	"symlinkat": true, "mknod": true, "mknodat": true, "truncate": true}
 
-// watchSize is WATCH_NRS in bpf/trace.c.
+// watchSize is WATCH_NRS in bpf/recorder.c.
 const watchSize = 512
 
 // denialWatch builds the per-syscall watch array.
@@ -111,7 +111,7 @@ func denialWatch(c Config) ([watchSize]uint32, error) {
 	if names == nil {
 		names = DefaultSeccompSyscalls
 	}
-	set := func(name string, bit traceDenialWatch) error {
+	set := func(name string, bit recorderDenialWatch) error {
 		nr, ok := arch.X86_64.SyscallNames[name]
 		if !ok || nr < 0 || nr >= watchSize {
 			return fmt.Errorf("unknown x86_64 syscall %q", name)
@@ -120,30 +120,30 @@ func denialWatch(c Config) ([watchSize]uint32, error) {
 		return nil
 	}
 	for _, n := range names {
-		if err := set(n, traceDenialWatchDW_SECCOMP); err != nil {
+		if err := set(n, recorderDenialWatchDW_SECCOMP); err != nil {
 			return w, err
 		}
 	}
 	for _, n := range OpenSyscalls {
-		if err := set(n, traceDenialWatchDW_OPEN); err != nil {
+		if err := set(n, recorderDenialWatchDW_OPEN); err != nil {
 			return w, err
 		}
 	}
 	return w, nil
 }
 
-// Tracer holds the loaded recording programs.
-type Tracer struct {
+// Recorder holds the loaded recording programs.
+type Recorder struct {
 	pinDir string
-	objs   traceObjects
+	objs   recorderObjects
 	mu     sync.Mutex
 	links  map[string]link.Link // attached here, by program
 }
 
 // Load loads the programs with the engine's shared maps.
-func Load(eng *enforce.Engine) (*Tracer, error) {
-	t := &Tracer{pinDir: eng.PinDir()}
-	if err := loadTraceObjects(&t.objs, eng.CollectionOptions()); err != nil {
+func Load(eng *enforce.Engine) (*Recorder, error) {
+	t := &Recorder{pinDir: eng.PinDir()}
+	if err := loadRecorderObjects(&t.objs, eng.CollectionOptions()); err != nil {
 		return nil, fmt.Errorf("load trace programs: %w", err)
 	}
 	return t, nil
@@ -152,7 +152,7 @@ func Load(eng *enforce.Engine) (*Tracer, error) {
 // Probe reports whether each program loads here (nil) or why not.
 func Probe(eng *enforce.Engine) map[string]error {
 	out := map[string]error{}
-	spec, err := loadTrace()
+	spec, err := loadRecorder()
 	if err != nil {
 		return map[string]error{ProgSysEnter: err, ProgSysExit: err, ProgExec: err, ProgExit: err}
 	}
@@ -163,12 +163,12 @@ func Probe(eng *enforce.Engine) map[string]error {
 }
 
 // SetConfig sets what is recorded (pinned: it survives agent restarts).
-func (t *Tracer) SetConfig(c Config) error {
+func (t *Recorder) SetConfig(c Config) error {
 	watch, err := denialWatch(c)
 	if err != nil {
 		return fmt.Errorf("set trace config: denial watch: %w", err)
 	}
-	v := traceTraceConfig{SampleEvery: c.SampleEvery, ModuleRuleId: c.ModuleRuleID}
+	v := recorderTraceConfig{SampleEvery: c.SampleEvery, ModuleRuleId: c.ModuleRuleID}
 	if c.ModuleAlerts {
 		v.ModuleAlerts = 1
 	}
@@ -220,7 +220,7 @@ type AttachOptions struct {
 // "trace"); links pinned by a previous agent are replaced after the new
 // ones are attached (overlap, no gap). The syscall tracepoints opts does
 // not ask for are detached, a predecessor's pins included.
-func (t *Tracer) Attach(opts AttachOptions) error {
+func (t *Recorder) Attach(opts AttachOptions) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	dir := enforce.LinkPinDir(t.pinDir, Group)
@@ -243,13 +243,13 @@ func (t *Tracer) Attach(opts AttachOptions) error {
 // only while something records through them: the syscall stream, or the
 // refusals of a running `watcher exec` command. Turning denials on: call
 // SetConfig with RecordDenials after it; off: before it.
-func (t *Tracer) SetSyscalls(opts AttachOptions) error {
+func (t *Recorder) SetSyscalls(opts AttachOptions) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.setSyscallsLocked(opts)
 }
 
-func (t *Tracer) setSyscallsLocked(opts AttachOptions) error {
+func (t *Recorder) setSyscallsLocked(opts AttachOptions) error {
 	dir := enforce.LinkPinDir(t.pinDir, Group)
 	want := map[string]bool{ProgSysEnter: opts.Syscalls || opts.Denials, ProgSysExit: opts.Denials}
 	// Detach sys_exit before sys_enter and attach sys_enter before
@@ -273,7 +273,7 @@ func (t *Tracer) setSyscallsLocked(opts AttachOptions) error {
 	return nil
 }
 
-func (t *Tracer) attachLocked(dir, name string, prog *ebpf.Program) error {
+func (t *Recorder) attachLocked(dir, name string, prog *ebpf.Program) error {
 	if t.links[name] != nil {
 		return nil
 	}
@@ -294,7 +294,7 @@ func (t *Tracer) attachLocked(dir, name string, prog *ebpf.Program) error {
 
 // detachLocked removes a program's link: its pin (a predecessor's too) and
 // the descriptor held here.
-func (t *Tracer) detachLocked(dir, name string) error {
+func (t *Recorder) detachLocked(dir, name string) error {
 	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("detach %s: %w", name, err)
 	}
@@ -306,22 +306,22 @@ func (t *Tracer) detachLocked(dir, name string) error {
 }
 
 // DenialsAttached reports whether sys_exit (denial recording) is attached.
-func (t *Tracer) DenialsAttached() bool {
+func (t *Recorder) DenialsAttached() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.links[ProgSysExit] != nil
 }
 
 // DenialsPinned reports whether a sys_exit link is pinned (by this
-// Tracer or a previous agent's).
-func (t *Tracer) DenialsPinned() bool {
+// Recorder or a previous agent's).
+func (t *Recorder) DenialsPinned() bool {
 	_, err := os.Stat(filepath.Join(enforce.LinkPinDir(t.pinDir, Group), ProgSysExit))
 	return err == nil
 }
 
 // ProgramIDs returns the kernel ids of the programs by name (tests match
 // them against enforce.LinkedPrograms).
-func (t *Tracer) ProgramIDs() (map[string]ebpf.ProgramID, error) {
+func (t *Recorder) ProgramIDs() (map[string]ebpf.ProgramID, error) {
 	out := map[string]ebpf.ProgramID{}
 	for name, p := range map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit,
 		ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit} {
@@ -347,7 +347,7 @@ func Detach(pinDir string) error {
 }
 
 // Close releases descriptors; pinned links keep recording.
-func (t *Tracer) Close() error {
+func (t *Recorder) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, l := range t.links {
@@ -365,9 +365,9 @@ type CountKey struct {
 
 // Counts returns the exact number of syscalls per sandbox and syscall seen
 // while the stream was on, summed over CPUs.
-func (t *Tracer) Counts() (map[CountKey]uint64, error) {
+func (t *Recorder) Counts() (map[CountKey]uint64, error) {
 	out := map[CountKey]uint64{}
-	var k traceCountKey
+	var k recorderCountKey
 	var per []uint64
 	it := t.objs.TrSyscallCounts.Iterate()
 	for it.Next(&k, &per) {
@@ -385,9 +385,9 @@ func (t *Tracer) Counts() (map[CountKey]uint64, error) {
 
 // ExecEvent, ExitEvent and SyscallEvent are the kernel's event structs.
 type (
-	ExecEvent    = traceExecEvent
-	ExitEvent    = traceExitEvent
-	SyscallEvent = traceSyscallEvent
+	ExecEvent    = recorderExecEvent
+	ExitEvent    = recorderExitEvent
+	SyscallEvent = recorderSyscallEvent
 )
 
 // Register registers the decoders of exec, exit and syscall events.
@@ -464,7 +464,7 @@ func decodeExit(raw []byte, ev *audit.Event) error {
 var moduleNames = map[int64]string{175: "init_module", 313: "finit_module", 246: "kexec_load", 320: "kexec_file_load"}
 
 // syscallSampleSize is the length of a sample of the syscall stream, sent
-// without its path (SYSCALL_SAMPLE_SIZE in bpf/trace.c).
+// without its path (SYSCALL_SAMPLE_SIZE in bpf/recorder.c).
 const syscallSampleSize = int(unsafe.Offsetof(SyscallEvent{}.Path))
 
 func decodeSyscall(raw []byte, ev *audit.Event) error {
@@ -473,11 +473,11 @@ func decodeSyscall(raw []byte, ev *audit.Event) error {
 	if err != nil {
 		return err
 	}
-	switch traceDenial(e.Denial) {
-	case traceDenialDENIAL_SECCOMP:
+	switch recorderDenial(e.Denial) {
+	case recorderDenialDENIAL_SECCOMP:
 		decodeSeccompDenial(e, ev)
 		return nil
-	case traceDenialDENIAL_OPEN:
+	case recorderDenialDENIAL_OPEN:
 		decodeOpenDenial(e, ev)
 		return nil
 	}
@@ -493,7 +493,7 @@ func decodeSyscall(raw []byte, ev *audit.Event) error {
 	return nil
 }
 
-func has(flags uint32, f traceDenyFlag) bool { return flags&uint32(f) != 0 }
+func has(flags uint32, f recorderDenyFlag) bool { return flags&uint32(f) != 0 }
 
 // syscallName names nr in the x86_64 table, or in the i386 one.
 func syscallName(nr int64, ia32 bool) string {
@@ -517,7 +517,7 @@ func errnoName(ret int64) string {
 }
 
 func decodeSeccompDenial(e *SyscallEvent, ev *audit.Event) {
-	ia32 := has(e.Flags, traceDenyFlagDENY_F_IA32)
+	ia32 := has(e.Flags, recorderDenyFlagDENY_F_IA32)
 	name := syscallName(e.Nr, ia32)
 	ev.Mechanism = MechanismSeccomp
 	ev.Kind = audit.KindSyscall
@@ -551,7 +551,7 @@ func decodeOpenDenial(e *SyscallEvent, ev *audit.Event) {
 		// had CAP_DAC_OVERRIDE.
 		ev.Mechanism = MechanismLandlock
 		b.WriteString(" under the Landlock ruleset")
-		if !has(e.Flags, traceDenyFlagDENY_F_DAC_OVERRIDE) {
+		if !has(e.Flags, recorderDenyFlagDENY_F_DAC_OVERRIDE) {
 			b.WriteString(" (the task lacked CAP_DAC_OVERRIDE: file permissions may have refused it instead)")
 		}
 	} else {
@@ -569,9 +569,9 @@ func decodeOpenDenial(e *SyscallEvent, ev *audit.Event) {
 		}
 	}
 	switch {
-	case has(e.Flags, traceDenyFlagDENY_F_PATH_UNREADABLE):
+	case has(e.Flags, recorderDenyFlagDENY_F_PATH_UNREADABLE):
 		b.WriteString("; the path could not be read")
-	case has(e.Flags, traceDenyFlagDENY_F_PATH_TRUNCATED):
+	case has(e.Flags, recorderDenyFlagDENY_F_PATH_TRUNCATED):
 		fmt.Fprintf(&b, "; path truncated to %d bytes", len(e.Path)-1)
 	}
 	ev.Message = b.String()
@@ -590,7 +590,7 @@ func cstr(b []int8) string {
 
 // AttachLinks attaches every program without pinning and returns the links
 // (benchmarks attach and detach repeatedly).
-func (t *Tracer) AttachLinks() ([]link.Link, error) {
+func (t *Recorder) AttachLinks() ([]link.Link, error) {
 	var out []link.Link
 	for _, p := range []*ebpf.Program{t.objs.TraceSysEnter, t.objs.TraceSysExit, t.objs.TraceExec, t.objs.TraceExit} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: p})

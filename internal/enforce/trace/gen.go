@@ -1,3 +1,0 @@
-package trace
-
-//go:generate go tool bpf2go -tags linux -target amd64 -type exec_event -type exit_event -type syscall_event -type trace_config -type count_key -type denial -type denial_watch -type deny_flag trace ../../../bpf/trace.c -- -I../../../bpf/include -O2 -g -Wall -Werror
