@@ -10,30 +10,24 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
+	"github.com/watcherhq/watcher/internal/syscallbench"
 )
-
-var ops = []string{"openat+close", "stat", "getpid"}
 
 var loopBin string
 
@@ -214,9 +208,9 @@ func run(rounds, iters int) error {
 			}
 		}
 	}
-	fmt.Printf("kernel %s, %d rounds x %d iterations, median ns/op and ratio to bare (same run)\n\n", kernel(), rounds, iters)
+	fmt.Printf("kernel %s, %d rounds x %d iterations, median ns/op and ratio to bare (same run)\n\n", syscallbench.KernelRelease(), rounds, iters)
 	fmt.Printf("%-42s", "configuration")
-	for _, op := range ops {
+	for _, op := range syscallbench.Ops {
 		fmt.Printf(" %22s", op)
 	}
 	fmt.Println()
@@ -227,8 +221,8 @@ func run(rounds, iters int) error {
 			continue
 		}
 		fmt.Printf("%-42s", c.name)
-		for _, op := range ops {
-			m, b := median(results[c.name][op]), median(bare[op])
+		for _, op := range syscallbench.Ops {
+			m, b := syscallbench.Median(results[c.name][op]), syscallbench.Median(bare[op])
 			fmt.Printf(" %12.0f ns %6.3fx", m, m/b)
 		}
 		fmt.Println()
@@ -238,7 +232,7 @@ func run(rounds, iters int) error {
 
 // runLoop runs the loop in a child started directly in cgroup cg ("" for
 // the bench's own cgroup).
-func runLoop(cg string, iters int, file string) (map[string]float64, error) {
+func runLoop(cg string, iters int, file string) (syscallbench.Result, error) {
 	cmd := exec.Command(loopBin, fmt.Sprint(iters), file)
 	if cg != "" {
 		// A fresh leaf per run (cgroup.kill quirk, and clean accounting).
@@ -258,33 +252,11 @@ func runLoop(cg string, iters int, file string) (map[string]float64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loop: %w", err)
 	}
-	res := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if err := json.Unmarshal(sc.Bytes(), &res); err == nil {
-			return res, nil
-		}
-	}
-	return nil, fmt.Errorf("loop output %q", out)
+	return syscallbench.Parse(out)
 }
 
 func closeAll(ls []link.Link) {
 	for _, l := range ls {
 		l.Close()
 	}
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
-func kernel() string {
-	var u unix.Utsname
-	unix.Uname(&u)
-	return unix.ByteSliceToString(u.Release[:])
 }

@@ -1,21 +1,17 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
+	"github.com/watcherhq/watcher/internal/syscallbench"
 )
 
 // TestAgentTax measures what a running agent costs processes outside every
@@ -37,26 +33,9 @@ func TestAgentTax(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("WATCHER_BENCH_ITERS")); err == nil && v > 0 {
 		iters = v
 	}
-	res := map[string][]map[string]float64{}
-	var order []string
+	var loops syscallbench.Rounds
 	measure := func(state string) {
-		if _, ok := res[state]; !ok {
-			order = append(order, state)
-		}
-		cmd := enforcetest.SelfCommand(t, "", "TestAgentTaxLoop", "loop", fmt.Sprintf("WATCHER_LOOP_ITERS=%d", iters))
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("%s: loop: %v", state, err)
-		}
-		for _, line := range strings.Split(string(out), "\n") {
-			if s, ok := strings.CutPrefix(line, "LOOP "); ok {
-				var m map[string]float64
-				if err := json.Unmarshal([]byte(s), &m); err != nil {
-					t.Fatal(err)
-				}
-				res[state] = append(res[state], m)
-			}
-		}
+		loops.Add(state, enforcetest.SyscallLoop(t, "", "TestAgentTaxLoop", iters))
 	}
 	linked := map[string]string{}
 	for r := 0; r < rounds; r++ {
@@ -126,21 +105,14 @@ func TestAgentTax(t *testing.T) {
 	for r := 0; r < rounds; r++ {
 		measure("bare")
 	}
-	med := func(state, op string) float64 {
-		var v []float64
-		for _, m := range res[state] {
-			v = append(v, m[op])
-		}
-		sort.Float64s(v)
-		return v[len(v)/2]
-	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "agent tax outside every sandbox: kernel %s, %d iterations, %d rounds, median ns/op and ratio to bare (same run)\n", kernelRelease(t), iters, rounds)
+	fmt.Fprintf(&b, "agent tax outside every sandbox: kernel %s, %d iterations, %d rounds, median ns/op and ratio to bare (same run)\n", syscallbench.KernelRelease(), iters, rounds)
 	fmt.Fprintf(&b, "%-40s %20s %20s %20s  %s\n", "state", "openat+close", "stat", "getpid", "linked in the kernel")
-	for _, st := range order {
+	for _, st := range loops.States() {
 		fmt.Fprintf(&b, "%-40s", st)
-		for _, op := range []string{"openat+close", "stat", "getpid"} {
-			fmt.Fprintf(&b, " %9.0f ns %6.3fx", med(st, op), med(st, op)/med("bare", op))
+		for _, op := range syscallbench.Ops {
+			m := loops.Median(st, op)
+			fmt.Fprintf(&b, " %9.0f ns %6.3fx", m, m/loops.Median("bare", op))
 		}
 		fmt.Fprintf(&b, "  %s\n", linked[st])
 	}
@@ -148,44 +120,5 @@ func TestAgentTax(t *testing.T) {
 	fmt.Print(b.String())
 }
 
-func kernelRelease(t *testing.T) string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return "?"
-	}
-	return unix.ByteSliceToString(u.Release[:])
-}
-
 // TestAgentTaxLoop is TestAgentTax's loop, in a child process.
-func TestAgentTaxLoop(t *testing.T) {
-	if os.Getenv("WATCHER_TEST_HELPER") != "loop" {
-		t.Skip("helper process for TestAgentTax")
-	}
-	iters, _ := strconv.Atoi(os.Getenv("WATCHER_LOOP_ITERS"))
-	path, _ := unix.BytePtrFromString("/etc/passwd")
-	p := uintptr(unsafe.Pointer(path))
-	atFDCWD := uintptr(^uint64(99))
-	var st unix.Stat_t
-	res := map[string]float64{}
-	run := func(name string, f func()) {
-		for i := 0; i < iters/10; i++ {
-			f()
-		}
-		start := time.Now()
-		for i := 0; i < iters; i++ {
-			f()
-		}
-		res[name] = float64(time.Since(start).Nanoseconds()) / float64(iters)
-	}
-	run("openat+close", func() {
-		fd, _, _ := unix.RawSyscall6(unix.SYS_OPENAT, atFDCWD, p, unix.O_RDONLY, 0, 0, 0)
-		unix.RawSyscall(unix.SYS_CLOSE, fd, 0, 0)
-	})
-	run("stat", func() {
-		unix.RawSyscall6(unix.SYS_NEWFSTATAT, atFDCWD, p, uintptr(unsafe.Pointer(&st)), 0, 0, 0)
-	})
-	run("getpid", func() { unix.RawSyscall(unix.SYS_GETPID, 0, 0, 0) })
-	b, _ := json.Marshal(res)
-	fmt.Printf("LOOP %s\n", b)
-	os.Exit(0)
-}
+func TestAgentTaxLoop(t *testing.T) { enforcetest.SyscallLoopChild(t) }
