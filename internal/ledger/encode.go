@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,9 @@ type leafHasher struct {
 	hexHash tlog.Hash
 	hex     [hexHashLen]byte
 	hexOK   bool
+	// head is appendRecord's cache of the event members a process's
+	// records share.
+	head headCache
 }
 
 // appendHex is appendHex(b, h), remembering the last encoding.
@@ -102,7 +106,7 @@ func appendRecord(b []byte, lh *leafHasher, seq uint64, prev tlog.Hash, e *audit
 	b = append(b, prevPrefix...)
 	b = lh.appendHex(b, prev)
 	b = append(b, '"', ',')
-	b = appendEventFields(b, e)
+	b = appendEventFieldsCached(b, e, &lh.head)
 	h := lh.hash(b[start:])
 	b = append(b, hashPrefix...)
 	b = lh.appendHex(b, h)
@@ -270,9 +274,27 @@ func unhex(c byte) byte {
 // the encoding stable under decode and re-encode. A test compares the two
 // for every field of audit.Event.
 func appendEventFields(b []byte, e *audit.Event) []byte {
+	return appendEventFieldsCached(b, e, nil)
+}
+
+// appendEventFieldsCached is appendEventFields taking the members from
+// "kind" to "process" from c when they equal the previous event's (a
+// process's events share them), which is most of a routine record.
+func appendEventFieldsCached(b []byte, e *audit.Event, c *headCache) []byte {
 	b = append(b, `"time":"`...)
 	b = appendTime(b, e.Time)
-	b = append(b, `","kind":`...)
+	b = append(b, '"')
+	if c != nil {
+		b = c.append(b, e)
+	} else {
+		b = appendHead(b, e)
+	}
+	return appendDetails(b, e)
+}
+
+// appendHead appends the members from "kind" to "process".
+func appendHead(b []byte, e *audit.Event) []byte {
+	b = append(b, `,"kind":`...)
 	b = appendString(b, string(e.Kind))
 	b = append(b, `,"verdict":`...)
 	b = appendString(b, string(e.Verdict))
@@ -320,6 +342,11 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 		b = uintField(b, "cgroup_id", p.CgroupID, true)
 		b = closeObject(b, n)
 	}
+	return b
+}
+
+// appendDetails appends the members after "process".
+func appendDetails(b []byte, e *audit.Event) []byte {
 	if f := e.File; f != nil {
 		b = append(b, `,"file":{`...)
 		n := len(b)
@@ -466,6 +493,58 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 	b = strField(b, "message", e.Message, true)
 	b = strsField(b, "redacted", e.Redacted, true)
 	return b
+}
+
+// headCache holds the encoding of the members appendHead writes for the
+// last event it saw, and a private copy of the fields it was made from (the
+// caller's Args and Labels may change after the event was appended).
+type headCache struct {
+	ok                   bool
+	kind                 audit.Kind
+	verdict              audit.Verdict
+	severity             audit.Severity
+	rule, mechanism      string
+	sbCgroup             uint64
+	sbName               string
+	labels               map[string]string
+	pid, tgid, ppid, uid uint32
+	comm, exe            string
+	args                 []string
+	cgroup               uint64
+	enc                  []byte
+}
+
+// append appends e's head members, from the cache when they are the same.
+func (c *headCache) append(b []byte, e *audit.Event) []byte {
+	if c.same(e) {
+		return append(b, c.enc...)
+	}
+	start := len(b)
+	b = appendHead(b, e)
+	c.enc = append(c.enc[:0], b[start:]...)
+	c.ok = true
+	c.kind, c.verdict, c.severity, c.rule, c.mechanism = e.Kind, e.Verdict, e.Severity, e.Rule, e.Mechanism
+	sb, p := &e.Sandbox, &e.Process
+	c.sbCgroup, c.sbName = sb.CgroupID, sb.Name
+	clear(c.labels)
+	if len(sb.Labels) > 0 {
+		if c.labels == nil {
+			c.labels = make(map[string]string, len(sb.Labels))
+		}
+		maps.Copy(c.labels, sb.Labels)
+	}
+	c.pid, c.tgid, c.ppid, c.uid, c.comm, c.exe, c.cgroup = p.PID, p.TGID, p.PPID, p.UID, p.Comm, p.Exe, p.CgroupID
+	c.args = append(c.args[:0], p.Args...)
+	return b
+}
+
+func (c *headCache) same(e *audit.Event) bool {
+	sb, p := &e.Sandbox, &e.Process
+	return c.ok && e.Kind == c.kind && e.Verdict == c.verdict && e.Severity == c.severity &&
+		e.Rule == c.rule && e.Mechanism == c.mechanism &&
+		sb.CgroupID == c.sbCgroup && sb.Name == c.sbName && maps.Equal(sb.Labels, c.labels) &&
+		p.PID == c.pid && p.TGID == c.tgid && p.PPID == c.ppid && p.UID == c.uid &&
+		p.Comm == c.comm && p.Exe == c.exe && p.CgroupID == c.cgroup && slices.Equal(p.Args, c.args)
 }
 
 // appendPosture writes a posture record's fields in struct order.
