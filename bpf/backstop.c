@@ -19,6 +19,9 @@
  * - io_uring_submit_req (optional): opens through io_uring when a policy
  *   allows io_uring at all (fixed-file opens never return a descriptor).
  * - cgroup_attach_task: a task of a sandbox moved outside it.
+ * - sys_exit of connect: the unix peer the kernel found (symlinks
+ *   resolved), for sandboxes whose egress restricts unix sockets where no
+ *   LSM unix hook runs (see "Unix peers" below).
  */
 #include "common.h"
 #include "pathwalk.h"
@@ -45,6 +48,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NR_execve 59
 #define NR_kill 62
 #define NR_socket 41
+#define NR_connect 42
 #define NR_creat 85
 #define NR_rt_sigqueueinfo 129
 #define NR_tkill 200
@@ -77,7 +81,8 @@ enum bs_category {
 	CAT_EXEC_FILELESS = 11, /* exec of a file with no name (memfd, deleted) */
 	CAT_MMAP_EXEC = 12,    /* mmap PROT_EXEC of a file: judged by exec rules */
 	CAT_PACKET_SOCKET = 13, /* socket(AF_PACKET): no cgroup hook runs for them */
-	CAT_MAX = 14,
+	CAT_UNIX_PEER = 14,    /* unix connect to a peer bound outside the sandbox's socket paths */
+	CAT_MAX = 15,
 };
 
 /* Operations a path rule applies to. */
@@ -959,6 +964,115 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 	submit_event(e, true);
 }
 
+/* --- Unix peers -------------------------------------------------------------
+ *
+ * cgroup/connect_unix judges the path a process passes, before the kernel
+ * resolves it: a symlink in the workspace to a host socket (the Docker
+ * socket, D-Bus, a resolver's varlink) passes it. Where no LSM unix hook
+ * runs, the socket the kernel connected to is judged when connect(2)
+ * returns: its peer's bound path, walked like a file's (symlinks and bind
+ * mounts already resolved by the kernel), must lie in one of the sandbox's
+ * socket paths. After the fact: the connection exists when the process is
+ * killed on its way back to user space, so the thread that connected sends
+ * nothing, but another thread of the same process could write to the
+ * descriptor in between (the layer table says so). Datagrams sent by name
+ * (sendto) are delivered before any tracepoint could judge them.
+ *
+ * bs_unix_paths, per sandbox: an entry with only the sandbox id (prefixlen
+ * 32) marks the sandbox as restricted (ops 0); entries with ops OP_CONNECT
+ * are the allowed paths (prefix entries end in '/'; exact ones include the
+ * NUL). No entry: the sandbox does not restrict unix sockets.
+ */
+#define OP_CONNECT 8
+#define AF_UNIX_ 1
+#define S_IFSOCK_ 0140000
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__type(key, struct path_key);
+	__type(value, struct path_rule);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bs_unix_paths SEC(".maps");
+
+static __always_inline void unix_peer_connected(struct pt_regs *regs)
+{
+	struct category_rule *c = category(CAT_UNIX_PEER);
+	if (!c || !c->action)
+		return;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return;
+	struct file *file = pw_fd_file((long)BPF_CORE_READ(regs, di));
+	if (!file)
+		return;
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	if ((BPF_CORE_READ(inode, i_mode) & 00170000) != S_IFSOCK_)
+		return;
+	struct socket *sock = BPF_CORE_READ(file, private_data);
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (!sk || BPF_CORE_READ(sk, __sk_common.skc_family) != AF_UNIX_)
+		return;
+	struct unix_sock *peer = (struct unix_sock *)BPF_CORE_READ((struct unix_sock *)sk, peer);
+	if (!peer || !BPF_CORE_READ(peer, addr))
+		return; /* unnamed peer (never bound): no name to judge */
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	s->key.prefixlen = 32;
+	s->key.sandbox_id = sb->id;
+	struct path_rule *marker = bpf_map_lookup_elem(&bs_unix_paths, &s->key);
+	if (!marker)
+		return; /* this sandbox does not restrict unix sockets */
+	__u32 rule_id = marker->rule_id;
+	struct path p = { .mnt = BPF_CORE_READ(peer, path.mnt), .dentry = BPF_CORE_READ(peer, path.dentry) };
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct path troot = BPF_CORE_READ(task, fs, root);
+	if (p.dentry) {
+		pw_resolve(&s->pw, &p, &troot);
+		if (!(s->pw.flags & PW_F_TRUNCATED)) {
+			__u32 len = s->pw.len + 1;
+			if (len > RULE_PATH_LEN)
+				len = RULE_PATH_LEN;
+			s->key.prefixlen = (4 + len) * 8;
+			bpf_probe_read_kernel(s->key.path, sizeof(s->key.path), s->pw.buf);
+			s->key.sandbox_id = sb->id;
+			struct path_rule *pr = bpf_map_lookup_elem(&bs_unix_paths, &s->key);
+			if (pr && (pr->ops & OP_CONNECT))
+				return;
+		}
+	} else {
+		/* Bound, but not in the filesystem: an abstract name. */
+		s->pw.buf[0] = '@';
+		s->pw.buf[1] = 0;
+		s->pw.flags = 0;
+	}
+	__u32 verdict = backstop_verdict(sb, c->action);
+	if (verdict == VERDICT_ALLOWED)
+		return;
+	if (verdict == VERDICT_KILLED)
+		bpf_send_signal(SIGKILL);
+	struct file_event *e = reserve_event(sizeof(*e), true);
+	if (!e)
+		return;
+	fill_hdr(&e->hdr, EV_KILL_FILE, verdict, rule_id, root, sb);
+	e->nr = NR_connect;
+	struct inode *pi = p.dentry ? BPF_CORE_READ(p.dentry, d_inode) : NULL;
+	e->ino = pi ? BPF_CORE_READ(pi, i_ino) : 0;
+	e->dev = pi ? BPF_CORE_READ(pi, i_sb, s_dev) : 0;
+	e->i_mode = S_IFSOCK_;
+	e->f_flags = 0;
+	e->f_mode = 0;
+	e->category = CAT_UNIX_PEER;
+	e->path_flags = s->pw.flags;
+	e->target_pid = 0;
+	e->pad = 0;
+	bpf_probe_read_kernel_str(e->path, sizeof(e->path), s->pw.buf);
+	submit_event(e, true);
+}
+
 /* complete_pending sends the event sys_enter left for this syscall, with
  * its return value. */
 static __always_inline void complete_pending(long nr, long ret)
@@ -1014,6 +1128,8 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 		script_open(file, nr, regs, root, sb);
 		return 0;
 	}
+	if (nr == NR_connect && ret == 0)
+		unix_peer_connected(regs);
 	if ((unsigned long)nr >= MAX_SYSCALLS)
 		return 0;
 	__u32 n = nr;

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -165,7 +166,13 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 		r.Allow = []string{fmt.Sprintf("dns: {allow: [%s]}", strings.TrimSuffix(e.DNS.Name, "."))}
 	case (e.Kind == audit.KindNet || e.Kind == audit.KindSocket) && e.Net != nil:
 		r.Operation = e.Net.Op
-		if e.Net.Addr != "" {
+		if e.Net.Family == syscall.AF_UNIX {
+			// A unix socket: the address is its path.
+			r.Address = e.Net.Addr
+			if strings.HasPrefix(e.Net.Addr, "/") {
+				r.Allow = []string{fmt.Sprintf("egress: {unix: [%s]}", e.Net.Addr)}
+			}
+		} else if e.Net.Addr != "" {
 			r.Address = fmt.Sprintf("%s:%d", e.Net.Addr, e.Net.Port)
 			r.Allow = []string{fmt.Sprintf("egress: {allow: [{cidr: %s/%d}]}", e.Net.Addr, hostBits(e.Net.Addr))}
 		}

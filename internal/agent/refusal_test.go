@@ -33,12 +33,14 @@ sandboxes:
 			Syscall: &audit.SyscallDetail{Name: "unshare", Ret: -1}, Message: "unshare(flags 0x20000) refused by the seccomp filter (EPERM)"},
 		{Kind: audit.KindDNS, Verdict: audit.VerdictDenied, Mechanism: "dnsproxy", Sandbox: audit.Sandbox{Name: "r"},
 			DNS: &audit.DNSDetail{Name: "example.org.", Reason: "not in the allowlist"}},
+		{Kind: audit.KindNet, Verdict: audit.VerdictKilled, Mechanism: "kill", Sandbox: audit.Sandbox{Name: "r"},
+			Net: &audit.NetDetail{Family: 1, Op: "connect", Addr: "/run/docker.sock", Reason: "unix peer outside the sandbox's socket paths (resolved)"}},
 		// The benign neighbour: an allowed open is no refusal.
 		open(ws+"/main.go", true, "landlock", audit.VerdictAllowed),
 	}
 	got := Refusals(p, sb, events, ws)
-	if len(got) != 6 {
-		t.Fatalf("got %d refusals, want 6: %+v", len(got), got)
+	if len(got) != 7 {
+		t.Fatalf("got %d refusals, want 7: %+v", len(got), got)
 	}
 	byOp := map[string]Refusal{}
 	for _, r := range got {
@@ -64,11 +66,14 @@ sandboxes:
 	if d := byOp["resolve example.org."]; len(d.Allow) != 1 || d.Allow[0] != "dns: {allow: [example.org]}" {
 		t.Errorf("dns refusal = %+v", d)
 	}
+	if u := byOp["connect /run/docker.sock"]; len(u.Allow) != 1 || u.Allow[0] != "egress: {unix: [/run/docker.sock]}" || u.Result != "killed" {
+		t.Errorf("unix connect refusal = %+v", u)
+	}
 
 	rep := &RunReport{Label: "call-1", Sandbox: "r", Mode: "enforce", Refusals: got, Killed: true}
 	var text bytes.Buffer
 	rep.WriteSummary(&text)
-	for _, want := range []string{"7 operation(s) refused", "label=call-1", "cred-shadow", "landlock", "would be allowed by", "kill backstop killed"} {
+	for _, want := range []string{"8 operation(s) refused", "label=call-1", "cred-shadow", "landlock", "would be allowed by", "kill backstop killed"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, text.String())
 		}
@@ -78,7 +83,7 @@ sandboxes:
 		t.Fatal(err)
 	}
 	var back RunReport
-	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Label != "call-1" || len(back.Refusals) != 6 {
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Label != "call-1" || len(back.Refusals) != 7 {
 		t.Errorf("JSON report round trip: %v %+v", err, back)
 	}
 }

@@ -208,7 +208,7 @@ func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.Sandbox
 		cfg.UnixPaths = append(cfg.UnixPaths, gateway.SocketPath(c.p.Agent.SocketDir, sb.Name))
 	}
 	unixNote := []string{fmt.Sprintf("cgroup/connect_unix and sendmsg_unix: only %d workspace and egress.unix paths; abstract, relative and '..' paths refused", len(cfg.UnixPaths)),
-		"judged on the path as passed, before the kernel resolves it: a symlink inside an allowed directory to a host socket is not seen"}
+		"judged on the path as passed, before the kernel resolves it: a symlink inside an allowed directory to a host socket passes (the peer the kernel found is judged on the egress: unix peers line)"}
 	if len(c.env.AbsentProbeSockets) > 0 {
 		unixNote = append(unixNote, "left connectable because no such socket exists on this host (the C library probes them on every lookup): "+
 			strings.Join(c.env.AbsentProbeSockets, ", ")+"; re-checked at every policy reload")
@@ -218,7 +218,7 @@ func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.Sandbox
 			notes: []string{"no cgroup unix socket hooks here (" + c.env.UnixSockets.Error() + "): the lsm unix hooks judge every peer (egress: unix peers)"}})
 	} else if c.env.UnixSockets != nil {
 		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechNone,
-			notes: []string{"this kernel cannot refuse unix socket connects (" + c.env.UnixSockets.Error() + ")"}})
+			notes: []string{"this kernel cannot refuse unix socket connects (" + c.env.UnixSockets.Error() + "); the backstop kills connects to peers outside the paths (egress: unix peers)"}})
 	} else {
 		c.add(sb, "egress: unix sockets", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: unixNote})
 	}

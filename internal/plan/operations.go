@@ -438,7 +438,7 @@ func (c *compiler) ia32Lines() {
 		what string
 	}{{b.CgroupWrite, "cgroup_write opens"}, {b.ProcMem, "/proc/PID/mem opens"}, {b.CloneFiles, "CLONE_FILES clones"},
 		{b.IOUringOpen, "io_uring opens"}, {b.SignalAgent, "kill-family syscalls to the agent"},
-		{b.PacketSocket, "socket(AF_PACKET)"}} {
+		{b.PacketSocket, "socket(AF_PACKET)"}, {b.UnixPeer, "unix connects"}} {
 		if cat.r.Action != enforce.ActionAllow {
 			why = append(why, cat.what+" checked by the backstop")
 		}

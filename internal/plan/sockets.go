@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -48,10 +49,24 @@ func (c *compiler) lsmSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 		return
 	}
 	if !c.hook("unix_stream_connect") || !c.hook("unix_may_send") {
-		return // the egress: unix sockets line says what the cgroup hooks judge
+		c.backstopUnixPeers(sb, sid, cfg.UnixPaths)
+		return
 	}
 	lr.Ops[lsm.OpUnixConnect] = lsm.Decision{Action: enforce.ActionBlock, RuleID: c.rules.ID("unix-sockets")}
 	lr.UnixPaths = slices.Clone(cfg.UnixPaths)
 	c.add(sb, "egress: unix peers", policy.ActionBlock, layer{mech: MechLSM, notes: []string{
 		fmt.Sprintf("lsm unix_stream_connect and unix_may_send: the peer the kernel found must be bound in one of %d workspace and egress.unix paths (symlinks resolved); abstract peers refused", len(cfg.UnixPaths))}})
+}
+
+// backstopUnixPeers judges unix peers after the fact where no LSM unix hook
+// runs: the cgroup hooks see the path as passed, so a symlink in the
+// workspace to a host socket passes them; the backstop checks the socket
+// connect(2) reached and kills the process before it returns.
+func (c *compiler) backstopUnixPeers(sb *policy.Sandbox, sid uint32, paths []string) {
+	id := c.rules.ID("unix-peers")
+	c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.UnixPeer }, enforce.ActionKill, id)
+	c.plan.Backstop.UnixPaths = append(c.plan.Backstop.UnixPaths, backstop.UnixPaths{SandboxID: sid, Paths: slices.Clone(paths), Rule: id})
+	c.add(sb, "egress: unix peers", policy.ActionKill, layer{mech: MechKill, notes: []string{
+		fmt.Sprintf("backstop at connect(2)'s return: the peer the kernel found must be bound in one of %d workspace and egress.unix paths (symlinks resolved), else the process is killed before it returns", len(paths)),
+		"after the fact: the connection exists for that moment, so another thread of the process could write to it first; datagrams sent by name (sendto) are delivered unjudged"}})
 }

@@ -86,8 +86,26 @@ func TestLSMSocketsAndClones(t *testing.T) {
 	if lr.Ops[lsm.OpCloneFiles].Action != enforce.ActionBlock {
 		t.Errorf("clone files: %+v", lr.Ops[lsm.OpCloneFiles])
 	}
+	if plan.Backstop.UnixPeer.Action != enforce.ActionAllow || len(plan.Backstop.UnixPaths) != 0 {
+		t.Errorf("backstop unix peers %+v %v although the lsm unix hooks run", plan.Backstop.UnixPeer, plan.Backstop.UnixPaths)
+	}
 	plan, _ = compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, errRefused)})
 	if plan.Backstop.PacketSocket.Action != enforce.ActionKill {
 		t.Errorf("no LSM: backstop packet %+v, want kill", plan.Backstop.PacketSocket)
+	}
+	// Without the LSM unix hooks the backstop judges the peer connect(2)
+	// reached, on the same paths, and says it acts after the fact.
+	if plan.Backstop.UnixPeer.Action != enforce.ActionKill || len(plan.Backstop.UnixPaths) != 1 ||
+		plan.Backstop.UnixPaths[0].SandboxID != plan.SandboxIDs["adv"] || !slices.Contains(plan.Backstop.UnixPaths[0].Paths, "/var/lib/ws/") {
+		t.Errorf("no LSM: backstop unix peers %+v %+v", plan.Backstop.UnixPeer, plan.Backstop.UnixPaths)
+	}
+	var peers control.Layer
+	for _, l := range plan.Layers {
+		if strings.HasSuffix(l.Rule, "egress: unix peers") {
+			peers = l
+		}
+	}
+	if peers.Mechanism != MechKill || !strings.Contains(peers.Note, "after the fact") {
+		t.Errorf("no LSM: unix peers layer line %+v", peers)
 	}
 }

@@ -271,13 +271,7 @@ var techniques = []technique{
 // knownOpen lists rows not closed on a path/layer, with why: they are
 // reported as OPEN, not failed, and fail the test once they close (so the
 // list cannot go stale). Key: name + "/" + path + "/" + layer.
-var knownOpen = map[string]string{
-	// Without BPF LSM nothing judges the socket a unix connect reaches:
-	// cgroup/connect_unix sees the path as passed (inside the workspace),
-	// Landlock (ABI 7 here) has no right for pathname sockets.
-	"unix-symlink-host-socket/sandbox/backstop": "no unix LSM hook: the cgroup hook judges the path before the kernel resolves it",
-	"unix-symlink-host-socket/exec/backstop":    "no unix LSM hook: the cgroup hook judges the path before the kernel resolves it; Landlock ABI 7 has no unix right",
-}
+var knownOpen = map[string]string{}
 
 // raceNotWon is what a race technique prints when its flip never reached
 // the kernel in time: the target is unchanged and nothing happened that

@@ -207,6 +207,7 @@ const (
 	backstopMapBsSyscallRules         = "bs_syscall_rules"
 	backstopMapBsSyscallRules32       = "bs_syscall_rules32"
 	backstopMapBsTasks                = "bs_tasks"
+	backstopMapBsUnixPaths            = "bs_unix_paths"
 	backstopMapMembershipCache        = "membership_cache"
 	backstopMapRingbufDrops           = "ringbuf_drops"
 	backstopMapRoutineEvents          = "routine_events"
@@ -308,6 +309,7 @@ type backstopMapSpecs struct {
 	BsSyscallRules    *ebpf.MapSpec `ebpf:"bs_syscall_rules"`
 	BsSyscallRules32  *ebpf.MapSpec `ebpf:"bs_syscall_rules32"`
 	BsTasks           *ebpf.MapSpec `ebpf:"bs_tasks"`
+	BsUnixPaths       *ebpf.MapSpec `ebpf:"bs_unix_paths"`
 	MembershipCache   *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.MapSpec `ebpf:"ringbuf_drops"`
 	RoutineEvents     *ebpf.MapSpec `ebpf:"routine_events"`
@@ -367,6 +369,7 @@ type backstopMaps struct {
 	BsSyscallRules    *ebpf.Map `ebpf:"bs_syscall_rules"`
 	BsSyscallRules32  *ebpf.Map `ebpf:"bs_syscall_rules32"`
 	BsTasks           *ebpf.Map `ebpf:"bs_tasks"`
+	BsUnixPaths       *ebpf.Map `ebpf:"bs_unix_paths"`
 	MembershipCache   *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.Map `ebpf:"ringbuf_drops"`
 	RoutineEvents     *ebpf.Map `ebpf:"routine_events"`
@@ -390,6 +393,7 @@ func (m *backstopMaps) Close() error {
 		m.BsSyscallRules,
 		m.BsSyscallRules32,
 		m.BsTasks,
+		m.BsUnixPaths,
 		m.MembershipCache,
 		m.RingbufDrops,
 		m.RoutineEvents,

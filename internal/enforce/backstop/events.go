@@ -8,6 +8,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -106,6 +108,18 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 	e, err := enforce.Cast[FileEvent](raw)
 	if err != nil {
 		return err
+	}
+	if e.Category == catUnixPeer {
+		// A unix connect judged on the peer the kernel found: a network
+		// event, as the LSM unix hooks report it.
+		ev.Kind = audit.KindNet
+		ev.Net = &audit.NetDetail{Family: unix.AF_UNIX, Op: "connect", Addr: cText(e.Path[:]),
+			Reason: "unix peer outside the sandbox's socket paths (resolved)"}
+		if e.PathFlags&1 != 0 {
+			ev.Net.Reason += "; path truncated"
+		}
+		ev.Message = ev.Net.Reason
+		return nil
 	}
 	ev.File = &audit.FileDetail{
 		Path:  cText(e.Path[:]),

@@ -99,6 +99,15 @@ type Rules struct {
 	// never runs for packet sockets, which reach the wire past every
 	// connect and sendmsg hook.
 	PacketSocket Rule
+	// UnixPeer applies when connect(2) of a unix socket returns connected
+	// to a peer bound outside the sandbox's UnixPaths (symlinks and bind
+	// mounts resolved by the kernel), for the sandboxes UnixPaths lists;
+	// killed after the connect, before the thread returns to user space.
+	UnixPeer Rule
+	// UnixPaths are the socket paths each sandbox whose egress restricts
+	// unix sockets may connect to ("/dir/" for everything below a
+	// directory). A sandbox not listed is not restricted.
+	UnixPaths []UnixPaths
 	// Dirs judge changes made without a write-open (truncate, chmod,
 	// chown, xattrs, times, link, unlink, rename, symlink, mknod, mkdir,
 	// O_TRUNC), by inode: nil derives them from Paths (protected exact and
@@ -147,7 +156,8 @@ const (
 	catExecFileless = 11
 	catMmapExec     = 12
 	catPacketSocket = 13
-	catMax          = 14
+	catUnixPeer     = 14
+	catMax          = 15
 )
 
 var categoryNames = map[uint32]string{
@@ -155,7 +165,7 @@ var categoryNames = map[uint32]string{
 	catIOUring: "io_uring", catIOUringOpen: "io_uring_open", catSignalAgent: "signal_agent",
 	catCgroupEscape: "cgroup_escape", catPath: "path", catCompat: "compat_syscall",
 	catModify: "modified_outside_writable", catExecFileless: "exec_fileless", catMmapExec: "mmap_exec",
-	catPacketSocket: "packet_socket",
+	catPacketSocket: "packet_socket", catUnixPeer: "unix_peer",
 }
 
 // compatNRBase: events carry i386 syscall n as compatNRBase+n.
@@ -250,7 +260,7 @@ func DefaultRules() Rules {
 // rest of the host.
 func (r Rules) NeedsSyscallTracepoints() bool {
 	for _, c := range []Rule{r.CgroupWrite, r.ProcMem, r.CloneFiles, r.IOUring, r.SignalAgent, r.Compat,
-		r.MmapExec, r.PacketSocket} {
+		r.MmapExec, r.PacketSocket, r.UnixPeer} {
 		if c.Action != enforce.ActionAllow {
 			return true
 		}
@@ -281,6 +291,9 @@ func (b *Backstop) SetRules(r Rules) error {
 		return err
 	}
 	if err := b.setDirs(r); err != nil {
+		return err
+	}
+	if err := b.setUnixPaths(r.UnixPaths); err != nil {
 		return err
 	}
 	b.mu.Lock()
@@ -400,7 +413,7 @@ func (b *Backstop) setSyscalls(r Rules) error {
 		catCgroupWrite: r.CgroupWrite, catProcMem: r.ProcMem, catCloneFiles: r.CloneFiles,
 		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
 		catCgroupEscape: r.CgroupEscape, catCompat: r.Compat, catExecFileless: r.ExecFileless, catMmapExec: r.MmapExec,
-		catPacketSocket: r.PacketSocket,
+		catPacketSocket: r.PacketSocket, catUnixPeer: r.UnixPeer,
 	}
 	for cat, rule := range cats {
 		if err := checkAction(rule.Action); err != nil {

@@ -168,6 +168,26 @@ func main() {
 		if fd, err = unix.Socket(family, typ, 0); err == nil {
 			unix.Close(fd)
 		}
+	case "unixconnect":
+		// connect(2) of a stream unix socket to arg 0 ("dgram" as arg 1:
+		// a datagram socket), then what the peer sends first.
+		typ := unix.SOCK_STREAM
+		if arg(1) == "dgram" {
+			typ = unix.SOCK_DGRAM
+		}
+		var fd int
+		if fd, err = unix.Socket(unix.AF_UNIX, typ, 0); err != nil {
+			break
+		}
+		if err = unix.Connect(fd, &unix.SockaddrUnix{Name: arg(0)}); err == nil {
+			fmt.Println("connected")
+			if typ == unix.SOCK_STREAM {
+				buf := make([]byte, 64)
+				n, _ := unix.Read(fd, buf)
+				fmt.Printf("peer said: %s\n", buf[:max(n, 0)])
+			}
+		}
+		unix.Close(fd)
 	case "sleep":
 		select {}
 	default:

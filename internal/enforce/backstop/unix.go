@@ -1,0 +1,68 @@
+package backstop
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// UnixPaths are the unix socket paths one sandbox may connect to.
+type UnixPaths struct {
+	// SandboxID is the sandbox (never 0: the restriction is per sandbox).
+	SandboxID uint32
+	// Paths are absolute: "/dir/" allows every socket below dir, any
+	// other path exactly that socket.
+	Paths []string
+	// Rule is the policy rule reported when a connect is refused.
+	Rule uint32
+}
+
+// opConnect marks an allowed socket path in bs_unix_paths (OP_CONNECT).
+const opConnect = 8
+
+// setUnixPaths writes bs_unix_paths: per restricted sandbox a marker (the
+// sandbox id alone, which every path of the sandbox matches when nothing
+// longer does) and its allowed paths. New entries before stale ones are
+// removed, so a reload never opens a gap.
+func (b *Backstop) setUnixPaths(sets []UnixPaths) error {
+	m := b.maps("bs_unix_paths")
+	want := map[backstopPathKey]backstopPathRule{}
+	for _, set := range sets {
+		if set.SandboxID == 0 {
+			return errors.New("backstop unix paths: sandbox id 0")
+		}
+		want[backstopPathKey{Prefixlen: 32, SandboxId: set.SandboxID}] = backstopPathRule{RuleId: set.Rule}
+		for _, p := range set.Paths {
+			k, err := pathKey(PathRule{Path: p, Prefix: strings.HasSuffix(p, "/"), SandboxID: set.SandboxID})
+			if err != nil {
+				return fmt.Errorf("backstop unix path: %w", err)
+			}
+			want[k] = backstopPathRule{RuleId: set.Rule, Ops: opConnect}
+		}
+	}
+	for k, v := range want {
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("set backstop unix path: %w", err)
+		}
+	}
+	var k backstopPathKey
+	var v backstopPathRule
+	var stale []backstopPathKey
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if _, ok := want[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list backstop unix paths: %w", err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove backstop unix path: %w", err)
+		}
+	}
+	return nil
+}
