@@ -14,45 +14,18 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
-	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
-// Refusal is one refused operation (or several identical ones).
-type Refusal struct {
-	// Operation is read, write, exec, a syscall name, connect, resolve,
-	// or the policy operation (ptrace, mount, ...).
-	Operation string `json:"operation"`
-	// Path is the file (for Landlock, the string the caller passed).
-	Path string `json:"path,omitempty"`
-	// Address is the network address or DNS name.
-	Address string `json:"address,omitempty"`
-	// Rule is the policy rule that refused it ("" when none matches: a
-	// limit of the layer, see Note).
-	Rule string `json:"rule,omitempty"`
-	// Layer is the mechanism: landlock, seccomp, lsm, cgroup_bpf, kill
-	// (the backstop), dnsproxy, egress.
-	Layer string `json:"layer"`
-	// Result is refused (an errno came back), killed (the backstop killed
-	// the process: no layer here refuses it with an errno) or
-	// would-refuse (record mode: it happened).
-	Result string `json:"result"`
-	// Errno is EACCES or EPERM for refusals, when known.
-	Errno string `json:"errno,omitempty"`
-	// Process is comm[pid] of the first occurrence.
-	Process string `json:"process,omitempty"`
-	// Count is how many times it happened.
-	Count int `json:"count"`
-	// Allow are policy lines (YAML, for the sandbox) that would allow it.
-	Allow []string `json:"allow,omitempty"`
-	// Note explains a refusal no policy line explains.
-	Note  string    `json:"note,omitempty"`
-	First time.Time `json:"first"`
-}
+// Refusal is one refused operation (or several identical ones), as
+// `watcher exec --report` and the gateway's shell results carry it (defined
+// once, in the gateway protocol).
+type Refusal = toolproto.Refusal
 
 // RunReport is what `watcher exec` says about one run.
 type RunReport struct {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/watcherhq/watcher/pkg/toolproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,17 +32,9 @@ type Pending struct {
 	Deadline  time.Time `json:"deadline"`
 }
 
-// Answer is what became of a pending call.
-type Answer struct {
-	Approved bool   `json:"approved"`
-	TimedOut bool   `json:"timed_out,omitempty"`
-	By       string `json:"by,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-}
-
 type waiter struct {
 	p  Pending
-	ch chan Answer
+	ch chan toolproto.Answer
 }
 
 type approvals struct {
@@ -53,27 +46,27 @@ func newApprovals() *approvals { return &approvals{pending: map[string]*waiter{}
 
 // wait registers p and blocks until an answer, the timeout (denied) or the
 // end of ctx (the client left: denied).
-func (a *approvals) wait(ctx context.Context, p Pending, timeout time.Duration) Answer {
+func (a *approvals) wait(ctx context.Context, p Pending, timeout time.Duration) toolproto.Answer {
 	p.ID = p.Sandbox + "/" + p.CallID
 	p.Since = now()
 	p.Deadline = p.Since.Add(timeout)
-	w := &waiter{p: p, ch: make(chan Answer, 1)}
+	w := &waiter{p: p, ch: make(chan toolproto.Answer, 1)}
 	a.mu.Lock()
 	if _, dup := a.pending[p.ID]; dup {
 		a.mu.Unlock()
-		return Answer{By: "gateway", Reason: "another call with this id is already waiting"}
+		return toolproto.Answer{By: "gateway", Reason: "another call with this id is already waiting"}
 	}
 	a.pending[p.ID] = w
 	a.mu.Unlock()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	var ans Answer
+	var ans toolproto.Answer
 	select {
 	case ans = <-w.ch:
 	case <-t.C:
-		ans = Answer{TimedOut: true, By: "timeout"}
+		ans = toolproto.Answer{TimedOut: true, By: "timeout"}
 	case <-ctx.Done():
-		ans = Answer{By: "gateway", Reason: "the gateway stopped before an answer"}
+		ans = toolproto.Answer{By: "gateway", Reason: "the gateway stopped before an answer"}
 	}
 	a.mu.Lock()
 	delete(a.pending, p.ID)
@@ -102,7 +95,7 @@ func (a *approvals) list() []Pending {
 
 // decide answers the pending call id (SANDBOX/CALL_ID, or a CALL_ID that
 // is pending in one sandbox only).
-func (a *approvals) decide(id string, ans Answer) *Error {
+func (a *approvals) decide(id string, ans toolproto.Answer) *toolproto.Error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	w := a.pending[id]
@@ -114,14 +107,14 @@ func (a *approvals) decide(id string, ans Answer) *Error {
 			}
 		}
 		if len(hits) > 1 {
-			return rpcErr(CodeInvalidParams, TypeInvalidParams, "call id %s is pending in several sandboxes: name it SANDBOX/%s", id, id)
+			return rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, "call id %s is pending in several sandboxes: name it SANDBOX/%s", id, id)
 		}
 		if len(hits) == 1 {
 			w = hits[0]
 		}
 	}
 	if w == nil {
-		return rpcErr(CodeInvalidParams, TypeNotFound, "no pending call %q (it may have timed out; see watcher approvals)", id)
+		return rpcErr(toolproto.CodeInvalidParams, toolproto.TypeNotFound, "no pending call %q (it may have timed out; see watcher approvals)", id)
 	}
 	delete(a.pending, w.p.ID)
 	w.ch <- ans
@@ -132,7 +125,7 @@ func (a *approvals) closeAll() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for id, w := range a.pending {
-		w.ch <- Answer{By: "gateway", Reason: "the gateway stopped"}
+		w.ch <- toolproto.Answer{By: "gateway", Reason: "the gateway stopped"}
 		delete(a.pending, id)
 	}
 }
@@ -165,7 +158,7 @@ func (m *Manager) serveAdmin(ln net.Listener) {
 				frame, err := readFrame(r, 1<<20)
 				if err != nil {
 					if err == errFrameTooLarge {
-						cn.reply(nil, nil, rpcErr(CodeTooLarge, TypeFrameTooLarge, "frame too large"))
+						cn.reply(nil, nil, rpcErr(toolproto.CodeTooLarge, toolproto.TypeFrameTooLarge, "frame too large"))
 					}
 					return
 				}
@@ -187,13 +180,13 @@ func (m *Manager) serveAdmin(ln net.Listener) {
 					if p.By != "" && !strings.Contains(who, "("+p.By+")") {
 						by += " as " + strconv.Quote(p.By)
 					}
-					if e := m.approvals.decide(p.ID, Answer{Approved: p.Approve, By: by, Reason: p.Reason}); e != nil {
+					if e := m.approvals.decide(p.ID, toolproto.Answer{Approved: p.Approve, By: by, Reason: p.Reason}); e != nil {
 						cn.reply(req.ID, nil, e)
 						continue
 					}
 					cn.reply(req.ID, map[string]any{"id": p.ID, "approved": p.Approve, "by": by}, nil)
 				default:
-					cn.reply(req.ID, nil, rpcErr(CodeMethodNotFound, TypeMethodNotFound, "no method %q (approvals.list, approvals.decide)", req.Method))
+					cn.reply(req.ID, nil, rpcErr(toolproto.CodeMethodNotFound, toolproto.TypeMethodNotFound, "no method %q (approvals.list, approvals.decide)", req.Method))
 				}
 			}
 		}()
@@ -257,7 +250,7 @@ func (c AdminClient) call(method string, params, out any) error {
 	if err != nil {
 		return err
 	}
-	var resp Response
+	var resp toolproto.Response
 	if err := json.Unmarshal(line, &resp); err != nil {
 		return err
 	}

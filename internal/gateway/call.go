@@ -14,6 +14,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
 // Defaults for limits a policy leaves at zero.
@@ -44,45 +45,29 @@ func withDefaults(sb *policy.Sandbox) *policy.Sandbox {
 	return &cp
 }
 
-// CallResult is what tool.request returns.
-type CallResult struct {
-	CallID  string          `json:"call_id"`
-	Session string          `json:"session"`
-	Seq     uint64          `json:"seq"`
-	Tool    string          `json:"tool"`
-	Output  json.RawMessage `json:"output"`
-}
-
-type toolParams struct {
-	CallID    string          `json:"call_id"`
-	Tool      string          `json:"tool"`
-	Arguments json.RawMessage `json:"arguments"`
-	Session   string          `json:"session"`
-}
-
 // call is one tool call in progress.
 type call struct {
 	g       *sandboxGateway
 	sb      *policy.Sandbox
-	act     *Action
+	act     *sessionCall
 	peer    string
 	cred    *unix.Ucred // the caller's, from the kernel
 	argsRec string
 }
 
-func (g *sandboxGateway) toolRequest(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *Error) {
-	var p toolParams
+func (g *sandboxGateway) toolRequest(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
+	var p toolproto.ToolParams
 	if e := decodeParams(raw, &p); e != nil {
 		return nil, e
 	}
 	if p.Tool == "" {
-		return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"tool" is required`)
+		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"tool" is required`)
 	}
 	known := false
 	for _, t := range policy.ToolNames() {
 		known = known || t == p.Tool
 	}
-	return g.run(c, sb, p, func(cl *call) (any, *Error) {
+	return g.run(c, sb, p, func(cl *call) (any, *toolproto.Error) {
 		if !known {
 			return nil, cl.deny("default-deny", fmt.Sprintf("no tool %q: this gateway offers %v, and only those the policy lists", p.Tool, policy.ToolNames()))
 		}
@@ -106,15 +91,15 @@ func (g *sandboxGateway) toolRequest(c *conn, raw json.RawMessage, sb *policy.Sa
 
 // run wraps a call: checks ids, limits and duplicates, records the
 // request, runs body and records the result.
-func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolParams, body func(*call) (any, *Error)) (any, *Error) {
+func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolproto.ToolParams, body func(*call) (any, *toolproto.Error)) (any, *toolproto.Error) {
 	if !idPattern.MatchString(p.CallID) {
-		return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"call_id" must be 1-64 of letters, digits, '_', '.', '-' (starting with a letter, digit or '_')`)
+		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"call_id" must be 1-64 of letters, digits, '_', '.', '-' (starting with a letter, digit or '_')`)
 	}
 	if p.Session == "" {
 		p.Session = "default"
 	}
 	if !idPattern.MatchString(p.Session) {
-		return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"session" must be 1-64 of letters, digits, '_', '.', '-'`)
+		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"session" must be 1-64 of letters, digits, '_', '.', '-'`)
 	}
 	if len(p.Arguments) == 0 {
 		p.Arguments = json.RawMessage("{}")
@@ -124,31 +109,31 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolParams, body fun
 	// once a second. The call gets no number: it never happened.
 	if !g.limiter.allow() {
 		g.fold.add(p.Tool)
-		e := rpcErr(CodeRateLimited, TypeRateLimited, "over the sandbox's rate of %g calls/s (burst %d): retry later", sb.Tools.Rate, sb.Tools.Burst)
+		e := rpcErr(toolproto.CodeRateLimited, toolproto.TypeRateLimited, "over the sandbox's rate of %g calls/s (burst %d): retry later", sb.Tools.Rate, sb.Tools.Burst)
 		e.Data.Tool, e.Data.CallID = p.Tool, p.CallID
 		return nil, e
 	}
 	sess := g.sessions.get(p.Session)
 	act, prev := sess.begin(p.CallID, p.Tool, p.Arguments)
 	if prev != nil {
-		e := rpcErr(CodeDuplicateCall, TypeDuplicateCall, "call id %q was already used in session %s (seq %d, %s); use a new id, or session.resume to read its result", p.CallID, p.Session, prev.Seq, prev.Status)
+		e := rpcErr(toolproto.CodeDuplicateCall, toolproto.TypeDuplicateCall, "call id %q was already used in session %s (seq %d, %s); use a new id, or session.resume to read its result", p.CallID, p.Session, prev.Seq, prev.Status)
 		e.Data.CallID = p.CallID
 		return nil, e
 	}
 	cl := &call{g: g, sb: sb, act: act, peer: c.peer, cred: c.cred, argsRec: capString(string(p.Arguments), maxRecordedArgs)}
 	cl.emit("request", "", c.peer, "", "", "", audit.VerdictRecorded)
 	var out any
-	var rerr *Error
+	var rerr *toolproto.Error
 	switch {
 	case len(p.Arguments) > sb.Tools.MaxArgumentBytes:
 		rerr = cl.deny("limit:max_argument_bytes", fmt.Sprintf("arguments are %d bytes, over the limit of %d", len(p.Arguments), sb.Tools.MaxArgumentBytes))
-		rerr.Code, rerr.Data.Type, rerr.Data.Limit = CodeTooLarge, TypeTooLarge, int64(sb.Tools.MaxArgumentBytes)
+		rerr.Code, rerr.Data.Type, rerr.Data.Limit = toolproto.CodeTooLarge, toolproto.TypeTooLarge, int64(sb.Tools.MaxArgumentBytes)
 	default:
 		out, rerr = body(cl)
 	}
 	if rerr != nil {
 		if rerr.Data == nil {
-			rerr.Data = &ErrorData{Type: TypeToolFailed}
+			rerr.Data = &toolproto.ErrorData{Type: toolproto.TypeToolFailed}
 		}
 		rerr.Data.Tool, rerr.Data.CallID = p.Tool, p.CallID
 		if !cl.act.decided() {
@@ -161,13 +146,13 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolParams, body fun
 	}
 	b, err := json.Marshal(out)
 	if err != nil {
-		rerr = rpcErr(CodeInternal, TypeInternal, "encode output: %v", err)
+		rerr = rpcErr(toolproto.CodeInternal, toolproto.TypeInternal, "encode output: %v", err)
 		act.finish(nil, rerr)
 		return nil, rerr
 	}
 	cl.emit("result", "ok", "", "", summarize(out), hashOf(out), audit.VerdictAllowed)
 	act.finish(b, nil)
-	return &CallResult{CallID: p.CallID, Session: p.Session, Seq: act.Seq, Tool: p.Tool, Output: b}, nil
+	return &toolproto.CallResult{CallID: p.CallID, Session: p.Session, Seq: act.Seq, Tool: p.Tool, Output: b}, nil
 }
 
 // emit records one step of the call in the ledger.
@@ -189,16 +174,16 @@ func (cl *call) allow(rule string) {
 	cl.emit("decision", "allow", "policy", "", "", "", audit.VerdictAllowed)
 }
 
-func (cl *call) deny(rule, why string) *Error {
+func (cl *call) deny(rule, why string) *toolproto.Error {
 	cl.act.setDecision("deny", rule)
 	cl.emit("decision", "deny", "policy", why, "", "", audit.VerdictDenied)
-	e := rpcErr(CodeDenied, TypeDenied, "%s (rule %s)", why, rule)
+	e := rpcErr(toolproto.CodeDenied, toolproto.TypeDenied, "%s (rule %s)", why, rule)
 	e.Data.Rule = rule
 	return e
 }
 
 // ask holds the call until an approver answers or the timeout denies it.
-func (cl *call) ask(ctx context.Context, rule, why string) *Error {
+func (cl *call) ask(ctx context.Context, rule, why string) *toolproto.Error {
 	cl.act.setDecision("ask", rule)
 	cl.emit("decision", "ask", "policy", why, "", "", audit.VerdictRecorded)
 	timeout := cl.sb.Tools.AskTimeout.Duration
@@ -211,12 +196,12 @@ func (cl *call) ask(ctx context.Context, rule, why string) *Error {
 		return nil
 	case ans.TimedOut:
 		cl.emit("approval", "timeout", "timeout", fmt.Sprintf("no approver answered within %s", timeout), "", "", audit.VerdictDenied)
-		e := rpcErr(CodeApproval, TypeApprovalTimeout, "no approver answered within %s: denied (rule %s)", timeout, rule)
+		e := rpcErr(toolproto.CodeApproval, toolproto.TypeApprovalTimeout, "no approver answered within %s: denied (rule %s)", timeout, rule)
 		e.Data.Rule = rule
 		return e
 	default:
 		cl.emit("approval", "denied", ans.By, ans.Reason, "", "", audit.VerdictDenied)
-		e := rpcErr(CodeApproval, TypeApprovalDenied, "denied by %s: %s (rule %s)", ans.By, orNone(ans.Reason), rule)
+		e := rpcErr(toolproto.CodeApproval, toolproto.TypeApprovalDenied, "denied by %s: %s (rule %s)", ans.By, orNone(ans.Reason), rule)
 		e.Data.Rule = rule
 		return e
 	}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/watcherhq/watcher/pkg/toolproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,9 +41,9 @@ type Root struct {
 type PathError struct {
 	Path  string
 	Errno unix.Errno
-	Type  string // TypeOutside, TypeSymlink, TypeHardlink, TypeNotRegular, TypeNotFound, TypeDenied
+	Type  string // toolproto.TypeOutside, toolproto.TypeSymlink, toolproto.TypeHardlink, toolproto.TypeNotRegular, toolproto.TypeNotFound, toolproto.TypeDenied
 	Msg   string
-	Rule  string // the file rule, for TypeDenied
+	Rule  string // the file rule, for toolproto.TypeDenied
 }
 
 func (e *PathError) Error() string { return fmt.Sprintf("%s: %s", e.Path, e.Msg) }
@@ -80,7 +81,7 @@ func (r Root) openDir() (int, error) {
 // open resolves p beneath the root with flags.
 func (r Root) open(p string, flags int, mode uint32) (int, error) {
 	if p == "" {
-		return -1, &PathError{Path: p, Type: TypeNotFound, Errno: unix.ENOENT, Msg: "empty path"}
+		return -1, &PathError{Path: p, Type: toolproto.TypeNotFound, Errno: unix.ENOENT, Msg: "empty path"}
 	}
 	root, err := r.openDir()
 	if err != nil {
@@ -112,17 +113,17 @@ func pathError(p string, err error) error {
 	pe := &PathError{Path: p, Errno: errno}
 	switch errno {
 	case unix.EXDEV:
-		pe.Type, pe.Msg = TypeOutside, "refused by the kernel: the path resolves outside the workspace (EXDEV)"
+		pe.Type, pe.Msg = toolproto.TypeOutside, "refused by the kernel: the path resolves outside the workspace (EXDEV)"
 	case unix.ELOOP:
-		pe.Type, pe.Msg = TypeSymlink, "refused by the kernel: the path goes through a symbolic link, which this sandbox's file tools do not follow (ELOOP)"
+		pe.Type, pe.Msg = toolproto.TypeSymlink, "refused by the kernel: the path goes through a symbolic link, which this sandbox's file tools do not follow (ELOOP)"
 	case unix.ENOENT:
-		pe.Type, pe.Msg = TypeNotFound, "no such file or directory"
+		pe.Type, pe.Msg = toolproto.TypeNotFound, "no such file or directory"
 	case unix.ENOTDIR:
-		pe.Type, pe.Msg = TypeNotFound, "a component of the path is not a directory"
+		pe.Type, pe.Msg = toolproto.TypeNotFound, "a component of the path is not a directory"
 	case unix.EISDIR:
-		pe.Type, pe.Msg = TypeNotRegular, "is a directory"
+		pe.Type, pe.Msg = toolproto.TypeNotRegular, "is a directory"
 	default:
-		pe.Type, pe.Msg = TypeToolFailed, errno.Error()
+		pe.Type, pe.Msg = toolproto.TypeToolFailed, errno.Error()
 	}
 	return pe
 }
@@ -170,12 +171,12 @@ func (r Root) openRegular(p string) (*os.File, unix.Stat_t, error) {
 		return nil, st, fmt.Errorf("%s: fstat: %w", p, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, st, &PathError{Path: p, Type: TypeNotRegular, Msg: "not a regular file (" + fileType(st.Mode) + ")"}
+		return nil, st, &PathError{Path: p, Type: toolproto.TypeNotRegular, Msg: "not a regular file (" + fileType(st.Mode) + ")"}
 	}
 	// A hard link names the inode of a file that may live anywhere on the
 	// file system; the walk cannot tell where else it is linked.
 	if st.Nlink > 1 {
-		return nil, st, &PathError{Path: p, Type: TypeHardlink, Msg: fmt.Sprintf("refused: the file has %d hard links and may be a file outside the workspace", st.Nlink)}
+		return nil, st, &PathError{Path: p, Type: toolproto.TypeHardlink, Msg: fmt.Sprintf("refused: the file has %d hard links and may be a file outside the workspace", st.Nlink)}
 	}
 	if err := r.check(p, pfd, "", false); err != nil {
 		return nil, st, err
@@ -212,22 +213,8 @@ func fileType(m uint32) string {
 	return "unknown"
 }
 
-// FileContent is what read_file returns.
-type FileContent struct {
-	Path string `json:"path"`
-	// Content is the text, or base64 when Encoding says so.
-	Content string `json:"content"`
-	// Encoding is "utf-8" or "base64" (the file is not valid UTF-8).
-	Encoding string `json:"encoding"`
-	// Size is the file's size; Truncated says Content stops before it.
-	Size      int64  `json:"size"`
-	Offset    int64  `json:"offset,omitempty"`
-	Truncated bool   `json:"truncated,omitempty"`
-	SHA256    string `json:"sha256"` // of the bytes returned
-}
-
 // ReadFile reads at most max bytes of p from offset.
-func (r Root) ReadFile(p string, offset int64, max int) (*FileContent, error) {
+func (r Root) ReadFile(p string, offset int64, max int) (*toolproto.FileContent, error) {
 	f, st, err := r.openRegular(p)
 	if err != nil {
 		return nil, err
@@ -241,7 +228,7 @@ func (r Root) ReadFile(p string, offset int64, max int) (*FileContent, error) {
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: read: %w", p, err)
 	}
-	out := &FileContent{Path: p, Size: st.Size, Offset: offset, Truncated: n > max}
+	out := &toolproto.FileContent{Path: p, Size: st.Size, Offset: offset, Truncated: n > max}
 	buf = buf[:min(n, max)]
 	sum := sha256.Sum256(buf)
 	out.SHA256 = hex.EncodeToString(sum[:])
@@ -253,23 +240,15 @@ func (r Root) ReadFile(p string, offset int64, max int) (*FileContent, error) {
 	return out, nil
 }
 
-// WriteResult is what write_file returns.
-type WriteResult struct {
-	Path    string `json:"path"`
-	Bytes   int    `json:"bytes"`
-	Created bool   `json:"created"`
-	SHA256  string `json:"sha256"`
-}
-
 // WriteFile replaces p with data atomically: the parent directory is
 // resolved beneath the root, a new file is created in it (O_EXCL, owned
 // like the directory) and renamed over the name. The rename replaces the
 // name, so a hard link or symlink at p is replaced, never written through.
-func (r Root) WriteFile(p string, data []byte) (*WriteResult, error) {
+func (r Root) WriteFile(p string, data []byte) (*toolproto.WriteResult, error) {
 	rel := r.rel(p)
 	dir, base := filepath.Split(rel)
 	if base == "" || base == "." || base == ".." {
-		return nil, &PathError{Path: p, Type: TypeNotRegular, Msg: "not a file name"}
+		return nil, &PathError{Path: p, Type: toolproto.TypeNotRegular, Msg: "not a file name"}
 	}
 	if dir == "" {
 		dir = "."
@@ -294,7 +273,7 @@ func (r Root) WriteFile(p string, data []byte) (*WriteResult, error) {
 	var old unix.Stat_t
 	if err := unix.Fstatat(dfd, base, &old, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 		if old.Mode&unix.S_IFMT == unix.S_IFDIR {
-			return nil, &PathError{Path: p, Type: TypeNotRegular, Msg: "is a directory"}
+			return nil, &PathError{Path: p, Type: toolproto.TypeNotRegular, Msg: "is a directory"}
 		}
 		if old.Mode&unix.S_IFMT == unix.S_IFREG {
 			mode = old.Mode & 0o777
@@ -309,7 +288,7 @@ func (r Root) WriteFile(p string, data []byte) (*WriteResult, error) {
 		return nil, fmt.Errorf("%s: create: %w", p, err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	fail := func(err error) (*WriteResult, error) {
+	fail := func(err error) (*toolproto.WriteResult, error) {
 		f.Close()
 		unix.Unlinkat(dfd, tmp, 0)
 		return nil, fmt.Errorf("%s: %w", p, err)
@@ -333,25 +312,11 @@ func (r Root) WriteFile(p string, data []byte) (*WriteResult, error) {
 	}
 	f.Close()
 	sum := sha256.Sum256(data)
-	return &WriteResult{Path: p, Bytes: len(data), Created: created, SHA256: hex.EncodeToString(sum[:])}, nil
-}
-
-// DirEntry is one entry of list_dir.
-type DirEntry struct {
-	Name string `json:"name"`
-	Type string `json:"type"` // file, directory, symlink, ...
-	Size int64  `json:"size"`
-}
-
-// Listing is what list_dir returns.
-type Listing struct {
-	Path      string     `json:"path"`
-	Entries   []DirEntry `json:"entries"`
-	Truncated bool       `json:"truncated,omitempty"`
+	return &toolproto.WriteResult{Path: p, Bytes: len(data), Created: created, SHA256: hex.EncodeToString(sum[:])}, nil
 }
 
 // ListDir lists at most max entries of directory p.
-func (r Root) ListDir(p string, max int) (*Listing, error) {
+func (r Root) ListDir(p string, max int) (*toolproto.Listing, error) {
 	if p == "" {
 		p = "."
 	}
@@ -368,14 +333,14 @@ func (r Root) ListDir(p string, max int) (*Listing, error) {
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	out := &Listing{Path: p, Entries: []DirEntry{}}
+	out := &toolproto.Listing{Path: p, Entries: []toolproto.DirEntry{}}
 	if len(names) > max {
 		names, out.Truncated = names[:max], true
 	}
 	sort.Strings(names)
 	for _, n := range names {
 		var st unix.Stat_t
-		e := DirEntry{Name: n, Type: "unknown"}
+		e := toolproto.DirEntry{Name: n, Type: "unknown"}
 		if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 			e.Type, e.Size = fileType(st.Mode), st.Size
 		}

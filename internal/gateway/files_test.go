@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
 // newWorkspace makes a workspace with benign files and escape attempts:
@@ -53,29 +55,29 @@ func TestReadFileConfined(t *testing.T) {
 		if follow && (err != nil || inLink.Content != "package main\n") {
 			t.Errorf("symlink inside the workspace not followed: %v", err)
 		}
-		if !follow && pathErrType(err) != TypeSymlink {
-			t.Errorf("follow=false: in-link err = %v, want %s", err, TypeSymlink)
+		if !follow && pathErrType(err) != toolproto.TypeSymlink {
+			t.Errorf("follow=false: in-link err = %v, want %s", err, toolproto.TypeSymlink)
 		}
 		refused := map[string]string{
-			"../../etc/passwd":              TypeOutside,
-			"../../../secret.txt":           TypeOutside,
-			"/etc/passwd":                   TypeOutside,
-			"/proc/self/root/etc/passwd":    TypeOutside,
-			"src/../../ws/../../secret.txt": TypeOutside,
-			"procroot/etc/passwd":           TypeOutside,
-			"hard":                          TypeHardlink,
-			"src":                           TypeNotRegular,
-			"/proc/self/fd/0":               TypeOutside,
-			ws + "/../secret.txt":           TypeOutside,
-			"missing":                       TypeNotFound,
+			"../../etc/passwd":              toolproto.TypeOutside,
+			"../../../secret.txt":           toolproto.TypeOutside,
+			"/etc/passwd":                   toolproto.TypeOutside,
+			"/proc/self/root/etc/passwd":    toolproto.TypeOutside,
+			"src/../../ws/../../secret.txt": toolproto.TypeOutside,
+			"procroot/etc/passwd":           toolproto.TypeOutside,
+			"hard":                          toolproto.TypeHardlink,
+			"src":                           toolproto.TypeNotRegular,
+			"/proc/self/fd/0":               toolproto.TypeOutside,
+			ws + "/../secret.txt":           toolproto.TypeOutside,
+			"missing":                       toolproto.TypeNotFound,
 		}
 		if follow {
-			refused["abs-link"] = TypeOutside
-			refused["rel-out"] = TypeOutside
+			refused["abs-link"] = toolproto.TypeOutside
+			refused["rel-out"] = toolproto.TypeOutside
 		} else {
-			refused["abs-link"] = TypeSymlink
-			refused["rel-out"] = TypeSymlink
-			refused["procroot/etc/passwd"] = TypeSymlink
+			refused["abs-link"] = toolproto.TypeSymlink
+			refused["rel-out"] = toolproto.TypeSymlink
+			refused["procroot/etc/passwd"] = toolproto.TypeSymlink
 		}
 		for p, want := range refused {
 			fc, err := r.ReadFile(p, 0, 1024)
@@ -126,12 +128,12 @@ func TestWriteFileConfined(t *testing.T) {
 		t.Fatalf("write went through the symlink: outside now %q", b)
 	}
 	for p, want := range map[string]string{
-		"../../x.txt":           TypeOutside,
-		"/tmp/x.txt":            TypeOutside,
-		"procroot/tmp/x.txt":    TypeSymlink,
-		"src":                   TypeNotRegular,
-		"nodir/x.txt":           TypeNotFound,
-		"/proc/self/root/tmp/x": TypeOutside,
+		"../../x.txt":           toolproto.TypeOutside,
+		"/tmp/x.txt":            toolproto.TypeOutside,
+		"procroot/tmp/x.txt":    toolproto.TypeSymlink,
+		"src":                   toolproto.TypeNotRegular,
+		"nodir/x.txt":           toolproto.TypeNotFound,
+		"/proc/self/root/tmp/x": toolproto.TypeOutside,
 	} {
 		if _, err := r.WriteFile(p, []byte("x")); pathErrType(err) != want {
 			t.Errorf("write %s: err = %v, want %s", p, err, want)
@@ -165,7 +167,7 @@ func TestListDirConfined(t *testing.T) {
 	if l, err := r.ListDir(".", 2); err != nil || len(l.Entries) != 2 || !l.Truncated {
 		t.Errorf("cap: %+v %v", l, err)
 	}
-	for p, want := range map[string]string{"..": TypeOutside, "/": TypeOutside, "procroot": TypeSymlink, "/proc/self/root": TypeOutside} {
+	for p, want := range map[string]string{"..": toolproto.TypeOutside, "/": toolproto.TypeOutside, "procroot": toolproto.TypeSymlink, "/proc/self/root": toolproto.TypeOutside} {
 		if _, err := r.ListDir(p, 10); pathErrType(err) != want {
 			t.Errorf("list %s: %v, want %s", p, err, want)
 		}

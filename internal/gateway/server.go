@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
 // maxConns caps the connections of one sandbox gateway.
@@ -134,7 +135,7 @@ func (g *sandboxGateway) accept() {
 		g.mu.Lock()
 		if len(g.conns) >= maxConns {
 			g.mu.Unlock()
-			writeFrame(c, &Response{JSONRPC: "2.0", Error: rpcErr(CodeRateLimited, TypeBusy, "too many connections to this gateway (%d)", maxConns)})
+			writeFrame(c, &toolproto.Response{JSONRPC: "2.0", Error: rpcErr(toolproto.CodeRateLimited, toolproto.TypeBusy, "too many connections to this gateway (%d)", maxConns)})
 			c.Close()
 			continue
 		}
@@ -161,15 +162,15 @@ type conn struct {
 	cred     *unix.Ucred
 }
 
-func (c *conn) reply(id json.RawMessage, result any, rerr *Error) {
-	resp := &Response{JSONRPC: "2.0", ID: id, Error: rerr}
+func (c *conn) reply(id json.RawMessage, result any, rerr *toolproto.Error) {
+	resp := &toolproto.Response{JSONRPC: "2.0", ID: id, Error: rerr}
 	if id == nil {
 		resp.ID = json.RawMessage("null")
 	}
 	if rerr == nil {
 		b, err := json.Marshal(result)
 		if err != nil {
-			resp.Error = rpcErr(CodeInternal, TypeInternal, "encode result: %v", err)
+			resp.Error = rpcErr(toolproto.CodeInternal, toolproto.TypeInternal, "encode result: %v", err)
 		} else {
 			resp.Result = b
 		}
@@ -182,7 +183,7 @@ func (c *conn) reply(id json.RawMessage, result any, rerr *Error) {
 	}
 }
 
-func writeFrame(w io.Writer, resp *Response) error {
+func writeFrame(w io.Writer, resp *toolproto.Response) error {
 	b, err := json.Marshal(resp)
 	if err != nil {
 		return err
@@ -211,7 +212,7 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 		sb := g.sb.Load()
 		frame, err := readFrame(r, sb.Tools.MaxRequestBytes)
 		if errors.Is(err, errFrameTooLarge) {
-			e := rpcErr(CodeTooLarge, TypeFrameTooLarge, "request frame over %d bytes: closing the connection", sb.Tools.MaxRequestBytes)
+			e := rpcErr(toolproto.CodeTooLarge, toolproto.TypeFrameTooLarge, "request frame over %d bytes: closing the connection", sb.Tools.MaxRequestBytes)
 			e.Data.Limit = int64(sb.Tools.MaxRequestBytes)
 			c.reply(nil, nil, e)
 			return
@@ -226,11 +227,11 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 			return
 		}
 		if req.ID == nil {
-			c.reply(nil, nil, rpcErr(CodeInvalidRequest, TypeInvalidRequest, "notifications are not served: give every request an id"))
+			c.reply(nil, nil, rpcErr(toolproto.CodeInvalidRequest, toolproto.TypeInvalidRequest, "notifications are not served: give every request an id"))
 			continue
 		}
 		if max := sb.Tools.MaxInFlight; max > 0 && int(c.inflight.Load()) >= max {
-			c.reply(req.ID, nil, rpcErr(CodeRateLimited, TypeBusy, "%d calls already running on this connection", max))
+			c.reply(req.ID, nil, rpcErr(toolproto.CodeRateLimited, toolproto.TypeBusy, "%d calls already running on this connection", max))
 			continue
 		}
 		c.inflight.Add(1)
@@ -244,7 +245,7 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 	}
 }
 
-func (g *sandboxGateway) dispatch(c *conn, req *Request, sb *policy.Sandbox) (any, *Error) {
+func (g *sandboxGateway) dispatch(c *conn, req *toolproto.Request, sb *policy.Sandbox) (any, *toolproto.Error) {
 	switch req.Method {
 	case "tool.list":
 		return g.toolList(sb), nil
@@ -257,44 +258,17 @@ func (g *sandboxGateway) dispatch(c *conn, req *Request, sb *policy.Sandbox) (an
 	case "exchange.get":
 		return g.exchangeGet(c, req.Params, sb)
 	}
-	return nil, rpcErr(CodeMethodNotFound, TypeMethodNotFound, "no method %q (tool.list, tool.request, session.resume, exchange.put, exchange.get)", req.Method)
+	return nil, rpcErr(toolproto.CodeMethodNotFound, toolproto.TypeMethodNotFound, "no method %q (tool.list, tool.request, session.resume, exchange.put, exchange.get)", req.Method)
 }
 
-// ToolInfo is one entry of tool.list.
-type ToolInfo struct {
-	Tool   string `json:"tool"`
-	Action string `json:"action"` // allow or ask
-	Rule   string `json:"rule"`
-}
-
-// ToolList is what tool.list returns.
-type ToolList struct {
-	Sandbox   string     `json:"sandbox"`
-	Tools     []ToolInfo `json:"tools"`
-	Workspace []string   `json:"workspace,omitempty"`
-	Exchange  bool       `json:"exchange"`
-	Limits    Limits     `json:"limits"`
-}
-
-// Limits are the sandbox's call limits.
-type Limits struct {
-	MaxRequestBytes  int     `json:"max_request_bytes"`
-	MaxArgumentBytes int     `json:"max_argument_bytes"`
-	MaxOutputBytes   int     `json:"max_output_bytes"`
-	Rate             float64 `json:"rate,omitempty"`
-	Burst            int     `json:"burst,omitempty"`
-	MaxInFlight      int     `json:"max_in_flight,omitempty"`
-	AskTimeoutSec    float64 `json:"ask_timeout_seconds"`
-}
-
-func (g *sandboxGateway) toolList(sb *policy.Sandbox) *ToolList {
-	out := &ToolList{Sandbox: sb.Name, Tools: []ToolInfo{}, Workspace: sb.Workspace, Exchange: sb.Tools.Exchange.Dir != "",
-		Limits: Limits{MaxRequestBytes: sb.Tools.MaxRequestBytes, MaxArgumentBytes: sb.Tools.MaxArgumentBytes,
+func (g *sandboxGateway) toolList(sb *policy.Sandbox) *toolproto.ToolList {
+	out := &toolproto.ToolList{Sandbox: sb.Name, Tools: []toolproto.ToolInfo{}, Workspace: sb.Workspace, Exchange: sb.Tools.Exchange.Dir != "",
+		Limits: toolproto.Limits{MaxRequestBytes: sb.Tools.MaxRequestBytes, MaxArgumentBytes: sb.Tools.MaxArgumentBytes,
 			MaxOutputBytes: sb.Tools.MaxOutputBytes, Rate: sb.Tools.Rate, Burst: sb.Tools.Burst,
 			MaxInFlight: sb.Tools.MaxInFlight, AskTimeoutSec: sb.Tools.AskTimeout.Seconds()}}
 	for _, t := range policy.ToolNames() {
 		if r := sb.Tools.Tool(t); r != nil && r.Action != policy.ToolDeny {
-			out.Tools = append(out.Tools, ToolInfo{Tool: t, Action: string(r.Action), Rule: r.RuleName()})
+			out.Tools = append(out.Tools, toolproto.ToolInfo{Tool: t, Action: string(r.Action), Rule: r.RuleName()})
 		}
 	}
 	return out

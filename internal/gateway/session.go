@@ -6,7 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"time"
+
+	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
 // Memory bounds: a client must not grow the agent without limit.
@@ -22,25 +23,10 @@ const (
 	maxSessions = 64
 )
 
-// Action is one call of a session as session.resume returns it.
-type Action struct {
-	Seq       uint64          `json:"seq"`
-	CallID    string          `json:"call_id"`
-	Tool      string          `json:"tool"`
-	Arguments json.RawMessage `json:"arguments"`
-	Time      time.Time       `json:"time"`
-	// Decision is allow, deny or ask; Rule the rule that decided.
-	Decision string `json:"decision,omitempty"`
-	Rule     string `json:"rule,omitempty"`
-	// Approval is set for calls that asked.
-	Approval *Answer `json:"approval,omitempty"`
-	// Status is running, ok or error.
-	Status string          `json:"status"`
-	Output json.RawMessage `json:"output,omitempty"`
-	// OutputDropped says the output (and arguments) were forgotten to
-	// bound memory (the ledger keeps the call's records and hashes).
-	OutputDropped bool   `json:"output_dropped,omitempty"`
-	Error         *Error `json:"error,omitempty"`
+// sessionCall is one call of a session: its wire form and the session
+// that keeps it.
+type sessionCall struct {
+	toolproto.Action
 
 	session string
 	s       *session
@@ -73,7 +59,7 @@ func (ss *sessions) get(name string) *session {
 			oldest.close()
 			delete(ss.m, oldest.name)
 		}
-		s = &session{name: name, byID: map[string]*Action{}}
+		s = &session{name: name, byID: map[string]*sessionCall{}}
 		if ss.dir != "" {
 			s.load(filepath.Join(ss.dir, name+".jsonl"))
 		}
@@ -88,8 +74,8 @@ type session struct {
 	name    string
 	mu      sync.Mutex
 	seq     uint64
-	actions []*Action
-	byID    map[string]*Action
+	actions []*sessionCall
+	byID    map[string]*sessionCall
 	used    uint64 // sessions.clock at the last use
 	outputs int    // bytes of outputs kept
 	f       *os.File
@@ -107,9 +93,9 @@ func (s *session) load(path string) {
 	if f, err := os.Open(path); err == nil {
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		bySeq := map[uint64]*Action{}
+		bySeq := map[uint64]*sessionCall{}
 		for sc.Scan() {
-			var a Action
+			var a sessionCall
 			if json.Unmarshal(sc.Bytes(), &a) != nil || a.Seq == 0 {
 				continue
 			}
@@ -130,7 +116,7 @@ func (s *session) load(path string) {
 			a.session, a.s = s.name, s
 			if a.Status == "running" {
 				a.Status = "interrupted"
-				a.Error = rpcErr(CodeToolFailed, TypeToolFailed, "the agent stopped while the call ran: see watcher replay --call %s", a.CallID)
+				a.Error = rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "the agent stopped while the call ran: see watcher replay --call %s", a.CallID)
 			}
 			s.byID[a.CallID] = a
 			s.seq = max(s.seq, a.Seq)
@@ -165,7 +151,7 @@ func (s *session) rewrite(path string) {
 }
 
 // persist appends a's state; s.mu is held.
-func (s *session) persist(a *Action) {
+func (s *session) persist(a *sessionCall) {
 	if s.f == nil {
 		return
 	}
@@ -198,7 +184,7 @@ func (s *session) trimOutputs() {
 }
 
 // begin numbers a new call, or returns the earlier call with the same id.
-func (s *session) begin(callID, tool string, args json.RawMessage) (*Action, *Action) {
+func (s *session) begin(callID, tool string, args json.RawMessage) (*sessionCall, *sessionCall) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if prev := s.byID[callID]; prev != nil {
@@ -206,7 +192,8 @@ func (s *session) begin(callID, tool string, args json.RawMessage) (*Action, *Ac
 		return nil, &cp
 	}
 	s.seq++
-	a := &Action{Seq: s.seq, CallID: callID, Tool: tool, Arguments: append(json.RawMessage(nil), args...), Time: now(), Status: "running", session: s.name, s: s}
+	a := &sessionCall{Action: toolproto.Action{Seq: s.seq, CallID: callID, Tool: tool, Arguments: append(json.RawMessage(nil), args...),
+		Time: now(), Status: "running"}, session: s.name, s: s}
 	s.outputs += len(a.Arguments)
 	s.trimOutputs()
 	s.actions = append(s.actions, a)
@@ -223,29 +210,29 @@ func (s *session) begin(callID, tool string, args json.RawMessage) (*Action, *Ac
 }
 
 // size is what the call's arguments and output weigh in memory.
-func (a *Action) size() int { return len(a.Arguments) + len(a.Output) }
+func (a *sessionCall) size() int { return len(a.Arguments) + len(a.Output) }
 
-func (a *Action) setDecision(d, rule string) {
+func (a *sessionCall) setDecision(d, rule string) {
 	a.s.mu.Lock()
 	a.Decision, a.Rule = d, rule
 	a.s.persist(a)
 	a.s.mu.Unlock()
 }
 
-func (a *Action) decided() bool {
+func (a *sessionCall) decided() bool {
 	a.s.mu.Lock()
 	defer a.s.mu.Unlock()
 	return a.Decision != ""
 }
 
-func (a *Action) setApproval(ans Answer) {
+func (a *sessionCall) setApproval(ans toolproto.Answer) {
 	a.s.mu.Lock()
 	a.Approval = &ans
 	a.s.persist(a)
 	a.s.mu.Unlock()
 }
 
-func (a *Action) finish(out json.RawMessage, e *Error) {
+func (a *sessionCall) finish(out json.RawMessage, e *toolproto.Error) {
 	a.s.mu.Lock()
 	defer a.s.mu.Unlock()
 	if e != nil {
@@ -260,32 +247,20 @@ func (a *Action) finish(out json.RawMessage, e *Error) {
 }
 
 // after returns copies of the calls numbered above seq, in order.
-func (s *session) after(seq uint64) ([]Action, uint64) {
+func (s *session) after(seq uint64) ([]toolproto.Action, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := []Action{}
+	out := []toolproto.Action{}
 	for _, a := range s.actions {
 		if a.Seq > seq {
-			out = append(out, *a)
+			out = append(out, a.Action)
 		}
 	}
 	return out, s.seq
 }
 
-type resumeParams struct {
-	Session  string `json:"session"`
-	AfterSeq uint64 `json:"after_seq"`
-}
-
-// Resumed is what session.resume returns.
-type Resumed struct {
-	Session string   `json:"session"`
-	LastSeq uint64   `json:"last_seq"`
-	Actions []Action `json:"actions"`
-}
-
-func (g *sandboxGateway) resume(raw json.RawMessage) (any, *Error) {
-	var p resumeParams
+func (g *sandboxGateway) resume(raw json.RawMessage) (any, *toolproto.Error) {
+	var p toolproto.ResumeParams
 	if e := decodeParams(raw, &p); e != nil {
 		return nil, e
 	}
@@ -293,10 +268,10 @@ func (g *sandboxGateway) resume(raw json.RawMessage) (any, *Error) {
 		p.Session = "default"
 	}
 	if !idPattern.MatchString(p.Session) {
-		return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"session" must be 1-64 of letters, digits, '_', '.', '-'`)
+		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"session" must be 1-64 of letters, digits, '_', '.', '-'`)
 	}
 	acts, last := g.sessions.get(p.Session).after(p.AfterSeq)
-	return &Resumed{Session: p.Session, LastSeq: last, Actions: acts}, nil
+	return &toolproto.Resumed{Session: p.Session, LastSeq: last, Actions: acts}, nil
 }
 
 func (ss *sessions) closeAll() {

@@ -14,57 +14,21 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/watcherhq/watcher/pkg/toolproto"
 	"golang.org/x/sys/unix"
 )
 
-// ShellResult is what a shell call returns.
-type ShellResult struct {
-	// Outcome is watcher exec's: exited, signaled, timeout-term,
-	// timeout-kill, canceled (refused and failed runs are errors).
-	Outcome  string `json:"outcome"`
-	ExitCode int    `json:"exit_code"`
-	Signal   string `json:"signal,omitempty"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
-	// StdoutBytes and StderrBytes are the full sizes; the text is cut at
-	// the sandbox's max_output_bytes.
-	StdoutBytes     int64 `json:"stdout_bytes"`
-	StderrBytes     int64 `json:"stderr_bytes"`
-	StdoutTruncated bool  `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool  `json:"stderr_truncated,omitempty"`
-	// Refusals are watcher exec's report of what the layers refused during
-	// the run (operation, path or address, rule, layer, the policy lines
-	// that would allow it), from the kernel events labelled with the call
-	// id.
-	Refusals json.RawMessage `json:"refusals"`
-	// RefusalSummary says in one line what was refused and why.
-	RefusalSummary string `json:"refusal_summary,omitempty"`
-	// KilledByBackstop says a process was killed for an operation no
-	// layer could refuse.
-	KilledByBackstop bool  `json:"killed_by_backstop,omitempty"`
-	DurationMS       int64 `json:"duration_ms"`
-}
-
 // execReport is the part of watcher exec's --report the gateway reads.
 type execReport struct {
-	Outcome  string          `json:"outcome"`
-	ExitCode int             `json:"exit_code"`
-	Signal   string          `json:"signal"`
-	Killed   bool            `json:"killed_by_backstop"`
-	Refusals json.RawMessage `json:"refusals"`
+	Outcome  string              `json:"outcome"`
+	ExitCode int                 `json:"exit_code"`
+	Signal   string              `json:"signal"`
+	Killed   bool                `json:"killed_by_backstop"`
+	Refusals []toolproto.Refusal `json:"refusals"`
 }
 
-type reportRefusal struct {
-	Operation string `json:"operation"`
-	Path      string `json:"path"`
-	Address   string `json:"address"`
-	Rule      string `json:"rule"`
-	Layer     string `json:"layer"`
-	Result    string `json:"result"`
-	Count     int    `json:"count"`
-}
-
-func (r *ShellResult) summary() string {
+// shellSummary is the shell call's result in one line.
+func shellSummary(r *toolproto.ShellResult) string {
 	s := fmt.Sprintf("outcome=%s exit=%d stdout=%dB stderr=%dB", r.Outcome, r.ExitCode, r.StdoutBytes, r.StderrBytes)
 	if r.Signal != "" {
 		s += " signal=" + r.Signal
@@ -84,15 +48,15 @@ func shellEnv(home, callID string) []string {
 // shell runs the command through `watcher exec` (the sandbox's leaf
 // cgroup, seccomp and Landlock, graded timeouts, the breaker) with the call
 // id as label, so every kernel event of the command carries it.
-func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (any, *Error) {
+func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (any, *toolproto.Error) {
 	cfg := g.m.cfg
 	if cfg.ExecPath == "" {
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "shell is not available: the gateway has no watcher binary to run commands with")
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "shell is not available: the gateway has no watcher binary to run commands with")
 	}
 	sb := cl.sb
 	tmp, err := os.MkdirTemp("", "watcher-shell-")
 	if err != nil {
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "report dir: %v", err)
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "report dir: %v", err)
 	}
 	defer os.RemoveAll(tmp)
 	reportPath := filepath.Join(tmp, "report.json")
@@ -115,12 +79,12 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 	// A caller that is not root gets its own uid and gid for the command
 	// (no supplementary groups): the gateway must not lend it root.
 	if cl.cred == nil {
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "the caller's credentials are unknown: shell refused")
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "the caller's credentials are unknown: shell refused")
 	}
 	if cl.cred.Uid != 0 {
 		setpriv, err := exec.LookPath("setpriv")
 		if err != nil {
-			return nil, rpcErr(CodeToolFailed, TypeToolFailed, "shell for a non-root caller needs setpriv (util-linux) to drop to its uid: %v", err)
+			return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "shell for a non-root caller needs setpriv (util-linux) to drop to its uid: %v", err)
 		}
 		args = append(args, setpriv, "--reuid="+strconv.Itoa(int(cl.cred.Uid)), "--regid="+strconv.Itoa(int(cl.cred.Gid)), "--clear-groups", "--")
 	}
@@ -137,7 +101,7 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "start watcher exec: %v", err)
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "start watcher exec: %v", err)
 	}
 	// The caller leaving (or the gateway stopping) ends the command the
 	// way watcher exec ends it on SIGTERM: the whole cgroup is killed.
@@ -153,11 +117,11 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 	close(done)
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "watcher exec: %v", err)
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "watcher exec: %v", err)
 	}
-	res := &ShellResult{Stdout: stdout.String(), StdoutBytes: stdout.total, StdoutTruncated: stdout.cut,
+	res := &toolproto.ShellResult{Stdout: stdout.String(), StdoutBytes: stdout.total, StdoutTruncated: stdout.cut,
 		Stderr: stderr.String(), StderrBytes: stderr.total, StderrTruncated: stderr.cut,
-		DurationMS: time.Since(start).Milliseconds(), Refusals: json.RawMessage("[]")}
+		DurationMS: time.Since(start).Milliseconds(), Refusals: []toolproto.Refusal{}}
 	var rep execReport
 	data, rerr := os.ReadFile(reportPath)
 	if rerr == nil {
@@ -165,18 +129,16 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 	}
 	if rerr != nil {
 		// No report: watcher exec stopped before running anything.
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "the command did not run: %s", strings.TrimSpace(lastLine(stderr.String())))
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "the command did not run: %s", strings.TrimSpace(lastLine(stderr.String())))
 	}
 	res.Outcome, res.ExitCode, res.Signal, res.KilledByBackstop = rep.Outcome, rep.ExitCode, rep.Signal, rep.Killed
-	if len(rep.Refusals) > 0 && string(rep.Refusals) != "null" {
+	if len(rep.Refusals) > 0 {
 		res.Refusals = rep.Refusals
 	}
-	var rs []reportRefusal
-	json.Unmarshal(res.Refusals, &rs)
-	res.RefusalSummary = refusalSummary(rs)
+	res.RefusalSummary = refusalSummary(res.Refusals)
 	if res.Outcome == "refused" || res.Outcome == "failed" {
 		// Nothing ran: say why, as a typed error the agent can act on.
-		return nil, rpcErr(CodeToolFailed, TypeToolFailed, "the command did not run (%s): %s", res.Outcome, strings.TrimSpace(lastLine(stderr.String())))
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "the command did not run (%s): %s", res.Outcome, strings.TrimSpace(lastLine(stderr.String())))
 	}
 	return res, nil
 }
@@ -226,7 +188,7 @@ func (w *capWriter) tailBytes() []byte {
 	return w.buf.Bytes()
 }
 
-func refusalSummary(rs []reportRefusal) string {
+func refusalSummary(rs []toolproto.Refusal) string {
 	if len(rs) == 0 {
 		return ""
 	}

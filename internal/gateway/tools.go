@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
 type readParams struct {
@@ -36,7 +37,7 @@ type shellParams struct {
 // maxListEntries caps list_dir.
 const maxListEntries = 4096
 
-func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, args json.RawMessage) (any, *Error) {
+func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, args json.RawMessage) (any, *toolproto.Error) {
 	sb := cl.sb
 	switch tool {
 	case policy.ToolReadFile:
@@ -65,10 +66,10 @@ func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, arg
 		case "base64":
 			var err error
 			if data, err = base64.StdEncoding.DecodeString(p.Content); err != nil {
-				return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, "content is not valid base64: %v", err)
+				return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, "content is not valid base64: %v", err)
 			}
 		default:
-			return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"encoding" must be utf-8 or base64`)
+			return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"encoding" must be utf-8 or base64`)
 		}
 		r, e := g.rootFor(sb, p.Path)
 		if e != nil {
@@ -93,19 +94,19 @@ func (g *sandboxGateway) runTool(ctx context.Context, cl *call, tool string, arg
 			return nil, e
 		}
 		if strings.TrimSpace(p.Command) == "" {
-			return nil, rpcErr(CodeInvalidParams, TypeInvalidParams, `"command" is required`)
+			return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"command" is required`)
 		}
 		return g.shell(ctx, cl, p)
 	}
-	return nil, rpcErr(CodeDenied, TypeDenied, "no tool %q", tool)
+	return nil, rpcErr(toolproto.CodeDenied, toolproto.TypeDenied, "no tool %q", tool)
 }
 
 // rootFor picks the workspace a path is in: the one whose absolute path it
 // starts with, else the first (relative paths). The kernel decides whether
 // the path really stays inside.
-func (g *sandboxGateway) rootFor(sb *policy.Sandbox, p string) (Root, *Error) {
+func (g *sandboxGateway) rootFor(sb *policy.Sandbox, p string) (Root, *toolproto.Error) {
 	if len(sb.Workspace) == 0 {
-		return Root{}, rpcErr(CodeToolFailed, TypeToolFailed, "%v", errNoRoot)
+		return Root{}, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "%v", errNoRoot)
 	}
 	dir := sb.Workspace[0]
 	for _, w := range sb.Workspace {
@@ -133,24 +134,24 @@ func fileRuleCheck(sb *policy.Sandbox, rules []policy.FileRule, resolved string,
 		if write {
 			access = "write"
 		}
-		return &PathError{Type: TypeDenied, Rule: r.RuleName(), Msg: fmt.Sprintf("refused: the sandbox's file rule %s blocks %s of %s", r.RuleName(), access, resolved)}
+		return &PathError{Type: toolproto.TypeDenied, Rule: r.RuleName(), Msg: fmt.Sprintf("refused: the sandbox's file rule %s blocks %s of %s", r.RuleName(), access, resolved)}
 	}
 	return nil
 }
 
 // toolError turns a tool's error into a typed JSON-RPC error.
-func toolError(err error) *Error {
+func toolError(err error) *toolproto.Error {
 	if err == nil {
 		return nil
 	}
 	var pe *PathError
 	if errors.As(err, &pe) {
-		code := CodePathRefused
+		code := toolproto.CodePathRefused
 		switch pe.Type {
-		case TypeNotFound, TypeNotRegular, TypeToolFailed:
-			code = CodeToolFailed
-		case TypeDenied:
-			code = CodeDenied
+		case toolproto.TypeNotFound, toolproto.TypeNotRegular, toolproto.TypeToolFailed:
+			code = toolproto.CodeToolFailed
+		case toolproto.TypeDenied:
+			code = toolproto.CodeDenied
 		}
 		e := rpcErr(code, pe.Type, "%s", pe.Error())
 		e.Data.Rule = pe.Rule
@@ -159,21 +160,21 @@ func toolError(err error) *Error {
 		}
 		return e
 	}
-	return rpcErr(CodeToolFailed, TypeToolFailed, "%v", err)
+	return rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "%v", err)
 }
 
 // summarize is the result line of the ledger record.
 func summarize(out any) string {
 	switch o := out.(type) {
-	case *FileContent:
+	case *toolproto.FileContent:
 		return fmt.Sprintf("read %d of %d bytes truncated=%v", len(o.Content), o.Size, o.Truncated)
-	case *WriteResult:
+	case *toolproto.WriteResult:
 		return fmt.Sprintf("wrote %d bytes created=%v", o.Bytes, o.Created)
-	case *Listing:
+	case *toolproto.Listing:
 		return fmt.Sprintf("%d entries truncated=%v", len(o.Entries), o.Truncated)
-	case *ShellResult:
-		return o.summary()
-	case *ExchangeResult:
+	case *toolproto.ShellResult:
+		return shellSummary(o)
+	case *toolproto.ExchangeResult:
 		return fmt.Sprintf("%s %d bytes", o.Name, o.Bytes)
 	}
 	return ""
@@ -181,11 +182,11 @@ func summarize(out any) string {
 
 func hashOf(out any) string {
 	switch o := out.(type) {
-	case *FileContent:
+	case *toolproto.FileContent:
 		return o.SHA256
-	case *WriteResult:
+	case *toolproto.WriteResult:
 		return o.SHA256
-	case *ExchangeResult:
+	case *toolproto.ExchangeResult:
 		return o.SHA256
 	}
 	return ""

@@ -17,32 +17,40 @@ import (
 	"net"
 	"strconv"
 	"sync"
+
+	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
 // Error is a JSON-RPC error from the gateway. Type names it for programs
 // (denied, approval_denied, approval_timeout, outside_workspace,
-// symlink_refused, rate_limited, too_large, tool_failed, ...); Message
-// explains it.
-type Error struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-	Data    struct {
-		Type    string `json:"type"`
-		Tool    string `json:"tool,omitempty"`
-		CallID  string `json:"call_id,omitempty"`
-		Rule    string `json:"rule,omitempty"`
-		Errno   string `json:"errno,omitempty"`
-		Pattern string `json:"pattern,omitempty"`
-		Limit   int64  `json:"limit,omitempty"`
-	} `json:"data"`
-}
+// symlink_refused, rate_limited, too_large, tool_failed, ...: the
+// toolproto.Type constants); Message explains it.
+type Error = toolproto.Error
 
-func (e *Error) Error() string {
-	return fmt.Sprintf("gateway: %s (%s)", e.Message, e.Data.Type)
-}
-
-// Type is the error's type.
-func (e *Error) Type() string { return e.Data.Type }
+// The gateway's results, by the names this package has always used; the
+// definitions are the protocol's (package toolproto).
+type (
+	// Result is what a tool call returns: its number in the session and
+	// the tool's output.
+	Result = toolproto.CallResult
+	// Tool is one entry of List.
+	Tool = toolproto.ToolInfo
+	// Tools is what List returns.
+	Tools = toolproto.ToolList
+	// File is read_file's output.
+	File = toolproto.FileContent
+	// Entry is one list_dir entry.
+	Entry = toolproto.DirEntry
+	// ShellOutput is shell's output.
+	ShellOutput = toolproto.ShellResult
+	// Refusal is one refused operation of a shell call, with the policy
+	// lines that would allow it.
+	Refusal = toolproto.Refusal
+	// Action is one call of a session, as Resume returns it.
+	Action = toolproto.Action
+	// Message is an exchange message.
+	Message = toolproto.ExchangeResult
+)
 
 // TypeOf returns the gateway's error type of err ("" for nil, "other"
 // for errors that did not come from the gateway), so a loop can switch on
@@ -71,15 +79,9 @@ type Client struct {
 	wmu     sync.Mutex
 	mu      sync.Mutex
 	next    uint64
-	pending map[uint64]chan response
+	pending map[uint64]chan toolproto.Response
 	err     error
 	done    chan struct{}
-}
-
-type response struct {
-	Result json.RawMessage `json:"result"`
-	Error  *Error          `json:"error"`
-	ID     json.RawMessage `json:"id"`
 }
 
 // Dial connects to the gateway socket at path.
@@ -88,7 +90,7 @@ func Dial(path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial gateway: %w", err)
 	}
-	c := &Client{conn: conn, pending: map[uint64]chan response{}, done: make(chan struct{})}
+	c := &Client{conn: conn, pending: map[uint64]chan toolproto.Response{}, done: make(chan struct{})}
 	go c.read()
 	return c, nil
 }
@@ -106,7 +108,7 @@ func (c *Client) read() {
 		if err != nil {
 			break
 		}
-		var resp response
+		var resp toolproto.Response
 		if json.Unmarshal(line, &resp) != nil {
 			continue
 		}
@@ -133,7 +135,7 @@ func (c *Client) read() {
 		c.err = ErrClosed
 	}
 	for id, ch := range c.pending {
-		ch <- response{Error: nil, ID: nil}
+		ch <- toolproto.Response{}
 		delete(c.pending, id)
 	}
 }
@@ -148,10 +150,14 @@ func (c *Client) Raw(ctx context.Context, method string, params, out any) error 
 	}
 	c.next++
 	id := c.next
-	ch := make(chan response, 1)
+	ch := make(chan toolproto.Response, 1)
 	c.pending[id] = ch
 	c.mu.Unlock()
-	b, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	rawParams, err := json.Marshal(params)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(toolproto.Request{JSONRPC: "2.0", Method: method, Params: rawParams, ID: json.RawMessage(strconv.FormatUint(id, 10))})
 	if err != nil {
 		return err
 	}
@@ -183,21 +189,15 @@ func (c *Client) Raw(ctx context.Context, method string, params, out any) error 
 	}
 }
 
-// Result is what a tool call returns: its number in the session and the
-// tool's output.
-type Result struct {
-	CallID  string          `json:"call_id"`
-	Session string          `json:"session"`
-	Seq     uint64          `json:"seq"`
-	Tool    string          `json:"tool"`
-	Output  json.RawMessage `json:"output"`
-}
-
 // Call asks for one tool call and decodes the tool's output into out (if
 // not nil).
 func (c *Client) Call(ctx context.Context, callID, tool string, args, out any) (*Result, error) {
 	var res Result
-	err := c.Raw(ctx, "tool.request", map[string]any{"call_id": callID, "tool": tool, "arguments": args, "session": c.Session}, &res)
+	rawArgs, err := json.Marshal(args)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s arguments: %w", tool, err)
+	}
+	err = c.Raw(ctx, "tool.request", toolproto.ToolParams{CallID: callID, Tool: tool, Arguments: rawArgs, Session: c.Session}, &res)
 	if err != nil {
 		return nil, err
 	}
@@ -209,35 +209,10 @@ func (c *Client) Call(ctx context.Context, callID, tool string, args, out any) (
 	return &res, nil
 }
 
-// Tool is one entry of List.
-type Tool struct {
-	Tool   string `json:"tool"`
-	Action string `json:"action"`
-	Rule   string `json:"rule"`
-}
-
-// Tools is what List returns.
-type Tools struct {
-	Sandbox   string   `json:"sandbox"`
-	Tools     []Tool   `json:"tools"`
-	Workspace []string `json:"workspace"`
-	Exchange  bool     `json:"exchange"`
-}
-
 // List returns the tools this sandbox may call.
 func (c *Client) List(ctx context.Context) (*Tools, error) {
 	var out Tools
 	return &out, c.Raw(ctx, "tool.list", map[string]any{}, &out)
-}
-
-// File is read_file's output.
-type File struct {
-	Path      string `json:"path"`
-	Content   string `json:"content"`
-	Encoding  string `json:"encoding"`
-	Size      int64  `json:"size"`
-	Truncated bool   `json:"truncated"`
-	SHA256    string `json:"sha256"`
 }
 
 // ReadFile reads a file of the workspace.
@@ -253,48 +228,11 @@ func (c *Client) WriteFile(ctx context.Context, callID, path, content string) er
 	return err
 }
 
-// Entry is one list_dir entry.
-type Entry struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Size int64  `json:"size"`
-}
-
 // ListDir lists a directory of the workspace.
 func (c *Client) ListDir(ctx context.Context, callID, path string) ([]Entry, error) {
-	var l struct {
-		Entries []Entry `json:"entries"`
-	}
+	var l toolproto.Listing
 	_, err := c.Call(ctx, callID, "list_dir", map[string]any{"path": path}, &l)
 	return l.Entries, err
-}
-
-// ShellOutput is shell's output.
-type ShellOutput struct {
-	Outcome        string `json:"outcome"`
-	ExitCode       int    `json:"exit_code"`
-	Signal         string `json:"signal"`
-	Stdout         string `json:"stdout"`
-	Stderr         string `json:"stderr"`
-	RefusalSummary string `json:"refusal_summary"`
-	// Refusals are what the kernel's layers refused during the run.
-	Refusals []Refusal `json:"refusals"`
-}
-
-// Refusal is one refused operation of a shell call, with the policy lines
-// that would allow it.
-type Refusal struct {
-	Operation string   `json:"operation"`
-	Path      string   `json:"path"`
-	Address   string   `json:"address"`
-	Rule      string   `json:"rule"`
-	Layer     string   `json:"layer"`
-	Result    string   `json:"result"`
-	Errno     string   `json:"errno"`
-	Process   string   `json:"process"`
-	Count     int      `json:"count"`
-	Allow     []string `json:"allow"`
-	Note      string   `json:"note"`
 }
 
 // Shell runs a command in the sandbox (timeout 0: the policy's).
@@ -308,52 +246,27 @@ func (c *Client) Shell(ctx context.Context, callID, command string, timeoutSecon
 	return &out, err
 }
 
-// Action is one call of a session, as Resume returns it.
-type Action struct {
-	Seq       uint64          `json:"seq"`
-	CallID    string          `json:"call_id"`
-	Tool      string          `json:"tool"`
-	Arguments json.RawMessage `json:"arguments"`
-	Decision  string          `json:"decision"`
-	Rule      string          `json:"rule"`
-	Status    string          `json:"status"`
-	Output    json.RawMessage `json:"output"`
-	Error     *Error          `json:"error"`
-}
-
 // Resume returns the session's calls numbered after afterSeq, and the last
 // number given out.
 func (c *Client) Resume(ctx context.Context, afterSeq uint64) ([]Action, uint64, error) {
-	var out struct {
-		LastSeq uint64   `json:"last_seq"`
-		Actions []Action `json:"actions"`
-	}
-	err := c.Raw(ctx, "session.resume", map[string]any{"session": c.Session, "after_seq": afterSeq}, &out)
+	var out toolproto.Resumed
+	err := c.Raw(ctx, "session.resume", toolproto.ResumeParams{Session: c.Session, AfterSeq: afterSeq}, &out)
 	return out.Actions, out.LastSeq, err
-}
-
-// Message is an exchange message.
-type Message struct {
-	Name      string `json:"name"`
-	Bytes     int    `json:"bytes"`
-	SHA256    string `json:"sha256"`
-	Content   string `json:"content"`
-	Untrusted bool   `json:"untrusted"`
 }
 
 // Put writes a message to the exchange (checked by the gateway).
 func (c *Client) Put(ctx context.Context, name, content string) (*Message, error) {
-	return c.exchange(ctx, "exchange.put", map[string]any{"name": name, "content": content, "session": c.Session})
+	return c.exchange(ctx, "exchange.put", toolproto.ExchangeParams{Name: name, Content: content, Session: c.Session})
 }
 
 // Get reads a message of the exchange: untrusted input.
 func (c *Client) Get(ctx context.Context, name string) (*Message, error) {
-	return c.exchange(ctx, "exchange.get", map[string]any{"name": name, "session": c.Session})
+	return c.exchange(ctx, "exchange.get", toolproto.ExchangeParams{Name: name, Session: c.Session})
 }
 
-func (c *Client) exchange(ctx context.Context, method string, params any) (*Message, error) {
-	var res Result
-	var m Message
+func (c *Client) exchange(ctx context.Context, method string, params toolproto.ExchangeParams) (*Message, error) {
+	var res toolproto.CallResult
+	var m toolproto.ExchangeResult
 	if err := c.Raw(ctx, method, params, &res); err != nil {
 		return &m, err
 	}
