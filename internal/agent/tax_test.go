@@ -48,6 +48,9 @@ func TestAgentTax(t *testing.T) {
   - name: tax
     select: {cgroups: [%s]}
     preset: restricted
+    # The canary's exec-path probes are watcher exec commands: their
+    # leaves would keep the recording attached in every state.
+    canary: {enabled: false}
 `, cg)
 	})
 	trIDs, err := a.recorder.ProgramIDs()
