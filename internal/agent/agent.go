@@ -126,12 +126,10 @@ type Agent struct {
 	// refusals are attached (see recording.go).
 	denialsOn atomic.Bool
 	prepMu    sync.Mutex
-	counts    sync.Map // sandbox name -> *[4]atomic.Uint64 by verdict
 	frozen    frozenLeaves
 	canary    canaryState
 	leaves    sync.Map // process cgroup id -> leafInfo (escape watch)
 	leafCount atomic.Int64
-	losses    sync.Map // stage -> *atomic.Uint64
 	layers    []control.Layer
 	missing   []string
 	cancel    context.CancelFunc

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
@@ -93,8 +92,10 @@ func (a *Agent) Status() control.Status {
 	} else {
 		ks.BPFLSMWhy = ""
 	}
+	// Events and losses are the pipeline's counts, the ones /metrics exports.
 	s := control.Status{PID: os.Getpid(), Started: a.started, Version: Version, Kernel: ks,
-		Losses: map[string]uint64{}, Policy: a.opts.PolicyPath}
+		Losses: a.metrics.LossesByStage(), Policy: a.opts.PolicyPath}
+	events := a.metrics.EventsBySandbox()
 	a.mu.Lock()
 	s.Layers, s.Missing = append(append([]control.Layer(nil), a.layers...), limitLayers(a.pol)...), a.missing
 	for cg, r := range a.roots {
@@ -102,10 +103,8 @@ func (a *Agent) Status() control.Status {
 		if sb := a.pol.Sandbox(r.sandbox); sb != nil && sb.Mode != "" {
 			ss.Mode = string(sb.Mode)
 		}
-		if c, ok := a.counts.Load(r.sandbox); ok {
-			for i, v := range []string{"allowed", "recorded", "denied", "killed"} {
-				ss.Events[v] = c.(*[4]atomic.Uint64)[i].Load()
-			}
+		for v, n := range events[r.sandbox] {
+			ss.Events[string(v)] = n
 		}
 		ss.Frozen = a.frozen.any(r.sandbox)
 		ss.Canary = a.canaryReport(r.sandbox)
@@ -119,7 +118,6 @@ func (a *Agent) Status() control.Status {
 	for i := range s.Sandboxes {
 		s.Sandboxes[i].Escape = a.escape.Score(s.Sandboxes[i].Name)
 	}
-	a.losses.Range(func(k, v any) bool { s.Losses[k.(string)] = v.(*atomic.Uint64).Load(); return true })
 	ls := a.ledger.Stats()
 	seq, hash := a.ledger.Head()
 	s.Ledger = control.LedgerStatus{Dir: dir, Records: ls.Records, HeadSeq: seq, HeadHash: hash.String(), WriteFailures: ls.WriteFailures}

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
@@ -18,7 +17,9 @@ import (
 // newPipeline is the agent's event path, in order (see package pipeline):
 // the kernel reader has decoded; enrich and redact once; then the sinks.
 // Sinks return decisions (the escape watch's freeze), carried out by
-// decide; metrics count from here and read the rest at scrape time.
+// decide. The metrics sink is the one counter of events and losses:
+// /metrics and `watcher status` both read it; the rest of /metrics is read
+// at scrape time.
 func (a *Agent) newPipeline() *pipeline.Pipeline {
 	p := pipeline.New(
 		[]pipeline.Stage{
@@ -28,7 +29,6 @@ func (a *Agent) newPipeline() *pipeline.Pipeline {
 		pipeline.Notifier{SinkName: "ledger", Sink: a.ledger},
 		pipeline.Notifier{SinkName: "tail", Sink: a.tail},
 		a.metrics,
-		pipeline.SinkFunc{SinkName: "status", Fn: a.countEvent},
 		escapeSink{a.escape},
 	)
 	if a.opts.OnEvent != nil {
@@ -121,35 +121,6 @@ func (a *Agent) decide(d pipeline.Decision) []audit.Event {
 		return []audit.Event{a.escaped(v)}
 	}
 	return nil
-}
-
-// countEvent is the status sink: per-sandbox counts by verdict and losses
-// by stage, for `watcher status`.
-func (a *Agent) countEvent(ev *audit.Event) {
-	if ev.Sandbox.Name != "" && ev.Sandbox.Labels[audit.LabelCanary] == "" {
-		a.count(ev.Sandbox.Name, ev.Verdict, ev.Count())
-	}
-	if ev.Kind == audit.KindLoss && ev.Loss != nil {
-		v, _ := a.losses.LoadOrStore(ev.Loss.Stage, new(atomic.Uint64))
-		v.(*atomic.Uint64).Add(ev.Loss.Count)
-	}
-}
-
-func (a *Agent) count(sandbox string, v audit.Verdict, n uint64) {
-	c, ok := a.counts.Load(sandbox)
-	if !ok {
-		c, _ = a.counts.LoadOrStore(sandbox, new([4]atomic.Uint64))
-	}
-	idx := 0
-	switch v {
-	case audit.VerdictRecorded:
-		idx = 1
-	case audit.VerdictDenied:
-		idx = 2
-	case audit.VerdictKilled:
-		idx = 3
-	}
-	c.(*[4]atomic.Uint64)[idx].Add(n)
 }
 
 // frozenBySandbox is the watcher_sandbox_frozen gauge's source.

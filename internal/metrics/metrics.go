@@ -20,37 +20,32 @@ import (
 	"github.com/watcherhq/watcher/internal/pipeline"
 )
 
-// Metrics holds watcher's collectors in their own registry.
+// Metrics holds watcher's collectors in their own registry. It is also the
+// pipeline's counting sink: the one place events and losses are counted,
+// read by /metrics (at scrape) and by `watcher status` (EventsBySandbox,
+// LossesByStage) alike.
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	// Counters of the event pipeline (Consume).
-	Events       *prometheus.CounterVec
+	// Counters of the event pipeline (Consume) kept as Prometheus series.
 	DNSDecisions *prometheus.CounterVec
-	Losses       *prometheus.CounterVec
 	Info         *prometheus.GaugeVec
 	// The self-test's results (internal/canary), set by the agent.
 	CanaryFailures *prometheus.CounterVec
 	CanaryRuns     *prometheus.CounterVec
 	CanaryLastRun  *prometheus.GaugeVec
 
-	mu         sync.Mutex
-	closed     bool
-	eventCache atomic.Value // map[eventKey]prometheus.Counter, copied on write
+	mu     sync.Mutex
+	events atomic.Value // map[eventKey]*atomic.Uint64, copied on write
+	losses sync.Map     // stage -> *atomic.Uint64
 }
 
 // New registers every collector, plus process and Go runtime collectors.
 func New() *Metrics {
 	m := &Metrics{Registry: prometheus.NewRegistry()}
-	m.Events = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watcher_events_total", Help: "Events seen, by sandbox, kind and verdict (before sampling).",
-	}, []string{"sandbox", "kind", "verdict"})
 	m.DNSDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watcher_dns_decisions_total", Help: "DNS proxy decisions, by sandbox, decision and reason.",
 	}, []string{"sandbox", "decision", "reason"})
-	m.Losses = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "watcher_losses_total", Help: "Events the agent knows it lost, by stage.",
-	}, []string{"stage"})
 	m.Info = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "watcher_enforcement_layer", Help: "1 for each rule and the layer enforcing it on this kernel.",
 	}, []string{"rule", "layer"})
@@ -63,7 +58,8 @@ func New() *Metrics {
 	m.CanaryLastRun = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "watcher_canary_last_run_timestamp_seconds", Help: "Unix time of the sandbox's last canary run.",
 	}, []string{"sandbox"})
-	m.Registry.MustRegister(m.Events, m.DNSDecisions, m.Losses, m.Info, m.CanaryFailures, m.CanaryRuns, m.CanaryLastRun,
+	m.Registry.MustRegister(m.DNSDecisions, m.Info, m.CanaryFailures, m.CanaryRuns, m.CanaryLastRun,
+		&countsCollector{m: m},
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewGoCollector())
 	return m
@@ -72,10 +68,10 @@ func New() *Metrics {
 // Name implements pipeline.Sink.
 func (m *Metrics) Name() string { return "metrics" }
 
-// Consume counts one event (pipeline.Sink): the event counters come from
-// the pipeline only. It never fails.
+// Consume counts one event (pipeline.Sink): the event and loss counters
+// come from the pipeline only. It never fails.
 func (m *Metrics) Consume(e *audit.Event) (pipeline.Decision, error) {
-	m.events(e.Sandbox.Name, e.Kind, e.Verdict).Add(float64(e.Count()))
+	m.counter(eventKey{e.Sandbox.Name, e.Kind, e.Verdict, e.Sandbox.Labels[audit.LabelCanary] != ""}).Add(e.Count())
 	switch e.Kind {
 	case audit.KindDNS:
 		reason := ""
@@ -85,7 +81,11 @@ func (m *Metrics) Consume(e *audit.Event) (pipeline.Decision, error) {
 		m.DNSDecisions.WithLabelValues(e.Sandbox.Name, string(e.Verdict), reason).Inc()
 	case audit.KindLoss:
 		if e.Loss != nil {
-			m.Losses.WithLabelValues(e.Loss.Stage).Add(float64(e.Loss.Count))
+			v, ok := m.losses.Load(e.Loss.Stage)
+			if !ok {
+				v, _ = m.losses.LoadOrStore(e.Loss.Stage, new(atomic.Uint64))
+			}
+			v.(*atomic.Uint64).Add(e.Loss.Count)
 		}
 	}
 	return pipeline.Decision{}, nil
@@ -97,38 +97,97 @@ func (m *Metrics) Notify(e audit.Event) error {
 	return err
 }
 
-// eventKey is one watcher_events_total series.
+// eventKey is one event counter: a watcher_events_total series, split by
+// whether the canary's probes caused the events (status leaves those out;
+// /metrics adds both halves into one series).
 type eventKey struct {
 	sandbox string
 	kind    audit.Kind
 	verdict audit.Verdict
+	canary  bool
 }
 
-// maxEventSeries bounds the cache of event counters (cleared when full;
-// the series stay registered).
-const maxEventSeries = 4096
-
-// events returns the counter of a series from a cache: hashing three label
-// values per event costs more than the rest of the sink.
-func (m *Metrics) events(sandbox string, kind audit.Kind, verdict audit.Verdict) prometheus.Counter {
-	k := eventKey{sandbox, kind, verdict}
-	cache, _ := m.eventCache.Load().(map[eventKey]prometheus.Counter)
-	if c, ok := cache[k]; ok {
+// counter returns the counter of k from a copy-on-write map: lookups take
+// no lock; a new key (rare: sandboxes, kinds and verdicts are few) copies
+// the map.
+func (m *Metrics) counter(k eventKey) *atomic.Uint64 {
+	counts, _ := m.events.Load().(map[eventKey]*atomic.Uint64)
+	if c, ok := counts[k]; ok {
 		return c
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	old, _ := m.eventCache.Load().(map[eventKey]prometheus.Counter)
-	c := m.Events.WithLabelValues(sandbox, string(kind), string(verdict))
-	next := make(map[eventKey]prometheus.Counter, len(old)+1)
-	if len(old) < maxEventSeries {
-		for k2, v := range old {
-			next[k2] = v
-		}
+	old, _ := m.events.Load().(map[eventKey]*atomic.Uint64)
+	if c, ok := old[k]; ok {
+		return c
 	}
+	next := make(map[eventKey]*atomic.Uint64, len(old)+1)
+	for k2, v := range old {
+		next[k2] = v
+	}
+	c := new(atomic.Uint64)
 	next[k] = c
-	m.eventCache.Store(next)
+	m.events.Store(next)
 	return c
+}
+
+// EventsBySandbox returns the events counted so far for each named sandbox,
+// by verdict, without the canary's probes (what `watcher status` shows). A
+// sandbox with events has all four verdicts, zero or not.
+func (m *Metrics) EventsBySandbox() map[string]map[audit.Verdict]uint64 {
+	out := map[string]map[audit.Verdict]uint64{}
+	counts, _ := m.events.Load().(map[eventKey]*atomic.Uint64)
+	for k, c := range counts {
+		if k.sandbox == "" || k.canary {
+			continue
+		}
+		byVerdict := out[k.sandbox]
+		if byVerdict == nil {
+			byVerdict = map[audit.Verdict]uint64{audit.VerdictAllowed: 0, audit.VerdictRecorded: 0, audit.VerdictDenied: 0, audit.VerdictKilled: 0}
+			out[k.sandbox] = byVerdict
+		}
+		byVerdict[k.verdict] += c.Load()
+	}
+	return out
+}
+
+// LossesByStage returns the events the agent knows it lost, by stage.
+func (m *Metrics) LossesByStage() map[string]uint64 {
+	out := map[string]uint64{}
+	m.losses.Range(func(k, v any) bool { out[k.(string)] = v.(*atomic.Uint64).Load(); return true })
+	return out
+}
+
+var (
+	descEvents = prometheus.NewDesc("watcher_events_total", "Events seen, by sandbox, kind and verdict (before sampling).", []string{"sandbox", "kind", "verdict"}, nil)
+	descLosses = prometheus.NewDesc("watcher_losses_total", "Events the agent knows it lost, by stage.", []string{"stage"}, nil)
+)
+
+// countsCollector exports the pipeline's counts at scrape time.
+type countsCollector struct{ m *Metrics }
+
+func (c *countsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descEvents
+	ch <- descLosses
+}
+
+func (c *countsCollector) Collect(ch chan<- prometheus.Metric) {
+	type series struct {
+		sandbox string
+		kind    audit.Kind
+		verdict audit.Verdict
+	}
+	sum := map[series]uint64{}
+	counts, _ := c.m.events.Load().(map[eventKey]*atomic.Uint64)
+	for k, v := range counts {
+		sum[series{k.sandbox, k.kind, k.verdict}] += v.Load()
+	}
+	for s, n := range sum {
+		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(n), s.sandbox, string(s.kind), string(s.verdict))
+	}
+	for stage, n := range c.m.LossesByStage() {
+		ch <- prometheus.MustNewConstMetric(descLosses, prometheus.CounterValue, float64(n), stage)
+	}
 }
 
 // Close implements io.Closer.

@@ -9,7 +9,8 @@
 //	enrich   sandbox name, exec label, severity, mechanism: set once
 //	redact   secrets replaced by "***" (audit.Redact), before anyone sees
 //	         the event
-//	fan-out  every sink in order: ledger, tail, metrics, status counters,
+//	fan-out  every sink in order: ledger, tail, metrics (the one count of
+//	         events and losses: /metrics and `watcher status` read it),
 //	         escape watch, log
 //
 // Sinks never call back into the pipeline. A sink that wants something
@@ -226,7 +227,7 @@ func Redact(ev *audit.Event) bool {
 }
 
 // SinkFunc adapts a function (a sink with nothing to close and no
-// decisions: logs, status counters) to Sink.
+// decisions: logs) to Sink.
 type SinkFunc struct {
 	SinkName string
 	Fn       func(*audit.Event)
