@@ -263,7 +263,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if a.backstop, err = backstop.Load(a.eng); err != nil {
 		return a, fmt.Errorf("kill backstop: %w", err)
 	}
-	backstop.RegisterHooks(a.reader, backstop.Hooks{OnMount: a.onMountKill})
+	backstop.RegisterWithHandlers(a.reader, backstop.Handlers{OnMount: a.onMountKill})
 	if a.inodes, err = newInodeWatch(); err != nil {
 		return a, fmt.Errorf("inode watch: %w", err)
 	}

@@ -50,18 +50,18 @@ type MountKill struct {
 	SandboxCgroup, CgroupID uint64
 }
 
-// Hooks let the agent act on backstop events. They run on the reader's
-// goroutine: they must not block (hand the work to another goroutine).
-type Hooks struct {
+// Handlers are the agent's handlers of backstop events. They run on the
+// reader's goroutine: they must not block (hand the work to another goroutine).
+type Handlers struct {
 	// OnMount is called for every mount-family event.
 	OnMount func(MountKill)
 }
 
 // Register registers the backstop's decoders with r.
-func Register(r *enforce.Reader) { RegisterHooks(r, Hooks{}) }
+func Register(r *enforce.Reader) { RegisterWithHandlers(r, Handlers{}) }
 
-// RegisterHooks registers the decoders and the agent's hooks.
-func RegisterHooks(r *enforce.Reader, h Hooks) {
+// RegisterWithHandlers registers the decoders and the agent's handlers.
+func RegisterWithHandlers(r *enforce.Reader, h Handlers) {
 	r.Register(EvKillFile, audit.KindFileOpen, Mechanism, decodeFile)
 	r.Register(EvKillSyscall, audit.KindSyscall, Mechanism, func(raw []byte, ev *audit.Event) error {
 		return decodeSyscall(raw, ev, h)
@@ -181,7 +181,7 @@ var syscallNames = sync.OnceValue(func() map[int64]string {
 	return m
 })
 
-func decodeSyscall(raw []byte, ev *audit.Event, h Hooks) error {
+func decodeSyscall(raw []byte, ev *audit.Event, h Handlers) error {
 	var whole SyscallEvent
 	e, err := enforce.CastPrefix(raw, &whole, syscallCompact)
 	if err != nil {

@@ -105,7 +105,7 @@ func newFixture(t *testing.T, edit func(*backstop.Rules)) *fixture {
 	t.Cleanup(func() { backstop.Detach(eng.PinDir()) })
 
 	rd := eng.NewReader(enforce.ReaderOptions{PollInterval: 10 * time.Millisecond})
-	backstop.RegisterHooks(rd, backstop.Hooks{OnMount: func(mk backstop.MountKill) {
+	backstop.RegisterWithHandlers(rd, backstop.Handlers{OnMount: func(mk backstop.MountKill) {
 		f.mu.Lock()
 		f.mounts = append(f.mounts, mk)
 		f.mu.Unlock()
