@@ -14,6 +14,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
@@ -126,6 +127,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		// A private agent: its own pins, sockets and DNS port, removed at
 		// the end; the policy's ledger.
 		id := strconv.Itoa(os.Getpid())
+		created := newCgroups(agent.ExecParents(pol, sb))
 		pol.Agent.PinDir = filepath.Join(filepath.Dir(pol.Agent.PinDir), "watcher-exec-"+id)
 		pol.Agent.SocketDir = filepath.Join(pol.Agent.SocketDir, "exec-"+id)
 		pol.Agent.MetricsAddr = ""
@@ -145,6 +147,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 			a.Stop()
 			enforce.Unpin(pol.Agent.PinDir)
 			os.RemoveAll(pol.Agent.SocketDir)
+			created.remove()
 		}()
 		execPlan = a.Plan()
 	}
@@ -335,4 +338,29 @@ func setWorkspace(sb *policy.Sandbox, ws string, explicit, running bool) error {
 	}
 	sb.Workspace = []string{ws}
 	return nil
+}
+
+// execCgroups are the sandbox cgroups a private agent creates: removed
+// when it stops (an empty cgroup only: another run still inside keeps it).
+type execCgroups []string
+
+// newCgroups lists which of the exec parents do not exist yet.
+func newCgroups(parents []string) execCgroups {
+	var out execCgroups
+	for _, cg := range parents {
+		abs, err := cgroupfs.Abs(cg)
+		if err != nil {
+			continue
+		}
+		if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) {
+			out = append(out, abs)
+		}
+	}
+	return out
+}
+
+func (c execCgroups) remove() {
+	for _, abs := range c {
+		os.Remove(abs) // rmdir: fails, and keeps it, while a run is inside
+	}
 }

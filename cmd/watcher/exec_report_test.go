@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -64,6 +65,13 @@ func TestExecRefusalSummary(t *testing.T) {
 		t.Fatalf("exec: %v, want the last command's failure\n%s", err, out)
 	}
 	text := string(out)
+	// The private agent's sandbox cgroup did not exist before: gone with it.
+	if abs, err := cgroupfs.Abs("/watcher-files-" + filepath.Base(filepath.Dir(pol))); err != nil {
+		t.Fatal(err)
+	} else if _, err := os.Stat(abs); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the private agent left its sandbox cgroup %s behind (%v)", abs, err)
+		os.Remove(abs)
+	}
 	for _, want := range []string{"hostname-ok", "ws-ok", "refused during this run (label=call-42", "/etc/shadow", "cred-shadow", "landlock",
 		"would be allowed by: files: [{name: allow-shadow, path: /etc/shadow", "write-outside-workspace"} {
 		if !strings.Contains(text, want) {
