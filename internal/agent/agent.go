@@ -534,8 +534,13 @@ func (a *Agent) applyPlan() error {
 
 // pump moves kernel events to the fan-out.
 func (a *Agent) pump() {
-	for ev := range a.reader.Events() {
-		a.emit(ev)
+	for b := range a.reader.Batches() {
+		// The batch is the agent's until Release: the stages change its
+		// events in place (sinks do not keep them, pipeline.Sink).
+		for i := range b {
+			a.pipe.Emit(&b[i])
+		}
+		a.reader.Release(b)
 	}
 }
 

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -80,6 +81,14 @@ func BenchmarkEventPath(b *testing.B) {
 		cmd := exec.Command(prog, target, strconv.Itoa(n))
 		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
 		out, err := cmd.CombinedOutput()
+		for try := 0; errors.Is(err, syscall.ETXTBSY) && try < 50; try++ {
+			// A child forked elsewhere in the process while the program
+			// was being written still holds the write descriptor.
+			time.Sleep(20 * time.Millisecond)
+			cmd = exec.Command(prog, target, strconv.Itoa(n))
+			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+			out, err = cmd.CombinedOutput()
+		}
 		if err != nil {
 			b.Fatalf("openloop: %v\n%s", err, out)
 		}

@@ -21,10 +21,10 @@ func TestDecodeIsPure(t *testing.T) {
 		return unsafe.Slice((*byte)(unsafe.Pointer(&h)), EventHeaderSize)
 	}
 	r.handle(record(2, 31))
-	r.handle(record(2, 32)) // another rule: its own record
-	r.handle(record(3, 31)) // another sandbox id: its own record
-	r.handle(record(0, 0))  // no sandbox, no rule
-	if got := len(r.out); got != 4 {
+	r.handle(record(2, 32))          // another rule: its own record
+	r.handle(record(3, 31))          // another sandbox id: its own record
+	r.handle(record(0, 0))           // no sandbox, no rule
+	if got := len(r.out); got != 4 { // batches of one: each alert is handed over at once
 		t.Fatalf("%d events delivered, want 4 (ids differ, nothing to fold)", got)
 	}
 	want := []struct {
@@ -32,7 +32,7 @@ func TestDecodeIsPure(t *testing.T) {
 		name          string
 	}{{2, 31, "rule-31"}, {2, 32, "rule-32"}, {3, 31, "rule-31"}, {0, 0, ""}}
 	for _, w := range want {
-		ev := <-r.out
+		ev := (<-r.out)[0] // an alert is handed over at once, in its own batch
 		if ev.Sandbox.ID != w.sandbox || ev.RuleID != w.rule || ev.Rule != w.name || ev.Sandbox.Name != "" ||
 			ev.Sandbox.CgroupID != 4242 || ev.Process.Comm != "cat" || ev.Verdict == audit.VerdictAllowed {
 			t.Errorf("decoded %+v, want sandbox id %d, rule id %d named %q, no sandbox name", ev, w.sandbox, w.rule, w.name)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -102,8 +103,15 @@ type Reader struct {
 	opts     ReaderOptions
 	decoders map[uint32]registered
 	byKind   [maxFastKind]registered // decoders of small kinds, without a map lookup
-	out      chan audit.Event
-	bootOff  time.Duration
+	// out carries batches of events in order; queued counts the events
+	// handed over and not yet released, which QueueSize bounds.
+	out     chan []audit.Event
+	free    chan []audit.Event // released batches, reused
+	queued  atomic.Int64
+	bootOff time.Duration
+
+	eventsOnce sync.Once
+	events     chan audit.Event // Events: the batches one by one
 
 	read, delivered, queueDrops, decodeErrs atomic.Uint64
 	alertDrops, folded                      atomic.Uint64
@@ -112,7 +120,8 @@ type Reader struct {
 	ctx context.Context // of Run: an alert waits for room until it ends
 
 	// Owned by the reading goroutine.
-	ev    audit.Event         // decoded in place, then copied into the queue
+	ev    audit.Event         // decoded in place, then copied into the batch
+	cur   []audit.Event       // the batch being filled
 	comms map[[16]byte]string // interned process names
 	burst bursts
 }
@@ -126,6 +135,12 @@ const maxComms = 4096
 // routineBatch is how many routine events are read before the alert ring is
 // looked at again, so alerts never wait behind a flood of routine events.
 const routineBatch = 1024
+
+// batchMax is the most events one hand-over to the consumer carries. A
+// channel operation and a wakeup per batch rather than per event, and only
+// the batches in flight are touched (a channel of QueueSize events cycles
+// through all of its 24 MiB).
+const batchMax = 256
 
 type registered struct {
 	kind      audit.Kind
@@ -152,7 +167,8 @@ func (e *Engine) NewReader(opts ReaderOptions) *Reader {
 	}
 	return &Reader{
 		eng: e, opts: opts, decoders: map[uint32]registered{},
-		out:     make(chan audit.Event, opts.QueueSize),
+		out:     make(chan []audit.Event, opts.QueueSize),
+		free:    make(chan []audit.Event, 8),
 		bootOff: bootOffset(),
 		comms:   map[[16]byte]string{},
 		burst:   newBursts(opts.Burst),
@@ -177,8 +193,45 @@ func (r *Reader) Register(kind uint32, ak audit.Kind, mechanism string, dec Deco
 	}
 }
 
-// Events is the bounded queue of decoded events.
-func (r *Reader) Events() <-chan audit.Event { return r.out }
+// Batches is the bounded queue of decoded events, in order, a batch at a
+// time. The consumer gives each batch back with Release when it is done
+// with its events (they count against QueueSize until then). Use Batches
+// or Events, not both.
+func (r *Reader) Batches() <-chan []audit.Event { return r.out }
+
+// Release gives back a batch received from Batches.
+func (r *Reader) Release(b []audit.Event) {
+	r.queued.Add(-int64(len(b)))
+	r.reuse(b)
+}
+
+func (r *Reader) reuse(b []audit.Event) {
+	if cap(b) != batchMax {
+		return
+	}
+	select {
+	case r.free <- b[:0]:
+	default:
+	}
+}
+
+// Events is the bounded queue of decoded events, one at a time (Batches
+// unbatched by a goroutine, which ends when Run does).
+func (r *Reader) Events() <-chan audit.Event {
+	r.eventsOnce.Do(func() {
+		r.events = make(chan audit.Event)
+		go func() {
+			defer close(r.events)
+			for b := range r.out {
+				for i := range b {
+					r.events <- b[i]
+				}
+				r.Release(b)
+			}
+		}()
+	})
+	return r.events
+}
 
 // Stats returns the reader's counters.
 func (r *Reader) Stats() ReaderStats {
@@ -252,10 +305,12 @@ func (r *Reader) readRings(ctx context.Context, wait *ringWait, alertRd, routine
 	for {
 		for {
 			if _, err := r.drain(alertRd, &rec, -1); err != nil {
+				r.handOver()
 				return err
 			}
 			n, err := r.drain(routineRd, &rec, routineBatch)
 			if err != nil {
+				r.handOver()
 				return err
 			}
 			if n < routineBatch {
@@ -265,9 +320,12 @@ func (r *Reader) readRings(ctx context.Context, wait *ringWait, alertRd, routine
 		r.burst.flush(time.Now(), false, r.deliver)
 		if ctx.Err() != nil {
 			r.burst.flush(time.Now(), true, r.deliver)
+			r.handOver()
 			return nil
 		}
+		r.handOver() // nothing waits in a batch while the reader sleeps
 		if err := wait.wait(timeout); err != nil {
+			r.handOver()
 			return err
 		}
 	}
@@ -432,39 +490,68 @@ func (r *Reader) comm(c *[16]uint8) string {
 
 // deliver queues ev. Routine events may use the queue up to its alert
 // reserve and are dropped (counted) beyond it; alerts wait for room, so
-// none is dropped in user space while the agent runs.
+// none is dropped in user space while the agent runs. An alert is handed
+// over at once, with the routine events before it.
 func (r *Reader) deliver(ev *audit.Event) {
-	if !ev.IsAlert() {
-		if len(r.out) >= cap(r.out)-r.opts.AlertReserve {
-			r.queueDrops.Add(1)
-			return
-		}
-		select {
-		case r.out <- *ev:
-			r.delivered.Add(1)
-		default:
-			r.queueDrops.Add(1)
-		}
+	alert := ev.IsAlert()
+	if !alert && int(r.queued.Load())+len(r.cur) >= r.opts.QueueSize-r.opts.AlertReserve {
+		r.queueDrops.Add(1)
 		return
 	}
+	if r.cur == nil {
+		select {
+		case r.cur = <-r.free:
+		default:
+			r.cur = make([]audit.Event, 0, batchMax)
+		}
+	}
+	r.cur = append(r.cur, *ev)
+	if alert || len(r.cur) == batchMax {
+		r.handOver()
+	}
+}
+
+// handOver sends the batch being filled to the consumer.
+func (r *Reader) handOver() {
+	b := r.cur
+	if len(b) == 0 {
+		return
+	}
+	r.cur = nil
+	r.queued.Add(int64(len(b)))
 	select {
-	case r.out <- *ev:
-		r.delivered.Add(1)
+	case r.out <- b:
+		r.delivered.Add(uint64(len(b)))
 		return
 	default:
 	}
-	select {
-	case r.out <- *ev:
-		r.delivered.Add(1)
-	case <-r.ctx.Done():
-		// Stopping with nobody reading: count what cannot be handed over.
-		select {
-		case r.out <- *ev:
-			r.delivered.Add(1)
-		default:
-			r.alertDrops.Add(1)
+	// QueueSize batches are queued: routine events are dropped, a batch
+	// with an alert waits for room.
+	alerts := 0
+	for i := range b {
+		if b[i].IsAlert() {
+			alerts++
 		}
 	}
+	if alerts > 0 {
+		select {
+		case r.out <- b:
+			r.delivered.Add(uint64(len(b)))
+			return
+		case <-r.ctx.Done():
+		}
+		// Stopping with nobody reading: count what cannot be handed over.
+		select {
+		case r.out <- b:
+			r.delivered.Add(uint64(len(b)))
+			return
+		default:
+		}
+	}
+	r.queued.Add(-int64(len(b)))
+	r.alertDrops.Add(uint64(alerts))
+	r.queueDrops.Add(uint64(len(b) - alerts))
+	r.reuse(b)
 }
 
 // reportLosses turns new ring and queue drops into loss events. A loss
@@ -487,10 +574,12 @@ func (r *Reader) reportLosses() {
 			Severity: audit.SeverityAlert, Mechanism: "agent",
 			Loss: &audit.LossDetail{Stage: stages[i], Count: delta},
 		}
+		r.queued.Add(1)
 		select {
-		case r.out <- ev:
+		case r.out <- []audit.Event{ev}:
 			r.reported[i] = now[i]
 		default:
+			r.queued.Add(-1)
 		}
 	}
 }
