@@ -57,7 +57,7 @@ func firstRunAfter(t *testing.T, tb *testbed, after time.Time) ledger.Record {
 				return r
 			}
 		}
-		if tb.agent.ProcessState != nil {
+		if tb.agent.Exited() {
 			t.Fatalf("agent exited:\n%s", tb.agentLog)
 		}
 		time.Sleep(200 * time.Millisecond)

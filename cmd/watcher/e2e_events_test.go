@@ -21,37 +21,13 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/ledger"
-)
-
-var (
-	floodOnce sync.Once
-	floodPath string
-	floodErr  error
 )
 
 // floodBinary builds testdata/flood once, without cgo: it must not link
 // cilium/ebpf (the kill backstop answers bpf(2) in a sandbox with SIGKILL).
-func floodBinary(t *testing.T) string {
-	t.Helper()
-	floodOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "watcher-e2e-flood-")
-		if err != nil {
-			floodErr = err
-			return
-		}
-		floodPath = filepath.Join(dir, "flood")
-		cmd := exec.Command("go", "build", "-o", floodPath, "./testdata/flood")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			floodErr = fmt.Errorf("go build flood: %v\n%s", err, out)
-		}
-	})
-	if floodErr != nil {
-		t.Fatal(floodErr)
-	}
-	return floodPath
-}
+func floodBinary(t *testing.T) string { return e2etest.Binary(t, "./testdata/flood", "CGO_ENABLED=0") }
 
 // ledgerEvents reads every record of a (closed) ledger.
 func ledgerEvents(t *testing.T, dir string) []audit.Event {
@@ -97,7 +73,7 @@ func TestAlertsSurviveFlood(t *testing.T) {
 		t.Fatalf("copy flood: %v", err)
 	}
 	tb.startAgent()
-	agentPID := tb.agent.Process.Pid
+	agentPID := tb.agent.Pid()
 	port := freePort(t) // loopback, not in the policy: refused by the connect hook
 
 	const connects = 1_000_000

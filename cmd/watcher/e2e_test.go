@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,14 +16,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/tail"
 )
@@ -32,48 +30,21 @@ import (
 func TestMain(m *testing.M) {
 	launch.Init()
 	code := m.Run()
-	// The helper binaries built once for all tests.
-	for _, bin := range []string{binPath, floodPath} {
-		if bin != "" {
-			os.RemoveAll(filepath.Dir(bin))
-		}
-	}
+	e2etest.RemoveBinaries() // the helper binaries built once for all tests
 	os.Exit(code)
 }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
 // watcherBinary builds the real binary once: the end-to-end tests run it as
 // separate processes, exactly as an operator would.
-func watcherBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "watcher-e2e-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "watcher")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
+func watcherBinary(t *testing.T) string { return e2etest.Binary(t, ".") }
 
-// testbed is one agent's private world: dirs, pins, cgroups, ports.
+// testbed is one agent's private world (e2etest.World) and the watcher
+// binary that runs in it.
 type testbed struct {
+	*e2etest.World
 	t         *testing.T
 	bin       string
-	dir       string
+	dir       string // the agent's directory: sockets, ledger, state
 	policy    string
 	pinDir    string
 	cgroup    string // sandbox root, relative to the cgroup2 mount
@@ -82,116 +53,58 @@ type testbed struct {
 	metrics   string
 	socketDir string
 	ledger    string
-	agent     *exec.Cmd
-	agentLog  *bytes.Buffer
+	agent     *e2etest.Process
+	agentLog  *e2etest.SafeBuffer
 	agentArgs []string
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return e2etest.FreePort(t) }
 
 func newTestbed(t *testing.T, extraSandboxYAML string, escape string) *testbed {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("end-to-end tests need root: the agent loads BPF programs")
-	}
-	if _, err := cgroupfs.Mountpoint(); err != nil {
-		t.Skipf("no cgroup v2 hierarchy: %v", err)
-	}
-	b := make([]byte, 4)
-	rand.Read(b)
-	id := hex.EncodeToString(b)
-	tb := &testbed{t: t, bin: watcherBinary(t), dir: t.TempDir()}
-	tb.pinDir = "/sys/fs/bpf/watcher-e2e-" + id
-	tb.cgroup = "/watcher-e2e-" + id
-	tb.cgAbs, _ = cgroupfs.Abs(tb.cgroup)
-	// Not under /tmp: the restricted preset kills execs from /tmp, and the
-	// benign workload runs what it builds in its workspace.
-	wsParent, err := os.MkdirTemp("/var/lib", "watcher-e2e-ws-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(wsParent) })
-	tb.ws = filepath.Join(wsParent, "ws")
-	tb.socketDir = filepath.Join(tb.dir, "run")
-	tb.ledger = filepath.Join(tb.dir, "ledger")
+	w := e2etest.New(t, "e2e")
+	tb := &testbed{World: w, t: t, bin: watcherBinary(t), dir: w.AgentDir, pinDir: w.PinDir, cgroup: w.Cgroup,
+		cgAbs: w.CgAbs, socketDir: w.SocketDir, ledger: w.Ledger, agentLog: &e2etest.SafeBuffer{}}
+	w.OwnCgroup(tb.cgAbs + "-benign")
+	// The benign workload runs what it builds in its workspace (not under
+	// /tmp, where the restricted preset kills execs).
+	tb.ws = filepath.Join(w.Base, "ws")
 	tb.metrics = "127.0.0.1:" + strconv.Itoa(freePort(t))
 	os.MkdirAll(tb.ws, 0o755)
-	pol := fmt.Sprintf(`version: 1
-agent:
-  ledger_dir: %s
-  socket_dir: %s
-  pin_dir: %s
-  metrics_addr: %s
-  exec_cgroup: %s
-  dns: {listen: "127.0.0.1:%d"}
-sandboxes:
-  - name: agents
+	pol := w.PolicyHead(tb.metrics) + fmt.Sprintf(`  - name: agents
     select: {cgroups: [%s]}
     preset: restricted
     workspace: [%s]
     escape: %s
-%s`, tb.ledger, tb.socketDir, tb.pinDir, tb.metrics, tb.cgroup+"-exec", freePort(t), tb.cgroup, tb.ws, escape, extraSandboxYAML)
+%s`, tb.cgroup, tb.ws, escape, extraSandboxYAML)
 	tb.policy = filepath.Join(tb.dir, "policy.yaml")
 	if err := os.WriteFile(tb.policy, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		tb.stopAgent(syscall.SIGTERM)
-		for _, cg := range []string{tb.cgAbs, tb.cgAbs + "-exec", tb.cgAbs + "-benign"} {
-			cgroupfs.Freeze(cg, false)
-			if err := cgroupfs.Remove(cg); err != nil {
-				t.Errorf("remove %s: %v", cg, err)
-			}
-		}
-		if err := enforce.Unpin(tb.pinDir); err != nil {
-			t.Errorf("unpin: %v", err)
-		}
-	})
 	return tb
 }
 
+// startAgent runs `watcher run` on the testbed's policy and waits until
+// watcher status answers.
 func (tb *testbed) startAgent() {
 	t := tb.t
 	t.Helper()
-	tb.agentLog = &bytes.Buffer{}
 	cmd := exec.Command(tb.bin, append([]string{"run", "--policy", tb.policy, "--quiet"}, tb.agentArgs...)...)
-	cmd.Stdout, cmd.Stderr = tb.agentLog, tb.agentLog
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	tb.agent = cmd
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if err := exec.Command(tb.bin, "status", "--socket", filepath.Join(tb.socketDir, "control.sock")).Run(); err == nil {
-			return
-		}
-		if cmd.ProcessState != nil || time.Now().After(deadline) {
-			t.Fatalf("agent did not come up:\n%s", tb.agentLog)
-		}
-		time.Sleep(100 * time.Millisecond)
+	tb.agent = e2etest.Start(t, cmd)
+	tb.agentLog = tb.agent.Log
+	err := tb.agent.WaitReady(60*time.Second, func() bool {
+		return exec.Command(tb.bin, "status", "--socket", tb.ControlSocket()).Run() == nil
+	})
+	if err != nil {
+		t.Fatalf("agent did not come up: %v", err)
 	}
 }
 
 func (tb *testbed) stopAgent(sig syscall.Signal) {
-	if tb.agent == nil || tb.agent.Process == nil {
+	if tb.agent == nil {
 		return
 	}
-	tb.agent.Process.Signal(sig)
-	done := make(chan struct{})
-	go func() { tb.agent.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		tb.agent.Process.Kill()
-		<-done
+	if !tb.agent.Stop(sig) {
 		tb.t.Errorf("agent did not stop on %v:\n%s", sig, tb.agentLog)
 	}
 	tb.agent = nil
@@ -213,19 +126,8 @@ func (tb *testbed) watcher(args ...string) (string, int) {
 // container runtime would start a process there (no seccomp/Landlock).
 func inSandbox(t *testing.T, cgAbs, name, script string, env ...string) *exec.Cmd {
 	t.Helper()
-	cg := filepath.Join(cgAbs, name)
-	if err := cgroupfs.Create(cg); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := os.Open(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fd.Close() })
-	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd := e2etest.InCgroup(t, cgAbs, name, "/bin/sh", "-c", script)
 	cmd.Env = append([]string{"PATH=/usr/local/go/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
-	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }
 

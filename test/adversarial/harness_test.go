@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -25,7 +24,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
-	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -99,8 +98,10 @@ func agentMain() {
 	os.Exit(0)
 }
 
-// bed is one agent's private world.
+// bed is one agent's private world (e2etest.World) and the attack
+// fixtures in it.
 type bed struct {
+	*e2etest.World
 	t                  *testing.T
 	id                 string
 	self               string // copy of this binary outside /tmp (exec rules)
@@ -113,9 +114,9 @@ type bed struct {
 	ledger, policyPath string
 	events, layersPath string
 	pol                *policy.Policy
-	agent              *exec.Cmd
+	agent              *e2etest.Process
 	agentIn            io.WriteCloser
-	agentLog           *bytes.Buffer
+	agentLog           *e2etest.SafeBuffer
 	layer              string // "lsm", "fmod_ret" or "backstop": what enforces file rules
 	hostSock           string // a unix socket outside the workspace (a host service's stand-in)
 	leafSeq            int
@@ -128,24 +129,9 @@ const (
 
 func newBed(t *testing.T) *bed {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the adversarial suite needs root: the agent loads BPF programs")
-	}
-	if _, err := cgroupfs.Mountpoint(); err != nil {
-		t.Skipf("no cgroup v2 hierarchy: %v", err)
-	}
-	rb := make([]byte, 4)
-	rand.Read(rb)
-	b := &bed{t: t, id: hex.EncodeToString(rb)}
-	os.MkdirAll("/var/lib", 0o755)
-	// Not under /tmp: the restricted preset kills execs from /tmp, and the
-	// attacker binary runs from here.
-	base, err := os.MkdirTemp("/var/lib", "watcher-adv-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.base = base
-	t.Cleanup(func() { os.RemoveAll(base) })
+	w := e2etest.New(t, "adv")
+	b := &bed{World: w, t: t, id: w.ID, base: w.Base}
+	base := b.base
 	b.ws = filepath.Join(base, "ws")
 	b.secretDir = filepath.Join(base, "secret")
 	b.tgt = filepath.Join(base, "etc")
@@ -156,7 +142,7 @@ func newBed(t *testing.T) *bed {
 	}
 	b.scratch = scratch
 	t.Cleanup(func() { os.RemoveAll(scratch) })
-	for _, d := range []string{b.ws, b.secretDir, b.tgt, filepath.Dir(b.shadow), filepath.Join(base, "bin"), filepath.Join(base, "run")} {
+	for _, d := range []string{b.ws, b.secretDir, b.tgt, filepath.Dir(b.shadow), filepath.Join(base, "bin"), w.SocketDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -183,27 +169,16 @@ func newBed(t *testing.T) *bed {
 		t.Fatal(err)
 	}
 
-	b.cgroup = "/watcher-adv-" + b.id
-	b.cgAbs, _ = cgroupfs.Abs(b.cgroup)
-	b.outside, _ = cgroupfs.Abs("/watcher-adv-" + b.id + "-outside")
+	b.cgroup, b.cgAbs = w.Cgroup, w.CgAbs
+	b.outside = w.CgAbs + "-outside"
+	w.OwnCgroup(b.outside)
 	if err := cgroupfs.Create(b.outside); err != nil {
 		t.Fatal(err)
 	}
-	b.pinDir = "/sys/fs/bpf/watcher-adv-" + b.id
-	b.socketDir = filepath.Join(base, "run")
-	b.ledger = filepath.Join(base, "ledger")
+	b.pinDir, b.socketDir, b.ledger = w.PinDir, w.SocketDir, w.Ledger
 	b.events = filepath.Join(base, "events.jsonl")
 	b.layersPath = filepath.Join(base, "layers.json")
-	pol := fmt.Sprintf(`version: 1
-agent:
-  ledger_dir: %s
-  socket_dir: %s
-  pin_dir: %s
-  metrics_addr: ""
-  exec_cgroup: %s-exec
-  dns: {listen: "127.0.0.1:%d"}
-sandboxes:
-  - name: adv
+	pol := w.PolicyHead("") + fmt.Sprintf(`  - name: adv
     select: {cgroups: [%s]}
     preset: restricted
     workspace: [%s]
@@ -211,7 +186,7 @@ sandboxes:
     files:
       - {name: adv-secrets, path: %s/, match: prefix, access: any, action: block}
       - {name: adv-shadow, path: %s, match: exact, access: any, action: block}
-`, b.ledger, b.socketDir, b.pinDir, b.cgroup, freePort(t), b.cgroup, b.ws, b.secretDir, b.shadow)
+`, b.cgroup, b.ws, b.secretDir, b.shadow)
 	b.policyPath = filepath.Join(base, "policy.yaml")
 	if err := os.WriteFile(b.policyPath, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
@@ -219,17 +194,11 @@ sandboxes:
 	if b.pol, err = policy.Load(b.policyPath); err != nil {
 		t.Fatal(err)
 	}
+	// Before the world's cgroups, pins and directories go.
 	t.Cleanup(func() {
 		b.stopAgent()
 		for _, m := range []string{"m32", "bind"} {
 			unix_unmount(filepath.Join(b.ws, m))
-		}
-		for _, cg := range []string{b.cgAbs, b.cgAbs + "-exec", b.outside} {
-			cgroupfs.Kill(cg)
-			removeTree(cg)
-		}
-		if err := enforce.Unpin(b.pinDir); err != nil {
-			t.Errorf("unpin: %v", err)
 		}
 	})
 	// A host service's socket outside the workspace (docker.sock,
@@ -258,29 +227,10 @@ sandboxes:
 	return b
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func unix_unmount(dir string) {
 	for i := 0; i < 4 && isMounted(dir); i++ {
 		syscall.Unmount(dir, syscall.MNT_DETACH)
 	}
-}
-
-func removeTree(cg string) {
-	entries, _ := os.ReadDir(cg)
-	for _, e := range entries {
-		if e.IsDir() {
-			removeTree(filepath.Join(cg, e.Name()))
-		}
-	}
-	cgroupfs.Remove(cg)
 }
 
 // resetSecrets puts the protected files back (rename-read moves one away
@@ -303,42 +253,25 @@ func (b *bed) resetTarget() {
 
 func (b *bed) startAgent() {
 	t := b.t
-	b.agentLog = &bytes.Buffer{}
 	cmd := exec.Command(b.self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "ADV_ROLE=agent", "ADV_POLICY="+b.policyPath, "ADV_EVENTS="+b.events, "ADV_LAYERS="+b.layersPath)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
-	cmd.Stderr = b.agentLog
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	b.agent, b.agentIn = cmd, in
-	ready := make(chan bool, 1)
+	b.agent, b.agentIn = e2etest.Start(t, cmd), in
+	b.agentLog = b.agent.Log
+	var ready atomic.Bool
 	go func() {
 		sc := bufio.NewScanner(out)
-		ok := false
 		for sc.Scan() {
-			if sc.Text() == "READY" && !ok {
-				ok = true
-				ready <- true
+			if sc.Text() == "READY" {
+				ready.Store(true)
 			}
 		}
-		if !ok {
-			ready <- false
-		}
 	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			cmd.Wait()
-			t.Fatalf("agent did not start:\n%s", b.agentLog)
-		}
-	case <-time.After(300 * time.Second): // loading every program takes minutes under qemu's emulation
-		// A goroutine dump (Go prints one on SIGQUIT) says where it hangs.
-		cmd.Process.Signal(syscall.SIGQUIT)
-		cmd.Wait()
-		t.Fatalf("agent did not come up in 300 s:\n%s", b.agentLog)
+	// Loading every program takes minutes under qemu's emulation.
+	if err := b.agent.WaitReady(300*time.Second, ready.Load); err != nil {
+		t.Fatalf("agent did not start: %v", err)
 	}
 	var layers []control.Layer
 	lb, err := os.ReadFile(b.layersPath)
@@ -357,16 +290,8 @@ func (b *bed) stopAgent() {
 	if b.agent == nil {
 		return
 	}
-	b.agentIn.Close()
-	b.agent.Process.Signal(syscall.SIGCONT)
-	done := make(chan struct{})
-	go func() { b.agent.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		b.agent.Process.Kill()
-		<-done
-	}
+	b.agentIn.Close() // the agent stops when its stdin closes
+	b.agent.Stop(nil)
 	b.agent = nil
 }
 
@@ -377,7 +302,7 @@ func (b *bed) agentState() string {
 	}
 	// Give signals in flight (a SIGTERM the kernel delivered) time to act.
 	time.Sleep(150 * time.Millisecond)
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.agent.Process.Pid))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.agent.Pid()))
 	if err != nil {
 		return "gone"
 	}
@@ -401,9 +326,7 @@ func (b *bed) ensureAgent() {
 		return
 	}
 	if b.agent != nil {
-		b.agent.Process.Signal(syscall.SIGCONT)
-		b.agent.Process.Kill()
-		b.agent.Wait()
+		b.agent.Kill()
 		b.agent = nil
 	}
 	b.startAgent()
@@ -450,7 +373,7 @@ func resultOf(code int, signaled syscall.Signal) string {
 func (b *bed) attackEnv(tech, arg string) []string {
 	return []string{"ADV_ROLE=attack", "ADV_TECH=" + tech, "ADV_ARG=" + arg, "ADV_WS=" + b.ws, "ADV_SECRET=" + b.secretDir,
 		"ADV_TGT=" + b.tgt, "ADV_SCRATCH=" + b.scratch, "ADV_OUTSIDE=" + b.outside,
-		"ADV_AGENT=" + strconv.Itoa(b.agent.Process.Pid), "ADV_HOSTSOCK=" + b.hostSock, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		"ADV_AGENT=" + strconv.Itoa(b.agent.Pid()), "ADV_HOSTSOCK=" + b.hostSock, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 }
 
 // inSandbox runs technique tech in a fresh leaf cgroup of the sandbox,

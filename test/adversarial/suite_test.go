@@ -126,7 +126,7 @@ func agentHurt(b *bed, o outcome) (bool, string) {
 }
 
 func oomChanged(b *bed, o outcome) (bool, string) {
-	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", b.agent.Process.Pid))
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", b.agent.Pid()))
 	if strings.TrimSpace(string(data)) != "0" {
 		return true, "oom_score_adj now " + strings.TrimSpace(string(data))
 	}
