@@ -2,10 +2,7 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,43 +11,21 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
-// startTestAgent starts a real agent on private pins, sockets, ledger and
-// cgroups, with policy yaml (sandboxes section and below) appended to the
-// agent section.
+// startTestAgent starts a real agent in this process on a private world
+// (e2etest.World: pins, sockets, ledger, cgroups), with the policy's
+// sandbox list (the entries below "sandboxes:") from sandboxes.
 func startTestAgent(t testing.TB, sandboxes func(cgroup string) string) (*Agent, string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF programs")
-	}
-	var rb [4]byte
-	rand.Read(rb[:])
-	id := hex.EncodeToString(rb[:])
-	// Not under /tmp: the restricted preset kills execs from /tmp.
-	os.MkdirAll("/var/lib", 0o755) // the qemu guest's initramfs has none
-	base, err := os.MkdirTemp("/var/lib", "watcher-agent-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	cgroup := "/watcher-rec-" + id
-	pinDir := "/sys/fs/bpf/watcher-rec-" + id
-	yaml := fmt.Sprintf(`version: 1
-agent:
-  ledger_dir: %s
-  socket_dir: %s
-  pin_dir: %s
-  metrics_addr: ""
-  exec_cgroup: %s-exec
-  dns: {listen: "127.0.0.1:%d"}
-`, filepath.Join(base, "ledger"), filepath.Join(base, "run"), pinDir, cgroup, freePort(t)) + sandboxes(cgroup)
-	path := filepath.Join(base, "policy.yaml")
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+	w := e2etest.New(t, "rec")
+	path := filepath.Join(w.Base, "policy.yaml")
+	if err := os.WriteFile(path, []byte(w.PolicyHead("")+sandboxes(w.Cgroup)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	pol, err := policy.Load(path)
@@ -61,28 +36,8 @@ agent:
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		a.Stop()
-		for _, cg := range []string{cgroup, cgroup + "-exec"} {
-			if abs, err := cgroupfs.Abs(cg); err == nil {
-				cgroupfs.Remove(abs)
-			}
-		}
-		if err := enforce.Unpin(pinDir); err != nil {
-			t.Errorf("unpin: %v", err)
-		}
-	})
-	return a, cgroup
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { a.Stop() }) // before the world's cgroups and pins go
+	return a, w.Cgroup
 }
 
 // kernelLinks asks the kernel how many links each named program has.
@@ -109,8 +64,7 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 	defer func(d time.Duration) { execIdle = d }(execIdle)
 	execIdle = 500 * time.Millisecond
 	a, _ := startTestAgent(t, func(cg string) string {
-		return fmt.Sprintf(`sandboxes:
-  - name: rec
+		return fmt.Sprintf(`  - name: rec
     select: {cgroups: [%s]}
     preset: restricted
     # The canary's exec-path probes are watcher exec commands: they would

@@ -44,8 +44,7 @@ func TestAgentTax(t *testing.T) {
 	defer func(d time.Duration) { execIdle = d }(execIdle)
 	execIdle = 300 * time.Millisecond
 	a, _ := startTestAgent(t, func(cg string) string {
-		return fmt.Sprintf(`sandboxes:
-  - name: tax
+		return fmt.Sprintf(`  - name: tax
     select: {cgroups: [%s]}
     preset: restricted
     # The canary's exec-path probes are watcher exec commands: their

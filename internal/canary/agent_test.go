@@ -2,8 +2,6 @@ package canary_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -16,7 +14,7 @@ import (
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -35,30 +33,13 @@ func TestMain(m *testing.M) {
 // ledger. In the qemu guest (BPF LSM or fmod_ret) the runtime-placed probes
 // are refused with an errno instead of killed.
 func TestAgentCanary(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agent loads BPF programs")
-	}
-	if _, err := cgroupfs.Mountpoint(); err != nil {
-		t.Skipf("no cgroup v2 hierarchy: %v", err)
-	}
-	b := make([]byte, 4)
-	rand.Read(b)
-	id := hex.EncodeToString(b)
-	dir := t.TempDir()
-	ws := filepath.Join(dir, "ws")
+	w := e2etest.New(t, "canary-test")
+	w.DNSUpstreams = []string{`"` + upstream(t) + `"`}
+	ws := filepath.Join(w.Base, "ws")
 	os.MkdirAll(ws, 0o755)
-	cg := "/watcher-canary-test-" + id
-	pinDir := "/sys/fs/bpf/watcher-canary-test-" + id
-	pol, err := policy.Parse("canary-test.yaml", []byte(fmt.Sprintf(`version: 1
-agent:
-  ledger_dir: %s/ledger
-  socket_dir: %s/run
-  pin_dir: %s
-  metrics_addr: ""
-  exec_cgroup: %s-exec
-  dns: {listen: "127.0.0.1:%d", upstreams: ["%s"]}
-sandboxes:
-  - name: agents
+	cg := w.Cgroup
+	w.OwnCgroup(w.CgAbs + "-trial")
+	pol, err := policy.Parse("canary-test.yaml", []byte(w.PolicyHead("")+fmt.Sprintf(`  - name: agents
     select: {cgroups: [%s]}
     preset: restricted
     workspace: [%s]
@@ -71,22 +52,10 @@ sandboxes:
     workspace: [%s]
     escape: {enabled: false}
     canary: {enabled: true, interval: 1h}
-`, dir, dir, pinDir, cg, freePort(t), upstream(t), cg, ws, cg, ws)))
+`, cg, ws, cg, ws)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, c := range []string{cg, cg + "-exec", cg + "-trial"} {
-			if abs, err := cgroupfs.Abs(c); err == nil {
-				if err := cgroupfs.Remove(abs); err != nil {
-					t.Errorf("remove %s: %v", abs, err)
-				}
-			}
-		}
-		if err := enforce.Unpin(pinDir); err != nil {
-			t.Errorf("unpin: %v", err)
-		}
-	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	a, err := agent.Start(ctx, agent.Options{Policy: pol})
@@ -157,16 +126,6 @@ sandboxes:
 			t.Errorf("probe leaf %s left behind", e.Name())
 		}
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // upstream is a real DNS server on loopback that knows no name (NXDOMAIN):
