@@ -1,0 +1,426 @@
+//go:build ignore
+
+/* IPC objects sandboxes create, so a workspace rollback can remove them
+ * (internal/workspace/ipcobj).
+ *
+ * A sandbox a runtime placed (a container with --ipc=host, a process
+ * written into the sandbox cgroup) shares an IPC namespace and a /dev/shm
+ * with the host: what it creates there outlives its processes. This group
+ * records, in ipc_objects (pinned by name, read by `watcher workspace
+ * rollback`), every System V shared memory segment, semaphore set and
+ * message queue, and every file under /dev/shm, that a process of a
+ * sandbox created, keyed by the object's kernel identity:
+ *
+ * - System V: the IPC namespace's inode number, the kind and the id the
+ *   kernel returned. Created, not merely opened: ids are handed out in
+ *   order (ipc_idr_alloc: cyclic index ipc_ids.last_idx, and a sequence
+ *   number ipc_ids.seq bumped each time the index wraps), so the
+ *   namespace's (seq, last_idx) is read at entry and at exit and the
+ *   object counts only when its id's (seq, index) lies between them. An
+ *   shmget(IPC_CREAT) that found a host segment returns an older id and is
+ *   not recorded. An id chosen through kernel.*_next_id (checkpoint/
+ *   restore) counts when next_id was set at entry and used during the
+ *   call. (Both calls creating the same key at the same instant is the
+ *   one race, and its winner is a coin flip either way.)
+ * - /dev/shm (POSIX shm_open, or any file there): the device and inode of
+ *   a file the open-family call created (FMODE_CREATED, set by the VFS,
+ *   not the flags passed), when its path resolved by the kernel's dentries
+ *   starts with /dev/shm/.
+ *
+ * Both 64-bit and 32-bit (int 0x80: ipc(2) and the direct calls) entries
+ * are followed. The programs sit on raw syscall tracepoints (the kernel
+ * has no IPC tracepoints and this host loads no kprobes or fentry), so
+ * they are attached only while a sandbox needs them; each returns after
+ * one comparison for every other syscall.
+ */
+#include "common.h"
+#include "pathwalk.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define IPC_PRIVATE 0
+#define IPC_CREAT 01000
+#define IPC_RMID 0
+#define IPC_64 0x100
+#define FMODE_CREATED (1U << 20)
+#define TS_COMPAT 0x0002
+#define X32_SYSCALL_BIT 0x40000000
+
+/* Kinds, also the index into ipc_namespace.ids for System V (IPC_SEM_IDS
+ * 0, IPC_MSG_IDS 1, IPC_SHM_IDS 2) plus one. */
+enum ipc_kind {
+	IPC_KIND_SEM = 1,
+	IPC_KIND_MSG = 2,
+	IPC_KIND_SHM = 3,
+	IPC_KIND_SHM_FILE = 4, /* a file under /dev/shm */
+};
+
+/* ipc(2) calls (i386). */
+#define IPCCALL_SEMCTL 3
+#define IPCCALL_SEMGET 2
+#define IPCCALL_MSGGET 13
+#define IPCCALL_MSGCTL 14
+#define IPCCALL_SHMGET 23
+#define IPCCALL_SHMCTL 24
+
+struct ipc_obj_key {
+	__u32 kind;  /* enum ipc_kind */
+	__u32 ns;    /* System V: the IPC namespace's inode; file: kernel dev_t (MAJOR<<20|MINOR) */
+	__u64 obj;   /* System V: the id; file: the inode number */
+};
+
+struct ipc_obj {
+	__u64 sandbox_cg; /* root cgroup of the sandbox that created it */
+	__u64 ts_ns;      /* bpf_ktime_get_boot_ns at creation */
+	__u32 sandbox_id;
+	__u32 tgid;       /* creator */
+	__s32 key;        /* System V key */
+	__u32 uid;
+	__u8 comm[TASK_COMM_LEN];
+	char name[64];    /* file: path at creation, /dev/shm/... */
+};
+
+struct ipc_config {
+	__u32 seq_shift; /* ipcmni_seq_shift(): 15, or 24 with ipcmni_extend */
+};
+
+/* Names of sandbox root cgroups (written by the agent as it registers
+ * them, kept after the cgroup is gone): a rollback finds the objects of a
+ * container that was already removed. */
+struct ipc_root_name {
+	char name[64];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES * 4);
+	__type(key, __u64);
+	__type(value, struct ipc_root_name);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ipc_roots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ipc_obj_key);
+	__type(value, struct ipc_obj);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ipc_objects SEC(".maps");
+
+/* Creations not recorded because ipc_objects was full (a rollback says the
+ * list is incomplete). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ipc_overflow SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ipc_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ipc_cfg SEC(".maps");
+
+/* A System V get in flight: entry state of the calling thread. */
+struct ipc_pending {
+	__u64 sandbox_cg;
+	__u32 sandbox_id;
+	__u32 kind;
+	__s32 key;
+	__u32 ns;
+	__u32 seq0;
+	__s32 last0;
+	__s32 next0;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct ipc_pending);
+} ipc_pending_calls SEC(".maps");
+
+struct ipc_scratch {
+	struct pathwalk pw;
+	struct ipc_obj obj;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ipc_scratch);
+} ipc_scratch_buf SEC(".maps");
+
+const struct ipc_obj_key *unused_ipc_obj_key __attribute__((unused));
+const struct ipc_obj *unused_ipc_obj __attribute__((unused));
+const struct ipc_config *unused_ipc_config __attribute__((unused));
+const struct ipc_root_name *unused_ipc_root_name __attribute__((unused));
+
+/* A syscall this group follows, decoded from the table it came through. */
+struct ipc_call {
+	__u32 kind;  /* 0: not followed */
+	bool get;    /* shmget/semget/msgget */
+	bool rmid;   /* *ctl(IPC_RMID) */
+	bool open;   /* open, openat, openat2, creat */
+	__s32 key;
+	__u32 flags;
+	__s32 id;    /* *ctl: the object */
+};
+
+static __always_inline bool compat_call(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	return BPF_CORE_READ(task, thread_info.status) & TS_COMPAT;
+}
+
+static __always_inline bool is_rmid(long cmd)
+{
+	return (cmd & ~IPC_64) == IPC_RMID;
+}
+
+/* decode_call sorts the syscall nr with its arguments (registers, the
+ * kernel's copy of what the call was given). Most syscalls fail the first
+ * comparisons. */
+static __always_inline void decode_call(struct pt_regs *regs, long nr, struct ipc_call *c)
+{
+	c->kind = 0;
+	if (nr & X32_SYSCALL_BIT)
+		nr &= ~X32_SYSCALL_BIT; /* x32 uses the 64-bit numbers for these */
+	switch (nr) {
+	case 2: case 257: case 85: case 437: /* x86_64 open, openat, creat, openat2 */
+	case 5: case 295: case 8:            /* i386 open, openat, creat (openat2 is 437 in both) */
+		if ((nr == 5 || nr == 295 || nr == 8) != compat_call() && nr != 437)
+			return;
+		c->kind = IPC_KIND_SHM_FILE;
+		c->open = true;
+		return;
+	case 29: case 64: case 68: /* x86_64 shmget, semget, msgget */
+	case 31: case 66: case 71: /* x86_64 shmctl, semctl, msgctl */
+		if (compat_call())
+			return;
+		c->kind = (nr == 29 || nr == 31) ? IPC_KIND_SHM : (nr == 64 || nr == 66) ? IPC_KIND_SEM : IPC_KIND_MSG;
+		if (nr == 29 || nr == 64 || nr == 68) {
+			c->get = true;
+			c->key = BPF_CORE_READ(regs, di);
+			c->flags = nr == 68 ? BPF_CORE_READ(regs, si) : BPF_CORE_READ(regs, dx);
+		} else {
+			c->id = BPF_CORE_READ(regs, di);
+			c->rmid = is_rmid(nr == 66 ? BPF_CORE_READ(regs, dx) : BPF_CORE_READ(regs, si));
+		}
+		return;
+	case 393: case 395: case 399: /* i386 semget, shmget, msgget */
+	case 394: case 396: case 402: /* i386 semctl, shmctl, msgctl */
+		if (!compat_call())
+			return;
+		c->kind = (nr == 395 || nr == 396) ? IPC_KIND_SHM : (nr == 393 || nr == 394) ? IPC_KIND_SEM : IPC_KIND_MSG;
+		if (nr == 393 || nr == 395 || nr == 399) {
+			c->get = true;
+			c->key = BPF_CORE_READ(regs, bx);
+			c->flags = nr == 399 ? BPF_CORE_READ(regs, cx) : BPF_CORE_READ(regs, dx);
+		} else {
+			c->id = BPF_CORE_READ(regs, bx);
+			c->rmid = is_rmid(nr == 394 ? BPF_CORE_READ(regs, dx) : BPF_CORE_READ(regs, cx));
+		}
+		return;
+	case 117: { /* i386 ipc(call, first, second, third, ptr, fifth) */
+		if (!compat_call())
+			return;
+		__u32 call = (__u32)BPF_CORE_READ(regs, bx) & 0xffff;
+		long first = (int)BPF_CORE_READ(regs, cx), second = (int)BPF_CORE_READ(regs, dx),
+		     third = (int)BPF_CORE_READ(regs, si);
+		switch (call) {
+		case IPCCALL_SEMGET: c->kind = IPC_KIND_SEM; c->get = true; c->key = first; c->flags = third; return;
+		case IPCCALL_SHMGET: c->kind = IPC_KIND_SHM; c->get = true; c->key = first; c->flags = third; return;
+		case IPCCALL_MSGGET: c->kind = IPC_KIND_MSG; c->get = true; c->key = first; c->flags = second; return;
+		case IPCCALL_SEMCTL: c->kind = IPC_KIND_SEM; c->id = first; c->rmid = is_rmid(third); return;
+		case IPCCALL_SHMCTL: c->kind = IPC_KIND_SHM; c->id = first; c->rmid = is_rmid(second); return;
+		case IPCCALL_MSGCTL: c->kind = IPC_KIND_MSG; c->id = first; c->rmid = is_rmid(second); return;
+		}
+		return;
+	}
+	}
+}
+
+static __always_inline struct ipc_namespace *current_ipc_ns(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	return BPF_CORE_READ(task, nsproxy, ipc_ns);
+}
+
+/* ids_state reads where the namespace's id allocation of a kind stands. */
+struct ids_state {
+	__u32 seq;
+	__s32 last;
+	__s32 next;
+};
+
+static __always_inline struct ids_state ids_state(struct ipc_namespace *ns, __u32 kind)
+{
+	/* ids[] order: sem, msg, shm. */
+	struct ids_state st = { .last = -1, .next = -1 };
+	__u32 idx = kind - 1;
+	if (idx > 2)
+		return st;
+	st.seq = BPF_CORE_READ(ns, ids[idx].seq);
+	st.last = BPF_CORE_READ(ns, ids[idx].last_idx);
+	if (bpf_core_field_exists(ns->ids[idx].next_id))
+		st.next = BPF_CORE_READ(ns, ids[idx].next_id);
+	return st;
+}
+
+static __always_inline void count_overflow(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&ipc_overflow, &zero);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+static __always_inline void fill_obj(struct ipc_obj *o, __u64 root, struct sandbox *sb)
+{
+	o->sandbox_cg = root;
+	o->sandbox_id = sb->id;
+	o->ts_ns = bpf_ktime_get_boot_ns();
+	o->tgid = bpf_get_current_pid_tgid() >> 32;
+	o->uid = (__u32)bpf_get_current_uid_gid();
+	bpf_get_current_comm(&o->comm, sizeof(o->comm));
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(ipc_sys_enter, struct pt_regs *regs, long nr)
+{
+	struct ipc_call c = {};
+	decode_call(regs, nr, &c);
+	if (!c.get || !(c.key == IPC_PRIVATE || (c.flags & IPC_CREAT)))
+		return 0; /* without IPC_CREAT a get never creates */
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct ipc_namespace *ns = current_ipc_ns();
+	struct ids_state st = ids_state(ns, c.kind);
+	struct ipc_pending p = {
+		.sandbox_cg = root, .sandbox_id = sb->id, .kind = c.kind, .key = c.key,
+		.ns = BPF_CORE_READ(ns, ns.inum), .seq0 = st.seq, .last0 = st.last, .next0 = st.next,
+	};
+	__u64 tid = bpf_get_current_pid_tgid();
+	bpf_map_update_elem(&ipc_pending_calls, &tid, &p, BPF_ANY);
+	return 0;
+}
+
+/* allocated_between reports whether id (seq s, index i) comes after
+ * (s0, l0) and not after (s1, l1) in the kernel's allocation order: the
+ * index counts up, the sequence number steps when it wraps, and the
+ * sequence number itself wraps at m. */
+static __always_inline bool allocated_between(__u32 s, __s32 i, __u32 s0, __s32 l0, __u32 s1, __s32 l1, __u32 m)
+{
+	if (m == 0 || s >= m || s0 >= m || s1 >= m)
+		return false;
+	__u32 ds = (s + m - s0) % m, d1 = (s1 + m - s0) % m;
+	bool after0 = ds > 0 || i > l0;
+	bool upto1 = ds < d1 || (ds == d1 && i <= l1);
+	return after0 && upto1;
+}
+
+static __always_inline int sysv_exit(struct ipc_call *c, long ret)
+{
+	__u64 tid = bpf_get_current_pid_tgid();
+	if (c->rmid) {
+		/* The sandbox removed an object it may have recorded. */
+		if (ret != 0)
+			return 0;
+		__u64 root = 0;
+		if (!current_sandbox(&root))
+			return 0;
+		struct ipc_namespace *ns = current_ipc_ns();
+		struct ipc_obj_key k = { .kind = c->kind, .ns = BPF_CORE_READ(ns, ns.inum), .obj = (__u64)(__u32)c->id };
+		bpf_map_delete_elem(&ipc_objects, &k);
+		return 0;
+	}
+	struct ipc_pending *p = bpf_map_lookup_elem(&ipc_pending_calls, &tid);
+	if (!p)
+		return 0;
+	struct ipc_pending pc = *p;
+	bpf_map_delete_elem(&ipc_pending_calls, &tid);
+	if (ret < 0 || pc.kind != c->kind)
+		return 0;
+	struct ipc_namespace *ns = current_ipc_ns();
+	if (BPF_CORE_READ(ns, ns.inum) != pc.ns)
+		return 0;
+	__u32 zero = 0;
+	struct ipc_config *cfg = bpf_map_lookup_elem(&ipc_cfg, &zero);
+	__u32 shift = cfg && cfg->seq_shift ? cfg->seq_shift : 15;
+	if (shift < 8 || shift > 24)
+		return 0;
+	__u32 m = 0x7fffffff >> shift; /* ipcid_seq_max(): seq runs 0..m-1 */
+	struct ids_state st = ids_state(ns, c->kind);
+	__u32 s = (__u32)ret >> shift;
+	__s32 i = (__u32)ret & ((1U << shift) - 1);
+	bool created = allocated_between(s, i, pc.seq0, pc.last0, st.seq, st.last, m);
+	if (!created && pc.next0 >= 0 && (__s32)ret == pc.next0 && st.next != pc.next0)
+		created = true; /* the id kernel.*_next_id asked for, used now */
+	if (!created)
+		return 0; /* an existing object: opened, not created */
+	struct ipc_obj o = { .key = pc.key };
+	struct sandbox sb = { .id = pc.sandbox_id };
+	fill_obj(&o, pc.sandbox_cg, &sb);
+	struct ipc_obj_key k = { .kind = c->kind, .ns = pc.ns, .obj = (__u64)(__u32)ret };
+	if (bpf_map_update_elem(&ipc_objects, &k, &o, BPF_ANY))
+		count_overflow();
+	return 0;
+}
+
+static __always_inline int open_exit(long ret)
+{
+	if (ret < 0)
+		return 0;
+	struct file *f = pw_fd_file(ret);
+	if (!f || !(BPF_CORE_READ(f, f_mode) & FMODE_CREATED))
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 zero = 0;
+	struct ipc_scratch *s = bpf_map_lookup_elem(&ipc_scratch_buf, &zero);
+	if (!s)
+		return 0;
+	pw_resolve_file(&s->pw, f);
+	if (s->pw.flags || s->pw.len < 10)
+		return 0;
+	/* "/dev/shm/" */
+	const char want[] = "/dev/shm/";
+	for (int i = 0; i < 9; i++)
+		if (s->pw.buf[i] != want[i])
+			return 0;
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	dev_t dev = BPF_CORE_READ(ino, i_sb, s_dev);
+	struct ipc_obj_key k = { .kind = IPC_KIND_SHM_FILE, .ns = dev, .obj = BPF_CORE_READ(ino, i_ino) };
+	__builtin_memset(&s->obj, 0, sizeof(s->obj));
+	fill_obj(&s->obj, root, sb);
+	bpf_probe_read_kernel_str(s->obj.name, sizeof(s->obj.name), s->pw.buf);
+	if (bpf_map_update_elem(&ipc_objects, &k, &s->obj, BPF_ANY))
+		count_overflow();
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(ipc_sys_exit, struct pt_regs *regs, long ret)
+{
+	long nr = BPF_CORE_READ(regs, orig_ax);
+	struct ipc_call c = {};
+	decode_call(regs, nr, &c);
+	if (!c.kind)
+		return 0;
+	if (c.open)
+		return open_exit(ret);
+	if (c.get || c.rmid)
+		return sysv_exit(&c, ret);
+	return 0;
+}
