@@ -19,10 +19,12 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/containers"
 	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/workspace"
+	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 )
 
 func init() {
@@ -46,6 +48,12 @@ real directory is unchanged until commit.
   snapshots SANDBOX        list the snapshots with their sizes
   prepare SANDBOX          mount the overlays and print where, for a
                            container runtime to bind-mount them
+
+Rollback also removes the System V IPC objects (shared memory, semaphores,
+message queues) and /dev/shm files the sandbox's processes created where
+they outlive them (a runtime-placed sandbox sharing the host's IPC namespace
+or /dev/shm), as the agent's kernel tracking recorded them; objects of other
+processes with the same keys or names stay.
 
 Commit, rollback and snapshot are recorded in the ledger (through the agent
 when it runs) with the changed paths and the SHA-256 tree hash of the result.`
@@ -142,6 +150,16 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	// A rollback also removes the IPC objects the sandbox's processes
+	// created where they outlive them (a runtime-placed sandbox in the
+	// host's IPC namespace or /dev/shm).
+	var ipcRemoved []string
+	var ipcNote string
+	if sub == "rollback" {
+		if ipcRemoved, ipcNote, err = env.removeIPC(); err != nil {
+			return err
+		}
+	}
 	var res workspace.Result
 	var op, name string
 	switch {
@@ -167,10 +185,64 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if name != "" {
 		msg = fmt.Sprintf("rollback to %s: %d paths, %d cgroups stopped, result sha256:%s", name, len(res.Changes), n, res.Hash)
 	}
+	if len(ipcRemoved) > 0 {
+		msg += fmt.Sprintf("; %d IPC objects removed", len(ipcRemoved))
+	}
+	msg += ipcNote
 	if !*asJSON {
+		for _, o := range ipcRemoved {
+			fmt.Fprintln(stdout, "removed", o)
+		}
 		fmt.Fprintln(stdout, msg)
 	}
-	return env.record(detailOf(op, name, res), msg)
+	d := detailOf(op, name, res)
+	d.IPC = ipcRemoved
+	return env.record(d, msg)
+}
+
+// removeIPC removes the System V IPC objects and /dev/shm files that the
+// sandbox's processes created and the kernel recorded (bpf/ipc.c, loaded
+// by the agent), once they are stopped. It returns what it removed and a
+// note for the record when the list may be incomplete.
+func (e *workspaceEnv) removeIPC() ([]string, string, error) {
+	pinDir := e.pol.Agent.PinDir
+	if pinDir == "" {
+		pinDir = enforce.DefaultPinDir
+	}
+	tab, err := ipcobj.OpenTable(pinDir)
+	if errors.Is(err, ipcobj.ErrNotTracked) {
+		return nil, "", nil // no agent ever ran here: nothing was recorded
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("rollback: IPC objects: %w", err)
+	}
+	defer tab.Close()
+	var roots []uint64
+	for _, cg := range e.cgroups() {
+		if id, err := cgroupfs.ID(cg); err == nil {
+			roots = append(roots, id)
+		}
+	}
+	objs, err := tab.Sandbox(e.sb.Name, roots)
+	if err != nil {
+		return nil, "", fmt.Errorf("rollback: IPC objects: %w", err)
+	}
+	out, err := ipcobj.Remove(objs)
+	var removed []string
+	for _, o := range out.Removed {
+		removed = append(removed, o.String())
+	}
+	if ferr := tab.Forget(append(out.Removed, out.Gone...)); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return removed, "", fmt.Errorf("rollback: IPC objects: %w", err)
+	}
+	note := ""
+	if lost, _ := tab.Overflow(); lost > 0 {
+		note = fmt.Sprintf("; IPC list incomplete: %d creations on this host were not recorded (table full)", lost)
+	}
+	return removed, note, nil
 }
 
 func usageLine(sub string) string {

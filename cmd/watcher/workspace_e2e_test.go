@@ -329,3 +329,189 @@ func TestWorkspacePrepareForRuntime(t *testing.T) {
 		t.Errorf("ledger lacks prepare and rollback:\n%s", out)
 	}
 }
+
+// ipcmkIDs parses what ipcmk printed: kind ("shm", "sem", "msg") -> ids.
+func ipcmkIDs(out string) map[string][]string {
+	m := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		for prefix, kind := range map[string]string{"Shared memory id: ": "shm", "Semaphore id: ": "sem", "Message queue id: ": "msg"} {
+			if rest, ok := strings.CutPrefix(line, prefix); ok {
+				m[kind] = append(m[kind], strings.TrimSpace(rest))
+			}
+		}
+	}
+	return m
+}
+
+// sysvListed reports whether /proc/sysvipc/KIND lists id.
+func sysvListed(t *testing.T, kind, id string) bool {
+	t.Helper()
+	file := map[string]string{"shm": "shm", "sem": "sem", "msg": "msg"}[kind]
+	data, err := os.ReadFile("/proc/sysvipc/" + file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == id {
+			return true
+		}
+	}
+	return false
+}
+
+func ipcrmAll(ids map[string][]string) {
+	flag := map[string]string{"shm": "-m", "sem": "-s", "msg": "-q"}
+	for kind, l := range ids {
+		for _, id := range l {
+			exec.Command("ipcrm", flag[kind], id).Run()
+		}
+	}
+}
+
+// TestWorkspaceRollbackIPC: processes a runtime placed in the sandbox
+// cgroup, in the host's IPC namespace and /dev/shm, create a shared
+// memory segment, a semaphore set, a message queue and a /dev/shm file
+// each; one is still running at rollback, the other exited before. A
+// host process outside the sandbox creates the same kinds. Rollback stops
+// the running one, removes exactly the sandbox's eight objects, leaves
+// the host's, and the ledger's rollback record lists what it removed.
+func TestWorkspaceRollbackIPC(t *testing.T) {
+	if _, err := exec.LookPath("ipcmk"); err != nil {
+		t.Skip("ipcmk (util-linux) not installed")
+	}
+	tb := newTestbed(t, "    workspace_options: {mode: overlay}\n", "{enabled: false}")
+	t.Cleanup(func() {
+		data, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], tb.dir) {
+				unix.Unmount(f[4], unix.MNT_DETACH)
+			}
+		}
+	})
+	tb.startAgent()
+	ctl := filepath.Join(tb.socketDir, "control.sock")
+	suffix := filepath.Base(tb.cgroup)
+	mk := "ipcmk -M 4096 && ipcmk -S 2 && ipcmk -Q"
+
+	// The host's objects, made outside every sandbox.
+	hostOut, err := exec.Command("sh", "-c", mk).CombinedOutput()
+	if err != nil {
+		t.Fatalf("host ipcmk: %v\n%s", err, hostOut)
+	}
+	host := ipcmkIDs(string(hostOut))
+	t.Cleanup(func() { ipcrmAll(host) })
+	hostFile := "/dev/shm/" + suffix + "-host"
+	if err := os.WriteFile(hostFile, []byte("host\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(hostFile) })
+
+	// One sandbox process exits after creating, one keeps running.
+	sbFiles := []string{"/dev/shm/" + suffix + "-exited", "/dev/shm/" + suffix + "-running"}
+	t.Cleanup(func() {
+		for _, f := range sbFiles {
+			os.Remove(f)
+		}
+	})
+	exitedOut, err := inSandbox(t, tb.cgAbs, "c1", mk+" && echo x > "+sbFiles[0]).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sandbox ipcmk: %v\n%s", err, exitedOut)
+	}
+	outFile := filepath.Join(tb.dir, "running.out")
+	running := inSandbox(t, tb.cgAbs, "c2", "("+mk+" && echo x > "+sbFiles[1]+" && echo ready) > "+outFile+" 2>&1; exec sleep 60")
+	if err := running.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- running.Wait() }()
+	var runningOut []byte
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		runningOut, _ = os.ReadFile(outFile)
+		if strings.Contains(string(runningOut), "ready") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the running sandbox process did not create its objects:\n%s", runningOut)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sb := ipcmkIDs(string(exitedOut))
+	for k, v := range ipcmkIDs(string(runningOut)) {
+		sb[k] = append(sb[k], v...)
+	}
+	t.Cleanup(func() { ipcrmAll(sb) })
+	for _, kind := range []string{"shm", "sem", "msg"} {
+		if len(sb[kind]) != 2 || len(host[kind]) != 1 {
+			t.Fatalf("ipcmk ids: sandbox %v host %v", sb, host)
+		}
+	}
+
+	out, code := tb.watcher("workspace", "rollback", "--socket", ctl, "agents")
+	if code != 0 || !strings.Contains(out, "8 IPC objects removed") {
+		t.Fatalf("rollback: %d, want 8 IPC objects removed\n%s", code, out)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("rollback did not stop the running sandbox process")
+	}
+	for kind, ids := range sb {
+		for _, id := range ids {
+			if sysvListed(t, kind, id) {
+				t.Errorf("sandbox %s %s survived the rollback", kind, id)
+			}
+		}
+	}
+	for kind, ids := range host {
+		for _, id := range ids {
+			if !sysvListed(t, kind, id) {
+				t.Errorf("host %s %s was removed", kind, id)
+			}
+		}
+	}
+	for _, f := range sbFiles {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("sandbox file %s survived the rollback", f)
+		}
+	}
+	if _, err := os.Stat(hostFile); err != nil {
+		t.Errorf("host file: %v", err)
+	}
+
+	// A second rollback has nothing left to remove.
+	if out, code = tb.watcher("workspace", "rollback", "--socket", ctl, "agents"); code != 0 || strings.Contains(out, "IPC objects removed") {
+		t.Errorf("second rollback: %d\n%s", code, out)
+	}
+	tb.stopAgent(syscall.SIGTERM)
+	out, code = tb.watcher("ledger", "cat", "--kind", "workspace", "--json", tb.ledger)
+	if code != 0 {
+		t.Fatalf("ledger cat: %d\n%s", code, out)
+	}
+	var first *audit.WorkspaceDetail
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var e audit.Event
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Workspace != nil && e.Workspace.Op == "rollback" {
+			first = e.Workspace
+			break
+		}
+	}
+	if first == nil || len(first.IPC) != 8 {
+		t.Fatalf("the rollback record lists %v, want 8 IPC objects\n%s", first, out)
+	}
+	joined := strings.Join(first.IPC, "\n")
+	for kind, ids := range sb {
+		for _, id := range ids {
+			if !strings.Contains(joined, kind+" id "+id+" ") {
+				t.Errorf("the record lacks %s %s:\n%s", kind, id, joined)
+			}
+		}
+	}
+	for _, f := range sbFiles {
+		if !strings.Contains(joined, "shm_file "+f+" ") {
+			t.Errorf("the record lacks %s:\n%s", f, joined)
+		}
+	}
+}

@@ -42,6 +42,7 @@ import (
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/witness"
+	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 )
 
 // Version is reported in status and the agent's start record.
@@ -97,6 +98,7 @@ type Agent struct {
 	sigSeen    sync.Map    // syscall.Signal -> uint64: operator-sent count already seen
 	sigCounted atomic.Bool // the kernel counts the operator's signals (watchSignals)
 	recorder   *recorder.Recorder
+	ipc        *ipcobj.Tracker // IPC objects sandboxes create (workspace rollback)
 	cgroups    *cgroupbpf.Programs
 	egress     *egress.Egress
 	dirs       *dnsbind.Directory
@@ -264,6 +266,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("kill backstop: %w", err)
 	}
 	backstop.RegisterWithHandlers(a.reader, backstop.Handlers{OnMount: a.onMountKill})
+	if a.ipc, err = ipcobj.Load(a.eng); err != nil {
+		return a, fmt.Errorf("ipc tracking: %w", err)
+	}
 	if a.inodes, err = newInodeWatch(); err != nil {
 		return a, fmt.Errorf("inode watch: %w", err)
 	}
@@ -512,6 +517,9 @@ func (a *Agent) applyPlan() error {
 			return fmt.Errorf("backstop rules: %w", err)
 		}
 	}
+	if err := a.syncIPCTracking(); err != nil {
+		return err
+	}
 	if err := a.cgroups.SetDeviceRules(p.Devices); err != nil {
 		return fmt.Errorf("device rules: %w", err)
 	}
@@ -642,7 +650,7 @@ func (a *Agent) Stop() error {
 		}
 		a.wg.Wait()
 		var errs []error
-		for _, c := range []interface{ Close() error }{a.lsmCloser(), a.backstopCloser(), a.recorderCloser(), a.cgroupsCloser(), a.egressCloser()} {
+		for _, c := range []interface{ Close() error }{a.lsmCloser(), a.backstopCloser(), a.recorderCloser(), a.ipcCloser(), a.cgroupsCloser(), a.egressCloser()} {
 			if c != nil {
 				if err := c.Close(); err != nil {
 					errs = append(errs, err)

@@ -61,6 +61,9 @@ func (a *Agent) addRoot(sandbox, abs string, exact bool) error {
 	if err != nil {
 		return err
 	}
+	if err := a.nameIPCRoot(cg, sandbox); err != nil {
+		return fmt.Errorf("sandbox %s: %w", sandbox, err)
+	}
 	if _, err := a.cgroups.Attach(abs); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sandbox, err)
 	}

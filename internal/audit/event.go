@@ -238,6 +238,9 @@ type WorkspaceDetail struct {
 	Bytes uint64 `json:"bytes,omitempty"`
 	// Hash is the SHA-256 tree hash of the result.
 	Hash string `json:"hash,omitempty"`
+	// IPC lists the System V IPC objects and /dev/shm files the sandbox
+	// had created that a rollback removed.
+	IPC []string `json:"ipc,omitempty"`
 }
 
 // LimitDetail describes a resource limit that was hit.

@@ -450,6 +450,7 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 		b = strsField(b, "deleted", w.Deleted, true)
 		b = uintField(b, "bytes", w.Bytes, true)
 		b = strField(b, "hash", w.Hash, true)
+		b = strsField(b, "ipc", w.IPC, true)
 		b = closeObject(b, n)
 	}
 	if l := e.Limit; l != nil {

@@ -1,0 +1,50 @@
+package agent
+
+import (
+	"fmt"
+
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// ipcTracking says whether IPC objects need following: some sandbox with
+// an overlay workspace (which `watcher workspace rollback` empties) is
+// placed by a runtime, and may share the host's IPC namespace and
+// /dev/shm. `watcher exec` commands get namespaces of their own; their
+// objects die with them.
+func ipcTracking(pol *policy.Policy) bool {
+	for i := range pol.Sandboxes {
+		sb := &pol.Sandboxes[i]
+		if sb.WorkspaceOptions.Mode == policy.WorkspaceOverlay &&
+			(len(sb.Select.Cgroups) > 0 || len(sb.Select.Globs) > 0 || len(sb.Select.Containers) > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// syncIPCTracking attaches the IPC tracepoints while the policy needs
+// them (any syscall tracepoint slows every task of the host).
+func (a *Agent) syncIPCTracking() error {
+	if a.ipc == nil {
+		return nil
+	}
+	if err := a.ipc.SetAttached(ipcTracking(a.pol)); err != nil {
+		return fmt.Errorf("ipc tracking: %w", err)
+	}
+	return nil
+}
+
+// nameIPCRoot records the sandbox of a root cgroup for rollbacks.
+func (a *Agent) nameIPCRoot(cg uint64, sandbox string) error {
+	if a.ipc == nil {
+		return nil
+	}
+	return a.ipc.NameRoot(cg, sandbox)
+}
+
+func (a *Agent) ipcCloser() interface{ Close() error } {
+	if a.ipc == nil {
+		return nil
+	}
+	return a.ipc
+}
