@@ -177,6 +177,13 @@ func TestLimitsEndToEnd(t *testing.T) {
 		}
 	}
 
+	// The alerts fire on these counters, for the sandboxes whose
+	// counters moved (promtool on the rules' expressions).
+	requireAlertsFire(t, body, map[string]string{
+		"WatcherSandboxOOMKill":      "watcher_sandbox_oom_kills_total",
+		"WatcherSandboxForksRefused": "watcher_sandbox_pids_max_hits_total",
+	})
+
 	// Status: usage against limits and the layer rows.
 	out, _ = tb.watcher("status", "--socket", ctl)
 	if !regexp.MustCompile(`/ 24 \(\d+%\)\s+[1-9]\d*\s+[1-9]`).MatchString(out) {
