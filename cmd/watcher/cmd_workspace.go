@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -232,6 +233,7 @@ func (e *workspaceEnv) removeIPC() ([]string, string, error) {
 	for _, o := range out.Removed {
 		removed = append(removed, o.String())
 	}
+	sort.Strings(removed)
 	if ferr := tab.Forget(append(out.Removed, out.Gone...)); err == nil {
 		err = ferr
 	}

@@ -451,6 +451,7 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "8 IPC objects removed") {
 		t.Fatalf("rollback: %d, want 8 IPC objects removed\n%s", code, out)
 	}
+	t.Logf("rollback:\n%s", out)
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
