@@ -417,7 +417,7 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sandbox ipcmk: %v\n%s", err, exitedOut)
 	}
-	outFile := filepath.Join(tb.dir, "running.out")
+	outFile := filepath.Join(t.TempDir(), "running.out") // /tmp: writable in the restricted preset
 	running := inSandbox(t, tb.cgAbs, "c2", "("+mk+" && echo x > "+sbFiles[1]+" && echo ready) > "+outFile+" 2>&1; exec sleep 60")
 	if err := running.Start(); err != nil {
 		t.Fatal(err)
