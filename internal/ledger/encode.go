@@ -282,11 +282,13 @@ func appendEventFields(b []byte, e *audit.Event) []byte {
 // process's events share them), which is most of a routine record.
 func appendEventFieldsCached(b []byte, e *audit.Event, c *headCache) []byte {
 	b = append(b, `"time":"`...)
-	b = appendTime(b, e.Time)
-	b = append(b, '"')
 	if c != nil {
+		b = c.appendTime(b, e.Time)
+		b = append(b, '"')
 		b = c.append(b, e)
 	} else {
+		b = appendTime(b, e.Time)
+		b = append(b, '"')
 		b = appendHead(b, e)
 	}
 	return appendDetails(b, e)
@@ -513,6 +515,26 @@ type headCache struct {
 	args                 []string
 	cgroup               uint64
 	enc                  []byte
+	// The time up to its seconds ("2006-01-02T15:04:05") of tSec.
+	tOK    bool
+	tSec   int64
+	tWhole []byte
+}
+
+// appendTime is appendTime, with the date and clock of the second of the
+// last time it wrote taken from the cache.
+func (c *headCache) appendTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	if sec := t.Unix(); !c.tOK || sec != c.tSec {
+		if y := t.Year(); y < 0 || y > 9999 {
+			return appendTime(b, t)
+		}
+		c.tWhole = appendTime(c.tWhole[:0], t.Truncate(time.Second))
+		c.tWhole = c.tWhole[:len(c.tWhole)-1] // without the 'Z'
+		c.tOK, c.tSec = true, sec
+	}
+	b = append(b, c.tWhole...)
+	return append(appendFraction(b, t.Nanosecond()), 'Z')
 }
 
 // append appends e's head members, from the cache when they are the same.
@@ -613,7 +635,13 @@ func appendTime(b []byte, t time.Time) []byte {
 		byte('0'+mo/10), byte('0'+mo%10), '-', byte('0'+d/10), byte('0'+d%10), 'T',
 		byte('0'+hh/10), byte('0'+hh%10), ':', byte('0'+mm/10), byte('0'+mm%10), ':',
 		byte('0'+ss/10), byte('0'+ss%10))
-	if ns := t.Nanosecond(); ns != 0 {
+	return append(appendFraction(b, t.Nanosecond()), 'Z')
+}
+
+// appendFraction appends ".fraction" of ns as RFC3339Nano does (trailing
+// zeros removed; nothing for 0).
+func appendFraction(b []byte, ns int) []byte {
+	if ns != 0 {
 		var frac [10]byte
 		frac[0] = '.'
 		for i := 9; i >= 1; i-- {
@@ -626,7 +654,7 @@ func appendTime(b []byte, t time.Time) []byte {
 		}
 		b = append(b, frac[:n]...)
 	}
-	return append(b, 'Z')
+	return b
 }
 
 // Field helpers write `,"name":value`; closeObject removes the comma after

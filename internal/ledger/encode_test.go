@@ -288,6 +288,10 @@ func TestHeadCacheMatchesUncached(t *testing.T) {
 			e.Message = randString(r)
 		case n == 4 && len(e.Process.Args) > 0:
 			e.Process.Args[r.IntN(len(e.Process.Args))] = randString(r)
+		case n == 6 && r.IntN(2) == 0: // another zone, the same instant
+			e.Time = e.Time.In(time.FixedZone("", 5*3600+1800))
+		case n == 6: // beyond what appendTime formats itself
+			e.Time = time.Date(10000+r.IntN(3), 1, 1, 0, 0, 0, r.IntN(3)*1000, time.UTC)
 		case n == 5 && len(e.Sandbox.Labels) > 0:
 			for k := range e.Sandbox.Labels {
 				e.Sandbox.Labels[k] = randString(r)

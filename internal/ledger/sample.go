@@ -31,6 +31,12 @@ type sampler struct {
 	every    uint64
 	seed     uint64
 	counters map[sampleKey]*sampleCounter
+	// The counter of the last event's sandbox and kind: a stream of
+	// events of one process skips the key and the map lookup.
+	lastName string
+	lastCg   uint64
+	lastKind audit.Kind
+	last     *sampleCounter
 }
 
 func newSampler(every, seed uint64) *sampler {
@@ -50,11 +56,15 @@ func sandboxLabel(s *audit.Sandbox) string {
 
 // offer counts e and reports whether it is kept.
 func (s *sampler) offer(e *audit.Event, alert bool) bool {
-	k := sampleKey{sandboxLabel(&e.Sandbox), e.Kind}
-	c := s.counters[k]
-	if c == nil {
-		c = &sampleCounter{offset: s.phase(k)}
-		s.counters[k] = c
+	c := s.last
+	if c == nil || e.Sandbox.Name != s.lastName || e.Sandbox.CgroupID != s.lastCg || e.Kind != s.lastKind {
+		k := sampleKey{sandboxLabel(&e.Sandbox), e.Kind}
+		c = s.counters[k]
+		if c == nil {
+			c = &sampleCounter{offset: s.phase(k)}
+			s.counters[k] = c
+		}
+		s.last, s.lastName, s.lastCg, s.lastKind = c, e.Sandbox.Name, e.Sandbox.CgroupID, e.Kind
 	}
 	c.seen++
 	keep := alert
@@ -105,6 +115,7 @@ const maxIdleCounters = 4096
 
 // reset starts a new summary period.
 func (s *sampler) reset() {
+	s.last = nil // reset may forget it
 	prune := len(s.counters) > maxIdleCounters
 	for k, c := range s.counters {
 		if c.seen == 0 && prune {
