@@ -101,6 +101,14 @@ var pathWrites = map[string]bool{"mkdir": true, "mkdirat": true, "rmdir": true, 
 // watchSize is WATCH_NRS in bpf/recorder.c.
 const watchSize = 512
 
+// watchKeys are the indexes of the watch array, for BatchUpdate.
+var watchKeys = func() (k [watchSize]uint32) {
+	for i := range k {
+		k[i] = uint32(i)
+	}
+	return k
+}()
+
 // denialWatch builds the per-syscall watch array.
 func denialWatch(c Config) ([watchSize]uint32, error) {
 	var w [watchSize]uint32
@@ -176,6 +184,13 @@ func (t *Recorder) SetConfig(c Config) error {
 		v.RecordDenials = 1
 	}
 	putWatch := func() error {
+		// One system call for the array (the agent writes it every
+		// second), entry by entry where batches are not supported.
+		if _, err := t.objs.TrDenialWatch.BatchUpdate(watchKeys[:], watch[:], nil); err == nil {
+			return nil
+		} else if !errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("set trace config: denial watch: %w", err)
+		}
 		for nr, bits := range watch {
 			if err := t.objs.TrDenialWatch.Put(uint32(nr), bits); err != nil {
 				return fmt.Errorf("set trace config: denial watch: %w", err)
