@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -151,6 +152,25 @@ func TestHelper(t *testing.T) {
 		if os.Getenv("IPC_WAIT") != "" {
 			time.Sleep(time.Minute)
 		}
+	case "nextid":
+		// A namespace of its own where the id is chosen through
+		// kernel.shm_next_id (checkpoint/restore), not allocated in turn.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWIPC); err != nil {
+			fail(err)
+		}
+		if err := os.WriteFile("/proc/sys/kernel/shm_next_id", []byte(os.Getenv("IPC_NEXT_ID")), 0); err != nil {
+			fail(err)
+		}
+		id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
+		if err != nil {
+			fail(err)
+		}
+		next, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf("IDS shm=%d shm=%d\n", id, next)
 	case "join":
 		// Enter the IPC namespace of another process and create there.
 		runtime.LockOSThread()
@@ -422,12 +442,8 @@ func TestOtherNamespace(t *testing.T) {
 		t.Fatalf("remove: %v %v", res, err)
 	}
 	// Look from inside: the holder's namespace has no segment left.
-	lsOut, err := enforcetest.Command(t, "", "nsenter", "-t", strconv.Itoa(holder.Process.Pid), "-i", "cat", "/proc/sysvipc/shm").CombinedOutput()
-	if err != nil {
-		t.Fatalf("nsenter: %v\n%s", err, lsOut)
-	}
-	if strings.Count(strings.TrimSpace(string(lsOut)), "\n") != 0 {
-		t.Errorf("the namespace still has segments:\n%s", lsOut)
+	if n := segmentsIn(t, holder.Process.Pid); n != 0 {
+		t.Errorf("the namespace still has %d segments", n)
 	}
 	// With the namespace gone, its objects are gone.
 	holder.Process.Kill()
@@ -437,6 +453,58 @@ func TestOtherNamespace(t *testing.T) {
 		t.Errorf("after the namespace ended: %v %v", res, err)
 	}
 	tab.Forget(objs)
+}
+
+// segmentsIn counts the shared memory segments in the IPC namespace of
+// pid, read from a thread that entered it (and is never reused).
+func segmentsIn(t *testing.T, pid int) int {
+	t.Helper()
+	n := make(chan int, 1)
+	go func() {
+		runtime.LockOSThread()
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/ipc", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			n <- -1
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWIPC); err != nil {
+			n <- -1
+			return
+		}
+		data, err := os.ReadFile("/proc/sysvipc/shm")
+		if err != nil {
+			n <- -1
+			return
+		}
+		n <- strings.Count(strings.TrimSpace(string(data)), "\n")
+	}()
+	c := <-n
+	if c < 0 {
+		t.Fatal("could not read the namespace's segments")
+	}
+	return c
+}
+
+// TestNextID: an id picked through kernel.shm_next_id is recorded like
+// one allocated in turn.
+func TestNextID(t *testing.T) {
+	f := setup(t)
+	want := 5<<15 + 1000
+	out, err := enforcetest.SelfCommand(t, f.cg, "TestHelper", "nextid", fmt.Sprintf("IPC_NEXT_ID=%d", want)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	made := ids(t, string(out))
+	if !slices.Contains(made, fmt.Sprintf("shm:%d", want)) {
+		t.Fatalf("the kernel did not use shm_next_id: %v", made)
+	}
+	objs, tab := f.sandboxObjects(t)
+	sysv, _ := kindIDs(objs)
+	if strings.Join(sysv, " ") != strings.Join(made, " ") {
+		t.Errorf("tracked %v, want %v", sysv, made)
+	}
+	tab.Forget(objs) // the namespace died with the helper, and its objects
 }
 
 // TestAttachDetach: the programs run only while attached (the kernel's
