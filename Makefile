@@ -38,6 +38,7 @@ test-vm:
 	./test/vm/run.sh --pkg ./internal/launch --run TestDerivedFileModel --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./internal/posture --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./internal/workspace --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
+	./test/vm/run.sh --pkg ./internal/workspace/ipcobj --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./test/adversarial --timeout 2400 $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 
 # The syscall loop in the qemu guest: bare, outside and inside a sandbox for

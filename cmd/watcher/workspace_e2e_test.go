@@ -372,7 +372,8 @@ func ipcrmAll(ids map[string][]string) {
 // cgroup, in the host's IPC namespace and /dev/shm, create a shared
 // memory segment, a semaphore set, a message queue and a /dev/shm file
 // each; one is still running at rollback, the other exited before. A
-// host process outside the sandbox creates the same kinds. Rollback stops
+// host process outside the sandbox creates the same kinds. Rollback (to a
+// snapshot) stops
 // the running one, removes exactly the sandbox's eight objects, leaves
 // the host's, and the ledger's rollback record lists what it removed.
 func TestWorkspaceRollbackIPC(t *testing.T) {
@@ -447,7 +448,12 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 		}
 	}
 
-	out, code := tb.watcher("workspace", "rollback", "--socket", ctl, "agents")
+	// Rolling back to a snapshot removes them too (the plain rollback
+	// after it finds nothing left).
+	if out, code := tb.watcher("workspace", "snapshot", "--socket", ctl, "agents", "s0"); code != 0 {
+		t.Fatalf("snapshot: %d\n%s", code, out)
+	}
+	out, code := tb.watcher("workspace", "rollback", "--socket", ctl, "agents", "s0")
 	if code != 0 || !strings.Contains(out, "8 IPC objects removed") {
 		t.Fatalf("rollback: %d, want 8 IPC objects removed\n%s", code, out)
 	}
@@ -494,7 +500,7 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var e audit.Event
-		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Workspace != nil && e.Workspace.Op == "rollback" {
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Workspace != nil && e.Workspace.Op == "rollback" && e.Workspace.Snapshot == "s0" {
 			first = e.Workspace
 			break
 		}
