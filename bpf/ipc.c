@@ -380,12 +380,13 @@ static __always_inline int open_exit(long ret)
 {
 	if (ret < 0)
 		return 0;
-	struct file *f = pw_fd_file(ret);
-	if (!f || !(BPF_CORE_READ(f, f_mode) & FMODE_CREATED))
-		return 0;
+	/* Membership first: one cached lookup for the host's tasks. */
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
+		return 0;
+	struct file *f = pw_fd_file(ret);
+	if (!f || !(BPF_CORE_READ(f, f_mode) & FMODE_CREATED))
 		return 0;
 	__u32 zero = 0;
 	struct ipc_scratch *s = bpf_map_lookup_elem(&ipc_scratch_buf, &zero);

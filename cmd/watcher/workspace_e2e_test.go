@@ -60,6 +60,19 @@ func mustHash(t *testing.T, dir string) string {
 	return h
 }
 
+// unmountOverlaysAtCleanup unmounts, at the test's end, the overlays the
+// test's commands mounted in the state directory beside the ledger.
+func unmountOverlaysAtCleanup(t *testing.T, tb *testbed) {
+	t.Cleanup(func() {
+		data, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], tb.dir) {
+				unix.Unmount(f[4], unix.MNT_DETACH)
+			}
+		}
+	})
+}
+
 // TestWorkspaceOverlay: watcher exec changes an overlay workspace; the
 // real directory stays as it was; diff lists exactly the changes;
 // snapshot, rollback to it (stopping a command still running), rollback
@@ -71,15 +84,7 @@ func TestWorkspaceOverlay(t *testing.T) {
 		t.Skip("ipcmk (util-linux) not installed")
 	}
 	tb := newTestbed(t, "    workspace_options: {mode: overlay, max_snapshots: 2}\n", "{enabled: false}")
-	t.Cleanup(func() {
-		// The overlays live in the state dir beside the ledger.
-		data, _ := os.ReadFile("/proc/self/mountinfo")
-		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], tb.dir) {
-				unix.Unmount(f[4], unix.MNT_DETACH)
-			}
-		}
-	})
+	unmountOverlaysAtCleanup(t, tb)
 	ws := tb.ws
 	for p, s := range map[string]string{"keep.txt": "keep\n", "edit.txt": "old\n", "gone.txt": "bye\n", "sub/b.txt": "b\n"} {
 		os.MkdirAll(filepath.Dir(filepath.Join(ws, p)), 0o755)
@@ -270,14 +275,7 @@ func TestWorkspaceOverlay(t *testing.T) {
 // ledger.
 func TestWorkspacePrepareForRuntime(t *testing.T) {
 	tb := newTestbed(t, "    workspace_options: {mode: overlay}\n", "{enabled: false}")
-	t.Cleanup(func() {
-		data, _ := os.ReadFile("/proc/self/mountinfo")
-		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], tb.dir) {
-				unix.Unmount(f[4], unix.MNT_DETACH)
-			}
-		}
-	})
+	unmountOverlaysAtCleanup(t, tb)
 	os.WriteFile(filepath.Join(tb.ws, "a.txt"), []byte("a\n"), 0o644)
 	before := mustHash(t, tb.ws)
 	out, code := tb.watcher("workspace", "prepare", "--policy", tb.policy, "agents")
@@ -381,14 +379,7 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 		t.Skip("ipcmk (util-linux) not installed")
 	}
 	tb := newTestbed(t, "    workspace_options: {mode: overlay}\n", "{enabled: false}")
-	t.Cleanup(func() {
-		data, _ := os.ReadFile("/proc/self/mountinfo")
-		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], tb.dir) {
-				unix.Unmount(f[4], unix.MNT_DETACH)
-			}
-		}
-	})
+	unmountOverlaysAtCleanup(t, tb)
 	tb.startAgent()
 	ctl := filepath.Join(tb.socketDir, "control.sock")
 	suffix := filepath.Base(tb.cgroup)
