@@ -40,8 +40,7 @@ func BenchmarkEventPath(b *testing.B) {
 		b.Fatalf("build openloop: %v\n%s", err, out)
 	}
 	a, cg := startTestAgent(b, func(cg string) string {
-		return fmt.Sprintf(`sandboxes:
-  - name: bench
+		return fmt.Sprintf(`  - name: bench
     select: {cgroups: [%s]}
     preset: restricted
     escape: {enabled: false}
