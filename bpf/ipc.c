@@ -138,10 +138,12 @@ struct ipc_pending {
 	__u32 pad;
 };
 
+/* Per thread (task storage: no capacity another thread could exhaust);
+ * kind 0 when no call is in flight. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct ipc_pending);
 } ipc_pending_calls SEC(".maps");
 
@@ -309,8 +311,10 @@ int BPF_PROG(ipc_sys_enter, struct pt_regs *regs, long nr)
 		.sandbox_cg = root, .sandbox_id = sb->id, .kind = c.kind, .key = c.key,
 		.ns = BPF_CORE_READ(ns, ns.inum), .seq0 = st.seq, .last0 = st.last, .next0 = st.next,
 	};
-	__u64 tid = bpf_get_current_pid_tgid();
-	bpf_map_update_elem(&ipc_pending_calls, &tid, &p, BPF_ANY);
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct ipc_pending *slot = bpf_task_storage_get(&ipc_pending_calls, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (slot)
+		*slot = p;
 	return 0;
 }
 
@@ -330,7 +334,6 @@ static __always_inline bool allocated_between(__u32 s, __s32 i, __u32 s0, __s32 
 
 static __always_inline int sysv_exit(struct ipc_call *c, long ret)
 {
-	__u64 tid = bpf_get_current_pid_tgid();
 	if (c->rmid) {
 		/* The sandbox removed an object it may have recorded. */
 		if (ret != 0)
@@ -343,11 +346,12 @@ static __always_inline int sysv_exit(struct ipc_call *c, long ret)
 		bpf_map_delete_elem(&ipc_objects, &k);
 		return 0;
 	}
-	struct ipc_pending *p = bpf_map_lookup_elem(&ipc_pending_calls, &tid);
-	if (!p)
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct ipc_pending *p = bpf_task_storage_get(&ipc_pending_calls, task, 0, 0);
+	if (!p || !p->kind)
 		return 0;
 	struct ipc_pending pc = *p;
-	bpf_map_delete_elem(&ipc_pending_calls, &tid);
+	p->kind = 0;
 	if (ret < 0 || pc.kind != c->kind)
 		return 0;
 	struct ipc_namespace *ns = current_ipc_ns();

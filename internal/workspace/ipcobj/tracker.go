@@ -95,8 +95,8 @@ func (t *Tracker) SetAttached(on bool) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("ipc link dir: %w", err)
 	}
-	// sys_exit first: an entry mark without its exit would only linger
-	// in an LRU map, an exit without its mark records nothing.
+	// sys_exit first: every entry mark then meets its exit (an exit
+	// without a mark records nothing).
 	for _, name := range []string{ProgSysExit, ProgSysEnter} {
 		if t.links[name] != nil {
 			continue
