@@ -463,7 +463,10 @@ func TestBattery(t *testing.T) {
 				if sb.preset != preset || (sb.mode == "record" && s.readOnly && preset == "read-only") {
 					continue
 				}
+				start := time.Now()
 				results = append(results, b.viaExec(s.name, sb.name), b.inRuntimeCgroup(s.name, sb.name))
+				// Progress for long runs (the qemu guest): -v streams it.
+				t.Logf("%s under %s: both paths in %s", s.name, sb.name, time.Since(start).Round(100*time.Millisecond))
 			}
 		}
 	}
