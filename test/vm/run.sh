@@ -84,6 +84,10 @@ done
 [[ -z $mem_mib ]] && { ((hostroot)) && mem_mib=2048 || mem_mib=1024; }
 [[ $mem_mib =~ ^[0-9]+$ ]] || { echo "run.sh: --mem wants MiB, got $mem_mib" >&2; exit 2; }
 virtiofsd=/usr/lib/qemu/virtiofsd
+# virtiofsd shares / alone (no submounts): the checkout must be on it.
+if ((hostroot)) && [[ $(stat -c %d "$repo") != $(stat -c %d /) ]]; then
+	echo "run.sh: --hostroot shares only the root filesystem, and $repo is on another mount: clone the repository onto /" >&2; exit 2
+fi
 if ((hostroot)) && [[ ! -x $virtiofsd ]]; then
 	echo "run.sh: --hostroot needs $virtiofsd (apt-get install qemu-system-common)" >&2; exit 2
 fi
@@ -246,6 +250,12 @@ if [ \$hostroot = 1 ]; then
 		echo "guest: mount overlay failed" >\$out; echo "WATCHER-VM-RESULT: 3" >\$out; poweroff -f
 	fi
 	mkdir -p \$r/proc \$r/sys \$r/dev \$r/tmp \$r/run \$r/home \$r/root
+	# A checkout under a directory replaced below (a clone in /tmp) stays
+	# visible: its overlay subtree is moved back on top afterwards.
+	repo=$(printf %q "$repo")
+	case \$repo in /tmp/*|/run/*|/home/*|/root/*)
+		mkdir -p /mnt/repo && mount --bind \$r\$repo /mnt/repo ;;
+	esac
 	mount -t proc proc \$r/proc
 	mount -t sysfs sysfs \$r/sys
 	mount -t devtmpfs devtmpfs \$r/dev
@@ -258,6 +268,9 @@ if [ \$hostroot = 1 ]; then
 	mount -t tmpfs -o mode=0700 tmpfs \$r/root
 	mkdir -p \$r/run/watcher-vm
 	mount --bind /tests \$r/run/watcher-vm
+	if grep -q ' /mnt/repo ' /proc/mounts; then
+		mkdir -p \$r\$repo && mount --move /mnt/repo \$r\$repo
+	fi
 fi
 # What udev would add to devtmpfs: /dev/fd (process substitution), stdio
 # links, ptys, POSIX shared memory.
