@@ -122,6 +122,37 @@ func (tb *testbed) watcher(args ...string) (string, int) {
 	return string(out), code
 }
 
+// tailJSON runs `watcher tail -o json ARGS` against the agent until the
+// test ends and sends each event keep accepts (nil: all) on the channel,
+// which closes when tail ends. Give the client a moment to register its
+// filter before the events it must see.
+func (tb *testbed) tailJSON(keep func(audit.Event) bool, args ...string) <-chan audit.Event {
+	t := tb.t
+	t.Helper()
+	cmd := exec.Command(tb.bin, append(append([]string{"tail", "-o", "json"}, args...), "--socket", tb.EventsSocket())...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	events := make(chan audit.Event, 100)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e audit.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil && (keep == nil || keep(e)) {
+				events <- e
+			}
+		}
+		close(events)
+	}()
+	return events
+}
+
 // inSandbox runs a shell script in a fresh cgroup below cgAbs, as a
 // container runtime would start a process there (no seccomp/Landlock).
 func inSandbox(t *testing.T, cgAbs, name, script string, env ...string) *exec.Cmd {
@@ -138,25 +169,7 @@ func TestEndToEnd(t *testing.T) {
 	tb.startAgent()
 
 	// A live tail client, filtered to denials.
-	tailCmd := exec.Command(tb.bin, "tail", "-o", "json", "--verdict", "denied,killed",
-		"--socket", filepath.Join(tb.socketDir, "events.sock"))
-	tailOut, _ := tailCmd.StdoutPipe()
-	if err := tailCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { tailCmd.Process.Kill(); tailCmd.Wait() }()
-	lines := make(chan audit.Event, 100)
-	go func() {
-		sc := bufio.NewScanner(tailOut)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var e audit.Event
-			if json.Unmarshal(sc.Bytes(), &e) == nil {
-				lines <- e
-			}
-		}
-		close(lines)
-	}()
+	lines := tb.tailJSON(nil, "--verdict", "denied,killed")
 	time.Sleep(300 * time.Millisecond) // the tail client registers its filter
 
 	out, code := tb.watcher("exec", "--socket", filepath.Join(tb.socketDir, "control.sock"), "--label", "call-42", "--", "cat", "/etc/shadow")

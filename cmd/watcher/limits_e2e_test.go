@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -54,24 +52,7 @@ func TestLimitsEndToEnd(t *testing.T) {
 	tb.startAgent()
 	ctl := filepath.Join(tb.socketDir, "control.sock")
 
-	tailCmd := exec.Command(tb.bin, "tail", "-o", "json", "--socket", filepath.Join(tb.socketDir, "events.sock"))
-	tailOut, _ := tailCmd.StdoutPipe()
-	if err := tailCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { tailCmd.Process.Kill(); tailCmd.Wait() }()
-	lines := make(chan audit.Event, 100)
-	go func() {
-		sc := bufio.NewScanner(tailOut)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var e audit.Event
-			if json.Unmarshal(sc.Bytes(), &e) == nil && e.Kind == audit.KindLimit {
-				lines <- e
-			}
-		}
-		close(lines)
-	}()
+	lines := tb.tailJSON(func(e audit.Event) bool { return e.Kind == audit.KindLimit })
 	time.Sleep(300 * time.Millisecond)
 
 	// The benign neighbour first: a small command runs to its end.

@@ -7,9 +7,6 @@
 package workloads
 
 import (
-	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -31,7 +28,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
-	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/tail"
 )
@@ -61,43 +58,36 @@ var sandboxes = []struct{ name, preset, mode string }{
 	{"dev-record", "dev", "record"},
 }
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	e2etest.RemoveBinaries() // the watcher binary built once for all tests
+	os.Exit(code)
+}
+
 // battery is one run's world: a home, workspaces, a loopback HTTP server
 // and DNS upstream, and a running agent with the battery's policy.
 type battery struct {
-	t       *testing.T
-	id      string
-	bin     string
-	base    string // /tmp/wl-ID: workspaces live under /tmp on purpose
-	home    string // /home/wl-ID: matched by the presets' /home/*/ rules
-	src     string // a small checkout for the reading session
-	cgroup  string // /wl-ID
-	cgAbs   string
-	pinDir  string
-	socket  string
-	httpNm  string
-	httpPt  int
-	agent   *exec.Cmd
-	agentLg bytes.Buffer
+	*e2etest.World // the agent's pins, sockets, ledger and cgroups
+	t              *testing.T
+	id             string
+	bin            string
+	base           string // /tmp/wl-ID: workspaces live under /tmp on purpose
+	home           string // /home/wl-ID: matched by the presets' /home/*/ rules
+	src            string // a small checkout for the reading session
+	cgroup         string // /watcher-wl-ID
+	cgAbs          string
+	socket         string
+	httpNm         string
+	httpPt         int
+	agent          *e2etest.Process
 
 	mu     sync.Mutex
 	events []audit.Event
 	stream *tail.Stream
 }
 
-func randomID() string {
-	b := make([]byte, 4)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 func newBattery(t *testing.T) *battery {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the battery needs root: the agent loads BPF programs")
-	}
-	if _, err := cgroupfs.Mountpoint(); err != nil {
-		t.Skipf("no cgroup v2 hierarchy: %v", err)
-	}
 	if launch.LandlockABI() == 0 {
 		t.Skip("Landlock is not available on this kernel")
 	}
@@ -108,12 +98,10 @@ func newBattery(t *testing.T) *battery {
 			}
 		}
 	}
-	b := &battery{t: t, id: randomID()}
+	w := e2etest.New(t, "wl")
+	b := &battery{World: w, t: t, id: w.ID, cgroup: w.Cgroup, cgAbs: w.CgAbs, socket: w.ControlSocket()}
 	b.base = "/tmp/wl-" + b.id
 	b.home = "/home/wl-" + b.id
-	b.cgroup = "/wl-" + b.id
-	b.cgAbs, _ = cgroupfs.Abs(b.cgroup)
-	b.pinDir = "/sys/fs/bpf/wl-" + b.id
 	b.httpNm = "wl-" + b.id + ".test"
 	t.Cleanup(b.cleanup)
 	for _, d := range []string{b.base, b.home + "/.cache", b.home + "/.npm", b.home + "/.config/wl", b.home + "/go"} {
@@ -146,34 +134,15 @@ func buildWatcher(t *testing.T) string {
 		}
 		return bin
 	}
-	bin := filepath.Join(t.TempDir(), "watcher")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/watcherhq/watcher/cmd/watcher").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+	return e2etest.Binary(t, "github.com/watcherhq/watcher/cmd/watcher")
 }
 
+// cleanup runs before the world's (its cgroups, pins and agent files go
+// after): the agent has stopped (e2etest.Start registered that later).
 func (b *battery) cleanup() {
 	if b.stream != nil {
 		b.stream.Close()
 	}
-	if b.agent != nil && b.agent.Process != nil {
-		b.agent.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { b.agent.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			b.agent.Process.Kill()
-			<-done
-		}
-	}
-	for _, cg := range []string{b.cgAbs} {
-		cgroupfs.Kill(cg)
-		cgroupfs.Remove(cg)
-	}
-	enforce.Unpin(b.pinDir)
 	os.RemoveAll(b.base)
 	os.RemoveAll(b.home)
 }
@@ -235,15 +204,6 @@ func (b *battery) serveLoopback() (dnsAddr string) {
 	return pc.LocalAddr().String()
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // startAgent writes the battery's policy and starts `watcher run`.
 func (b *battery) startAgent() {
 	t := b.t
@@ -262,49 +222,33 @@ func (b *battery) startAgent() {
 			t.Fatal(err)
 		}
 	}
-	runDir := filepath.Join(b.base, "agent", "run")
-	pol := fmt.Sprintf(`version: 1
-agent:
-  ledger_dir: %s/agent/ledger
-  socket_dir: %s
-  pin_dir: %s
-  metrics_addr: 127.0.0.1:%d
-  exec_cgroup: %s-exec
-  dns: {listen: "127.0.0.1:%d", upstreams: [%q]}
-sandboxes:
-%s`, b.base, runDir, b.pinDir, freePort(t), b.cgroup, freePort(t), upstream, sbs.String())
-	polPath := filepath.Join(b.base, "agent", "policy.yaml")
-	os.MkdirAll(filepath.Dir(polPath), 0o700)
+	b.DNSUpstreams = []string{strconv.Quote(upstream)}
+	pol := b.PolicyHead("127.0.0.1:"+strconv.Itoa(e2etest.FreePort(t))) + sbs.String()
+	polPath := filepath.Join(b.AgentDir, "policy.yaml")
 	if err := os.WriteFile(polPath, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b.socket = filepath.Join(runDir, "control.sock")
-	b.agent = exec.Command(b.bin, "run", "--policy", polPath, "--quiet")
-	b.agent.Stdout, b.agent.Stderr = &b.agentLg, &b.agentLg
-	if err := b.agent.Start(); err != nil {
-		t.Fatal(err)
-	}
+	b.agent = e2etest.Start(t, exec.Command(b.bin, "run", "--policy", polPath, "--quiet"))
 	// Generous: under qemu TCG on a loaded host the agent takes minutes.
 	start := time.Now()
-	deadline := start.Add(5 * time.Minute)
-	for {
+	err := b.agent.WaitReady(5*time.Minute, func() bool {
 		// status exits 1 also when a required layer is missing (on 6.1:
 		// the cgroup unix socket hooks): up is an answer with a pid.
 		var st control.Status
-		out, err := exec.Command(b.bin, "status", "--json", "--socket", b.socket).Output()
-		if json.Unmarshal(out, &st) == nil && st.PID > 0 {
-			if len(st.Missing) > 0 {
-				t.Logf("layers this kernel lacks: %s", strings.Join(st.Missing, "; "))
-			}
-			break
+		out, _ := exec.Command(b.bin, "status", "--json", "--socket", b.socket).Output()
+		if json.Unmarshal(out, &st) != nil || st.PID == 0 {
+			return false
 		}
-		if b.agent.ProcessState != nil || time.Now().After(deadline) {
-			t.Fatalf("agent did not come up in %s (last status: %v):\n%s", time.Since(start).Round(time.Second), err, b.agentLg.String())
+		if len(st.Missing) > 0 {
+			t.Logf("layers this kernel lacks: %s", strings.Join(st.Missing, "; "))
 		}
-		time.Sleep(200 * time.Millisecond)
+		return true
+	})
+	if err != nil {
+		t.Fatalf("agent did not come up in %s: %v", time.Since(start).Round(time.Second), err)
 	}
 	t.Logf("agent up in %s", time.Since(start).Round(10*time.Millisecond))
-	st, err := tail.Dial(filepath.Join(runDir, "events.sock"), tail.Filter{
+	st, err := tail.Dial(b.EventsSocket(), tail.Filter{
 		Verdicts: []audit.Verdict{audit.VerdictDenied, audit.VerdictKilled, audit.VerdictRecorded}})
 	if err != nil {
 		t.Fatal(err)
