@@ -406,6 +406,8 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 		}
 	})
 	exitedOut, err := inSandbox(t, tb.cgAbs, "c1", mk+" && echo x > "+sbFiles[0]).CombinedOutput()
+	sb := ipcmkIDs(string(exitedOut))
+	t.Cleanup(func() { ipcrmAll(sb) }) // sb grows below; removed whatever fails
 	if err != nil {
 		t.Fatalf("sandbox ipcmk: %v\n%s", err, exitedOut)
 	}
@@ -420,19 +422,17 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		runningOut, _ = os.ReadFile(outFile)
-		if strings.Contains(string(runningOut), "ready") {
+		if strings.Contains(string(runningOut), "ready") || time.Now().After(deadline) {
 			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the running sandbox process did not create its objects:\n%s", runningOut)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	sb := ipcmkIDs(string(exitedOut))
 	for k, v := range ipcmkIDs(string(runningOut)) {
 		sb[k] = append(sb[k], v...)
 	}
-	t.Cleanup(func() { ipcrmAll(sb) })
+	if !strings.Contains(string(runningOut), "ready") {
+		t.Fatalf("the running sandbox process did not create its objects:\n%s", runningOut)
+	}
 	for _, kind := range []string{"shm", "sem", "msg"} {
 		if len(sb[kind]) != 2 || len(host[kind]) != 1 {
 			t.Fatalf("ipcmk ids: sandbox %v host %v", sb, host)
