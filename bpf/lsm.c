@@ -66,7 +66,8 @@ enum lsm_op {
 	LSM_OP_CLONE_FILES = 22,     /* clone/clone3 sharing the file table with a new process (not a thread) */
 	LSM_OP_UNIX_CONNECT = 23,    /* unix connect/send to a socket outside the sandbox's socket paths */
 	LSM_OP_EXEC_FILELESS = 24,   /* exec or PROT_EXEC mapping of a file with no name (memfd, deleted) */
-	LSM_OP_MAX = 25,
+	LSM_OP_KERNEL_IFACE = 25,    /* the kernel group of the dangerous list (iopl, acct, reboot, personality...) */
+	LSM_OP_MAX = 26,
 };
 
 /* Which table decided a file_open. */
@@ -353,6 +354,67 @@ static __always_inline int judge_op(__u32 mech, __u32 op, __u32 kind, __u32 mode
 	return judge_task(mech, op, kind, d, sb, root, NULL, mode, -1, false);
 }
 
+/* --- dangerous syscalls judged by what they ask the kernel ---------------- */
+
+/* Entries of the one dangerous list (internal/dangerous) without a hook of
+ * their own are judged where the kernel checks them before any effect,
+ * while the task is in that syscall: the capability the syscall asks for
+ * first (iopl, acct, reboot, delete_module, mount_setattr...), the key
+ * permission every keyctl, add_key and request_key needs, or, for those
+ * with no check at all, the entry of the syscall itself (fentry: killed
+ * at entry, at no cost to other syscalls). The Go loader fills
+ * lsm_syscall_checks from the list: {syscall, check} -> the op whose rule
+ * decides. */
+#define TS_COMPAT 0x0002              /* thread_info.status: an i386 syscall is running */
+#define X32_SYSCALL_BIT 0x40000000
+#define SYSCALL_COMPAT 0x10000        /* i386 numbers are keyed as SYSCALL_COMPAT + nr */
+#define SYSCALL_NONE 0xffffffffu
+#define SYSCALL_TAG 0x80000000u       /* task_event.mode of a syscall-scoped decision: tag | syscall */
+#define CHECK_KEY 64                  /* check: the key_permission hook */
+#define CHECK_ENTRY 65                /* check: the syscall's entry (fentry) */
+
+struct syscall_check_key {
+	__u32 nr;    /* x86_64 number, or SYSCALL_COMPAT + i386 number */
+	__u32 check; /* capability number (< 64), CHECK_KEY or CHECK_ENTRY */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct syscall_check_key);
+	__type(value, __u32); /* enum lsm_op */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_syscall_checks SEC(".maps");
+
+const struct syscall_check_key *unused_syscall_check_key __attribute__((unused));
+
+/* current_syscall returns the syscall the current task is in, from its
+ * saved registers: orig_ax is what the entry code dispatched (after
+ * ptrace or seccomp had their say), TS_COMPAT marks the i386 table (int
+ * 0x80, sysenter), x32 calls carry X32_SYSCALL_BIT on x86_64 numbers.
+ * io_uring workers have zeroed registers: never a listed syscall. */
+static __always_inline __u32 current_syscall(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	__u64 nr = BPF_CORE_READ(regs, orig_ax);
+	if (nr > 0xffffffffULL)
+		return SYSCALL_NONE;
+	if (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT)
+		return SYSCALL_COMPAT + (__u32)nr;
+	return (__u32)nr & ~X32_SYSCALL_BIT;
+}
+
+/* syscall_check returns the op deciding check in syscall nr, 0 for none. */
+static __always_inline __u32 syscall_check(__u32 nr, __u32 check)
+{
+	if (nr == SYSCALL_NONE)
+		return 0;
+	struct syscall_check_key k = { .nr = nr, .check = check };
+	__u32 *op = bpf_map_lookup_elem(&lsm_syscall_checks, &k);
+	return op ? *op : 0;
+}
+
 /* --- ptrace, signals, capabilities, bpf ----------------------------------- */
 
 static __always_inline int decide_ptrace_access_check(__u32 mech, struct task_struct *child, unsigned int mode, int ret)
@@ -447,6 +509,18 @@ static __always_inline int decide_capable(__u32 mech, const struct cred *cred, i
 		return 0;
 	if (substituted_cred(cred, sb->id))
 		return 0;
+	/* A dangerous syscall asking for the capability it checks before any
+	 * effect (iopl, acct, reboot, swapon, delete_module, mount_setattr,
+	 * open_by_handle_at): refused by the rule of its group. */
+	__u32 nr = current_syscall();
+	__u32 op = syscall_check(nr, (__u32)cap);
+	if (op) {
+		struct decision od = op_decision(sb->id, op, ACTION_ALLOW);
+		int r = judge_task(mech, op, EV_OPERATION, od, sb, root, NULL, SYSCALL_TAG | nr, cap,
+				   opts & CAP_OPT_NOAUDIT);
+		if (r)
+			return r;
+	}
 	__u32 sid = sb->id;
 	struct cap_rules *r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
 	if (!r) {
@@ -1163,6 +1237,86 @@ WATCHER_HOOK(userns_create, security_create_user_ns, decide_op(mech, LSM_OP_USER
 /* add_key(2) and keyctl(2) creating keys or keyrings (KEYCTL_JOIN_SESSION_KEYRING...). */
 WATCHER_HOOK(key_alloc, security_key_alloc, decide_op(mech, LSM_OP_KEYRING, ret),
 	     struct key *key, const struct cred *cred, unsigned long flags, int ret)
+
+/* Every keyctl(2), add_key(2) and request_key(2) that touches a key or
+ * keyring (reading, linking, searching, updating, the keyring a new key
+ * goes to) asks key_permission first: refused while the task is in one of
+ * those syscalls. The kernel's own lookups on the task's behalf
+ * (fscrypt, ecryptfs at open) are left alone. */
+static __always_inline int decide_key_permission(__u32 mech, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 nr = current_syscall();
+	__u32 op = syscall_check(nr, CHECK_KEY);
+	if (!op)
+		return 0;
+	struct decision d = op_decision(sb->id, op, ACTION_ALLOW);
+	return judge_task(mech, op, EV_OPERATION, d, sb, root, NULL, SYSCALL_TAG | nr, -1, false);
+}
+WATCHER_HOOK(key_permission, security_key_permission, decide_key_permission(mech, ret),
+	     key_ref_t key_ref, const struct cred *cred, enum key_need_perm need_perm, int ret)
+
+/* --- syscalls no hook judges: killed at their entry ------------------------- */
+
+/* personality(2), name_to_handle_at(2) and io_uring_enter/register check
+ * nothing an LSM hook sees. An fentry program on each syscall's own entry
+ * point kills the caller as the backstop does, before the call returns to
+ * user space, while every other syscall of the host runs untaxed: nothing
+ * the call changed outlives the process (a personality is the dying
+ * task's, a handle is useless with open_by_handle_at refused, a ring dies
+ * with its only user). Tracing programs cannot return an errno: block is
+ * a kill. */
+static __always_inline int kill_in_syscall(void)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	__u32 nr = current_syscall();
+	__u32 op = syscall_check(nr, CHECK_ENTRY);
+	if (!op)
+		return 0;
+	struct decision d = op_decision(sb->id, op, ACTION_ALLOW);
+	if (d.action == ACTION_BLOCK)
+		d.action = ACTION_KILL;
+	judge_task(EV_FENTRY, op, EV_OPERATION, d, sb, root, NULL, SYSCALL_TAG | nr, -1, false);
+	return 0;
+}
+
+#define WATCHER_ENTRY(fn)                   \
+	SEC("fentry/" #fn)                  \
+	int BPF_PROG(entry_##fn)            \
+	{                                   \
+		return kill_in_syscall();   \
+	}
+
+/* io_uring_setup: where the ring gets a secure anonymous inode (6.1)
+ * inode_init_security_anon refuses it with EPERM, a refusal a program
+ * probing for io_uring survives; elsewhere the ring comes back and the
+ * caller is killed on the way out (fexit), before user space runs. */
+#define WATCHER_EXIT(fn)                                                \
+	SEC("fexit/" #fn)                                               \
+	int BPF_PROG(exit_##fn, const struct pt_regs *regs, long ret)   \
+	{                                                               \
+		return ret < 0 ? 0 : kill_in_syscall();                 \
+	}
+WATCHER_ENTRY(__x64_sys_personality)
+WATCHER_ENTRY(__ia32_sys_personality)
+/* Debian 6.1's BTF lists the name_to_handle_at wrappers twice (an
+ * ambiguous attach target): the function both entries call, after the
+ * path lookup and before the handle is encoded, instead. */
+WATCHER_ENTRY(do_sys_name_to_handle)
+WATCHER_EXIT(__x64_sys_io_uring_setup)
+WATCHER_EXIT(__ia32_sys_io_uring_setup)
+WATCHER_ENTRY(__x64_sys_io_uring_enter)
+WATCHER_ENTRY(__ia32_sys_io_uring_enter)
+WATCHER_ENTRY(__x64_sys_io_uring_register)
+WATCHER_ENTRY(__ia32_sys_io_uring_register)
 
 /* --- SIGIO and SIGURG to the agent ------------------------------------------ */
 

@@ -85,6 +85,12 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 	plan := a.Plan()
 	needBackstop := a.backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
 	t.Logf("backstop loaded: %v; its rules need syscall tracepoints: %v; syscall stream: %v", a.backstop != nil, needBackstop, plan.SyscallStream)
+	if os.Getenv("WATCHER_EXPECT_MECH") != "" && (needBackstop || plan.SyscallStream) {
+		// The qemu guest (BPF LSM or fmod_ret, and fentry): every rule of
+		// the preset has a hook or a per-syscall entry program.
+		t.Errorf("LSM guest: the restricted preset still needs syscall tracepoints: backstop syscalls %v, io_uring %+v, compat %+v, stream %v",
+			plan.Backstop.Syscalls, plan.Backstop.IOUring, plan.Backstop.Compat, plan.SyscallStream)
+	}
 	check := func(state string, denials bool) {
 		t.Helper()
 		tl := kernelLinks(t, trIDs)

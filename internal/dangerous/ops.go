@@ -1,9 +1,12 @@
 // Package dangerous is the one list of dangerous system calls: every entry
 // names the syscall, its number in the x86_64 and the i386 table (a 64-bit
 // process reaches the i386 table with int 0x80), the policy group that
-// decides it, and the LSM hook that refuses it before the fact (empty when
-// no hook does: then only seccomp under `watcher exec` refuses it, and the
-// kill backstop stops it on every host).
+// decides it, and the LSM hook that refuses it before the fact: its own,
+// or the capable or key_permission hook judging what the syscall asks for
+// first while the task is in it. Entries no hook judges (AtEntry) are
+// killed at their own entry points by fentry programs where BPF
+// trampolines run, else by the kill backstop's host-wide sys_enter;
+// seccomp refuses every entry under `watcher exec`.
 //
 // watcher exec's seccomp filter (internal/launch) and the kill backstop
 // (internal/enforce/backstop) both read this list, so an entry added here
@@ -44,7 +47,82 @@ type Op struct {
 	// Group is the policy setting deciding it.
 	Group Group
 	// Hook is the BPF LSM hook that refuses it with EPERM ("" for none).
+	// HookCapable and HookKeyPermission are judged while the task is in
+	// this syscall (Caps, Hooks).
 	Hook string
+}
+
+// Hooks judged while the task is in the entry's syscall (the number the
+// kernel dispatched, read from the task's saved registers).
+const (
+	// HookCapable: the capable hook refuses the capabilities Caps lists,
+	// which the syscall checks before it has any effect.
+	HookCapable = "capable"
+	// HookKeyPermission: every key or keyring the syscall touches asks
+	// key_permission first; the keys it creates pass key_alloc.
+	HookKeyPermission = "key_permission"
+)
+
+// syscallCaps are the capabilities each HookCapable entry asks for before
+// any effect (6.1-6.18 sources): CAP_SYS_RAWIO (17) for iopl raising the
+// level and ioperm turning ports on (lowering either needs none and stays
+// allowed), CAP_SYS_PACCT (20) for acct, CAP_SYS_ADMIN (21) for swapon,
+// swapoff and mount_setattr (may_mount), CAP_SYS_BOOT (22) for reboot,
+// CAP_SYS_MODULE (16) for delete_module, CAP_DAC_READ_SEARCH (2) for
+// open_by_handle_at (6.10+ also accepts CAP_SYS_ADMIN over the mount's
+// namespace: both refused).
+var syscallCaps = map[string][]int{
+	"iopl": {17}, "ioperm": {17}, "acct": {20}, "swapon": {21}, "swapoff": {21},
+	"mount_setattr": {21}, "reboot": {22}, "delete_module": {16}, "open_by_handle_at": {2, 21},
+}
+
+// Caps returns the capabilities a HookCapable entry is refused by.
+func (o Op) Caps() []int { return syscallCaps[o.Name] }
+
+// AtEntry reports whether no LSM hook judges the entry at all: where BPF
+// trampolines run, an fentry program on the syscall's own entry points
+// (EntryFuncs) kills the caller, as the backstop does, without putting
+// every syscall of the host on the slow path. io_uring_setup is here
+// too: its ring gets an inode the LSM can refuse on some kernels only
+// (there the refusal is EPERM, elsewhere the caller is killed on return).
+func (o Op) AtEntry() bool {
+	return o.Hook == "" && (o.Group == GroupKernel || o.Group == GroupIOUring)
+}
+
+// entryFuncs replace the entry points where they are no attach target:
+// Debian 6.1's BTF lists the name_to_handle_at wrappers twice; both call
+// do_sys_name_to_handle before the handle is encoded.
+var entryFuncs = map[string][]string{"name_to_handle_at": {"do_sys_name_to_handle"}}
+
+// EntryFuncs are the kernel functions an AtEntry entry's fentry programs
+// attach to: the x86_64 and the i386 entry points.
+func (o Op) EntryFuncs() []string {
+	if f, ok := entryFuncs[o.Name]; ok {
+		return f
+	}
+	var out []string
+	if o.NR64 != None {
+		out = append(out, "__x64_sys_"+o.Name)
+	}
+	if o.NR32 != None {
+		out = append(out, "__ia32_sys_"+o.Name)
+	}
+	return out
+}
+
+// Hooks lists the LSM hooks (or, for AtEntry entries, the fentry
+// functions) that must all run for the entry to be enforced without the
+// backstop.
+func (o Op) Hooks() []string {
+	switch {
+	case o.AtEntry():
+		return o.EntryFuncs()
+	case o.Hook == HookKeyPermission:
+		return []string{HookKeyPermission, "key_alloc"}
+	case o.Hook != "":
+		return []string{o.Hook}
+	}
+	return nil
 }
 
 // Ops is the list. Conditional checks (namespace flags of clone, unshare
@@ -66,13 +144,13 @@ var Ops = []Op{
 	{"fsconfig", 431, 431, GroupMount, "fs_context_parse_param"},
 	{"fsmount", 432, 432, GroupMount, "fs_context_parse_param"},
 	{"fspick", 433, 433, GroupMount, "fs_context_parse_param"},
-	{"mount_setattr", 442, 442, GroupMount, ""},
+	{"mount_setattr", 442, 442, GroupMount, HookCapable},
 	{"pivot_root", 155, 217, GroupMount, "sb_pivotroot"},
 	{"chroot", 161, 61, GroupMount, "path_chroot"},
 
 	{"init_module", 175, 128, GroupModule, "kernel_load_data"},
 	{"finit_module", 313, 350, GroupModule, "kernel_read_file"},
-	{"delete_module", 176, 129, GroupModule, ""},
+	{"delete_module", 176, 129, GroupModule, HookCapable},
 	{"kexec_load", 246, 283, GroupModule, "kernel_load_data"},
 	{"kexec_file_load", 320, None, GroupModule, "kernel_read_file"},
 
@@ -83,18 +161,18 @@ var Ops = []Op{
 	{"io_uring_register", 427, 427, GroupIOUring, ""},
 
 	{"perf_event_open", 298, 336, GroupKernel, "perf_event_open"},
-	{"keyctl", 250, 288, GroupKernel, ""},
-	{"add_key", 248, 286, GroupKernel, ""},
-	{"request_key", 249, 287, GroupKernel, ""},
-	{"userfaultfd", 323, 374, GroupKernel, ""},
-	{"iopl", 172, 110, GroupKernel, ""},
-	{"ioperm", 173, 101, GroupKernel, ""},
-	{"acct", 163, 51, GroupKernel, ""},
-	{"swapon", 167, 87, GroupKernel, ""},
-	{"swapoff", 168, 115, GroupKernel, ""},
-	{"reboot", 169, 88, GroupKernel, ""},
+	{"keyctl", 250, 288, GroupKernel, HookKeyPermission},
+	{"add_key", 248, 286, GroupKernel, HookKeyPermission},
+	{"request_key", 249, 287, GroupKernel, HookKeyPermission},
+	{"userfaultfd", 323, 374, GroupKernel, "inode_init_security_anon"},
+	{"iopl", 172, 110, GroupKernel, HookCapable},
+	{"ioperm", 173, 101, GroupKernel, HookCapable},
+	{"acct", 163, 51, GroupKernel, HookCapable},
+	{"swapon", 167, 87, GroupKernel, HookCapable},
+	{"swapoff", 168, 115, GroupKernel, HookCapable},
+	{"reboot", 169, 88, GroupKernel, HookCapable},
 	{"personality", 135, 136, GroupKernel, ""},
-	{"open_by_handle_at", 304, 342, GroupKernel, ""},
+	{"open_by_handle_at", 304, 342, GroupKernel, HookCapable},
 	{"name_to_handle_at", 303, 341, GroupKernel, ""},
 }
 

@@ -23,8 +23,11 @@ import (
 // Mechanisms named in Plan.Layers: the names the layers put in their
 // events, defined once by each layer's package.
 const (
-	MechLSM       = lsm.MechLSM
-	MechFmodRet   = lsm.MechFmodRet // the LSM layer's decisions as fmod_ret programs on security_* functions
+	MechLSM     = lsm.MechLSM
+	MechFmodRet = lsm.MechFmodRet // the LSM layer's decisions as fmod_ret programs on security_* functions
+	// MechEntry: fentry programs on the syscalls' own entry points kill
+	// the caller at entry (as the backstop, without its host-wide tax).
+	MechEntry     = lsm.MechFentry
 	MechCgroupBPF = cgroupbpf.Mechanism
 	MechKill      = backstop.Mechanism
 	// MechLaunch is watcher exec's pair: its refusals are events of
@@ -56,7 +59,7 @@ func (c *compiler) hookErr(name string) string {
 func (c *compiler) lsmMechanism(notes []string) (string, []string) {
 	var fmod, lsmHooks []string
 	for hook, err := range c.env.LSM {
-		if err != nil || hook == "*" {
+		if err != nil || hook == "*" || c.env.LSMMech[hook] == lsm.MechFentry {
 			continue
 		}
 		if c.env.LSMMech[hook] == lsm.MechFmodRet {
@@ -127,6 +130,16 @@ type layer struct {
 	capability bool     // a capability rule (see Plan.Missing)
 }
 
+// hooks reports whether every hook of names loaded.
+func (c *compiler) hooks(names ...string) bool {
+	for _, h := range names {
+		if !c.hook(h) {
+			return false
+		}
+	}
+	return len(names) > 0
+}
+
 // choose is the rule-to-layer choice for one rule BPF LSM can enforce,
 // made here for every such rule: the LSM layer when every hook the rule
 // needs loaded on this host, else fallback (the kill backstop, cgroup BPF,
@@ -175,7 +188,7 @@ func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer
 		} else {
 			notes = append([]string{"record (nothing records it on this host)"}, notes...)
 		}
-	case mech == MechKill:
+	case mech == MechKill || mech == MechEntry:
 		// Never "block" where the kernel only kills afterwards.
 		what := "killed, stopped after the fact"
 		if a == policy.ActionBlock {

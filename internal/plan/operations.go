@@ -61,8 +61,10 @@ var operations = []operation{
 			{op: lsm.OpChroot, hook: "path_chroot", syscalls: []string{"chroot"}},
 			// fsopen itself has no hook; every fsconfig parameter does.
 			{op: lsm.OpFSConfig, hook: "fs_context_parse_param", syscalls: []string{"fsopen", "fsconfig", "fsmount", "fspick"}},
+			// mount_setattr has no hook: it asks for CAP_SYS_ADMIN
+			// (may_mount) before anything, judged in that syscall.
+			{op: lsm.OpMount, hook: dangerous.HookCapable, syscalls: []string{"mount_setattr"}},
 		},
-		always:  []string{"mount_setattr"},
 		seccomp: "the mount family, pivot_root, chroot",
 	},
 	{
@@ -71,8 +73,9 @@ var operations = []operation{
 		parts: []opPart{
 			{op: lsm.OpKernelReadFile, hook: "kernel_read_file", syscalls: []string{"finit_module", "kexec_file_load"}},
 			{op: lsm.OpKernelLoadData, hook: "kernel_load_data", syscalls: []string{"init_module", "kexec_load"}},
+			// delete_module has no hook: it asks for CAP_SYS_MODULE first.
+			{op: lsm.OpKernelLoadData, hook: dangerous.HookCapable, syscalls: []string{"delete_module"}},
 		},
-		always:  []string{"delete_module"},
 		seccomp: "module loading and removal, kexec",
 	},
 	{
@@ -182,11 +185,16 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		}
 		switch {
 		case l.mech == MechLSM:
-			l.notes = append(l.notes, "lsm: "+strings.Join(lsmOps, ", "))
+			l.notes = append(l.notes, "lsm: "+strings.Join(dedupe(lsmOps), ", "))
 		case len(lsmOps) == 0:
 			l.notes = append(l.notes, "backstop: "+strings.Join(dedupe(killed), ", "))
 		default:
-			l.notes = append(l.notes, "lsm: "+strings.Join(lsmOps, ", "), "backstop: "+strings.Join(dedupe(killed), ", "))
+			l.notes = append(l.notes, "lsm: "+strings.Join(dedupe(lsmOps), ", "), "backstop: "+strings.Join(dedupe(killed), ", "))
+		}
+		for _, part := range op.parts {
+			if part.hook == dangerous.HookCapable && c.hook(part.hook) {
+				l.notes = append(l.notes, "lsm capable in "+strings.Join(part.syscalls, ", ")+": the capability it checks first")
+			}
 		}
 		if len(always) > 0 {
 			l.notes = append(l.notes, "no LSM hook, always the backstop: "+strings.Join(always, ", "))
@@ -214,25 +222,42 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		}
 	}
 
-	// io_uring: no LSM hook; the backstop refuses io_uring_setup, seccomp
-	// too for watcher exec.
+	// io_uring: no LSM hook judges the syscalls. Where fentry programs
+	// run on their entry points they kill at entry, per syscall; else the
+	// backstop kills io_uring_setup (and, for rings from elsewhere,
+	// io_uring_enter/register) on the host-wide sys_enter; seccomp too
+	// for watcher exec.
 	a := orAllow(sb.Operations.IOUring)
 	id := c.rules.ID("io-uring")
-	u := c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
-	l := layer{mech: MechKill, notes: []string{"backstop: io_uring_setup, io_uring_enter, io_uring_register (no LSM hook; killed at entry)"}}
+	var uringHooks []string
+	for _, o := range dangerous.ByGroup(dangerous.GroupIOUring) {
+		uringHooks = append(uringHooks, o.Hooks()...)
+	}
+	atEntry := c.hooks(uringHooks...)
+	var u globalUse
+	var l layer
+	if blocking(a) && atEntry {
+		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
+		l = layer{mech: MechEntry, notes: []string{"fentry: io_uring_enter, io_uring_register killed at entry, io_uring_setup on return when it made a ring (x86_64 and i386 entry points; nothing else pays for it)"}}
+	} else {
+		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
+		l = layer{mech: MechKill, notes: []string{"backstop: io_uring_setup, io_uring_enter, io_uring_register (no LSM hook; killed at entry)"}}
+		if blocking(a) {
+			// A ring's descriptor can come from outside (SCM_RIGHTS).
+			for _, name := range []string{"io_uring_enter", "io_uring_register"} {
+				uu := c.bsSyscall(name, backstopAction(a), id)
+				uu.layer = len(c.plan.Layers) // the line added below
+				c.globalUses = append(c.globalUses, uu)
+			}
+		}
+	}
 	if blocking(a) && c.hook("inode_init_security_anon") {
 		// Kernels that give a ring a secure anonymous inode (6.1 does)
-		// refuse it before the fact; others leave it to the backstop.
+		// refuse it before the fact; others leave it to the kill.
 		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
 		l.notes = append(l.notes, "also refused at io_uring_setup by lsm inode_init_security_anon where the kernel gives rings a secure anonymous inode")
 	}
 	if blocking(a) {
-		// A ring's descriptor can come from outside (SCM_RIGHTS).
-		for _, name := range []string{"io_uring_enter", "io_uring_register"} {
-			uu := c.bsSyscall(name, backstopAction(a), id)
-			uu.layer = len(c.plan.Layers) // the line added below
-			c.globalUses = append(c.globalUses, uu)
-		}
 		l.notes = append(l.notes, "watcher exec: seccomp refuses io_uring_*")
 	} else {
 		l.mech = MechNone
@@ -242,8 +267,11 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			l.notes = append(l.notes, "open requests submitted to a ring are killed: the backstop cannot judge their paths")
 		}
 	}
-	u.layer = c.add(sb, "io_uring", a, l)
-	c.globalUses = append(c.globalUses, u)
+	idx := c.add(sb, "io_uring", a, l)
+	if u.category != nil {
+		u.layer = idx
+		c.globalUses = append(c.globalUses, u)
+	}
 
 	// 32-bit system calls: decided host-wide in finish (ia32Lines), once
 	// every rule that may rely on the backstop's x86_64 numbers is known.
@@ -252,25 +280,46 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	// The kernel group of the one dangerous list: refused whatever the
 	// policy says.
 	id = c.rules.ID("kernel-interfaces")
-	var kernelOps []string
-	var lsmKernelOps []string
+	var kernelOps, lsmKernelOps, entryOps []string
 	for _, o := range dangerous.ByGroup(dangerous.GroupKernel) {
-		if o.Hook != "" && c.hook(o.Hook) {
-			// Refused by its LSM hook (fixedOperations): no syscall
-			// tracepoint for it.
-			lsmKernelOps = append(lsmKernelOps, o.Name)
+		switch {
+		case !c.hooks(o.Hooks()...):
+			c.bsSyscall(o.Name, enforce.ActionKill, id)
+			kernelOps = append(kernelOps, o.Name)
 			continue
+		case o.AtEntry():
+			entryOps = append(entryOps, o.Name)
+		default:
+			lsmKernelOps = append(lsmKernelOps, o.Name+" ("+o.Hook+")")
 		}
-		c.bsSyscall(o.Name, enforce.ActionKill, id)
-		kernelOps = append(kernelOps, o.Name)
+		switch o.Hook {
+		case dangerous.HookKeyPermission:
+			lr.Ops[lsm.OpKeyring] = lsm.Decision{Action: enforce.ActionBlock, RuleID: c.rules.ID("keyrings")}
+		case dangerous.HookCapable, "":
+			lr.Ops[lsm.OpKernelIface] = lsm.Decision{Action: enforce.ActionBlock, RuleID: id}
+		}
 	}
-	kl := layer{mech: MechKill, notes: []string{
-		"backstop: killed at entry (the call itself may complete before the process dies): " + strings.Join(kernelOps, ", "),
-		"watcher exec: seccomp refuses them"}}
+	var kl layer
+	switch {
+	case len(kernelOps) > 0:
+		kl = layer{mech: MechKill, notes: []string{"backstop: killed at entry (the call itself may complete before the process dies): " + strings.Join(kernelOps, ", ")}}
+	case len(entryOps) > 0:
+		kl = layer{mech: MechEntry}
+	default:
+		kl = layer{mech: MechLSM}
+	}
+	if len(entryOps) > 0 {
+		kl.notes = append(kl.notes, "fentry: killed at entry, per syscall (the call itself may complete before the process dies): "+strings.Join(entryOps, ", "))
+	}
 	if len(lsmKernelOps) > 0 {
-		kl.notes = append(kl.notes, "lsm refuses "+strings.Join(lsmKernelOps, ", "))
+		kl.notes = append(kl.notes, "lsm refuses "+strings.Join(lsmKernelOps, ", ")+" before any effect (capable and key_permission: while the task is in that syscall)")
 	}
-	c.add(sb, "kernel_interfaces", policy.ActionKill, kl)
+	kl.notes = append(kl.notes, "watcher exec: seccomp refuses them")
+	ka := policy.ActionKill
+	if kl.mech == MechLSM {
+		ka = policy.ActionBlock
+	}
+	c.add(sb, "kernel_interfaces", ka, kl)
 
 	// cgroup_write: an LSM filesystem rule on cgroupfs, or the backstop's
 	// category; a move out of the sandbox is always at least recorded.

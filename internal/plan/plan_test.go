@@ -105,7 +105,7 @@ sandboxes:
 				}
 				for _, l := range plan.Layers {
 					switch l.Mechanism {
-					case MechLSM, MechCgroupBPF, MechKill, MechLaunch, MechRecord, MechNone:
+					case MechLSM, MechCgroupBPF, MechKill, MechEntry, MechLaunch, MechRecord, MechNone:
 					default:
 						t.Errorf("layer %q: unknown mechanism %q", l.Rule, l.Mechanism)
 					}
@@ -183,14 +183,21 @@ func TestCredentialRulesGoToLSMWhenAvailable(t *testing.T) {
 			t.Errorf("%s in the backstop although its LSM hook loads", s.Name)
 		}
 	}
-	// No LSM hook judges these: they stay with the backstop on every host.
-	for _, want := range []string{"mount_setattr", "delete_module"} {
-		if !slices.ContainsFunc(plan.Backstop.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == want }) {
-			t.Errorf("%s missing from the backstop", want)
+	// No hook of their own: judged by the capability they ask for in
+	// that syscall (the mount and module rules' decisions), io_uring at
+	// its entry points; none stays with the backstop.
+	for _, name := range []string{"mount_setattr", "delete_module", "io_uring_enter"} {
+		if slices.ContainsFunc(plan.Backstop.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == name }) {
+			t.Errorf("%s in the backstop although the capable hook and fentry load", name)
 		}
 	}
-	if plan.Backstop.IOUring.Action != enforce.ActionKill {
-		t.Errorf("io_uring backstop = %+v", plan.Backstop.IOUring)
+	if plan.Backstop.IOUring.Action != 0 || rules.Ops[lsm.OpIOUring].Action != enforce.ActionBlock {
+		t.Errorf("io_uring: backstop %+v, lsm op %+v", plan.Backstop.IOUring, rules.Ops[lsm.OpIOUring])
+	}
+	if rules.Ops[lsm.OpMount].Action != enforce.ActionBlock || rules.Ops[lsm.OpKernelLoadData].Action != enforce.ActionBlock ||
+		rules.Ops[lsm.OpKernelIface].Action != enforce.ActionBlock || rules.Ops[lsm.OpKeyring].Action != enforce.ActionBlock {
+		t.Errorf("ops for the syscall-scoped checks: mount %+v module %+v kernel %+v keyring %+v", rules.Ops[lsm.OpMount],
+			rules.Ops[lsm.OpKernelLoadData], rules.Ops[lsm.OpKernelIface], rules.Ops[lsm.OpKeyring])
 	}
 	if len(plan.Missing) != 0 {
 		t.Errorf("Missing with every hook loaded: %v", plan.Missing)

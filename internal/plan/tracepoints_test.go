@@ -1,7 +1,13 @@
 package plan
 
 import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
 	"testing"
+
+	"github.com/watcherhq/watcher/internal/dangerous"
 
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -39,4 +45,68 @@ func TestSyscallTracepointDemands(t *testing.T) {
 	// What still needs them on an LSM host, for the record.
 	t.Logf("LSM host, default policy: backstop syscall rules %v, compat %+v, io_uring %+v, packet %+v",
 		onLSM.Backstop.Syscalls, onLSM.Backstop.Compat, onLSM.Backstop.IOUring, onLSM.Backstop.PacketSocket)
+}
+
+// TestNoSyscallTracepointsOnLSMHosts: with every LSM hook and fentry
+// program available (BPF LSM or fmod_ret hosts), no preset, in enforce or
+// record mode, leaves a rule to the backstop's raw syscall tracepoints:
+// every entry of the dangerous list is refused by a hook (its own, the
+// capability or key permission it asks for in that syscall) or killed at
+// its own entry point (fentry). Without the fentry programs, personality,
+// name_to_handle_at and io_uring are the backstop's again.
+func TestNoSyscallTracepointsOnLSMHosts(t *testing.T) {
+	env := Env{LSM: lsmEnv(t, nil)}
+	for _, preset := range policy.PresetNames() {
+		for _, mode := range []string{"enforce", "record"} {
+			p := parse(t, fmt.Sprintf(`version: 1
+sandboxes:
+  - {name: sb, select: {cgroups: [/x]}, preset: %s, mode: %s, workspace: [/srv/agent]}
+`, preset, mode))
+			pl, _ := compile(t, p, env)
+			var left []string
+			for _, s := range pl.Backstop.Syscalls {
+				if s.Action != 0 {
+					left = append(left, s.Name)
+				}
+			}
+			if len(left) > 0 || pl.Backstop.NeedsSyscallTracepoints() {
+				t.Errorf("%s/%s: backstop syscall rules %v, needs tracepoints %v (io_uring %+v, compat %+v, paths %d)",
+					preset, mode, left, pl.Backstop.NeedsSyscallTracepoints(), pl.Backstop.IOUring, pl.Backstop.Compat, len(pl.Backstop.Paths))
+			}
+			// The ops preset asks for the sampled syscall stream itself
+			// (audit.syscalls): an audit choice, not an enforcement need.
+			if pl.SyscallStream && !p.Sandboxes[0].Audit.Syscalls {
+				t.Errorf("%s/%s: the raw sys_enter stream asked for", preset, mode)
+			}
+		}
+	}
+	pl, _ := compile(t, policy.Default(), env)
+	for _, l := range pl.Layers {
+		if strings.HasSuffix(l.Rule, ": kernel_interfaces") || strings.HasSuffix(l.Rule, ": io_uring") {
+			t.Logf("%s: %s (%s)", l.Rule, l.Mechanism, l.Note)
+			if l.Mechanism != MechEntry {
+				t.Errorf("%s: mechanism %s, want %s (personality, name_to_handle_at, io_uring killed at entry)", l.Rule, l.Mechanism, MechEntry)
+			}
+		}
+	}
+
+	// Without the fentry programs: exactly the entries no hook judges.
+	noEntry := lsmEnv(t, nil)
+	for _, o := range dangerous.Ops {
+		if o.AtEntry() {
+			for _, fn := range o.EntryFuncs() {
+				noEntry[fn] = errRefused
+			}
+		}
+	}
+	pl, _ = compile(t, policy.Default(), Env{LSM: noEntry})
+	var left []string
+	for _, s := range pl.Backstop.Syscalls {
+		left = append(left, s.Name)
+	}
+	sort.Strings(left)
+	want := []string{"io_uring_enter", "io_uring_register", "name_to_handle_at", "personality"}
+	if !slices.Equal(left, want) || pl.Backstop.IOUring.Action == 0 {
+		t.Errorf("LSM without fentry: backstop syscalls %v (want %v), io_uring category %+v", left, want, pl.Backstop.IOUring)
+	}
 }

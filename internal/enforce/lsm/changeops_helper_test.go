@@ -112,6 +112,9 @@ func doChangeOp(op opSpec) string {
 	case "memfd_exec", "memfd_mmap_exec":
 		return memfdCode(op.Kind, op.Path)
 	}
+	if res, ok := doSyscallOp(op); ok {
+		return res
+	}
 	return "ERR: unknown op kind " + op.Kind
 }
 

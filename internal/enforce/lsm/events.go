@@ -16,6 +16,10 @@ const Mechanism = MechLSM
 // (EV_FMOD_RET in bpf/include/lsm_hook.h).
 const evFmodRet = 64
 
+// evFentry is added by the fentry programs killing at a syscall's entry
+// (EV_FENTRY in bpf/include/lsm_hook.h).
+const evFentry = 128
+
 // Register sets the reader's decoders for the event kinds this group
 // emits (file_open, ptrace, signal, capability, bpf, mount and module),
 // under both mechanisms.
@@ -40,6 +44,7 @@ func Register(r *enforce.Reader) {
 		r.Register(k.kind, k.ak, MechLSM, k.dec)
 		r.Register(k.kind+evFmodRet, k.ak, MechFmodRet, k.dec)
 	}
+	r.Register(enforce.EvOperation+evFentry, audit.KindOperation, MechFentry, decodeTask)
 }
 
 // cstr converts a NUL-terminated C char array (int8 in Go) to a string.
@@ -130,6 +135,17 @@ func decodeTask(raw []byte, ev *audit.Event) error {
 		PID:  e.TargetPid,
 		Comm: enforce.CString(e.TargetComm[:]),
 		Mode: e.Mode,
+	}
+	if e.Hdr.Kind&^(evFmodRet|evFentry) == enforce.EvOperation && e.Mode&syscallTag != 0 {
+		// A dangerous syscall judged in its own context (its capability,
+		// its key permission, its entry).
+		ev.Message = syscallName(e.Mode&^syscallTag) + ": " + Op(e.Op).String()
+		if e.Cap >= 0 {
+			ev.Message += " (" + CapName(int(e.Cap)) + ")"
+			t.Capability = e.Cap
+		}
+		ev.Target = t
+		return nil
 	}
 	switch e.Hdr.Kind &^ evFmodRet {
 	case enforce.EvCapability:

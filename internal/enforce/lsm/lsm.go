@@ -106,6 +106,13 @@ const (
 	// (it needs BPF trampolines, not the LSM list). Same decision code,
 	// same EPERM before the operation.
 	MechFmodRet = "fmod_ret"
+	// MechFentry: an fentry program on a syscall's own entry point
+	// (__x64_sys_NAME, __ia32_sys_NAME) for the dangerous syscalls no LSM
+	// hook judges: it kills the caller at entry, like the backstop, but
+	// only that syscall pays for it (io_uring_setup: fexit, killed on the
+	// way out when no hook refused the ring). Its "hook" is the function
+	// name.
+	MechFentry = "fentry"
 )
 
 // hookPrograms are the two programs of one hook in the spec.
@@ -122,6 +129,10 @@ func programsByHook(spec *ebpf.CollectionSpec) map[string]hookPrograms {
 			hook = strings.TrimPrefix(name, "lsm_")
 		case strings.HasPrefix(name, "fmod_"):
 			mech, hook = MechFmodRet, strings.TrimPrefix(name, "fmod_")
+		case strings.HasPrefix(name, "entry_"):
+			mech, hook = MechFentry, strings.TrimPrefix(name, "entry_")
+		case strings.HasPrefix(name, "exit_"): // fexit, same family
+			mech, hook = MechFentry, strings.TrimPrefix(name, "exit_")
 		default:
 			continue
 		}
@@ -162,17 +173,18 @@ func absent(spec *ebpf.CollectionSpec, progs hookPrograms) bool {
 // mechanismOrder is the order in which Load tries the mechanisms: BPF LSM
 // first where `bpf` is in the active LSM list. Elsewhere lsm/ programs
 // load and attach but never run (the kernel never calls the bpf LSM's
-// hooks), so they are not tried at all.
+// hooks), so they are not tried at all. fentry programs have their own
+// hooks (syscall entry points), tried last.
 func mechanismOrder() ([]string, string) {
 	lsms, err := os.ReadFile("/sys/kernel/security/lsm")
 	if err != nil {
-		return []string{MechFmodRet}, fmt.Sprintf("active LSM list unknown (%v): BPF LSM programs might never run", err)
+		return []string{MechFmodRet, MechFentry}, fmt.Sprintf("active LSM list unknown (%v): BPF LSM programs might never run", err)
 	}
 	list := strings.TrimSpace(string(lsms))
 	if slices.Contains(strings.Split(list, ","), "bpf") {
-		return []string{MechLSM, MechFmodRet}, ""
+		return []string{MechLSM, MechFmodRet, MechFentry}, ""
 	}
-	return []string{MechFmodRet}, fmt.Sprintf("`bpf` is not in the active LSM list %q", list)
+	return []string{MechFmodRet, MechFentry}, fmt.Sprintf("`bpf` is not in the active LSM list %q", list)
 }
 
 // Load loads the programs with the engine's shared maps, one per hook:
@@ -202,6 +214,10 @@ func Load(eng *enforce.Engine) (*LSM, error) {
 	if err := os.MkdirAll(l.linkDir, 0o700); err != nil {
 		maps.Close()
 		return nil, fmt.Errorf("create lsm link pin dir: %w", err)
+	}
+	if err := writeSyscallChecks(maps); err != nil {
+		maps.Close()
+		return nil, err
 	}
 	status, mechs := pick(spec, maps, func(hook, mech string, p *ebpf.Program) error {
 		defer p.Close() // the link holds the program
@@ -234,7 +250,7 @@ func pick(spec *ebpf.CollectionSpec, maps *ebpf.Collection, use func(hook, mech 
 	for hook, progs := range byHook {
 		if absent(spec, progs) {
 			out[hook] = ErrHookAbsent
-		} else if why != "" {
+		} else if why != "" && progs[MechLSM] != "" {
 			errs[hook] = append(errs[hook], fmt.Errorf("%s: not tried: %s", MechLSM, why))
 		}
 	}
@@ -370,9 +386,13 @@ func (l *LSM) attach(hook, mech string, p *ebpf.Program) error {
 	}
 
 	var lk link.Link
-	if mech == MechFmodRet {
+	switch mech {
+	case MechFmodRet:
 		lk, err = link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachModifyReturn})
-	} else {
+	case MechFentry:
+		// fentry or fexit, as the program was loaded.
+		lk, err = link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachNone})
+	default:
 		lk, err = link.AttachLSM(link.LSMOptions{Program: p})
 	}
 	if err != nil {

@@ -201,6 +201,12 @@ type lsmSockKey struct {
 	Protocol  uint32
 }
 
+type lsmSyscallCheckKey struct {
+	_     structs.HostLayout
+	Nr    uint32
+	Check uint32
+}
+
 type lsmTaskEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -229,120 +235,133 @@ type lsmTaskEvent struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lsmMapAgentTgid                  = "agent_tgid"
-	lsmMapAlertEvents                = "alert_events"
-	lsmMapLsmCapRules                = "lsm_cap_rules"
-	lsmMapLsmDevRules                = "lsm_dev_rules"
-	lsmMapLsmExecRules               = "lsm_exec_rules"
-	lsmMapLsmFsRules                 = "lsm_fs_rules"
-	lsmMapLsmInoRules                = "lsm_ino_rules"
-	lsmMapLsmKeyScratch              = "lsm_key_scratch"
-	lsmMapLsmOpRules                 = "lsm_op_rules"
-	lsmMapLsmPathRules               = "lsm_path_rules"
-	lsmMapLsmPwScratch               = "lsm_pw_scratch"
-	lsmMapLsmSockRules               = "lsm_sock_rules"
-	lsmMapLsmUnixRules               = "lsm_unix_rules"
-	lsmMapMembershipCache            = "membership_cache"
-	lsmMapRingbufDrops               = "ringbuf_drops"
-	lsmMapRoutineEvents              = "routine_events"
-	lsmMapSandboxGen                 = "sandbox_gen"
-	lsmMapSandboxes                  = "sandboxes"
-	lsmProgFmodBpf                   = "fmod_bpf"
-	lsmProgFmodBprmCheckSecurity     = "fmod_bprm_check_security"
-	lsmProgFmodCapable               = "fmod_capable"
-	lsmProgFmodFileMprotect          = "fmod_file_mprotect"
-	lsmProgFmodFileOpen              = "fmod_file_open"
-	lsmProgFmodFileSendSigiotask     = "fmod_file_send_sigiotask"
-	lsmProgFmodFileTruncate          = "fmod_file_truncate"
-	lsmProgFmodFsContextParseParam   = "fmod_fs_context_parse_param"
-	lsmProgFmodInodeInitSecurityAnon = "fmod_inode_init_security_anon"
-	lsmProgFmodInodeRemovexattr      = "fmod_inode_removexattr"
-	lsmProgFmodInodeSetattr          = "fmod_inode_setattr"
-	lsmProgFmodInodeSetxattr         = "fmod_inode_setxattr"
-	lsmProgFmodKernelLoadData        = "fmod_kernel_load_data"
-	lsmProgFmodKernelReadFile        = "fmod_kernel_read_file"
-	lsmProgFmodKeyAlloc              = "fmod_key_alloc"
-	lsmProgFmodMmapFile              = "fmod_mmap_file"
-	lsmProgFmodMoveMount             = "fmod_move_mount"
-	lsmProgFmodPathChmod             = "fmod_path_chmod"
-	lsmProgFmodPathChown             = "fmod_path_chown"
-	lsmProgFmodPathChroot            = "fmod_path_chroot"
-	lsmProgFmodPathLink              = "fmod_path_link"
-	lsmProgFmodPathMkdir             = "fmod_path_mkdir"
-	lsmProgFmodPathMknod             = "fmod_path_mknod"
-	lsmProgFmodPathRename            = "fmod_path_rename"
-	lsmProgFmodPathRmdir             = "fmod_path_rmdir"
-	lsmProgFmodPathSymlink           = "fmod_path_symlink"
-	lsmProgFmodPathTruncate          = "fmod_path_truncate"
-	lsmProgFmodPathUnlink            = "fmod_path_unlink"
-	lsmProgFmodPerfEventOpen         = "fmod_perf_event_open"
-	lsmProgFmodPtraceAccessCheck     = "fmod_ptrace_access_check"
-	lsmProgFmodPtraceTraceme         = "fmod_ptrace_traceme"
-	lsmProgFmodSbMount               = "fmod_sb_mount"
-	lsmProgFmodSbPivotroot           = "fmod_sb_pivotroot"
-	lsmProgFmodSbUmount              = "fmod_sb_umount"
-	lsmProgFmodSocketCreate          = "fmod_socket_create"
-	lsmProgFmodTaskAlloc             = "fmod_task_alloc"
-	lsmProgFmodTaskKill              = "fmod_task_kill"
-	lsmProgFmodUnixMaySend           = "fmod_unix_may_send"
-	lsmProgFmodUnixStreamConnect     = "fmod_unix_stream_connect"
-	lsmProgFmodUsernsCreate          = "fmod_userns_create"
-	lsmProgLsmBpf                    = "lsm_bpf"
-	lsmProgLsmBprmCheckSecurity      = "lsm_bprm_check_security"
-	lsmProgLsmCapable                = "lsm_capable"
-	lsmProgLsmFileMprotect           = "lsm_file_mprotect"
-	lsmProgLsmFileOpen               = "lsm_file_open"
-	lsmProgLsmFileSendSigiotask      = "lsm_file_send_sigiotask"
-	lsmProgLsmFileTruncate           = "lsm_file_truncate"
-	lsmProgLsmFsContextParseParam    = "lsm_fs_context_parse_param"
-	lsmProgLsmInodeInitSecurityAnon  = "lsm_inode_init_security_anon"
-	lsmProgLsmInodeRemovexattr       = "lsm_inode_removexattr"
-	lsmProgLsmInodeSetattr           = "lsm_inode_setattr"
-	lsmProgLsmInodeSetxattr          = "lsm_inode_setxattr"
-	lsmProgLsmKernelLoadData         = "lsm_kernel_load_data"
-	lsmProgLsmKernelReadFile         = "lsm_kernel_read_file"
-	lsmProgLsmKeyAlloc               = "lsm_key_alloc"
-	lsmProgLsmMmapFile               = "lsm_mmap_file"
-	lsmProgLsmMoveMount              = "lsm_move_mount"
-	lsmProgLsmPathChmod              = "lsm_path_chmod"
-	lsmProgLsmPathChown              = "lsm_path_chown"
-	lsmProgLsmPathChroot             = "lsm_path_chroot"
-	lsmProgLsmPathLink               = "lsm_path_link"
-	lsmProgLsmPathMkdir              = "lsm_path_mkdir"
-	lsmProgLsmPathMknod              = "lsm_path_mknod"
-	lsmProgLsmPathRename             = "lsm_path_rename"
-	lsmProgLsmPathRmdir              = "lsm_path_rmdir"
-	lsmProgLsmPathSymlink            = "lsm_path_symlink"
-	lsmProgLsmPathTruncate           = "lsm_path_truncate"
-	lsmProgLsmPathUnlink             = "lsm_path_unlink"
-	lsmProgLsmPerfEventOpen          = "lsm_perf_event_open"
-	lsmProgLsmPtraceAccessCheck      = "lsm_ptrace_access_check"
-	lsmProgLsmPtraceTraceme          = "lsm_ptrace_traceme"
-	lsmProgLsmSbMount                = "lsm_sb_mount"
-	lsmProgLsmSbPivotroot            = "lsm_sb_pivotroot"
-	lsmProgLsmSbUmount               = "lsm_sb_umount"
-	lsmProgLsmSocketCreate           = "lsm_socket_create"
-	lsmProgLsmTaskAlloc              = "lsm_task_alloc"
-	lsmProgLsmTaskKill               = "lsm_task_kill"
-	lsmProgLsmUnixMaySend            = "lsm_unix_may_send"
-	lsmProgLsmUnixStreamConnect      = "lsm_unix_stream_connect"
-	lsmProgLsmUsernsCreate           = "lsm_userns_create"
-	lsmVarUnusedAccessRule           = "unused_access_rule"
-	lsmVarUnusedCapRules             = "unused_cap_rules"
-	lsmVarUnusedDecision             = "unused_decision"
-	lsmVarUnusedDevKey               = "unused_dev_key"
-	lsmVarUnusedEventHdr             = "unused_event_hdr"
-	lsmVarUnusedFileEvent            = "unused_file_event"
-	lsmVarUnusedFsKey                = "unused_fs_key"
-	lsmVarUnusedInoKey               = "unused_ino_key"
-	lsmVarUnusedModuleEvent          = "unused_module_event"
-	lsmVarUnusedMountEvent           = "unused_mount_event"
-	lsmVarUnusedOpKey                = "unused_op_key"
-	lsmVarUnusedPathKey              = "unused_path_key"
-	lsmVarUnusedSandbox              = "unused_sandbox"
-	lsmVarUnusedSockEvent            = "unused_sock_event"
-	lsmVarUnusedSockKey              = "unused_sock_key"
-	lsmVarUnusedTaskEvent            = "unused_task_event"
+	lsmMapAgentTgid                    = "agent_tgid"
+	lsmMapAlertEvents                  = "alert_events"
+	lsmMapLsmCapRules                  = "lsm_cap_rules"
+	lsmMapLsmDevRules                  = "lsm_dev_rules"
+	lsmMapLsmExecRules                 = "lsm_exec_rules"
+	lsmMapLsmFsRules                   = "lsm_fs_rules"
+	lsmMapLsmInoRules                  = "lsm_ino_rules"
+	lsmMapLsmKeyScratch                = "lsm_key_scratch"
+	lsmMapLsmOpRules                   = "lsm_op_rules"
+	lsmMapLsmPathRules                 = "lsm_path_rules"
+	lsmMapLsmPwScratch                 = "lsm_pw_scratch"
+	lsmMapLsmSockRules                 = "lsm_sock_rules"
+	lsmMapLsmSyscallChecks             = "lsm_syscall_checks"
+	lsmMapLsmUnixRules                 = "lsm_unix_rules"
+	lsmMapMembershipCache              = "membership_cache"
+	lsmMapRingbufDrops                 = "ringbuf_drops"
+	lsmMapRoutineEvents                = "routine_events"
+	lsmMapSandboxGen                   = "sandbox_gen"
+	lsmMapSandboxes                    = "sandboxes"
+	lsmProgEntryIa32SysIoUringEnter    = "entry___ia32_sys_io_uring_enter"
+	lsmProgEntryIa32SysIoUringRegister = "entry___ia32_sys_io_uring_register"
+	lsmProgEntryIa32SysPersonality     = "entry___ia32_sys_personality"
+	lsmProgEntryX64SysIoUringEnter     = "entry___x64_sys_io_uring_enter"
+	lsmProgEntryX64SysIoUringRegister  = "entry___x64_sys_io_uring_register"
+	lsmProgEntryX64SysPersonality      = "entry___x64_sys_personality"
+	lsmProgEntryDoSysNameToHandle      = "entry_do_sys_name_to_handle"
+	lsmProgExitIa32SysIoUringSetup     = "exit___ia32_sys_io_uring_setup"
+	lsmProgExitX64SysIoUringSetup      = "exit___x64_sys_io_uring_setup"
+	lsmProgFmodBpf                     = "fmod_bpf"
+	lsmProgFmodBprmCheckSecurity       = "fmod_bprm_check_security"
+	lsmProgFmodCapable                 = "fmod_capable"
+	lsmProgFmodFileMprotect            = "fmod_file_mprotect"
+	lsmProgFmodFileOpen                = "fmod_file_open"
+	lsmProgFmodFileSendSigiotask       = "fmod_file_send_sigiotask"
+	lsmProgFmodFileTruncate            = "fmod_file_truncate"
+	lsmProgFmodFsContextParseParam     = "fmod_fs_context_parse_param"
+	lsmProgFmodInodeInitSecurityAnon   = "fmod_inode_init_security_anon"
+	lsmProgFmodInodeRemovexattr        = "fmod_inode_removexattr"
+	lsmProgFmodInodeSetattr            = "fmod_inode_setattr"
+	lsmProgFmodInodeSetxattr           = "fmod_inode_setxattr"
+	lsmProgFmodKernelLoadData          = "fmod_kernel_load_data"
+	lsmProgFmodKernelReadFile          = "fmod_kernel_read_file"
+	lsmProgFmodKeyAlloc                = "fmod_key_alloc"
+	lsmProgFmodKeyPermission           = "fmod_key_permission"
+	lsmProgFmodMmapFile                = "fmod_mmap_file"
+	lsmProgFmodMoveMount               = "fmod_move_mount"
+	lsmProgFmodPathChmod               = "fmod_path_chmod"
+	lsmProgFmodPathChown               = "fmod_path_chown"
+	lsmProgFmodPathChroot              = "fmod_path_chroot"
+	lsmProgFmodPathLink                = "fmod_path_link"
+	lsmProgFmodPathMkdir               = "fmod_path_mkdir"
+	lsmProgFmodPathMknod               = "fmod_path_mknod"
+	lsmProgFmodPathRename              = "fmod_path_rename"
+	lsmProgFmodPathRmdir               = "fmod_path_rmdir"
+	lsmProgFmodPathSymlink             = "fmod_path_symlink"
+	lsmProgFmodPathTruncate            = "fmod_path_truncate"
+	lsmProgFmodPathUnlink              = "fmod_path_unlink"
+	lsmProgFmodPerfEventOpen           = "fmod_perf_event_open"
+	lsmProgFmodPtraceAccessCheck       = "fmod_ptrace_access_check"
+	lsmProgFmodPtraceTraceme           = "fmod_ptrace_traceme"
+	lsmProgFmodSbMount                 = "fmod_sb_mount"
+	lsmProgFmodSbPivotroot             = "fmod_sb_pivotroot"
+	lsmProgFmodSbUmount                = "fmod_sb_umount"
+	lsmProgFmodSocketCreate            = "fmod_socket_create"
+	lsmProgFmodTaskAlloc               = "fmod_task_alloc"
+	lsmProgFmodTaskKill                = "fmod_task_kill"
+	lsmProgFmodUnixMaySend             = "fmod_unix_may_send"
+	lsmProgFmodUnixStreamConnect       = "fmod_unix_stream_connect"
+	lsmProgFmodUsernsCreate            = "fmod_userns_create"
+	lsmProgLsmBpf                      = "lsm_bpf"
+	lsmProgLsmBprmCheckSecurity        = "lsm_bprm_check_security"
+	lsmProgLsmCapable                  = "lsm_capable"
+	lsmProgLsmFileMprotect             = "lsm_file_mprotect"
+	lsmProgLsmFileOpen                 = "lsm_file_open"
+	lsmProgLsmFileSendSigiotask        = "lsm_file_send_sigiotask"
+	lsmProgLsmFileTruncate             = "lsm_file_truncate"
+	lsmProgLsmFsContextParseParam      = "lsm_fs_context_parse_param"
+	lsmProgLsmInodeInitSecurityAnon    = "lsm_inode_init_security_anon"
+	lsmProgLsmInodeRemovexattr         = "lsm_inode_removexattr"
+	lsmProgLsmInodeSetattr             = "lsm_inode_setattr"
+	lsmProgLsmInodeSetxattr            = "lsm_inode_setxattr"
+	lsmProgLsmKernelLoadData           = "lsm_kernel_load_data"
+	lsmProgLsmKernelReadFile           = "lsm_kernel_read_file"
+	lsmProgLsmKeyAlloc                 = "lsm_key_alloc"
+	lsmProgLsmKeyPermission            = "lsm_key_permission"
+	lsmProgLsmMmapFile                 = "lsm_mmap_file"
+	lsmProgLsmMoveMount                = "lsm_move_mount"
+	lsmProgLsmPathChmod                = "lsm_path_chmod"
+	lsmProgLsmPathChown                = "lsm_path_chown"
+	lsmProgLsmPathChroot               = "lsm_path_chroot"
+	lsmProgLsmPathLink                 = "lsm_path_link"
+	lsmProgLsmPathMkdir                = "lsm_path_mkdir"
+	lsmProgLsmPathMknod                = "lsm_path_mknod"
+	lsmProgLsmPathRename               = "lsm_path_rename"
+	lsmProgLsmPathRmdir                = "lsm_path_rmdir"
+	lsmProgLsmPathSymlink              = "lsm_path_symlink"
+	lsmProgLsmPathTruncate             = "lsm_path_truncate"
+	lsmProgLsmPathUnlink               = "lsm_path_unlink"
+	lsmProgLsmPerfEventOpen            = "lsm_perf_event_open"
+	lsmProgLsmPtraceAccessCheck        = "lsm_ptrace_access_check"
+	lsmProgLsmPtraceTraceme            = "lsm_ptrace_traceme"
+	lsmProgLsmSbMount                  = "lsm_sb_mount"
+	lsmProgLsmSbPivotroot              = "lsm_sb_pivotroot"
+	lsmProgLsmSbUmount                 = "lsm_sb_umount"
+	lsmProgLsmSocketCreate             = "lsm_socket_create"
+	lsmProgLsmTaskAlloc                = "lsm_task_alloc"
+	lsmProgLsmTaskKill                 = "lsm_task_kill"
+	lsmProgLsmUnixMaySend              = "lsm_unix_may_send"
+	lsmProgLsmUnixStreamConnect        = "lsm_unix_stream_connect"
+	lsmProgLsmUsernsCreate             = "lsm_userns_create"
+	lsmVarUnusedAccessRule             = "unused_access_rule"
+	lsmVarUnusedCapRules               = "unused_cap_rules"
+	lsmVarUnusedDecision               = "unused_decision"
+	lsmVarUnusedDevKey                 = "unused_dev_key"
+	lsmVarUnusedEventHdr               = "unused_event_hdr"
+	lsmVarUnusedFileEvent              = "unused_file_event"
+	lsmVarUnusedFsKey                  = "unused_fs_key"
+	lsmVarUnusedInoKey                 = "unused_ino_key"
+	lsmVarUnusedModuleEvent            = "unused_module_event"
+	lsmVarUnusedMountEvent             = "unused_mount_event"
+	lsmVarUnusedOpKey                  = "unused_op_key"
+	lsmVarUnusedPathKey                = "unused_path_key"
+	lsmVarUnusedSandbox                = "unused_sandbox"
+	lsmVarUnusedSockEvent              = "unused_sock_event"
+	lsmVarUnusedSockKey                = "unused_sock_key"
+	lsmVarUnusedSyscallCheckKey        = "unused_syscall_check_key"
+	lsmVarUnusedTaskEvent              = "unused_task_event"
 )
 
 // loadLsm returns the embedded CollectionSpec for lsm.
@@ -387,132 +406,145 @@ type lsmSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lsmProgramSpecs struct {
-	FmodBpf                   *ebpf.ProgramSpec `ebpf:"fmod_bpf"`
-	FmodBprmCheckSecurity     *ebpf.ProgramSpec `ebpf:"fmod_bprm_check_security"`
-	FmodCapable               *ebpf.ProgramSpec `ebpf:"fmod_capable"`
-	FmodFileMprotect          *ebpf.ProgramSpec `ebpf:"fmod_file_mprotect"`
-	FmodFileOpen              *ebpf.ProgramSpec `ebpf:"fmod_file_open"`
-	FmodFileSendSigiotask     *ebpf.ProgramSpec `ebpf:"fmod_file_send_sigiotask"`
-	FmodFileTruncate          *ebpf.ProgramSpec `ebpf:"fmod_file_truncate"`
-	FmodFsContextParseParam   *ebpf.ProgramSpec `ebpf:"fmod_fs_context_parse_param"`
-	FmodInodeInitSecurityAnon *ebpf.ProgramSpec `ebpf:"fmod_inode_init_security_anon"`
-	FmodInodeRemovexattr      *ebpf.ProgramSpec `ebpf:"fmod_inode_removexattr"`
-	FmodInodeSetattr          *ebpf.ProgramSpec `ebpf:"fmod_inode_setattr"`
-	FmodInodeSetxattr         *ebpf.ProgramSpec `ebpf:"fmod_inode_setxattr"`
-	FmodKernelLoadData        *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
-	FmodKernelReadFile        *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
-	FmodKeyAlloc              *ebpf.ProgramSpec `ebpf:"fmod_key_alloc"`
-	FmodMmapFile              *ebpf.ProgramSpec `ebpf:"fmod_mmap_file"`
-	FmodMoveMount             *ebpf.ProgramSpec `ebpf:"fmod_move_mount"`
-	FmodPathChmod             *ebpf.ProgramSpec `ebpf:"fmod_path_chmod"`
-	FmodPathChown             *ebpf.ProgramSpec `ebpf:"fmod_path_chown"`
-	FmodPathChroot            *ebpf.ProgramSpec `ebpf:"fmod_path_chroot"`
-	FmodPathLink              *ebpf.ProgramSpec `ebpf:"fmod_path_link"`
-	FmodPathMkdir             *ebpf.ProgramSpec `ebpf:"fmod_path_mkdir"`
-	FmodPathMknod             *ebpf.ProgramSpec `ebpf:"fmod_path_mknod"`
-	FmodPathRename            *ebpf.ProgramSpec `ebpf:"fmod_path_rename"`
-	FmodPathRmdir             *ebpf.ProgramSpec `ebpf:"fmod_path_rmdir"`
-	FmodPathSymlink           *ebpf.ProgramSpec `ebpf:"fmod_path_symlink"`
-	FmodPathTruncate          *ebpf.ProgramSpec `ebpf:"fmod_path_truncate"`
-	FmodPathUnlink            *ebpf.ProgramSpec `ebpf:"fmod_path_unlink"`
-	FmodPerfEventOpen         *ebpf.ProgramSpec `ebpf:"fmod_perf_event_open"`
-	FmodPtraceAccessCheck     *ebpf.ProgramSpec `ebpf:"fmod_ptrace_access_check"`
-	FmodPtraceTraceme         *ebpf.ProgramSpec `ebpf:"fmod_ptrace_traceme"`
-	FmodSbMount               *ebpf.ProgramSpec `ebpf:"fmod_sb_mount"`
-	FmodSbPivotroot           *ebpf.ProgramSpec `ebpf:"fmod_sb_pivotroot"`
-	FmodSbUmount              *ebpf.ProgramSpec `ebpf:"fmod_sb_umount"`
-	FmodSocketCreate          *ebpf.ProgramSpec `ebpf:"fmod_socket_create"`
-	FmodTaskAlloc             *ebpf.ProgramSpec `ebpf:"fmod_task_alloc"`
-	FmodTaskKill              *ebpf.ProgramSpec `ebpf:"fmod_task_kill"`
-	FmodUnixMaySend           *ebpf.ProgramSpec `ebpf:"fmod_unix_may_send"`
-	FmodUnixStreamConnect     *ebpf.ProgramSpec `ebpf:"fmod_unix_stream_connect"`
-	FmodUsernsCreate          *ebpf.ProgramSpec `ebpf:"fmod_userns_create"`
-	LsmBpf                    *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
-	LsmBprmCheckSecurity      *ebpf.ProgramSpec `ebpf:"lsm_bprm_check_security"`
-	LsmCapable                *ebpf.ProgramSpec `ebpf:"lsm_capable"`
-	LsmFileMprotect           *ebpf.ProgramSpec `ebpf:"lsm_file_mprotect"`
-	LsmFileOpen               *ebpf.ProgramSpec `ebpf:"lsm_file_open"`
-	LsmFileSendSigiotask      *ebpf.ProgramSpec `ebpf:"lsm_file_send_sigiotask"`
-	LsmFileTruncate           *ebpf.ProgramSpec `ebpf:"lsm_file_truncate"`
-	LsmFsContextParseParam    *ebpf.ProgramSpec `ebpf:"lsm_fs_context_parse_param"`
-	LsmInodeInitSecurityAnon  *ebpf.ProgramSpec `ebpf:"lsm_inode_init_security_anon"`
-	LsmInodeRemovexattr       *ebpf.ProgramSpec `ebpf:"lsm_inode_removexattr"`
-	LsmInodeSetattr           *ebpf.ProgramSpec `ebpf:"lsm_inode_setattr"`
-	LsmInodeSetxattr          *ebpf.ProgramSpec `ebpf:"lsm_inode_setxattr"`
-	LsmKernelLoadData         *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
-	LsmKernelReadFile         *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
-	LsmKeyAlloc               *ebpf.ProgramSpec `ebpf:"lsm_key_alloc"`
-	LsmMmapFile               *ebpf.ProgramSpec `ebpf:"lsm_mmap_file"`
-	LsmMoveMount              *ebpf.ProgramSpec `ebpf:"lsm_move_mount"`
-	LsmPathChmod              *ebpf.ProgramSpec `ebpf:"lsm_path_chmod"`
-	LsmPathChown              *ebpf.ProgramSpec `ebpf:"lsm_path_chown"`
-	LsmPathChroot             *ebpf.ProgramSpec `ebpf:"lsm_path_chroot"`
-	LsmPathLink               *ebpf.ProgramSpec `ebpf:"lsm_path_link"`
-	LsmPathMkdir              *ebpf.ProgramSpec `ebpf:"lsm_path_mkdir"`
-	LsmPathMknod              *ebpf.ProgramSpec `ebpf:"lsm_path_mknod"`
-	LsmPathRename             *ebpf.ProgramSpec `ebpf:"lsm_path_rename"`
-	LsmPathRmdir              *ebpf.ProgramSpec `ebpf:"lsm_path_rmdir"`
-	LsmPathSymlink            *ebpf.ProgramSpec `ebpf:"lsm_path_symlink"`
-	LsmPathTruncate           *ebpf.ProgramSpec `ebpf:"lsm_path_truncate"`
-	LsmPathUnlink             *ebpf.ProgramSpec `ebpf:"lsm_path_unlink"`
-	LsmPerfEventOpen          *ebpf.ProgramSpec `ebpf:"lsm_perf_event_open"`
-	LsmPtraceAccessCheck      *ebpf.ProgramSpec `ebpf:"lsm_ptrace_access_check"`
-	LsmPtraceTraceme          *ebpf.ProgramSpec `ebpf:"lsm_ptrace_traceme"`
-	LsmSbMount                *ebpf.ProgramSpec `ebpf:"lsm_sb_mount"`
-	LsmSbPivotroot            *ebpf.ProgramSpec `ebpf:"lsm_sb_pivotroot"`
-	LsmSbUmount               *ebpf.ProgramSpec `ebpf:"lsm_sb_umount"`
-	LsmSocketCreate           *ebpf.ProgramSpec `ebpf:"lsm_socket_create"`
-	LsmTaskAlloc              *ebpf.ProgramSpec `ebpf:"lsm_task_alloc"`
-	LsmTaskKill               *ebpf.ProgramSpec `ebpf:"lsm_task_kill"`
-	LsmUnixMaySend            *ebpf.ProgramSpec `ebpf:"lsm_unix_may_send"`
-	LsmUnixStreamConnect      *ebpf.ProgramSpec `ebpf:"lsm_unix_stream_connect"`
-	LsmUsernsCreate           *ebpf.ProgramSpec `ebpf:"lsm_userns_create"`
+	EntryIa32SysIoUringEnter    *ebpf.ProgramSpec `ebpf:"entry___ia32_sys_io_uring_enter"`
+	EntryIa32SysIoUringRegister *ebpf.ProgramSpec `ebpf:"entry___ia32_sys_io_uring_register"`
+	EntryIa32SysPersonality     *ebpf.ProgramSpec `ebpf:"entry___ia32_sys_personality"`
+	EntryX64SysIoUringEnter     *ebpf.ProgramSpec `ebpf:"entry___x64_sys_io_uring_enter"`
+	EntryX64SysIoUringRegister  *ebpf.ProgramSpec `ebpf:"entry___x64_sys_io_uring_register"`
+	EntryX64SysPersonality      *ebpf.ProgramSpec `ebpf:"entry___x64_sys_personality"`
+	EntryDoSysNameToHandle      *ebpf.ProgramSpec `ebpf:"entry_do_sys_name_to_handle"`
+	ExitIa32SysIoUringSetup     *ebpf.ProgramSpec `ebpf:"exit___ia32_sys_io_uring_setup"`
+	ExitX64SysIoUringSetup      *ebpf.ProgramSpec `ebpf:"exit___x64_sys_io_uring_setup"`
+	FmodBpf                     *ebpf.ProgramSpec `ebpf:"fmod_bpf"`
+	FmodBprmCheckSecurity       *ebpf.ProgramSpec `ebpf:"fmod_bprm_check_security"`
+	FmodCapable                 *ebpf.ProgramSpec `ebpf:"fmod_capable"`
+	FmodFileMprotect            *ebpf.ProgramSpec `ebpf:"fmod_file_mprotect"`
+	FmodFileOpen                *ebpf.ProgramSpec `ebpf:"fmod_file_open"`
+	FmodFileSendSigiotask       *ebpf.ProgramSpec `ebpf:"fmod_file_send_sigiotask"`
+	FmodFileTruncate            *ebpf.ProgramSpec `ebpf:"fmod_file_truncate"`
+	FmodFsContextParseParam     *ebpf.ProgramSpec `ebpf:"fmod_fs_context_parse_param"`
+	FmodInodeInitSecurityAnon   *ebpf.ProgramSpec `ebpf:"fmod_inode_init_security_anon"`
+	FmodInodeRemovexattr        *ebpf.ProgramSpec `ebpf:"fmod_inode_removexattr"`
+	FmodInodeSetattr            *ebpf.ProgramSpec `ebpf:"fmod_inode_setattr"`
+	FmodInodeSetxattr           *ebpf.ProgramSpec `ebpf:"fmod_inode_setxattr"`
+	FmodKernelLoadData          *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
+	FmodKernelReadFile          *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
+	FmodKeyAlloc                *ebpf.ProgramSpec `ebpf:"fmod_key_alloc"`
+	FmodKeyPermission           *ebpf.ProgramSpec `ebpf:"fmod_key_permission"`
+	FmodMmapFile                *ebpf.ProgramSpec `ebpf:"fmod_mmap_file"`
+	FmodMoveMount               *ebpf.ProgramSpec `ebpf:"fmod_move_mount"`
+	FmodPathChmod               *ebpf.ProgramSpec `ebpf:"fmod_path_chmod"`
+	FmodPathChown               *ebpf.ProgramSpec `ebpf:"fmod_path_chown"`
+	FmodPathChroot              *ebpf.ProgramSpec `ebpf:"fmod_path_chroot"`
+	FmodPathLink                *ebpf.ProgramSpec `ebpf:"fmod_path_link"`
+	FmodPathMkdir               *ebpf.ProgramSpec `ebpf:"fmod_path_mkdir"`
+	FmodPathMknod               *ebpf.ProgramSpec `ebpf:"fmod_path_mknod"`
+	FmodPathRename              *ebpf.ProgramSpec `ebpf:"fmod_path_rename"`
+	FmodPathRmdir               *ebpf.ProgramSpec `ebpf:"fmod_path_rmdir"`
+	FmodPathSymlink             *ebpf.ProgramSpec `ebpf:"fmod_path_symlink"`
+	FmodPathTruncate            *ebpf.ProgramSpec `ebpf:"fmod_path_truncate"`
+	FmodPathUnlink              *ebpf.ProgramSpec `ebpf:"fmod_path_unlink"`
+	FmodPerfEventOpen           *ebpf.ProgramSpec `ebpf:"fmod_perf_event_open"`
+	FmodPtraceAccessCheck       *ebpf.ProgramSpec `ebpf:"fmod_ptrace_access_check"`
+	FmodPtraceTraceme           *ebpf.ProgramSpec `ebpf:"fmod_ptrace_traceme"`
+	FmodSbMount                 *ebpf.ProgramSpec `ebpf:"fmod_sb_mount"`
+	FmodSbPivotroot             *ebpf.ProgramSpec `ebpf:"fmod_sb_pivotroot"`
+	FmodSbUmount                *ebpf.ProgramSpec `ebpf:"fmod_sb_umount"`
+	FmodSocketCreate            *ebpf.ProgramSpec `ebpf:"fmod_socket_create"`
+	FmodTaskAlloc               *ebpf.ProgramSpec `ebpf:"fmod_task_alloc"`
+	FmodTaskKill                *ebpf.ProgramSpec `ebpf:"fmod_task_kill"`
+	FmodUnixMaySend             *ebpf.ProgramSpec `ebpf:"fmod_unix_may_send"`
+	FmodUnixStreamConnect       *ebpf.ProgramSpec `ebpf:"fmod_unix_stream_connect"`
+	FmodUsernsCreate            *ebpf.ProgramSpec `ebpf:"fmod_userns_create"`
+	LsmBpf                      *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
+	LsmBprmCheckSecurity        *ebpf.ProgramSpec `ebpf:"lsm_bprm_check_security"`
+	LsmCapable                  *ebpf.ProgramSpec `ebpf:"lsm_capable"`
+	LsmFileMprotect             *ebpf.ProgramSpec `ebpf:"lsm_file_mprotect"`
+	LsmFileOpen                 *ebpf.ProgramSpec `ebpf:"lsm_file_open"`
+	LsmFileSendSigiotask        *ebpf.ProgramSpec `ebpf:"lsm_file_send_sigiotask"`
+	LsmFileTruncate             *ebpf.ProgramSpec `ebpf:"lsm_file_truncate"`
+	LsmFsContextParseParam      *ebpf.ProgramSpec `ebpf:"lsm_fs_context_parse_param"`
+	LsmInodeInitSecurityAnon    *ebpf.ProgramSpec `ebpf:"lsm_inode_init_security_anon"`
+	LsmInodeRemovexattr         *ebpf.ProgramSpec `ebpf:"lsm_inode_removexattr"`
+	LsmInodeSetattr             *ebpf.ProgramSpec `ebpf:"lsm_inode_setattr"`
+	LsmInodeSetxattr            *ebpf.ProgramSpec `ebpf:"lsm_inode_setxattr"`
+	LsmKernelLoadData           *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
+	LsmKernelReadFile           *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
+	LsmKeyAlloc                 *ebpf.ProgramSpec `ebpf:"lsm_key_alloc"`
+	LsmKeyPermission            *ebpf.ProgramSpec `ebpf:"lsm_key_permission"`
+	LsmMmapFile                 *ebpf.ProgramSpec `ebpf:"lsm_mmap_file"`
+	LsmMoveMount                *ebpf.ProgramSpec `ebpf:"lsm_move_mount"`
+	LsmPathChmod                *ebpf.ProgramSpec `ebpf:"lsm_path_chmod"`
+	LsmPathChown                *ebpf.ProgramSpec `ebpf:"lsm_path_chown"`
+	LsmPathChroot               *ebpf.ProgramSpec `ebpf:"lsm_path_chroot"`
+	LsmPathLink                 *ebpf.ProgramSpec `ebpf:"lsm_path_link"`
+	LsmPathMkdir                *ebpf.ProgramSpec `ebpf:"lsm_path_mkdir"`
+	LsmPathMknod                *ebpf.ProgramSpec `ebpf:"lsm_path_mknod"`
+	LsmPathRename               *ebpf.ProgramSpec `ebpf:"lsm_path_rename"`
+	LsmPathRmdir                *ebpf.ProgramSpec `ebpf:"lsm_path_rmdir"`
+	LsmPathSymlink              *ebpf.ProgramSpec `ebpf:"lsm_path_symlink"`
+	LsmPathTruncate             *ebpf.ProgramSpec `ebpf:"lsm_path_truncate"`
+	LsmPathUnlink               *ebpf.ProgramSpec `ebpf:"lsm_path_unlink"`
+	LsmPerfEventOpen            *ebpf.ProgramSpec `ebpf:"lsm_perf_event_open"`
+	LsmPtraceAccessCheck        *ebpf.ProgramSpec `ebpf:"lsm_ptrace_access_check"`
+	LsmPtraceTraceme            *ebpf.ProgramSpec `ebpf:"lsm_ptrace_traceme"`
+	LsmSbMount                  *ebpf.ProgramSpec `ebpf:"lsm_sb_mount"`
+	LsmSbPivotroot              *ebpf.ProgramSpec `ebpf:"lsm_sb_pivotroot"`
+	LsmSbUmount                 *ebpf.ProgramSpec `ebpf:"lsm_sb_umount"`
+	LsmSocketCreate             *ebpf.ProgramSpec `ebpf:"lsm_socket_create"`
+	LsmTaskAlloc                *ebpf.ProgramSpec `ebpf:"lsm_task_alloc"`
+	LsmTaskKill                 *ebpf.ProgramSpec `ebpf:"lsm_task_kill"`
+	LsmUnixMaySend              *ebpf.ProgramSpec `ebpf:"lsm_unix_may_send"`
+	LsmUnixStreamConnect        *ebpf.ProgramSpec `ebpf:"lsm_unix_stream_connect"`
+	LsmUsernsCreate             *ebpf.ProgramSpec `ebpf:"lsm_userns_create"`
 }
 
 // lsmMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lsmMapSpecs struct {
-	AgentTgid       *ebpf.MapSpec `ebpf:"agent_tgid"`
-	AlertEvents     *ebpf.MapSpec `ebpf:"alert_events"`
-	LsmCapRules     *ebpf.MapSpec `ebpf:"lsm_cap_rules"`
-	LsmDevRules     *ebpf.MapSpec `ebpf:"lsm_dev_rules"`
-	LsmExecRules    *ebpf.MapSpec `ebpf:"lsm_exec_rules"`
-	LsmFsRules      *ebpf.MapSpec `ebpf:"lsm_fs_rules"`
-	LsmInoRules     *ebpf.MapSpec `ebpf:"lsm_ino_rules"`
-	LsmKeyScratch   *ebpf.MapSpec `ebpf:"lsm_key_scratch"`
-	LsmOpRules      *ebpf.MapSpec `ebpf:"lsm_op_rules"`
-	LsmPathRules    *ebpf.MapSpec `ebpf:"lsm_path_rules"`
-	LsmPwScratch    *ebpf.MapSpec `ebpf:"lsm_pw_scratch"`
-	LsmSockRules    *ebpf.MapSpec `ebpf:"lsm_sock_rules"`
-	LsmUnixRules    *ebpf.MapSpec `ebpf:"lsm_unix_rules"`
-	MembershipCache *ebpf.MapSpec `ebpf:"membership_cache"`
-	RingbufDrops    *ebpf.MapSpec `ebpf:"ringbuf_drops"`
-	RoutineEvents   *ebpf.MapSpec `ebpf:"routine_events"`
-	SandboxGen      *ebpf.MapSpec `ebpf:"sandbox_gen"`
-	Sandboxes       *ebpf.MapSpec `ebpf:"sandboxes"`
+	AgentTgid        *ebpf.MapSpec `ebpf:"agent_tgid"`
+	AlertEvents      *ebpf.MapSpec `ebpf:"alert_events"`
+	LsmCapRules      *ebpf.MapSpec `ebpf:"lsm_cap_rules"`
+	LsmDevRules      *ebpf.MapSpec `ebpf:"lsm_dev_rules"`
+	LsmExecRules     *ebpf.MapSpec `ebpf:"lsm_exec_rules"`
+	LsmFsRules       *ebpf.MapSpec `ebpf:"lsm_fs_rules"`
+	LsmInoRules      *ebpf.MapSpec `ebpf:"lsm_ino_rules"`
+	LsmKeyScratch    *ebpf.MapSpec `ebpf:"lsm_key_scratch"`
+	LsmOpRules       *ebpf.MapSpec `ebpf:"lsm_op_rules"`
+	LsmPathRules     *ebpf.MapSpec `ebpf:"lsm_path_rules"`
+	LsmPwScratch     *ebpf.MapSpec `ebpf:"lsm_pw_scratch"`
+	LsmSockRules     *ebpf.MapSpec `ebpf:"lsm_sock_rules"`
+	LsmSyscallChecks *ebpf.MapSpec `ebpf:"lsm_syscall_checks"`
+	LsmUnixRules     *ebpf.MapSpec `ebpf:"lsm_unix_rules"`
+	MembershipCache  *ebpf.MapSpec `ebpf:"membership_cache"`
+	RingbufDrops     *ebpf.MapSpec `ebpf:"ringbuf_drops"`
+	RoutineEvents    *ebpf.MapSpec `ebpf:"routine_events"`
+	SandboxGen       *ebpf.MapSpec `ebpf:"sandbox_gen"`
+	Sandboxes        *ebpf.MapSpec `ebpf:"sandboxes"`
 }
 
 // lsmVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lsmVariableSpecs struct {
-	UnusedAccessRule  *ebpf.VariableSpec `ebpf:"unused_access_rule"`
-	UnusedCapRules    *ebpf.VariableSpec `ebpf:"unused_cap_rules"`
-	UnusedDecision    *ebpf.VariableSpec `ebpf:"unused_decision"`
-	UnusedDevKey      *ebpf.VariableSpec `ebpf:"unused_dev_key"`
-	UnusedEventHdr    *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
-	UnusedFileEvent   *ebpf.VariableSpec `ebpf:"unused_file_event"`
-	UnusedFsKey       *ebpf.VariableSpec `ebpf:"unused_fs_key"`
-	UnusedInoKey      *ebpf.VariableSpec `ebpf:"unused_ino_key"`
-	UnusedModuleEvent *ebpf.VariableSpec `ebpf:"unused_module_event"`
-	UnusedMountEvent  *ebpf.VariableSpec `ebpf:"unused_mount_event"`
-	UnusedOpKey       *ebpf.VariableSpec `ebpf:"unused_op_key"`
-	UnusedPathKey     *ebpf.VariableSpec `ebpf:"unused_path_key"`
-	UnusedSandbox     *ebpf.VariableSpec `ebpf:"unused_sandbox"`
-	UnusedSockEvent   *ebpf.VariableSpec `ebpf:"unused_sock_event"`
-	UnusedSockKey     *ebpf.VariableSpec `ebpf:"unused_sock_key"`
-	UnusedTaskEvent   *ebpf.VariableSpec `ebpf:"unused_task_event"`
+	UnusedAccessRule      *ebpf.VariableSpec `ebpf:"unused_access_rule"`
+	UnusedCapRules        *ebpf.VariableSpec `ebpf:"unused_cap_rules"`
+	UnusedDecision        *ebpf.VariableSpec `ebpf:"unused_decision"`
+	UnusedDevKey          *ebpf.VariableSpec `ebpf:"unused_dev_key"`
+	UnusedEventHdr        *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedFileEvent       *ebpf.VariableSpec `ebpf:"unused_file_event"`
+	UnusedFsKey           *ebpf.VariableSpec `ebpf:"unused_fs_key"`
+	UnusedInoKey          *ebpf.VariableSpec `ebpf:"unused_ino_key"`
+	UnusedModuleEvent     *ebpf.VariableSpec `ebpf:"unused_module_event"`
+	UnusedMountEvent      *ebpf.VariableSpec `ebpf:"unused_mount_event"`
+	UnusedOpKey           *ebpf.VariableSpec `ebpf:"unused_op_key"`
+	UnusedPathKey         *ebpf.VariableSpec `ebpf:"unused_path_key"`
+	UnusedSandbox         *ebpf.VariableSpec `ebpf:"unused_sandbox"`
+	UnusedSockEvent       *ebpf.VariableSpec `ebpf:"unused_sock_event"`
+	UnusedSockKey         *ebpf.VariableSpec `ebpf:"unused_sock_key"`
+	UnusedSyscallCheckKey *ebpf.VariableSpec `ebpf:"unused_syscall_check_key"`
+	UnusedTaskEvent       *ebpf.VariableSpec `ebpf:"unused_task_event"`
 }
 
 // lsmObjects contains all objects after they have been loaded into the kernel.
@@ -535,24 +567,25 @@ func (o *lsmObjects) Close() error {
 //
 // It can be passed to loadLsmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lsmMaps struct {
-	AgentTgid       *ebpf.Map `ebpf:"agent_tgid"`
-	AlertEvents     *ebpf.Map `ebpf:"alert_events"`
-	LsmCapRules     *ebpf.Map `ebpf:"lsm_cap_rules"`
-	LsmDevRules     *ebpf.Map `ebpf:"lsm_dev_rules"`
-	LsmExecRules    *ebpf.Map `ebpf:"lsm_exec_rules"`
-	LsmFsRules      *ebpf.Map `ebpf:"lsm_fs_rules"`
-	LsmInoRules     *ebpf.Map `ebpf:"lsm_ino_rules"`
-	LsmKeyScratch   *ebpf.Map `ebpf:"lsm_key_scratch"`
-	LsmOpRules      *ebpf.Map `ebpf:"lsm_op_rules"`
-	LsmPathRules    *ebpf.Map `ebpf:"lsm_path_rules"`
-	LsmPwScratch    *ebpf.Map `ebpf:"lsm_pw_scratch"`
-	LsmSockRules    *ebpf.Map `ebpf:"lsm_sock_rules"`
-	LsmUnixRules    *ebpf.Map `ebpf:"lsm_unix_rules"`
-	MembershipCache *ebpf.Map `ebpf:"membership_cache"`
-	RingbufDrops    *ebpf.Map `ebpf:"ringbuf_drops"`
-	RoutineEvents   *ebpf.Map `ebpf:"routine_events"`
-	SandboxGen      *ebpf.Map `ebpf:"sandbox_gen"`
-	Sandboxes       *ebpf.Map `ebpf:"sandboxes"`
+	AgentTgid        *ebpf.Map `ebpf:"agent_tgid"`
+	AlertEvents      *ebpf.Map `ebpf:"alert_events"`
+	LsmCapRules      *ebpf.Map `ebpf:"lsm_cap_rules"`
+	LsmDevRules      *ebpf.Map `ebpf:"lsm_dev_rules"`
+	LsmExecRules     *ebpf.Map `ebpf:"lsm_exec_rules"`
+	LsmFsRules       *ebpf.Map `ebpf:"lsm_fs_rules"`
+	LsmInoRules      *ebpf.Map `ebpf:"lsm_ino_rules"`
+	LsmKeyScratch    *ebpf.Map `ebpf:"lsm_key_scratch"`
+	LsmOpRules       *ebpf.Map `ebpf:"lsm_op_rules"`
+	LsmPathRules     *ebpf.Map `ebpf:"lsm_path_rules"`
+	LsmPwScratch     *ebpf.Map `ebpf:"lsm_pw_scratch"`
+	LsmSockRules     *ebpf.Map `ebpf:"lsm_sock_rules"`
+	LsmSyscallChecks *ebpf.Map `ebpf:"lsm_syscall_checks"`
+	LsmUnixRules     *ebpf.Map `ebpf:"lsm_unix_rules"`
+	MembershipCache  *ebpf.Map `ebpf:"membership_cache"`
+	RingbufDrops     *ebpf.Map `ebpf:"ringbuf_drops"`
+	RoutineEvents    *ebpf.Map `ebpf:"routine_events"`
+	SandboxGen       *ebpf.Map `ebpf:"sandbox_gen"`
+	Sandboxes        *ebpf.Map `ebpf:"sandboxes"`
 }
 
 func (m *lsmMaps) Close() error {
@@ -569,6 +602,7 @@ func (m *lsmMaps) Close() error {
 		m.LsmPathRules,
 		m.LsmPwScratch,
 		m.LsmSockRules,
+		m.LsmSyscallChecks,
 		m.LsmUnixRules,
 		m.MembershipCache,
 		m.RingbufDrops,
@@ -582,112 +616,133 @@ func (m *lsmMaps) Close() error {
 //
 // It can be passed to loadLsmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lsmVariables struct {
-	UnusedAccessRule  *ebpf.Variable `ebpf:"unused_access_rule"`
-	UnusedCapRules    *ebpf.Variable `ebpf:"unused_cap_rules"`
-	UnusedDecision    *ebpf.Variable `ebpf:"unused_decision"`
-	UnusedDevKey      *ebpf.Variable `ebpf:"unused_dev_key"`
-	UnusedEventHdr    *ebpf.Variable `ebpf:"unused_event_hdr"`
-	UnusedFileEvent   *ebpf.Variable `ebpf:"unused_file_event"`
-	UnusedFsKey       *ebpf.Variable `ebpf:"unused_fs_key"`
-	UnusedInoKey      *ebpf.Variable `ebpf:"unused_ino_key"`
-	UnusedModuleEvent *ebpf.Variable `ebpf:"unused_module_event"`
-	UnusedMountEvent  *ebpf.Variable `ebpf:"unused_mount_event"`
-	UnusedOpKey       *ebpf.Variable `ebpf:"unused_op_key"`
-	UnusedPathKey     *ebpf.Variable `ebpf:"unused_path_key"`
-	UnusedSandbox     *ebpf.Variable `ebpf:"unused_sandbox"`
-	UnusedSockEvent   *ebpf.Variable `ebpf:"unused_sock_event"`
-	UnusedSockKey     *ebpf.Variable `ebpf:"unused_sock_key"`
-	UnusedTaskEvent   *ebpf.Variable `ebpf:"unused_task_event"`
+	UnusedAccessRule      *ebpf.Variable `ebpf:"unused_access_rule"`
+	UnusedCapRules        *ebpf.Variable `ebpf:"unused_cap_rules"`
+	UnusedDecision        *ebpf.Variable `ebpf:"unused_decision"`
+	UnusedDevKey          *ebpf.Variable `ebpf:"unused_dev_key"`
+	UnusedEventHdr        *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedFileEvent       *ebpf.Variable `ebpf:"unused_file_event"`
+	UnusedFsKey           *ebpf.Variable `ebpf:"unused_fs_key"`
+	UnusedInoKey          *ebpf.Variable `ebpf:"unused_ino_key"`
+	UnusedModuleEvent     *ebpf.Variable `ebpf:"unused_module_event"`
+	UnusedMountEvent      *ebpf.Variable `ebpf:"unused_mount_event"`
+	UnusedOpKey           *ebpf.Variable `ebpf:"unused_op_key"`
+	UnusedPathKey         *ebpf.Variable `ebpf:"unused_path_key"`
+	UnusedSandbox         *ebpf.Variable `ebpf:"unused_sandbox"`
+	UnusedSockEvent       *ebpf.Variable `ebpf:"unused_sock_event"`
+	UnusedSockKey         *ebpf.Variable `ebpf:"unused_sock_key"`
+	UnusedSyscallCheckKey *ebpf.Variable `ebpf:"unused_syscall_check_key"`
+	UnusedTaskEvent       *ebpf.Variable `ebpf:"unused_task_event"`
 }
 
 // lsmPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadLsmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lsmPrograms struct {
-	FmodBpf                   *ebpf.Program `ebpf:"fmod_bpf"`
-	FmodBprmCheckSecurity     *ebpf.Program `ebpf:"fmod_bprm_check_security"`
-	FmodCapable               *ebpf.Program `ebpf:"fmod_capable"`
-	FmodFileMprotect          *ebpf.Program `ebpf:"fmod_file_mprotect"`
-	FmodFileOpen              *ebpf.Program `ebpf:"fmod_file_open"`
-	FmodFileSendSigiotask     *ebpf.Program `ebpf:"fmod_file_send_sigiotask"`
-	FmodFileTruncate          *ebpf.Program `ebpf:"fmod_file_truncate"`
-	FmodFsContextParseParam   *ebpf.Program `ebpf:"fmod_fs_context_parse_param"`
-	FmodInodeInitSecurityAnon *ebpf.Program `ebpf:"fmod_inode_init_security_anon"`
-	FmodInodeRemovexattr      *ebpf.Program `ebpf:"fmod_inode_removexattr"`
-	FmodInodeSetattr          *ebpf.Program `ebpf:"fmod_inode_setattr"`
-	FmodInodeSetxattr         *ebpf.Program `ebpf:"fmod_inode_setxattr"`
-	FmodKernelLoadData        *ebpf.Program `ebpf:"fmod_kernel_load_data"`
-	FmodKernelReadFile        *ebpf.Program `ebpf:"fmod_kernel_read_file"`
-	FmodKeyAlloc              *ebpf.Program `ebpf:"fmod_key_alloc"`
-	FmodMmapFile              *ebpf.Program `ebpf:"fmod_mmap_file"`
-	FmodMoveMount             *ebpf.Program `ebpf:"fmod_move_mount"`
-	FmodPathChmod             *ebpf.Program `ebpf:"fmod_path_chmod"`
-	FmodPathChown             *ebpf.Program `ebpf:"fmod_path_chown"`
-	FmodPathChroot            *ebpf.Program `ebpf:"fmod_path_chroot"`
-	FmodPathLink              *ebpf.Program `ebpf:"fmod_path_link"`
-	FmodPathMkdir             *ebpf.Program `ebpf:"fmod_path_mkdir"`
-	FmodPathMknod             *ebpf.Program `ebpf:"fmod_path_mknod"`
-	FmodPathRename            *ebpf.Program `ebpf:"fmod_path_rename"`
-	FmodPathRmdir             *ebpf.Program `ebpf:"fmod_path_rmdir"`
-	FmodPathSymlink           *ebpf.Program `ebpf:"fmod_path_symlink"`
-	FmodPathTruncate          *ebpf.Program `ebpf:"fmod_path_truncate"`
-	FmodPathUnlink            *ebpf.Program `ebpf:"fmod_path_unlink"`
-	FmodPerfEventOpen         *ebpf.Program `ebpf:"fmod_perf_event_open"`
-	FmodPtraceAccessCheck     *ebpf.Program `ebpf:"fmod_ptrace_access_check"`
-	FmodPtraceTraceme         *ebpf.Program `ebpf:"fmod_ptrace_traceme"`
-	FmodSbMount               *ebpf.Program `ebpf:"fmod_sb_mount"`
-	FmodSbPivotroot           *ebpf.Program `ebpf:"fmod_sb_pivotroot"`
-	FmodSbUmount              *ebpf.Program `ebpf:"fmod_sb_umount"`
-	FmodSocketCreate          *ebpf.Program `ebpf:"fmod_socket_create"`
-	FmodTaskAlloc             *ebpf.Program `ebpf:"fmod_task_alloc"`
-	FmodTaskKill              *ebpf.Program `ebpf:"fmod_task_kill"`
-	FmodUnixMaySend           *ebpf.Program `ebpf:"fmod_unix_may_send"`
-	FmodUnixStreamConnect     *ebpf.Program `ebpf:"fmod_unix_stream_connect"`
-	FmodUsernsCreate          *ebpf.Program `ebpf:"fmod_userns_create"`
-	LsmBpf                    *ebpf.Program `ebpf:"lsm_bpf"`
-	LsmBprmCheckSecurity      *ebpf.Program `ebpf:"lsm_bprm_check_security"`
-	LsmCapable                *ebpf.Program `ebpf:"lsm_capable"`
-	LsmFileMprotect           *ebpf.Program `ebpf:"lsm_file_mprotect"`
-	LsmFileOpen               *ebpf.Program `ebpf:"lsm_file_open"`
-	LsmFileSendSigiotask      *ebpf.Program `ebpf:"lsm_file_send_sigiotask"`
-	LsmFileTruncate           *ebpf.Program `ebpf:"lsm_file_truncate"`
-	LsmFsContextParseParam    *ebpf.Program `ebpf:"lsm_fs_context_parse_param"`
-	LsmInodeInitSecurityAnon  *ebpf.Program `ebpf:"lsm_inode_init_security_anon"`
-	LsmInodeRemovexattr       *ebpf.Program `ebpf:"lsm_inode_removexattr"`
-	LsmInodeSetattr           *ebpf.Program `ebpf:"lsm_inode_setattr"`
-	LsmInodeSetxattr          *ebpf.Program `ebpf:"lsm_inode_setxattr"`
-	LsmKernelLoadData         *ebpf.Program `ebpf:"lsm_kernel_load_data"`
-	LsmKernelReadFile         *ebpf.Program `ebpf:"lsm_kernel_read_file"`
-	LsmKeyAlloc               *ebpf.Program `ebpf:"lsm_key_alloc"`
-	LsmMmapFile               *ebpf.Program `ebpf:"lsm_mmap_file"`
-	LsmMoveMount              *ebpf.Program `ebpf:"lsm_move_mount"`
-	LsmPathChmod              *ebpf.Program `ebpf:"lsm_path_chmod"`
-	LsmPathChown              *ebpf.Program `ebpf:"lsm_path_chown"`
-	LsmPathChroot             *ebpf.Program `ebpf:"lsm_path_chroot"`
-	LsmPathLink               *ebpf.Program `ebpf:"lsm_path_link"`
-	LsmPathMkdir              *ebpf.Program `ebpf:"lsm_path_mkdir"`
-	LsmPathMknod              *ebpf.Program `ebpf:"lsm_path_mknod"`
-	LsmPathRename             *ebpf.Program `ebpf:"lsm_path_rename"`
-	LsmPathRmdir              *ebpf.Program `ebpf:"lsm_path_rmdir"`
-	LsmPathSymlink            *ebpf.Program `ebpf:"lsm_path_symlink"`
-	LsmPathTruncate           *ebpf.Program `ebpf:"lsm_path_truncate"`
-	LsmPathUnlink             *ebpf.Program `ebpf:"lsm_path_unlink"`
-	LsmPerfEventOpen          *ebpf.Program `ebpf:"lsm_perf_event_open"`
-	LsmPtraceAccessCheck      *ebpf.Program `ebpf:"lsm_ptrace_access_check"`
-	LsmPtraceTraceme          *ebpf.Program `ebpf:"lsm_ptrace_traceme"`
-	LsmSbMount                *ebpf.Program `ebpf:"lsm_sb_mount"`
-	LsmSbPivotroot            *ebpf.Program `ebpf:"lsm_sb_pivotroot"`
-	LsmSbUmount               *ebpf.Program `ebpf:"lsm_sb_umount"`
-	LsmSocketCreate           *ebpf.Program `ebpf:"lsm_socket_create"`
-	LsmTaskAlloc              *ebpf.Program `ebpf:"lsm_task_alloc"`
-	LsmTaskKill               *ebpf.Program `ebpf:"lsm_task_kill"`
-	LsmUnixMaySend            *ebpf.Program `ebpf:"lsm_unix_may_send"`
-	LsmUnixStreamConnect      *ebpf.Program `ebpf:"lsm_unix_stream_connect"`
-	LsmUsernsCreate           *ebpf.Program `ebpf:"lsm_userns_create"`
+	EntryIa32SysIoUringEnter    *ebpf.Program `ebpf:"entry___ia32_sys_io_uring_enter"`
+	EntryIa32SysIoUringRegister *ebpf.Program `ebpf:"entry___ia32_sys_io_uring_register"`
+	EntryIa32SysPersonality     *ebpf.Program `ebpf:"entry___ia32_sys_personality"`
+	EntryX64SysIoUringEnter     *ebpf.Program `ebpf:"entry___x64_sys_io_uring_enter"`
+	EntryX64SysIoUringRegister  *ebpf.Program `ebpf:"entry___x64_sys_io_uring_register"`
+	EntryX64SysPersonality      *ebpf.Program `ebpf:"entry___x64_sys_personality"`
+	EntryDoSysNameToHandle      *ebpf.Program `ebpf:"entry_do_sys_name_to_handle"`
+	ExitIa32SysIoUringSetup     *ebpf.Program `ebpf:"exit___ia32_sys_io_uring_setup"`
+	ExitX64SysIoUringSetup      *ebpf.Program `ebpf:"exit___x64_sys_io_uring_setup"`
+	FmodBpf                     *ebpf.Program `ebpf:"fmod_bpf"`
+	FmodBprmCheckSecurity       *ebpf.Program `ebpf:"fmod_bprm_check_security"`
+	FmodCapable                 *ebpf.Program `ebpf:"fmod_capable"`
+	FmodFileMprotect            *ebpf.Program `ebpf:"fmod_file_mprotect"`
+	FmodFileOpen                *ebpf.Program `ebpf:"fmod_file_open"`
+	FmodFileSendSigiotask       *ebpf.Program `ebpf:"fmod_file_send_sigiotask"`
+	FmodFileTruncate            *ebpf.Program `ebpf:"fmod_file_truncate"`
+	FmodFsContextParseParam     *ebpf.Program `ebpf:"fmod_fs_context_parse_param"`
+	FmodInodeInitSecurityAnon   *ebpf.Program `ebpf:"fmod_inode_init_security_anon"`
+	FmodInodeRemovexattr        *ebpf.Program `ebpf:"fmod_inode_removexattr"`
+	FmodInodeSetattr            *ebpf.Program `ebpf:"fmod_inode_setattr"`
+	FmodInodeSetxattr           *ebpf.Program `ebpf:"fmod_inode_setxattr"`
+	FmodKernelLoadData          *ebpf.Program `ebpf:"fmod_kernel_load_data"`
+	FmodKernelReadFile          *ebpf.Program `ebpf:"fmod_kernel_read_file"`
+	FmodKeyAlloc                *ebpf.Program `ebpf:"fmod_key_alloc"`
+	FmodKeyPermission           *ebpf.Program `ebpf:"fmod_key_permission"`
+	FmodMmapFile                *ebpf.Program `ebpf:"fmod_mmap_file"`
+	FmodMoveMount               *ebpf.Program `ebpf:"fmod_move_mount"`
+	FmodPathChmod               *ebpf.Program `ebpf:"fmod_path_chmod"`
+	FmodPathChown               *ebpf.Program `ebpf:"fmod_path_chown"`
+	FmodPathChroot              *ebpf.Program `ebpf:"fmod_path_chroot"`
+	FmodPathLink                *ebpf.Program `ebpf:"fmod_path_link"`
+	FmodPathMkdir               *ebpf.Program `ebpf:"fmod_path_mkdir"`
+	FmodPathMknod               *ebpf.Program `ebpf:"fmod_path_mknod"`
+	FmodPathRename              *ebpf.Program `ebpf:"fmod_path_rename"`
+	FmodPathRmdir               *ebpf.Program `ebpf:"fmod_path_rmdir"`
+	FmodPathSymlink             *ebpf.Program `ebpf:"fmod_path_symlink"`
+	FmodPathTruncate            *ebpf.Program `ebpf:"fmod_path_truncate"`
+	FmodPathUnlink              *ebpf.Program `ebpf:"fmod_path_unlink"`
+	FmodPerfEventOpen           *ebpf.Program `ebpf:"fmod_perf_event_open"`
+	FmodPtraceAccessCheck       *ebpf.Program `ebpf:"fmod_ptrace_access_check"`
+	FmodPtraceTraceme           *ebpf.Program `ebpf:"fmod_ptrace_traceme"`
+	FmodSbMount                 *ebpf.Program `ebpf:"fmod_sb_mount"`
+	FmodSbPivotroot             *ebpf.Program `ebpf:"fmod_sb_pivotroot"`
+	FmodSbUmount                *ebpf.Program `ebpf:"fmod_sb_umount"`
+	FmodSocketCreate            *ebpf.Program `ebpf:"fmod_socket_create"`
+	FmodTaskAlloc               *ebpf.Program `ebpf:"fmod_task_alloc"`
+	FmodTaskKill                *ebpf.Program `ebpf:"fmod_task_kill"`
+	FmodUnixMaySend             *ebpf.Program `ebpf:"fmod_unix_may_send"`
+	FmodUnixStreamConnect       *ebpf.Program `ebpf:"fmod_unix_stream_connect"`
+	FmodUsernsCreate            *ebpf.Program `ebpf:"fmod_userns_create"`
+	LsmBpf                      *ebpf.Program `ebpf:"lsm_bpf"`
+	LsmBprmCheckSecurity        *ebpf.Program `ebpf:"lsm_bprm_check_security"`
+	LsmCapable                  *ebpf.Program `ebpf:"lsm_capable"`
+	LsmFileMprotect             *ebpf.Program `ebpf:"lsm_file_mprotect"`
+	LsmFileOpen                 *ebpf.Program `ebpf:"lsm_file_open"`
+	LsmFileSendSigiotask        *ebpf.Program `ebpf:"lsm_file_send_sigiotask"`
+	LsmFileTruncate             *ebpf.Program `ebpf:"lsm_file_truncate"`
+	LsmFsContextParseParam      *ebpf.Program `ebpf:"lsm_fs_context_parse_param"`
+	LsmInodeInitSecurityAnon    *ebpf.Program `ebpf:"lsm_inode_init_security_anon"`
+	LsmInodeRemovexattr         *ebpf.Program `ebpf:"lsm_inode_removexattr"`
+	LsmInodeSetattr             *ebpf.Program `ebpf:"lsm_inode_setattr"`
+	LsmInodeSetxattr            *ebpf.Program `ebpf:"lsm_inode_setxattr"`
+	LsmKernelLoadData           *ebpf.Program `ebpf:"lsm_kernel_load_data"`
+	LsmKernelReadFile           *ebpf.Program `ebpf:"lsm_kernel_read_file"`
+	LsmKeyAlloc                 *ebpf.Program `ebpf:"lsm_key_alloc"`
+	LsmKeyPermission            *ebpf.Program `ebpf:"lsm_key_permission"`
+	LsmMmapFile                 *ebpf.Program `ebpf:"lsm_mmap_file"`
+	LsmMoveMount                *ebpf.Program `ebpf:"lsm_move_mount"`
+	LsmPathChmod                *ebpf.Program `ebpf:"lsm_path_chmod"`
+	LsmPathChown                *ebpf.Program `ebpf:"lsm_path_chown"`
+	LsmPathChroot               *ebpf.Program `ebpf:"lsm_path_chroot"`
+	LsmPathLink                 *ebpf.Program `ebpf:"lsm_path_link"`
+	LsmPathMkdir                *ebpf.Program `ebpf:"lsm_path_mkdir"`
+	LsmPathMknod                *ebpf.Program `ebpf:"lsm_path_mknod"`
+	LsmPathRename               *ebpf.Program `ebpf:"lsm_path_rename"`
+	LsmPathRmdir                *ebpf.Program `ebpf:"lsm_path_rmdir"`
+	LsmPathSymlink              *ebpf.Program `ebpf:"lsm_path_symlink"`
+	LsmPathTruncate             *ebpf.Program `ebpf:"lsm_path_truncate"`
+	LsmPathUnlink               *ebpf.Program `ebpf:"lsm_path_unlink"`
+	LsmPerfEventOpen            *ebpf.Program `ebpf:"lsm_perf_event_open"`
+	LsmPtraceAccessCheck        *ebpf.Program `ebpf:"lsm_ptrace_access_check"`
+	LsmPtraceTraceme            *ebpf.Program `ebpf:"lsm_ptrace_traceme"`
+	LsmSbMount                  *ebpf.Program `ebpf:"lsm_sb_mount"`
+	LsmSbPivotroot              *ebpf.Program `ebpf:"lsm_sb_pivotroot"`
+	LsmSbUmount                 *ebpf.Program `ebpf:"lsm_sb_umount"`
+	LsmSocketCreate             *ebpf.Program `ebpf:"lsm_socket_create"`
+	LsmTaskAlloc                *ebpf.Program `ebpf:"lsm_task_alloc"`
+	LsmTaskKill                 *ebpf.Program `ebpf:"lsm_task_kill"`
+	LsmUnixMaySend              *ebpf.Program `ebpf:"lsm_unix_may_send"`
+	LsmUnixStreamConnect        *ebpf.Program `ebpf:"lsm_unix_stream_connect"`
+	LsmUsernsCreate             *ebpf.Program `ebpf:"lsm_userns_create"`
 }
 
 func (p *lsmPrograms) Close() error {
 	return _LsmClose(
+		p.EntryIa32SysIoUringEnter,
+		p.EntryIa32SysIoUringRegister,
+		p.EntryIa32SysPersonality,
+		p.EntryX64SysIoUringEnter,
+		p.EntryX64SysIoUringRegister,
+		p.EntryX64SysPersonality,
+		p.EntryDoSysNameToHandle,
+		p.ExitIa32SysIoUringSetup,
+		p.ExitX64SysIoUringSetup,
 		p.FmodBpf,
 		p.FmodBprmCheckSecurity,
 		p.FmodCapable,
@@ -703,6 +758,7 @@ func (p *lsmPrograms) Close() error {
 		p.FmodKernelLoadData,
 		p.FmodKernelReadFile,
 		p.FmodKeyAlloc,
+		p.FmodKeyPermission,
 		p.FmodMmapFile,
 		p.FmodMoveMount,
 		p.FmodPathChmod,
@@ -743,6 +799,7 @@ func (p *lsmPrograms) Close() error {
 		p.LsmKernelLoadData,
 		p.LsmKernelReadFile,
 		p.LsmKeyAlloc,
+		p.LsmKeyPermission,
 		p.LsmMmapFile,
 		p.LsmMoveMount,
 		p.LsmPathChmod,

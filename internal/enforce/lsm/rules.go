@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 )
 
@@ -84,7 +85,14 @@ const (
 	// (memfd_create + execveat, a file deleted after it was opened,
 	// O_TMPFILE): no exec rule can name it.
 	OpExecFileless Op = 24
-	opMax          Op = 25
+	// OpKernelIface: the kernel group of the one dangerous list
+	// (internal/dangerous) where no hook of its own judges it: the
+	// capability the syscall checks first (iopl, ioperm, acct, swapon,
+	// swapoff, reboot, open_by_handle_at), its key permissions (keyctl,
+	// add_key, request_key use OpKeyring), or its entry point (fentry:
+	// personality, name_to_handle_at, killed at entry).
+	OpKernelIface Op = 25
+	opMax         Op = 26
 )
 
 // PathOp is what a file_op event changed (enum path_op in bpf/lsm.c).
@@ -110,6 +118,106 @@ var opNames = map[Op]string{
 	OpCloneIntoCgroup: "clone_into_cgroup", OpPerfEvent: "perf_event_open", OpUserNS: "userns_create",
 	OpKeyring: "key_alloc", OpUserfaultfd: "userfaultfd", OpIOUring: "io_uring_setup",
 	OpCloneFiles: "clone_files", OpUnixConnect: "unix_connect", OpExecFileless: "exec_fileless",
+	OpKernelIface: "kernel_interface",
+}
+
+// Checks of lsm_syscall_checks (CHECK_* in bpf/lsm.c); capabilities are
+// their own number.
+const (
+	checkKey   = 64
+	checkEntry = 65
+	// syscallCompat: i386 numbers are keyed as syscallCompat + nr.
+	syscallCompat = 0x10000
+	// syscallTag marks a task event's mode as a syscall-scoped decision.
+	syscallTag = 0x80000000
+)
+
+// groupOp is the op whose rule decides a dangerous-list entry judged in
+// its syscall: the rule of its policy group.
+func groupOp(o dangerous.Op) Op {
+	switch {
+	case o.Group == dangerous.GroupMount:
+		return OpMount
+	case o.Group == dangerous.GroupModule:
+		return OpKernelLoadData
+	case o.Group == dangerous.GroupIOUring:
+		return OpIOUring
+	case o.Hook == dangerous.HookKeyPermission:
+		return OpKeyring
+	}
+	return OpKernelIface
+}
+
+// SyscallChecks lists lsm_syscall_checks' entries, from the one dangerous
+// list: per syscall number (both tables) and check, the op deciding it.
+func SyscallChecks() map[lsmSyscallCheckKey]Op {
+	out := map[lsmSyscallCheckKey]Op{}
+	for _, o := range dangerous.Ops {
+		var checks []uint32
+		switch {
+		case o.Hook == dangerous.HookCapable:
+			for _, c := range o.Caps() {
+				checks = append(checks, uint32(c))
+			}
+		case o.Hook == dangerous.HookKeyPermission:
+			checks = []uint32{checkKey}
+		case o.AtEntry():
+			checks = []uint32{checkEntry}
+		}
+		for _, c := range checks {
+			if o.NR64 != dangerous.None {
+				out[lsmSyscallCheckKey{Nr: uint32(o.NR64), Check: c}] = groupOp(o)
+			}
+			if o.NR32 != dangerous.None {
+				out[lsmSyscallCheckKey{Nr: syscallCompat + uint32(o.NR32), Check: c}] = groupOp(o)
+			}
+		}
+	}
+	return out
+}
+
+// syscallName names a syscall-scoped decision's syscall (task event mode
+// without syscallTag).
+func syscallName(nr uint32) string {
+	compat := nr >= syscallCompat
+	for _, o := range dangerous.Ops {
+		if !compat && o.NR64 != dangerous.None && uint32(o.NR64) == nr {
+			return o.Name
+		}
+		if compat && o.NR32 != dangerous.None && uint32(o.NR32) == nr-syscallCompat {
+			return o.Name + " (i386)"
+		}
+	}
+	return fmt.Sprintf("syscall %d", nr)
+}
+
+// writeSyscallChecks fills lsm_syscall_checks (the same content for every
+// agent: the list is compiled in). Stale entries are removed after the
+// new ones are written.
+func writeSyscallChecks(coll *ebpf.Collection) error {
+	m := coll.Maps["lsm_syscall_checks"]
+	if m == nil {
+		return errors.New("lsm_syscall_checks map missing")
+	}
+	want := SyscallChecks()
+	for k, op := range want {
+		if err := m.Put(k, uint32(op)); err != nil {
+			return fmt.Errorf("write lsm_syscall_checks: %w", err)
+		}
+	}
+	var k lsmSyscallCheckKey
+	var v uint32
+	var stale []lsmSyscallCheckKey
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if _, ok := want[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	for _, k := range stale {
+		m.Delete(k)
+	}
+	return nil
 }
 
 func (o Op) String() string {
