@@ -343,6 +343,26 @@ static __always_inline int judge_task(__u32 mech, __u32 op, __u32 kind, struct d
 	return conclude(verdict);
 }
 
+/* An operation judged by its op rule: the caller's sandbox and the rule's
+ * decision, shared by the mount and kernel-code hooks. */
+struct op_ctx {
+	__u64 root;
+	struct sandbox *sb;
+	struct decision d;
+};
+
+/* op_begin fills c for op; false when there is nothing to judge (the task
+ * is in no sandbox, or the rule allows). */
+static __always_inline bool op_begin(struct op_ctx *c, __u32 op)
+{
+	c->root = 0;
+	c->sb = current_sandbox(&c->root);
+	if (!c->sb)
+		return false;
+	c->d = op_decision(c->sb->id, op, ACTION_ALLOW);
+	return c->d.action != ACTION_ALLOW;
+}
+
 /* judge_op is the whole body of hooks judged by one op rule. */
 static __always_inline int judge_op(__u32 mech, __u32 op, __u32 kind, __u32 mode)
 {
@@ -417,24 +437,30 @@ static __always_inline __u32 syscall_check(__u32 nr, __u32 check)
 
 /* --- ptrace, signals, capabilities, bpf ----------------------------------- */
 
-static __always_inline int decide_ptrace_access_check(__u32 mech, struct task_struct *child, unsigned int mode, int ret)
+/* judge_ptrace judges ptrace access to target by op's rule, or by the
+ * agent's (blocked unless a rule says otherwise) when target is the agent. */
+static __always_inline int judge_ptrace(__u32 mech, __u32 op, struct task_struct *target, __u32 mode, bool quiet)
 {
-	if (ret)
-		return ret;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
 		return 0;
-	__u32 op;
 	struct decision d;
-	if (is_agent(BPF_CORE_READ(child, tgid))) {
+	if (is_agent(BPF_CORE_READ(target, tgid))) {
 		op = LSM_OP_AGENT_PTRACE;
 		d = op_decision(sb->id, op, ACTION_BLOCK);
 	} else {
-		op = (mode & PTRACE_MODE_ATTACH) ? LSM_OP_PTRACE_ATTACH : LSM_OP_PTRACE_READ;
 		d = op_decision(sb->id, op, ACTION_ALLOW);
 	}
-	return judge_task(mech, op, EV_PTRACE, d, sb, root, child, mode, -1, mode & PTRACE_MODE_NOAUDIT);
+	return judge_task(mech, op, EV_PTRACE, d, sb, root, target, mode, -1, quiet);
+}
+
+static __always_inline int decide_ptrace_access_check(__u32 mech, struct task_struct *child, unsigned int mode, int ret)
+{
+	if (ret)
+		return ret;
+	__u32 op = (mode & PTRACE_MODE_ATTACH) ? LSM_OP_PTRACE_ATTACH : LSM_OP_PTRACE_READ;
+	return judge_ptrace(mech, op, child, mode, mode & PTRACE_MODE_NOAUDIT);
 }
 WATCHER_HOOK(ptrace_access_check, security_ptrace_access_check,
 	     decide_ptrace_access_check(mech, child, mode, ret),
@@ -444,19 +470,7 @@ static __always_inline int decide_ptrace_traceme(__u32 mech, struct task_struct 
 {
 	if (ret)
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	__u32 op = LSM_OP_PTRACE_TRACEME;
-	struct decision d;
-	if (is_agent(BPF_CORE_READ(parent, tgid))) {
-		op = LSM_OP_AGENT_PTRACE;
-		d = op_decision(sb->id, op, ACTION_BLOCK);
-	} else {
-		d = op_decision(sb->id, op, ACTION_ALLOW);
-	}
-	return judge_task(mech, op, EV_PTRACE, d, sb, root, parent, 0, -1, false);
+	return judge_ptrace(mech, LSM_OP_PTRACE_TRACEME, parent, 0, false);
 }
 WATCHER_HOOK(ptrace_traceme, security_ptrace_traceme, decide_ptrace_traceme(mech, parent, ret),
 	     struct task_struct *parent, int ret)
@@ -566,15 +580,14 @@ static __always_inline void walk_path(struct path *p, char *dst, __u32 size)
 	bpf_probe_read_kernel_str(dst, size, pw->buf);
 }
 
-static __always_inline int judge_module(__u32 mech, __u32 op, struct decision d, struct sandbox *sb, __u64 root,
-					struct file *file, __u32 id)
+/* judge_module reports a kernel-code load judged in c (file: what is
+ * read, NULL for a buffer) and returns the hook's result. */
+static __always_inline int judge_module(__u32 mech, __u32 op, struct op_ctx *c, struct file *file, __u32 id)
 {
-	if (d.action == ACTION_ALLOW)
-		return 0;
-	__u32 verdict = effective_verdict(sb, d.action);
+	__u32 verdict = effective_verdict(c->sb, c->d.action);
 	struct module_event *e = reserve_event(sizeof(*e), true);
 	if (e) {
-		fill_hdr(&e->hdr, EV_MODULE + mech, verdict, d.rule_id, root, sb);
+		fill_hdr(&e->hdr, EV_MODULE + mech, verdict, c->d.rule_id, c->root, c->sb);
 		e->op = op;
 		e->id = id;
 		e->path[0] = 0;
@@ -589,43 +602,34 @@ static __always_inline int judge_module(__u32 mech, __u32 op, struct decision d,
 
 static __always_inline int decide_kernel_read_file(__u32 mech, struct file *file, enum kernel_read_file_id id, int ret)
 {
-	if (ret)
+	struct op_ctx c;
+	if (ret || !op_begin(&c, LSM_OP_KERNEL_READ_FILE))
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_READ_FILE, ACTION_ALLOW);
-	return judge_module(mech, LSM_OP_KERNEL_READ_FILE, d, sb, root, file, (__u32)id);
+	return judge_module(mech, LSM_OP_KERNEL_READ_FILE, &c, file, (__u32)id);
 }
 WATCHER_HOOK(kernel_read_file, security_kernel_read_file, decide_kernel_read_file(mech, file, id, ret),
 	     struct file *file, enum kernel_read_file_id id, bool contents, int ret)
 
 static __always_inline int decide_kernel_load_data(__u32 mech, enum kernel_load_data_id id, int ret)
 {
-	if (ret)
+	struct op_ctx c;
+	if (ret || !op_begin(&c, LSM_OP_KERNEL_LOAD_DATA))
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_KERNEL_LOAD_DATA, ACTION_ALLOW);
-	return judge_module(mech, LSM_OP_KERNEL_LOAD_DATA, d, sb, root, NULL, (__u32)id);
+	return judge_module(mech, LSM_OP_KERNEL_LOAD_DATA, &c, NULL, (__u32)id);
 }
 WATCHER_HOOK(kernel_load_data, security_kernel_load_data, decide_kernel_load_data(mech, id, ret),
 	     enum kernel_load_data_id id, bool contents, int ret)
 
 /* --- mount family ---------------------------------------------------------- */
 
-/* mount_begin reserves a mount event when the decision needs one. */
-static __always_inline struct mount_event *mount_begin(__u32 mech, __u32 op, struct decision d, struct sandbox *sb,
-							__u64 root, __u32 *verdict)
+/* mount_begin reserves the event of a mount operation judged in c. */
+static __always_inline struct mount_event *mount_begin(__u32 mech, __u32 op, struct op_ctx *c, __u32 *verdict)
 {
-	*verdict = effective_verdict(sb, d.action);
+	*verdict = effective_verdict(c->sb, c->d.action);
 	struct mount_event *e = reserve_event(sizeof(*e), true);
 	if (!e)
 		return NULL;
-	fill_hdr(&e->hdr, EV_MOUNT + mech, *verdict, d.rule_id, root, sb);
+	fill_hdr(&e->hdr, EV_MOUNT + mech, *verdict, c->d.rule_id, c->root, c->sb);
 	e->op = op;
 	e->flags = 0;
 	e->source[0] = 0;
@@ -634,20 +638,22 @@ static __always_inline struct mount_event *mount_begin(__u32 mech, __u32 op, str
 	return e;
 }
 
+/* mount_end submits e (when reserved) and returns the hook's result. */
+static __always_inline int mount_end(struct mount_event *e, __u32 verdict)
+{
+	if (e)
+		submit_event(e, true);
+	return conclude(verdict);
+}
+
 static __always_inline int decide_sb_mount(__u32 mech, const char *dev_name, const struct path *path,
 					   const char *type, unsigned long flags, int ret)
 {
-	if (ret)
+	struct op_ctx c;
+	if (ret || !op_begin(&c, LSM_OP_MOUNT))
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_MOUNT, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
-		return 0;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(mech, LSM_OP_MOUNT, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, LSM_OP_MOUNT, &c, &verdict);
 	if (e) {
 		e->flags = flags;
 		if (dev_name)
@@ -656,90 +662,56 @@ static __always_inline int decide_sb_mount(__u32 mech, const char *dev_name, con
 			bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype), type);
 		struct path p = { .mnt = BPF_CORE_READ(path, mnt), .dentry = BPF_CORE_READ(path, dentry) };
 		walk_path(&p, e->target, sizeof(e->target));
-		submit_event(e, true);
 	}
-	return conclude(verdict);
+	return mount_end(e, verdict);
 }
 WATCHER_HOOK(sb_mount, security_sb_mount, decide_sb_mount(mech, dev_name, path, type, flags, ret),
 	     const char *dev_name, const struct path *path, const char *type, unsigned long flags, void *data, int ret)
 
 static __always_inline int decide_sb_umount(__u32 mech, struct vfsmount *mnt, int flags, int ret)
 {
-	if (ret)
+	struct op_ctx c;
+	if (ret || !op_begin(&c, LSM_OP_UMOUNT))
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_UMOUNT, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
-		return 0;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(mech, LSM_OP_UMOUNT, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, LSM_OP_UMOUNT, &c, &verdict);
 	if (e) {
 		struct path p = { .mnt = mnt, .dentry = BPF_CORE_READ(mnt, mnt_root) };
 		e->flags = (__u32)flags;
 		walk_path(&p, e->target, sizeof(e->target));
 		bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype),
 					  BPF_CORE_READ(mnt, mnt_sb, s_type, name));
-		submit_event(e, true);
 	}
-	return conclude(verdict);
+	return mount_end(e, verdict);
 }
 WATCHER_HOOK(sb_umount, security_sb_umount, decide_sb_umount(mech, mnt, flags, ret),
 	     struct vfsmount *mnt, int flags, int ret)
 
 /* two_path_mount judges the mount operations that name a source and a
- * target path (move_mount, pivot_root). */
+ * target path (move_mount, pivot_root); chroot names only a target. */
 static __always_inline int two_path_mount(__u32 mech, __u32 op, const struct path *src_path,
 					  const struct path *dst_path, int ret)
 {
-	if (ret)
+	struct op_ctx c;
+	if (ret || !op_begin(&c, op))
 		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, op, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
-		return 0;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(mech, op, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, op, &c, &verdict);
 	if (e) {
-		struct path src = { .mnt = BPF_CORE_READ(src_path, mnt), .dentry = BPF_CORE_READ(src_path, dentry) };
+		if (src_path) {
+			struct path src = { .mnt = BPF_CORE_READ(src_path, mnt), .dentry = BPF_CORE_READ(src_path, dentry) };
+			walk_path(&src, e->source, sizeof(e->source));
+		}
 		struct path dst = { .mnt = BPF_CORE_READ(dst_path, mnt), .dentry = BPF_CORE_READ(dst_path, dentry) };
-		walk_path(&src, e->source, sizeof(e->source));
 		walk_path(&dst, e->target, sizeof(e->target));
-		submit_event(e, true);
 	}
-	return conclude(verdict);
+	return mount_end(e, verdict);
 }
 WATCHER_HOOK(move_mount, security_move_mount, two_path_mount(mech, LSM_OP_MOVE_MOUNT, from_path, to_path, ret),
 	     const struct path *from_path, const struct path *to_path, int ret)
 WATCHER_HOOK(sb_pivotroot, security_sb_pivotroot, two_path_mount(mech, LSM_OP_PIVOT_ROOT, old_path, new_path, ret),
 	     const struct path *old_path, const struct path *new_path, int ret)
-
-static __always_inline int decide_path_chroot(__u32 mech, const struct path *path, int ret)
-{
-	if (ret)
-		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_CHROOT, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
-		return 0;
-	__u32 verdict;
-	struct mount_event *e = mount_begin(mech, LSM_OP_CHROOT, d, sb, root, &verdict);
-	if (e) {
-		struct path p = { .mnt = BPF_CORE_READ(path, mnt), .dentry = BPF_CORE_READ(path, dentry) };
-		walk_path(&p, e->target, sizeof(e->target));
-		submit_event(e, true);
-	}
-	return conclude(verdict);
-}
-WATCHER_HOOK(path_chroot, security_path_chroot, decide_path_chroot(mech, path, ret),
+WATCHER_HOOK(path_chroot, security_path_chroot, two_path_mount(mech, LSM_OP_CHROOT, NULL, path, ret),
 	     const struct path *path, int ret)
 
 /* The new mount API: fsopen(2) has no hook, but every fsconfig(2)
@@ -749,25 +721,18 @@ static __always_inline int decide_fs_context_parse_param(__u32 mech, struct fs_c
 							 struct fs_parameter *param, int ret)
 {
 	/* -ENOPARAM from an earlier LSM means "not mine": keep judging. */
-	if (ret && ret != -519)
-		return ret;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return ret;
-	struct decision d = op_decision(sb->id, LSM_OP_FSCONFIG, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
+	struct op_ctx c;
+	if ((ret && ret != -519) || !op_begin(&c, LSM_OP_FSCONFIG))
 		return ret;
 	__u32 verdict;
-	struct mount_event *e = mount_begin(mech, LSM_OP_FSCONFIG, d, sb, root, &verdict);
+	struct mount_event *e = mount_begin(mech, LSM_OP_FSCONFIG, &c, &verdict);
 	if (e) {
 		bpf_probe_read_kernel_str(e->fstype, sizeof(e->fstype), BPF_CORE_READ(fc, fs_type, name));
 		bpf_probe_read_kernel_str(e->source, sizeof(e->source), BPF_CORE_READ(param, key));
 		if (BPF_CORE_READ_BITFIELD_PROBED(param, type) == fs_value_is_string)
 			bpf_probe_read_kernel_str(e->target, sizeof(e->target), BPF_CORE_READ(param, string));
-		submit_event(e, true);
 	}
-	int r = conclude(verdict);
+	int r = mount_end(e, verdict);
 	return r ? r : ret;
 }
 WATCHER_HOOK(fs_context_parse_param, security_fs_context_parse_param,
