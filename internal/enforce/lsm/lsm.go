@@ -151,10 +151,9 @@ func programsByHook(spec *ebpf.CollectionSpec) map[string]hookPrograms {
 var ErrHookAbsent = errors.New("hook not in this kernel")
 
 // absent reports whether neither program of the hook has an attach target
-// in the running kernel's BTF.
-func absent(spec *ebpf.CollectionSpec, progs hookPrograms) bool {
-	kspec, err := btf.LoadKernelSpec()
-	if err != nil {
+// in the running kernel's BTF (kspec; nil: unknown, never absent).
+func absent(kspec *btf.Spec, spec *ebpf.CollectionSpec, progs hookPrograms) bool {
+	if kspec == nil {
 		return false
 	}
 	for mech, name := range progs {
@@ -247,8 +246,14 @@ func pick(spec *ebpf.CollectionSpec, maps *ebpf.Collection, use func(hook, mech 
 	out := map[string]error{}
 	mechs := map[string]string{}
 	errs := map[string][]error{}
+	// One copy of the kernel's BTF for every lookup: each copy decodes
+	// the types it is asked for again (minutes under emulation).
+	kspec, err := btf.LoadKernelSpec()
+	if err != nil {
+		kspec = nil
+	}
 	for hook, progs := range byHook {
-		if absent(spec, progs) {
+		if absent(kspec, spec, progs) {
 			out[hook] = ErrHookAbsent
 		} else if why != "" && progs[MechLSM] != "" {
 			errs[hook] = append(errs[hook], fmt.Errorf("%s: not tried: %s", MechLSM, why))
