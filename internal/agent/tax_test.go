@@ -3,7 +3,6 @@ package agent
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,10 +28,7 @@ func TestAgentTax(t *testing.T) {
 	if os.Getenv("WATCHER_BENCH_TAX") == "" {
 		t.Skip("a measurement: WATCHER_BENCH_TAX=1 runs it")
 	}
-	iters, rounds := 50000, 5
-	if v, err := strconv.Atoi(os.Getenv("WATCHER_BENCH_ITERS")); err == nil && v > 0 {
-		iters = v
-	}
+	iters, rounds := syscallbench.Iterations(50000), 5
 	var loops syscallbench.Rounds
 	measure := func(state string) {
 		loops.Add(state, enforcetest.SyscallLoop(t, "", "TestAgentTaxLoop", iters))

@@ -13,7 +13,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"sort"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -126,6 +128,15 @@ func Median(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
 	return s[len(s)/2]
+}
+
+// Iterations is the loop's iteration count: WATCHER_BENCH_ITERS when it
+// is a positive number, else def.
+func Iterations(def int) int {
+	if v, err := strconv.Atoi(os.Getenv("WATCHER_BENCH_ITERS")); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
 
 // KernelRelease is the running kernel's release ("?" where uname fails).

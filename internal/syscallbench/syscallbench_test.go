@@ -53,3 +53,18 @@ func TestRoundsMedian(t *testing.T) {
 		t.Errorf("median of nothing %v", m)
 	}
 }
+
+func TestIterations(t *testing.T) {
+	t.Setenv("WATCHER_BENCH_ITERS", "")
+	if n := Iterations(7); n != 7 {
+		t.Errorf("unset: %d, want the default 7", n)
+	}
+	t.Setenv("WATCHER_BENCH_ITERS", "1200")
+	if n := Iterations(7); n != 1200 {
+		t.Errorf("WATCHER_BENCH_ITERS=1200: %d", n)
+	}
+	t.Setenv("WATCHER_BENCH_ITERS", "-3")
+	if n := Iterations(7); n != 7 {
+		t.Errorf("WATCHER_BENCH_ITERS=-3: %d, want the default", n)
+	}
+}

@@ -3,7 +3,6 @@ package lsm
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -24,10 +23,7 @@ func TestBenchVM(t *testing.T) {
 		t.Skip("make bench-vm runs this in the qemu guest (WATCHER_BENCH_VM=1)")
 	}
 	enforcetest.RequireRoot(t)
-	iters, rounds := 20000, 5
-	if v, err := strconv.Atoi(os.Getenv("WATCHER_BENCH_ITERS")); err == nil && v > 0 {
-		iters = v
-	}
+	iters, rounds := syscallbench.Iterations(20000), 5
 	eng := enforcetest.Engine(t)
 	cg := enforcetest.Cgroup(t, "bench")
 	var res syscallbench.Rounds
