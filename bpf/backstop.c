@@ -28,6 +28,25 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+/* Map declarations. The rule and counter maps are pinned by name, so a
+ * later agent's programs share them; per-task state lives in task storage. */
+#define BS_MAP(name, map_type, key_type, value_type, entries) \
+	struct { \
+		__uint(type, map_type); \
+		__uint(max_entries, entries); \
+		__type(key, key_type); \
+		__type(value, value_type); \
+		__uint(pinning, LIBBPF_PIN_BY_NAME); \
+	} name SEC(".maps")
+
+#define BS_TASK_STORAGE(name, value_type) \
+	struct { \
+		__uint(type, BPF_MAP_TYPE_TASK_STORAGE); \
+		__uint(map_flags, BPF_F_NO_PREALLOC); \
+		__type(key, int); \
+		__type(value, value_type); \
+	} name SEC(".maps")
+
 #define SIGKILL 9
 #define MAX_SYSCALLS 512
 
@@ -187,23 +206,11 @@ const struct inode_key *unused_inode_key __attribute__((unused));
 const struct syscall_rule *unused_syscall_rule __attribute__((unused));
 const struct category_rule *unused_category_rule __attribute__((unused));
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_SYSCALLS);
-	__type(key, __u32);
-	__type(value, struct syscall_rule);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_syscall_rules SEC(".maps");
+BS_MAP(bs_syscall_rules, BPF_MAP_TYPE_ARRAY, __u32, struct syscall_rule, MAX_SYSCALLS);
 
 /* The same per i386 number (int 0x80), for when CAT_COMPAT allows 32-bit
  * syscalls at all. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_SYSCALLS);
-	__type(key, __u32);
-	__type(value, struct syscall_rule);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_syscall_rules32 SEC(".maps");
+BS_MAP(bs_syscall_rules32, BPF_MAP_TYPE_ARRAY, __u32, struct syscall_rule, MAX_SYSCALLS);
 
 /* Directories (and exact files) deciding changes of inodes below them, by
  * inode, so every name of a file (hard links, renames, files created after
@@ -229,23 +236,11 @@ struct dir_rule {
 const struct dir_key *unused_dir_key __attribute__((unused));
 const struct dir_rule *unused_dir_rule __attribute__((unused));
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct dir_key);
-	__type(value, struct dir_rule);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_dirs SEC(".maps");
+BS_MAP(bs_dirs, BPF_MAP_TYPE_HASH, struct dir_key, struct dir_rule, 4096);
 
 /* Signals sandboxed processes sent to the agent, per signal number: the
  * agent ignores a SIGTERM/SIGINT/SIGHUP whose count moved. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 65);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_agent_signals SEC(".maps");
+BS_MAP(bs_agent_signals, BPF_MAP_TYPE_ARRAY, __u32, __u64, 65);
 
 /* Signals to the agent that look like its operator's, per signal number:
  * sent by a user process outside every sandbox (kill, tgkill, sigqueue:
@@ -255,21 +250,9 @@ struct {
  * SIGTERM/SIGINT/SIGHUP only when this count moved: a sandbox sending the
  * same signal twice (a write, then the close at its exit) cannot make one
  * of them look like the operator's. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 65);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_operator_signals SEC(".maps");
+BS_MAP(bs_operator_signals, BPF_MAP_TYPE_ARRAY, __u32, __u64, 65);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, CAT_MAX);
-	__type(key, __u32);
-	__type(value, struct category_rule);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_categories SEC(".maps");
+BS_MAP(bs_categories, BPF_MAP_TYPE_ARRAY, __u32, struct category_rule, CAT_MAX);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -280,23 +263,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } bs_path_rules SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct inode_key);
-	__type(value, struct path_rule);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_inode_rules SEC(".maps");
+BS_MAP(bs_inode_rules, BPF_MAP_TYPE_HASH, struct inode_key, struct path_rule, 4096);
 
 /* Events decided at sys_enter, completed with the return value at sys_exit,
  * kept per task (thread): filled in place, no hash update and delete per
  * syscall. hdr.kind is EV_KILL_SYSCALL while an event waits, 0 once sent. */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct syscall_event);
-} bs_pending SEC(".maps");
+BS_TASK_STORAGE(bs_pending, struct syscall_event);
 
 /* Sandbox a task belongs to, kept from fork and cgroup moves, so a move out
  * of the sandbox is seen after the fact (cgroup_attach_task fires after the
@@ -307,12 +279,7 @@ struct task_sandbox {
 	__u32 pad;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct task_sandbox);
-} bs_tasks SEC(".maps");
+BS_TASK_STORAGE(bs_tasks, struct task_sandbox);
 
 /* The script an exec went through (its shebang named an interpreter): the
  * interpreter's open of that name is judged as the exec of the file it
@@ -323,12 +290,7 @@ struct script_pending {
 	__u32 pad;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct script_pending);
-} bs_scripts SEC(".maps");
+BS_TASK_STORAGE(bs_scripts, struct script_pending);
 
 struct scratch {
 	char upath[PW_HALF];
@@ -555,7 +517,7 @@ static __always_inline void emit_syscall(struct syscall_event *e)
 	}
 }
 
-static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __u64 root,
+static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __u64 root,
 				       struct sandbox *sb);
 
 #define PROT_EXEC_ 0x4
@@ -620,6 +582,221 @@ static __always_inline bool in_compat_syscall(long id)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
 	return (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT) || (id & X32_SYSCALL_BIT);
+}
+
+/* --- Verdict cache ---------------------------------------------------------
+ *
+ * Judging an open walks its path (pathwalk.h) and matches the rules; most
+ * opens of a sandbox are the same files again, allowed. The cache keeps
+ * those "nothing to do" verdicts so a repeated open costs one lookup.
+ *
+ * A verdict depends on the name the file was reached by, so only files
+ * whose inode has one name are cached: regular files with i_nlink == 1 and
+ * directories, on filesystems whose names change only through local
+ * operations on this kernel (ext2/3/4, xfs, tmpfs: no btrfs, whose
+ * snapshots copy inode numbers and generations, no network, FUSE or
+ * overlay filesystems). The key holds the inode (dev, ino, generation),
+ * the mount (mnt_id_unique: never reused, unlike mnt_id), the task's root
+ * (its mount and directory inode: paths are relative to it), the sandbox
+ * and the access asked.
+ *
+ * An entry is valid while two generations are those it was stored under:
+ * - rules (VC_RULES_GEN, written by the agent only): odd while a rule set
+ *   is being written or while the cache is off, so a half-written table
+ *   never produces entries;
+ * - names (VC_NAME_GEN, bumped here only): every change of a directory's
+ *   ctime, from any task, syscall, io_uring request or kernel thread (an
+ *   entry added, removed or renamed: rename, link, unlink, rmdir, ...;
+ *   filesystems update the directories before the dcache shows the new
+ *   name), and every mount-family syscall of any task, native or 32-bit,
+ *   at entry and exit; while one runs (VC_BUSY) nothing is cached.
+ * The generations are read before anything else, so a change that lands
+ * during a judgement makes its entry stale at once.
+ *
+ * Only allowed, unrecorded verdicts are cached: a match still walks the
+ * path (the event names it).
+ */
+#define S_IFMT_ 00170000
+#define S_IFREG_ 0100000
+#define S_IFDIR_ 0040000
+#define S_IFLNK_ 0120000
+#define EXT4_SUPER_MAGIC_ 0xEF53
+#define XFS_SUPER_MAGIC_ 0x58465342
+#define TMPFS_MAGIC_ 0x01021994
+
+enum vc_ctl {
+	VC_RULES_GEN = 0, /* agent-owned */
+	VC_NAME_GEN = 1,  /* BPF-owned, atomic */
+	VC_BUSY = 2,      /* mount-family syscalls running (BPF, atomic) */
+	VC_CTL_MAX = 4,
+};
+
+enum vc_stat {
+	VC_HITS = 0,
+	VC_STORES = 1,
+	VC_STAT_MAX = 4,
+};
+
+struct vc_key {
+	__u64 ino;
+	__u64 mnt;      /* mnt_id_unique of the file's mount */
+	__u64 root_mnt; /* mnt_id_unique of the task root's mount */
+	__u64 root_ino; /* the task root's directory */
+	__u32 dev;
+	__u32 generation; /* i_generation */
+	__u32 sandbox_id;
+	__u32 ops;
+};
+
+struct vc_entry {
+	__u64 rules_gen;
+	__u64 name_gen;
+};
+
+const struct vc_key *unused_vc_key __attribute__((unused));
+const struct vc_entry *unused_vc_entry __attribute__((unused));
+
+BS_MAP(bs_vcache, BPF_MAP_TYPE_LRU_HASH, struct vc_key, struct vc_entry, 16384);
+BS_MAP(bs_vcache_ctl, BPF_MAP_TYPE_ARRAY, __u32, __u64, VC_CTL_MAX);
+
+/* Hits and stores per CPU (tests check the cache is used). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, VC_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bs_vcache_stats SEC(".maps");
+
+/* Set while this task runs a mount-family syscall (its share of VC_BUSY). */
+BS_TASK_STORAGE(bs_vcache_busy, __u32);
+
+static __always_inline __u64 *vc_ctl(__u32 i)
+{
+	return bpf_map_lookup_elem(&bs_vcache_ctl, &i);
+}
+
+static __always_inline void vc_count(__u32 i)
+{
+	__u64 *n = bpf_map_lookup_elem(&bs_vcache_stats, &i);
+	if (n)
+		*n += 1;
+}
+
+static __always_inline void vc_bump_names(void)
+{
+	__u64 *g = vc_ctl(VC_NAME_GEN);
+	if (g)
+		__sync_fetch_and_add(g, 1);
+}
+
+/* The mount-family syscalls (they move, detach or cover mounts, or change
+ * a root), by table: i386 numbers when i386, else x86_64 (x32 too). */
+static __always_inline bool vc_mount_syscall(long id, bool compat)
+{
+	if (compat && !(id & X32_SYSCALL_BIT)) {
+		switch (id) {
+		case 21: case 22: case 52: case 61: case 217: /* mount umount umount2 chroot pivot_root */
+		case 428: case 429: case 432: case 442: case 467: /* open_tree move_mount fsmount mount_setattr open_tree_attr */
+			return true;
+		}
+		return false;
+	}
+	switch (id & ~X32_SYSCALL_BIT) {
+	case 155: case 161: case 165: case 166: /* pivot_root chroot mount umount2 */
+	case 428: case 429: case 432: case 442: case 467:
+		return true;
+	}
+	return false;
+}
+
+static __always_inline void vc_mount_enter(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	__u32 *busy = bpf_task_storage_get(&bs_vcache_busy, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	__u64 *b = vc_ctl(VC_BUSY);
+	if (busy && b && !*busy) {
+		*busy = 1;
+		__sync_fetch_and_add(b, 1);
+	}
+	vc_bump_names();
+}
+
+static __always_inline void vc_mount_exit(void)
+{
+	vc_bump_names();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	__u32 *busy = bpf_task_storage_get(&bs_vcache_busy, task, 0, 0);
+	__u64 *b = vc_ctl(VC_BUSY);
+	if (busy && b && *busy) {
+		*busy = 0;
+		__sync_fetch_and_add(b, -1);
+	}
+}
+
+static __always_inline __u64 vc_mnt_id(struct vfsmount *vm)
+{
+	struct mount *m = (struct mount *)((void *)vm - bpf_core_field_offset(struct mount, mnt));
+	return BPF_CORE_READ(m, mnt_id_unique);
+}
+
+/* vc_prepare fills the key of an open's file and the generations now;
+ * false when the verdict may not be cached. */
+static __always_inline bool vc_prepare(struct file *file, __u32 ops, struct sandbox *sb, struct vc_key *k,
+				       struct vc_entry *gens)
+{
+	if (!bpf_core_field_exists(struct mount, mnt_id_unique))
+		return false; /* Linux < 6.8: mount ids are reused */
+	__u64 *rg = vc_ctl(VC_RULES_GEN), *ng = vc_ctl(VC_NAME_GEN), *busy = vc_ctl(VC_BUSY);
+	if (!rg || !ng || !busy)
+		return false;
+	gens->rules_gen = *(volatile __u64 *)rg;
+	gens->name_gen = *(volatile __u64 *)ng;
+	if ((gens->rules_gen & 1) || *(volatile __u64 *)busy)
+		return false;
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	__u32 mode = BPF_CORE_READ(inode, i_mode) & S_IFMT_;
+	if (mode == S_IFREG_) {
+		if (BPF_CORE_READ(inode, __i_nlink) != 1)
+			return false; /* more names than the one judged, or none */
+	} else if (mode != S_IFDIR_) {
+		return false;
+	}
+	struct super_block *isb = BPF_CORE_READ(inode, i_sb);
+	unsigned long magic = BPF_CORE_READ(isb, s_magic);
+	if (magic != EXT4_SUPER_MAGIC_ && magic != XFS_SUPER_MAGIC_ && magic != TMPFS_MAGIC_)
+		return false;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct path root = BPF_CORE_READ(task, fs, root);
+	k->ino = BPF_CORE_READ(inode, i_ino);
+	k->mnt = vc_mnt_id(BPF_CORE_READ(file, f_path.mnt));
+	k->root_mnt = vc_mnt_id(root.mnt);
+	k->root_ino = BPF_CORE_READ(root.dentry, d_inode, i_ino);
+	k->dev = BPF_CORE_READ(isb, s_dev);
+	k->generation = BPF_CORE_READ(inode, i_generation);
+	k->sandbox_id = sb->id;
+	k->ops = ops;
+	return true;
+}
+
+/* vc_hit reports whether k has an entry valid under gens. */
+static __always_inline bool vc_hit(struct vc_key *k, struct vc_entry *gens)
+{
+	struct vc_entry *e = bpf_map_lookup_elem(&bs_vcache, k);
+	if (!e || e->rules_gen != gens->rules_gen || e->name_gen != gens->name_gen)
+		return false;
+	vc_count(VC_HITS);
+	return true;
+}
+
+/* vc_store keeps an allowed verdict whose walk reached the task's root by
+ * dentries that all have names. */
+static __always_inline void vc_store(struct vc_key *k, struct vc_entry *gens, __u32 path_flags)
+{
+	if (path_flags & (PW_F_TRUNCATED | PW_F_DETACHED | PW_F_DISCONNECTED))
+		return;
+	if (!bpf_map_update_elem(&bs_vcache, k, gens, BPF_ANY))
+		vc_count(VC_STORES);
 }
 
 /* compat_enter judges a 32-bit syscall: refused outright (CAT_COMPAT), or
@@ -695,7 +872,10 @@ static __always_inline int compat_enter(struct pt_regs *regs, long id)
 SEC("tp_btf/sys_enter")
 int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 {
-	if (in_compat_syscall(id))
+	bool compat = in_compat_syscall(id);
+	if (vc_mount_syscall(id, compat))
+		vc_mount_enter(); /* any task: see the verdict cache */
+	if (compat)
 		return compat_enter(regs, id);
 	if ((unsigned long)id >= MAX_SYSCALLS)
 		return 0;
@@ -892,8 +1072,9 @@ static __always_inline struct path_rule *match_inode(struct inode *inode, __u32 
 }
 
 /* judge_file applies categories, path and inode rules to file for the
- * operations ops (OP_*), and emits and kills on a match. */
-static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __u64 root,
+ * operations ops (OP_*), and emits and kills on a match. True: the path
+ * was walked (flags in the scratch) and nothing applies. */
+static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __u64 root,
 				       struct sandbox *sb)
 {
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
@@ -923,7 +1104,7 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 
 	struct scratch *s = get_scratch();
 	if (!s)
-		return;
+		return false;
 	pw_resolve_file(&s->pw, file);
 	if (!action) {
 		struct path_rule *pr = match_path(s, sb->id);
@@ -935,20 +1116,20 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 				pr = ir;
 		}
 		if (!pr || !(pr->ops & ops) || !pr->action)
-			return;
+			return true;
 		action = pr->action;
 		rule_id = pr->rule_id;
 		cat = CAT_PATH;
 	}
 	__u32 verdict = backstop_verdict(sb, action);
 	if (verdict == VERDICT_ALLOWED)
-		return;
+		return cat == CAT_PATH;
 	if (verdict == VERDICT_KILLED)
 		bpf_send_signal(SIGKILL);
 
 	struct file_event *e = reserve_event(sizeof(*e), true);
 	if (!e)
-		return;
+		return false;
 	fill_hdr(&e->hdr, EV_KILL_FILE, verdict, rule_id, root, sb);
 	e->nr = nr;
 	e->ino = BPF_CORE_READ(inode, i_ino);
@@ -962,6 +1143,7 @@ static __always_inline void judge_file(struct file *file, __u32 ops, long nr, __
 	e->pad = 0;
 	bpf_probe_read_kernel_str(e->path, sizeof(e->path), s->pw.buf);
 	submit_event(e, true);
+	return false;
 }
 
 /* --- Unix peers -------------------------------------------------------------
@@ -1090,7 +1272,10 @@ SEC("tp_btf/sys_exit")
 int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 {
 	long nr = BPF_CORE_READ(regs, orig_ax);
-	if (in_compat_syscall(nr)) {
+	bool compat = in_compat_syscall(nr);
+	if (vc_mount_syscall(nr, compat))
+		vc_mount_exit();
+	if (compat) {
 		/* Judged (refused outright or by number) at sys_enter; only an
 		 * i386 mount waits for its return value (see compat_enter). */
 		if (nr != NR32_mount)
@@ -1124,7 +1309,16 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 		 * (the kernel clears them from f_flags): a write. */
 		if (open_changed(nr, regs, fmode))
 			ops |= OP_WRITE;
-		judge_file(file, ops, nr, root, sb);
+		struct vc_key k = {};
+		struct vc_entry gens = {};
+		bool cacheable = vc_prepare(file, ops, sb, &k, &gens);
+		if (!cacheable || !vc_hit(&k, &gens)) {
+			if (judge_file(file, ops, nr, root, sb) && cacheable) {
+				struct scratch *s = get_scratch();
+				if (s)
+					vc_store(&k, &gens, s->pw.flags);
+			}
+		}
 		script_open(file, nr, regs, root, sb);
 		return 0;
 	}
@@ -1405,11 +1599,6 @@ int BPF_PROG(backstop_cgroup_attach, struct cgroup *dst, const char *path, struc
 #define SECURITYFS_MAGIC 0x73636673
 #define OVERLAYFS_SUPER_MAGIC 0x794c7630
 
-#define S_IFMT_ 00170000
-#define S_IFREG_ 0100000
-#define S_IFDIR_ 0040000
-#define S_IFLNK_ 0120000
-
 struct dir_walk {
 	struct dentry *d;
 	__u32 dev;
@@ -1448,6 +1637,10 @@ static long dir_walk_step(__u64 i, void *arg)
 
 static __always_inline void inode_changed(struct inode *inode)
 {
+	/* A directory changed (an entry added, removed or renamed), on any
+	 * filesystem and by any task: names may have changed. */
+	if ((BPF_CORE_READ(inode, i_mode) & S_IFMT_) == S_IFDIR_)
+		vc_bump_names();
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)

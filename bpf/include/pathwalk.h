@@ -23,6 +23,7 @@
 
 #define PW_F_TRUNCATED 1 /* too deep or too long: a suffix is missing */
 #define PW_F_DETACHED 2  /* reached a root that is not the task's root */
+#define PW_F_DISCONNECTED 4 /* a dentry without parent below its mount's root (open_by_handle_at) */
 
 #define pw_barrier_var(var) asm volatile("" : "+r"(var))
 
@@ -68,7 +69,10 @@ static long pw_walk_step(__u64 i, void *arg)
 	if (d == c->root_d && c->vm == c->root_vm)
 		return 1;
 	void *parent = pw_ptr_at(d, c->o_d_parent);
-	if (d == pw_ptr_at(c->vm, c->o_mnt_root) || d == parent) {
+	void *mnt_root = pw_ptr_at(c->vm, c->o_mnt_root);
+	if (d == mnt_root || d == parent) {
+		if (d != mnt_root)
+			pw->flags |= PW_F_DISCONNECTED;
 		void *mp = pw_ptr_at(c->m, c->o_mnt_parent);
 		if (mp && c->m != mp) {
 			/* Continue from the mount point in the parent mount. */

@@ -95,6 +95,8 @@ type Backstop struct {
 	// needSyscalls: the rules last set need sys_enter/sys_exit. Until
 	// SetRules runs it is true: the adopted rule maps may need them.
 	needSyscalls bool
+	// cacheForced: SetVerdictCache turned the verdict cache on.
+	cacheForced bool
 }
 
 // Load loads the programs (not yet attached) with the engine's shared maps.
@@ -182,7 +184,10 @@ func (b *Backstop) Attach() error {
 		}
 	}
 	b.attached = true
-	return b.syncSyscallsLocked()
+	if err := b.syncSyscallsLocked(); err != nil {
+		return err
+	}
+	return b.advanceRulesGen(b.cacheReadyLocked())
 }
 
 func (b *Backstop) attachLocked(dir, name string) error {

@@ -189,6 +189,24 @@ type backstopTaskSandbox struct {
 	Pad       uint32
 }
 
+type backstopVcEntry struct {
+	_        structs.HostLayout
+	RulesGen uint64
+	NameGen  uint64
+}
+
+type backstopVcKey struct {
+	_          structs.HostLayout
+	Ino        uint64
+	Mnt        uint64
+	RootMnt    uint64
+	RootIno    uint64
+	Dev        uint32
+	Generation uint32
+	SandboxId  uint32
+	Ops        uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -208,6 +226,10 @@ const (
 	backstopMapBsSyscallRules32       = "bs_syscall_rules32"
 	backstopMapBsTasks                = "bs_tasks"
 	backstopMapBsUnixPaths            = "bs_unix_paths"
+	backstopMapBsVcache               = "bs_vcache"
+	backstopMapBsVcacheBusy           = "bs_vcache_busy"
+	backstopMapBsVcacheCtl            = "bs_vcache_ctl"
+	backstopMapBsVcacheStats          = "bs_vcache_stats"
 	backstopMapMembershipCache        = "membership_cache"
 	backstopMapRingbufDrops           = "ringbuf_drops"
 	backstopMapRoutineEvents          = "routine_events"
@@ -235,6 +257,8 @@ const (
 	backstopVarUnusedSandbox          = "unused_sandbox"
 	backstopVarUnusedSyscallEvent     = "unused_syscall_event"
 	backstopVarUnusedSyscallRule      = "unused_syscall_rule"
+	backstopVarUnusedVcEntry          = "unused_vc_entry"
+	backstopVarUnusedVcKey            = "unused_vc_key"
 )
 
 // loadBackstop returns the embedded CollectionSpec for backstop.
@@ -310,6 +334,10 @@ type backstopMapSpecs struct {
 	BsSyscallRules32  *ebpf.MapSpec `ebpf:"bs_syscall_rules32"`
 	BsTasks           *ebpf.MapSpec `ebpf:"bs_tasks"`
 	BsUnixPaths       *ebpf.MapSpec `ebpf:"bs_unix_paths"`
+	BsVcache          *ebpf.MapSpec `ebpf:"bs_vcache"`
+	BsVcacheBusy      *ebpf.MapSpec `ebpf:"bs_vcache_busy"`
+	BsVcacheCtl       *ebpf.MapSpec `ebpf:"bs_vcache_ctl"`
+	BsVcacheStats     *ebpf.MapSpec `ebpf:"bs_vcache_stats"`
 	MembershipCache   *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.MapSpec `ebpf:"ringbuf_drops"`
 	RoutineEvents     *ebpf.MapSpec `ebpf:"routine_events"`
@@ -333,6 +361,8 @@ type backstopVariableSpecs struct {
 	UnusedSandbox      *ebpf.VariableSpec `ebpf:"unused_sandbox"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
 	UnusedSyscallRule  *ebpf.VariableSpec `ebpf:"unused_syscall_rule"`
+	UnusedVcEntry      *ebpf.VariableSpec `ebpf:"unused_vc_entry"`
+	UnusedVcKey        *ebpf.VariableSpec `ebpf:"unused_vc_key"`
 }
 
 // backstopObjects contains all objects after they have been loaded into the kernel.
@@ -370,6 +400,10 @@ type backstopMaps struct {
 	BsSyscallRules32  *ebpf.Map `ebpf:"bs_syscall_rules32"`
 	BsTasks           *ebpf.Map `ebpf:"bs_tasks"`
 	BsUnixPaths       *ebpf.Map `ebpf:"bs_unix_paths"`
+	BsVcache          *ebpf.Map `ebpf:"bs_vcache"`
+	BsVcacheBusy      *ebpf.Map `ebpf:"bs_vcache_busy"`
+	BsVcacheCtl       *ebpf.Map `ebpf:"bs_vcache_ctl"`
+	BsVcacheStats     *ebpf.Map `ebpf:"bs_vcache_stats"`
 	MembershipCache   *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.Map `ebpf:"ringbuf_drops"`
 	RoutineEvents     *ebpf.Map `ebpf:"routine_events"`
@@ -394,6 +428,10 @@ func (m *backstopMaps) Close() error {
 		m.BsSyscallRules32,
 		m.BsTasks,
 		m.BsUnixPaths,
+		m.BsVcache,
+		m.BsVcacheBusy,
+		m.BsVcacheCtl,
+		m.BsVcacheStats,
 		m.MembershipCache,
 		m.RingbufDrops,
 		m.RoutineEvents,
@@ -418,6 +456,8 @@ type backstopVariables struct {
 	UnusedSandbox      *ebpf.Variable `ebpf:"unused_sandbox"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
 	UnusedSyscallRule  *ebpf.Variable `ebpf:"unused_syscall_rule"`
+	UnusedVcEntry      *ebpf.Variable `ebpf:"unused_vc_entry"`
+	UnusedVcKey        *ebpf.Variable `ebpf:"unused_vc_key"`
 }
 
 // backstopPrograms contains all programs after they have been loaded into the kernel.

@@ -148,6 +148,9 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 	if e.PathFlags&2 != 0 {
 		n = note(n, "path_outside_root")
 	}
+	if e.PathFlags&4 != 0 {
+		n = note(n, "path_disconnected")
+	}
 	n = noteUint(n, "ino=", e.Ino, 10)
 	ev.Message = string(n)
 	return nil

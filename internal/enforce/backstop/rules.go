@@ -283,7 +283,15 @@ func (r Rules) NeedsSyscallTracepoints() bool {
 // Once attached, the raw syscall tracepoints follow the rules: attached
 // after rules that need them are written, detached after the last such
 // rule is removed.
+//
+// The verdict cache is off while the maps are written (the rules
+// generation is odd) and every verdict cached before is stale after.
 func (b *Backstop) SetRules(r Rules) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.advanceRulesGen(false); err != nil {
+		return err
+	}
 	if err := b.setSyscalls(r); err != nil {
 		return err
 	}
@@ -296,13 +304,13 @@ func (b *Backstop) SetRules(r Rules) error {
 	if err := b.setUnixPaths(r.UnixPaths); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.needSyscalls = r.NeedsSyscallTracepoints()
-	if !b.attached {
-		return nil
+	if b.attached {
+		if err := b.syncSyscallsLocked(); err != nil {
+			return err
+		}
 	}
-	return b.syncSyscallsLocked()
+	return b.advanceRulesGen(b.cacheReadyLocked())
 }
 
 // setDirs writes the inode table that judges changes made without a

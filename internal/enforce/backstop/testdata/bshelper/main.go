@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/test/adversarial"
 )
 
 func main() {
@@ -188,6 +190,30 @@ func main() {
 			}
 		}
 		unix.Close(fd)
+	case "chrootopen":
+		// chroot DIR, then read PATH (relative to the new root).
+		if err = unix.Chroot(arg(0)); err == nil {
+			var b []byte
+			if b, err = os.ReadFile(arg(1)); err == nil {
+				fmt.Printf("read %d bytes\n", len(b))
+			}
+		}
+	case "uringrename":
+		err = uringRename(arg(0), arg(1))
+	case "openloop":
+		// open+close PATH N times (repeated opens: the verdict cache).
+		for i := 0; i < int(argInt(0)) && err == nil; i++ {
+			var fd int
+			if fd, err = unix.Open(arg(1), unix.O_RDONLY, 0); err == nil {
+				unix.Close(fd)
+			}
+		}
+	case "int80rename":
+		// i386 rename(OLD, NEW) through int 0x80.
+		err = int80Strings(38, arg(0), arg(1), 0)
+	case "int80move":
+		// i386 mount(SRC, DST, NULL, MS_MOVE, NULL) through int 0x80.
+		err = int80Move(arg(0), arg(1))
 	case "sleep":
 		select {}
 	default:
@@ -273,6 +299,7 @@ const (
 	ioringSetupSQPoll   = 1 << 1
 	ioringOpOpenat      = 18
 	ioringOpRead        = 22
+	ioringOpRenameat    = 35
 	iosqeFixedFile      = 1 << 0
 	iosqeAsync          = 1 << 4
 	ioringEnterGetevent = 1 << 0
@@ -418,4 +445,46 @@ func sigio(pid, sig int) error {
 	}
 	_, err := unix.Write(p[1], []byte("x"))
 	return err
+}
+
+// uringRename renames oldpath to newpath with IORING_OP_RENAMEAT.
+func uringRename(oldpath, newpath string) error {
+	r, err := newRing(0)
+	if err != nil {
+		return err
+	}
+	o, _ := unix.BytePtrFromString(oldpath)
+	n, _ := unix.BytePtrFromString(newpath)
+	atFDCWD := int32(unix.AT_FDCWD)
+	res, err := r.submit(ioUringSqe{Opcode: ioringOpRenameat, Fd: unix.AT_FDCWD, Addr: uint64(uintptr(unsafe.Pointer(o))),
+		Len: uint32(atFDCWD), Off: uint64(uintptr(unsafe.Pointer(n)))})
+	if err != nil {
+		return err
+	}
+	if res < 0 {
+		return fmt.Errorf("renameat: %w", syscall.Errno(-res))
+	}
+	return nil
+}
+
+// int80Move moves the mount at src to dst with the i386 mount syscall
+// (21).
+func int80Move(src, dst string) error {
+	const msMove = 8192
+	return int80Strings(21, src, dst, msMove)
+}
+
+// int80Strings makes i386 syscall nr(a, b, NULL, flags, NULL), its strings
+// in memory below 4 GiB.
+func int80Strings(nr uintptr, a, b string, flags uintptr) error {
+	mem, err := unix.Mmap(-1, 0, 1<<16, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_32BIT)
+	if err != nil {
+		return err
+	}
+	copy(mem, a)
+	copy(mem[4096:], b)
+	if r := adversarial.Int80(nr, uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&mem[4096])), 0, flags, 0); r < 0 {
+		return syscall.Errno(-r)
+	}
+	return nil
 }
