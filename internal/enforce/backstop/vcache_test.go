@@ -1,18 +1,23 @@
 package backstop_test
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 )
 
 // vcFixture is a backstop whose rules kill reads below blocked/ (and, for
@@ -79,40 +84,85 @@ func (v *vcFixture) file(t *testing.T, elem ...string) string {
 	return p
 }
 
-// cached opens path many times in the sandbox, allowed, and checks the
-// verdict was stored and then answered from the cache.
-func (v *vcFixture) cached(t *testing.T, path string) {
+// openThen runs a sandboxed helper that opens first repeatedly (allowed:
+// the cache must answer), waits while change runs, then (chrooted to jail
+// when given) opens second. One process: nothing but change happens
+// between the cached opens and the last (no cgroup is created, no binary
+// started, which would change directories themselves).
+func (v *vcFixture) openThen(t *testing.T, first, second, jail string, change func()) result {
 	t.Helper()
-	hits0, stores0, err := v.bs.VerdictCacheStats()
+	hits0, _, err := v.bs.VerdictCacheStats()
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := v.run(t, v.sandbox, "openloop", "200", path)
-	if r.killed || !strings.Contains(r.out, "result: <nil>") {
-		t.Fatalf("repeated open of %s: killed=%v, output:\n%s", path, r.killed, r.out)
+	cg := v.leaf(t, v.sandbox)
+	cmd := enforcetest.Command(t, cg, helperBin, "openpause", "200", first, second, jail)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(stdout)
+	var out strings.Builder
+	for !strings.Contains(out.String(), "cached\n") {
+		line, err := rd.ReadString('\n')
+		out.WriteString(line)
+		if err != nil {
+			cmd.Wait()
+			t.Fatalf("helper stopped before its repeated opens of %s were done:\n%s", first, out.String())
+		}
 	}
 	hits, stores, err := v.bs.VerdictCacheStats()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stores == stores0 || hits == hits0 {
-		t.Fatalf("open of %s not cached: stores %d -> %d, hits %d -> %d", path, stores0, stores, hits0, hits)
+	if hits == hits0 || stores == 0 {
+		t.Errorf("repeated opens of %s not answered by the cache: hits %d -> %d, stores %d", first, hits0, hits, stores)
 	}
+	if change != nil {
+		change()
+	}
+	stdin.Write([]byte("\n"))
+	rest, _ := io.ReadAll(rd)
+	out.Write(rest)
+	err = cmd.Wait()
+	cgroupfs.Kill(cg)
+	r := result{pid: cmd.Process.Pid, out: out.String(), err: err}
+	r.cgroup, _ = cgroupfs.ID(cg)
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		r.killed = true
+	}
+	return r
 }
 
-// refused opens path in the sandbox and expects the kill the rules give it.
-func (v *vcFixture) refused(t *testing.T, path string) {
+// refusedAfter expects the open of second, after change, killed as the
+// rules say without any cache.
+func (v *vcFixture) refusedAfter(t *testing.T, first, second string, change func()) {
 	t.Helper()
-	v.expectKilled(t, v.run(t, v.sandbox, "open", path), wantPath(path))
+	v.expectKilled(t, v.openThen(t, first, second, "", change), wantPath(second))
 }
 
-// outside runs a helper op outside every sandbox and expects it to succeed.
-func (v *vcFixture) outside(t *testing.T, op string, args ...string) {
+// host runs a helper op in the test's own cgroup (outside every sandbox,
+// no cgroup created) and expects it to succeed.
+func (v *vcFixture) host(t *testing.T, op string, args ...string) {
 	t.Helper()
-	r := v.run(t, v.fixture.outside, op, args...)
+	r := v.run(t, "", op, args...)
 	expectSurvived(t, r)
 	if !strings.Contains(r.out, "result: <nil>") {
 		t.Fatalf("%s %v outside: %s", op, args, r.out)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -124,137 +174,89 @@ func TestVerdictCache(t *testing.T) {
 
 	t.Run("repeated open allowed and cached", func(t *testing.T) {
 		a := v.file(t, v.allowed, "repeat")
-		v.cached(t, a)
-		v.cached(t, a) // still allowed, still answered by the cache
+		r := v.openThen(t, a, a, "", nil)
+		if r.killed || !strings.Contains(r.out, "result: <nil>") {
+			t.Fatalf("allowed repeated open: killed=%v\n%s", r.killed, r.out)
+		}
 	})
 	t.Run("rename into blocked", func(t *testing.T) {
-		a := v.file(t, v.allowed, "mv")
-		v.cached(t, a)
-		to := filepath.Join(v.blocked, "mv")
-		if err := os.Rename(a, to); err != nil {
-			t.Fatal(err)
-		}
-		v.refused(t, to)
+		a, to := v.file(t, v.allowed, "mv"), filepath.Join(v.blocked, "mv")
+		v.refusedAfter(t, a, to, func() { must(t, os.Rename(a, to)) })
 	})
 	t.Run("rename parent directory under blocked", func(t *testing.T) {
 		a := v.file(t, v.allowed, "sub", "f")
-		v.cached(t, a)
-		if err := os.Rename(filepath.Join(v.allowed, "sub"), filepath.Join(v.blocked, "sub")); err != nil {
-			t.Fatal(err)
-		}
-		v.refused(t, filepath.Join(v.blocked, "sub", "f"))
+		v.refusedAfter(t, a, filepath.Join(v.blocked, "sub", "f"), func() {
+			must(t, os.Rename(filepath.Join(v.allowed, "sub"), filepath.Join(v.blocked, "sub")))
+		})
 	})
 	t.Run("hard link into blocked", func(t *testing.T) {
-		a := v.file(t, v.allowed, "ln")
-		v.cached(t, a)
-		to := filepath.Join(v.blocked, "ln")
-		if err := os.Link(a, to); err != nil {
-			t.Fatal(err)
-		}
-		v.refused(t, to)
-		v.cached(t, v.file(t, v.allowed, "ln-neighbour")) // the neighbour still cached
+		a, to := v.file(t, v.allowed, "ln"), filepath.Join(v.blocked, "ln")
+		v.refusedAfter(t, a, to, func() { must(t, os.Link(a, to)) })
 	})
 	t.Run("blocked file linked out and back", func(t *testing.T) {
 		// A file created after the rules has no inode entry: only its
 		// path refuses it.
-		b := v.file(t, v.blocked, "back")
-		v.refused(t, b)
-		out := filepath.Join(v.allowed, "back")
-		if err := os.Link(b, out); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Remove(b); err != nil {
-			t.Fatal(err)
-		}
-		v.cached(t, out) // one name, allowed
-		if err := os.Link(out, b); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Remove(out); err != nil {
-			t.Fatal(err)
-		}
-		v.refused(t, b)
+		b, out := v.file(t, v.blocked, "back"), filepath.Join(v.allowed, "back")
+		v.expectKilled(t, v.run(t, v.sandbox, "open", b), wantPath(b))
+		must(t, os.Link(b, out))
+		must(t, os.Remove(b))
+		v.refusedAfter(t, out, b, func() {
+			must(t, os.Link(out, b))
+			must(t, os.Remove(out))
+		})
 	})
 	t.Run("io_uring rename outside the sandbox", func(t *testing.T) {
-		a := v.file(t, v.allowed, "uring")
-		v.cached(t, a)
-		to := filepath.Join(v.blocked, "uring")
-		v.outside(t, "uringrename", a, to)
-		v.refused(t, to)
+		a, to := v.file(t, v.allowed, "uring"), filepath.Join(v.blocked, "uring")
+		v.refusedAfter(t, a, to, func() { v.host(t, "uringrename", a, to) })
 	})
 	t.Run("32-bit rename outside the sandbox", func(t *testing.T) {
-		a := v.file(t, v.allowed, "i386")
-		v.cached(t, a)
-		to := filepath.Join(v.blocked, "i386")
-		v.outside(t, "int80rename", a, to)
-		v.refused(t, to)
+		a, to := v.file(t, v.allowed, "i386"), filepath.Join(v.blocked, "i386")
+		v.refusedAfter(t, a, to, func() { v.host(t, "int80rename", a, to) })
 	})
 	moveCase := func(t *testing.T, name string, move func(src, dst string)) {
-		mnt := filepath.Join(v.allowed, name)
-		if err := os.Mkdir(mnt, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount("vctest", mnt, "tmpfs", 0, ""); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(v.blocked, name)
+		mnt, dst := filepath.Join(v.allowed, name), filepath.Join(v.blocked, name)
+		must(t, os.Mkdir(mnt, 0o755))
+		must(t, os.Mkdir(dst, 0o755))
+		must(t, unix.Mount("vctest", mnt, "tmpfs", 0, ""))
 		t.Cleanup(func() {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 			unix.Unmount(dst, unix.MNT_DETACH)
 		})
 		a := v.file(t, mnt, "f")
-		v.cached(t, a)
-		if err := os.Mkdir(dst, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		move(mnt, dst)
-		v.refused(t, filepath.Join(dst, "f"))
+		v.refusedAfter(t, a, filepath.Join(dst, "f"), func() { move(mnt, dst) })
 	}
 	t.Run("mount moved under blocked", func(t *testing.T) {
-		moveCase(t, "mv-mnt", func(src, dst string) {
-			if err := unix.Mount(src, dst, "", unix.MS_MOVE, ""); err != nil {
-				t.Fatal(err)
-			}
-		})
+		moveCase(t, "mv-mnt", func(src, dst string) { must(t, unix.Mount(src, dst, "", unix.MS_MOVE, "")) })
 	})
 	t.Run("mount moved under blocked by a 32-bit mount", func(t *testing.T) {
-		moveCase(t, "mv-mnt32", func(src, dst string) { v.outside(t, "int80move", src, dst) })
+		moveCase(t, "mv-mnt32", func(src, dst string) { v.host(t, "int80move", src, dst) })
 	})
 	t.Run("bind mount under blocked", func(t *testing.T) {
-		a := v.file(t, v.allowed, "bind", "f")
-		v.cached(t, a)
-		dst := filepath.Join(v.blocked, "bind")
-		if err := os.Mkdir(dst, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount(filepath.Dir(a), dst, "", unix.MS_BIND, ""); err != nil {
-			t.Fatal(err)
-		}
+		a, dst := v.file(t, v.allowed, "bind", "f"), filepath.Join(v.blocked, "bind")
+		must(t, os.Mkdir(dst, 0o755))
 		t.Cleanup(func() { unix.Unmount(dst, unix.MNT_DETACH) })
-		v.refused(t, filepath.Join(dst, "f"))
+		v.refusedAfter(t, a, filepath.Join(dst, "f"), func() {
+			must(t, unix.Mount(filepath.Dir(a), dst, "", unix.MS_BIND, ""))
+		})
 	})
 	t.Run("another root", func(t *testing.T) {
 		// The same file, cached as seen from /, is refused as seen from a
-		// root where its path is under a rule.
+		// root where its path is under a rule (the sandbox may chroot
+		// here).
 		a := v.file(t, v.jail, v.jailName, "f")
-		v.cached(t, a)
 		inJail := "/" + v.jailName + "/f"
-		r := v.run(t, v.sandbox, "chrootopen", v.jail, inJail)
-		v.expectKilled(t, r, wantPath(inJail))
+		v.expectKilled(t, v.openThen(t, a, inJail, v.jail, nil), wantPath(inJail))
 	})
 	t.Run("rules reloaded", func(t *testing.T) {
 		a := v.file(t, v.allowed, "reload")
-		v.cached(t, a)
 		rules := v.rules
 		rules.Paths = append(slices.Clip(rules.Paths), backstop.PathRule{Path: a, Ops: backstop.OpRead,
 			Rule: backstop.Rule{Action: enforce.ActionKill, ID: 92}})
-		if err := v.bs.SetRules(rules); err != nil {
-			t.Fatal(err)
+		v.refusedAfter(t, a, a, func() { must(t, v.bs.SetRules(rules)) })
+		must(t, v.bs.SetRules(v.rules))
+		r := v.openThen(t, a, a, "", nil) // allowed (and cached) again
+		if r.killed {
+			t.Fatalf("allowed again after the rule was removed: killed\n%s", r.out)
 		}
-		v.refused(t, a)
-		if err := v.bs.SetRules(v.rules); err != nil {
-			t.Fatal(err)
-		}
-		v.cached(t, a) // allowed again once the rule is gone
 	})
 }

@@ -208,6 +208,32 @@ func main() {
 				unix.Close(fd)
 			}
 		}
+	case "openpause":
+		// open+close PATH1 N times, print "cached", wait for a line on
+		// stdin (the test changes names, mounts or rules meanwhile), then
+		// chroot to JAIL when given and read PATH2: one process, so
+		// nothing else (a new cgroup, a new binary) happens between.
+		for i := 0; i < int(argInt(0)) && err == nil; i++ {
+			var fd int
+			if fd, err = unix.Open(arg(1), unix.O_RDONLY, 0); err == nil {
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			break
+		}
+		fmt.Println("cached")
+		var line [1]byte
+		os.Stdin.Read(line[:])
+		if jail := arg(3); jail != "" {
+			if err = unix.Chroot(jail); err != nil {
+				break
+			}
+		}
+		var b []byte
+		if b, err = os.ReadFile(arg(2)); err == nil {
+			fmt.Printf("read %d bytes\n", len(b))
+		}
 	case "int80rename":
 		// i386 rename(OLD, NEW) through int 0x80.
 		err = int80Strings(38, arg(0), arg(1), 0)
