@@ -1638,8 +1638,10 @@ static long dir_walk_step(__u64 i, void *arg)
 static __always_inline void inode_changed(struct inode *inode)
 {
 	/* A directory changed (an entry added, removed or renamed), on any
-	 * filesystem and by any task: names may have changed. */
-	if ((BPF_CORE_READ(inode, i_mode) & S_IFMT_) == S_IFDIR_)
+	 * filesystem and by any task: names may have changed. One without a
+	 * dentry is being set up (read from disk, a new /proc entry): no path
+	 * runs through it yet. */
+	if ((BPF_CORE_READ(inode, i_mode) & S_IFMT_) == S_IFDIR_ && BPF_CORE_READ(inode, i_dentry.first))
 		vc_bump_names();
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
