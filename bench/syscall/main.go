@@ -21,6 +21,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -29,7 +30,10 @@ import (
 	"github.com/watcherhq/watcher/internal/syscallbench"
 )
 
-var loopBin string
+var (
+	loopBin  string
+	progTime bool
+)
 
 type config struct {
 	name   string
@@ -40,6 +44,7 @@ type config struct {
 func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds per configuration (median reported)")
 	iters := flag.Int("iters", 200000, "iterations per op per run")
+	flag.BoolVar(&progTime, "progtime", false, "also report the backstop's sys_enter+sys_exit run time per loop iteration and the verdict cache's hits (kernel BPF statistics, which add their own cost to every program run)")
 	flag.StringVar(&loopBin, "loop", "", "the loop binary (go build ./bench/syscall/loop); it must not link cilium/ebpf, whose init calls bpf(2), which the backstop kills in a sandbox")
 	flag.Parse()
 	if loopBin == "" {
@@ -149,9 +154,28 @@ func run(rounds, iters int) error {
 		}
 		return ls, nil
 	}
-	full := tracing(bs.Program(backstop.ProgSysEnter), bs.Program(backstop.ProgSysExit),
-		bs.Program(backstop.ProgPrepareExec), bs.Program(backstop.ProgIOUringSubmit),
-		bs.Program(backstop.ProgFork), bs.Program(backstop.ProgCgroupAttach))
+	// The backstop as Attach attaches it: the inode-change programs too
+	// (the verdict cache's name generation), where this kernel has them.
+	var progs []*ebpf.Program
+	for _, name := range []string{backstop.ProgSysEnter, backstop.ProgSysExit, backstop.ProgPrepareExec,
+		backstop.ProgIOUringSubmit, backstop.ProgFork, backstop.ProgCgroupAttach,
+		backstop.ProgCtimeSet, backstop.ProgCtimeXchg, backstop.ProgCtimeSkip} {
+		if p := bs.Program(name); p != nil {
+			progs = append(progs, p)
+		}
+	}
+	_, noCtime := bs.Missing()[backstop.ProgCtimeXchg]
+	attached := tracing(progs...)
+	// cache turns the verdict cache on or off, then attaches.
+	cache := func(on bool) func() ([]link.Link, error) {
+		return func() ([]link.Link, error) {
+			if err := bs.SetVerdictCache(on && !noCtime); err != nil {
+				return nil, err
+			}
+			return attached()
+		}
+	}
+	full := cache(true)
 	fullWithTrace := func() ([]link.Link, error) {
 		ls, err := full()
 		if err != nil {
@@ -170,9 +194,31 @@ func run(rounds, iters int) error {
 		{"empty raw_tp sys_enter+exit", "outside", rawTP},
 		{"empty tracepoint sys_{enter,exit}_openat", "outside", perSyscall},
 		{"backstop, outside", "outside", full},
+		{"backstop, inside, no verdict cache", "inside", cache(false)},
 		{"backstop, inside", "inside", full},
 		{"backstop+trace, outside", "outside", fullWithTrace},
 		{"backstop+trace, inside", "inside", fullWithTrace},
+	}
+	// Run time of the backstop's syscall programs per loop iteration (all
+	// three ops), by configuration: the programs' own cost, less exposed
+	// to scheduling noise than the loop's wall time.
+	progNS := map[string][]float64{}
+	cacheHits, cacheStores := map[string]uint64{}, map[string]uint64{}
+	runTime := func() time.Duration {
+		var d time.Duration
+		for _, name := range []string{backstop.ProgSysEnter, backstop.ProgSysExit} {
+			if st, err := bs.Program(name).Stats(); err == nil {
+				d += st.Runtime
+			}
+		}
+		return d
+	}
+	if progTime {
+		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+		if err != nil {
+			return fmt.Errorf("enable BPF statistics: %w", err)
+		}
+		defer stats.Close()
 	}
 	results := map[string]map[string][]float64{}
 	skipped := map[string]error{}
@@ -195,7 +241,13 @@ func run(rounds, iters int) error {
 			case "outside":
 				cg = outside
 			}
+			t0 := runTime()
+			h0, s0, _ := bs.VerdictCacheStats()
 			res, err := runLoop(cg, iters, file)
+			progNS[c.name] = append(progNS[c.name], float64(runTime()-t0)/float64(iters))
+			h1, s1, _ := bs.VerdictCacheStats()
+			cacheHits[c.name] += h1 - h0
+			cacheStores[c.name] += s1 - s0
 			closeAll(ls)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
@@ -226,6 +278,14 @@ func run(rounds, iters int) error {
 			fmt.Printf(" %12.0f ns %6.3fx", m, m/b)
 		}
 		fmt.Println()
+	}
+	if progTime {
+		fmt.Printf("\nbackstop sys_enter+sys_exit run time per loop iteration (openat+close, stat, getpid), median\n")
+		for _, c := range configs {
+			if skipped[c.name] == nil && c.attach != nil {
+				fmt.Printf("%-42s %8.0f ns  verdict cache: %d hits, %d stores\n", c.name, syscallbench.Median(progNS[c.name]), cacheHits[c.name], cacheStores[c.name])
+			}
+		}
 	}
 	return nil
 }
