@@ -602,8 +602,8 @@ static __always_inline bool in_compat_syscall(long id)
  *
  * An entry is valid while two generations are those it was stored under:
  * - rules (VC_RULES_GEN, written by the agent only): odd while a rule set
- *   is being written or while the cache is off, so a half-written table
- *   never produces entries;
+ *   is being written or while the cache is off (0 until an agent set it),
+ *   so a half-written table never produces entries;
  * - names (VC_NAME_GEN, bumped here only): every change of a directory's
  *   ctime, from any task, syscall, io_uring request or kernel thread (an
  *   entry added, removed or renamed: rename, link, unlink, rmdir, ...;
@@ -752,7 +752,8 @@ static __always_inline bool vc_prepare(struct file *file, __u32 ops, struct sand
 		return false;
 	gens->rules_gen = *(volatile __u64 *)rg;
 	gens->name_gen = *(volatile __u64 *)ng;
-	if ((gens->rules_gen & 1) || *(volatile __u64 *)busy)
+	/* Odd: off or rules being written; 0: never set by an agent. */
+	if ((gens->rules_gen & 1) || !gens->rules_gen || *(volatile __u64 *)busy)
 		return false;
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
 	__u32 mode = BPF_CORE_READ(inode, i_mode) & S_IFMT_;

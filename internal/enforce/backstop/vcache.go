@@ -95,11 +95,11 @@ func (b *Backstop) VerdictCacheStats() (hits, stores uint64, err error) {
 }
 
 // VerdictCacheOn reports whether the cache is in use (the rules
-// generation is even).
+// generation is even and not 0).
 func (b *Backstop) VerdictCacheOn() (bool, error) {
 	var g uint64
 	if err := b.maps("bs_vcache_ctl").Lookup(uint32(vcRulesGen), &g); err != nil {
 		return false, fmt.Errorf("verdict cache generation: %w", err)
 	}
-	return g%2 == 0, nil
+	return g != 0 && g%2 == 0, nil
 }
