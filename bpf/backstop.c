@@ -660,13 +660,30 @@ BS_MAP(bs_vcache, BPF_MAP_TYPE_LRU_HASH, struct vc_key, struct vc_entry, 16384);
 BS_MAP(bs_vcache_ctl, BPF_MAP_TYPE_ARRAY, __u32, __u64, VC_CTL_MAX);
 
 /* Hits and stores per CPU (tests check the cache is used). */
+BS_MAP(bs_vcache_stats, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, __u64, VC_STAT_MAX);
+
+/* The key and generations of the open being judged, kept in map memory
+ * across judge_file: a flag on the stack would double the states the
+ * verifier explores there. */
+struct vc_pending {
+	struct vc_key k;
+	struct vc_entry gens;
+	__u32 ok;
+	__u32 pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, VC_STAT_MAX);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} bs_vcache_stats SEC(".maps");
+	__type(value, struct vc_pending);
+} bs_vcache_pending SEC(".maps");
+
+static __always_inline struct vc_pending *vc_pending(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&bs_vcache_pending, &zero);
+}
 
 /* Set while this task runs a mount-family syscall (its share of VC_BUSY). */
 BS_TASK_STORAGE(bs_vcache_busy, __u32);
@@ -790,13 +807,18 @@ static __always_inline bool vc_hit(struct vc_key *k, struct vc_entry *gens)
 	return true;
 }
 
-/* vc_store keeps an allowed verdict whose walk reached the task's root by
+/* vc_store_pending keeps the allowed verdict of the pending open, when it
+ * was cacheable and its walk (in the scratch) reached the task's root by
  * dentries that all have names. */
-static __always_inline void vc_store(struct vc_key *k, struct vc_entry *gens, __u32 path_flags)
+static __always_inline void vc_store_pending(void)
 {
-	if (path_flags & (PW_F_TRUNCATED | PW_F_DETACHED | PW_F_DISCONNECTED))
+	struct vc_pending *vp = vc_pending();
+	struct scratch *s = get_scratch();
+	if (!vp || !s || !vp->ok)
 		return;
-	if (!bpf_map_update_elem(&bs_vcache, k, gens, BPF_ANY))
+	if (s->pw.flags & (PW_F_TRUNCATED | PW_F_DETACHED | PW_F_DISCONNECTED))
+		return;
+	if (!bpf_map_update_elem(&bs_vcache, &vp->k, &vp->gens, BPF_ANY))
 		vc_count(VC_STORES);
 }
 
@@ -1310,15 +1332,13 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 		 * (the kernel clears them from f_flags): a write. */
 		if (open_changed(nr, regs, fmode))
 			ops |= OP_WRITE;
-		struct vc_key k = {};
-		struct vc_entry gens = {};
-		bool cacheable = vc_prepare(file, ops, sb, &k, &gens);
-		if (!cacheable || !vc_hit(&k, &gens)) {
-			if (judge_file(file, ops, nr, root, sb) && cacheable) {
-				struct scratch *s = get_scratch();
-				if (s)
-					vc_store(&k, &gens, s->pw.flags);
-			}
+		struct vc_pending *vp = vc_pending();
+		if (!vp)
+			return 0;
+		vp->ok = vc_prepare(file, ops, sb, &vp->k, &vp->gens);
+		if (!vp->ok || !vc_hit(&vp->k, &vp->gens)) {
+			if (judge_file(file, ops, nr, root, sb))
+				vc_store_pending();
 		}
 		script_open(file, nr, regs, root, sb);
 		return 0;

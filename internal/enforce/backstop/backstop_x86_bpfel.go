@@ -207,6 +207,14 @@ type backstopVcKey struct {
 	Ops        uint32
 }
 
+type backstopVcPending struct {
+	_    structs.HostLayout
+	K    backstopVcKey
+	Gens backstopVcEntry
+	Ok   uint32
+	Pad  uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -229,6 +237,7 @@ const (
 	backstopMapBsVcache               = "bs_vcache"
 	backstopMapBsVcacheBusy           = "bs_vcache_busy"
 	backstopMapBsVcacheCtl            = "bs_vcache_ctl"
+	backstopMapBsVcachePending        = "bs_vcache_pending"
 	backstopMapBsVcacheStats          = "bs_vcache_stats"
 	backstopMapMembershipCache        = "membership_cache"
 	backstopMapRingbufDrops           = "ringbuf_drops"
@@ -337,6 +346,7 @@ type backstopMapSpecs struct {
 	BsVcache          *ebpf.MapSpec `ebpf:"bs_vcache"`
 	BsVcacheBusy      *ebpf.MapSpec `ebpf:"bs_vcache_busy"`
 	BsVcacheCtl       *ebpf.MapSpec `ebpf:"bs_vcache_ctl"`
+	BsVcachePending   *ebpf.MapSpec `ebpf:"bs_vcache_pending"`
 	BsVcacheStats     *ebpf.MapSpec `ebpf:"bs_vcache_stats"`
 	MembershipCache   *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.MapSpec `ebpf:"ringbuf_drops"`
@@ -403,6 +413,7 @@ type backstopMaps struct {
 	BsVcache          *ebpf.Map `ebpf:"bs_vcache"`
 	BsVcacheBusy      *ebpf.Map `ebpf:"bs_vcache_busy"`
 	BsVcacheCtl       *ebpf.Map `ebpf:"bs_vcache_ctl"`
+	BsVcachePending   *ebpf.Map `ebpf:"bs_vcache_pending"`
 	BsVcacheStats     *ebpf.Map `ebpf:"bs_vcache_stats"`
 	MembershipCache   *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.Map `ebpf:"ringbuf_drops"`
@@ -431,6 +442,7 @@ func (m *backstopMaps) Close() error {
 		m.BsVcache,
 		m.BsVcacheBusy,
 		m.BsVcacheCtl,
+		m.BsVcachePending,
 		m.BsVcacheStats,
 		m.MembershipCache,
 		m.RingbufDrops,
