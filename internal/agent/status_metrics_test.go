@@ -28,8 +28,7 @@ import (
 // counted as lost by the ring).
 func TestStatusAndMetricsAgree(t *testing.T) {
 	a, cg := startTestAgent(t, func(cg string) string {
-		return fmt.Sprintf(`sandboxes:
-  - name: counted
+		return fmt.Sprintf(`  - name: counted
     select: {cgroups: [%s]}
     preset: restricted
     escape: {enabled: false}
