@@ -40,7 +40,6 @@ test-vm:
 	./test/vm/run.sh --pkg ./internal/workspace --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./internal/workspace/ipcobj --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
 	./test/vm/run.sh --pkg ./test/adversarial --timeout 2400 $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
-	for s in read shell git; do ./test/vm/run.sh --hostroot --pkg ./test/workloads --run '^TestBattery$$' --env WL_ONLY=$$s --boot lsm --timeout 1200 $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG)) || exit 1; done
 
 # The syscall loop in the qemu guest: bare, outside and inside a sandbox for
 # BPF LSM and for fmod_ret (one boot each), ratios to bare in the same boot.
