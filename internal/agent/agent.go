@@ -168,7 +168,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if pol, err = withContainers(pol, opts.Containers); err != nil {
 		return nil, err
 	}
-	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: plan.NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader}
+	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: plan.NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader,
+		canary: newCanaryState()}
 	ctx, a.cancel = context.WithCancel(ctx)
 	defer func() {
 		if err != nil {

@@ -42,12 +42,19 @@ type canaryState struct {
 // events can be read well after the probe is gone.
 const canaryForget = 2 * time.Minute
 
+// newCanaryState is made with the Agent: the control socket answers
+// `watcher check` before the loop starts.
+func newCanaryState() canaryState {
+	return canaryState{
+		last: map[string]control.CanaryReport{},
+		due:  map[string]time.Time{},
+		kick: make(chan string, 1),
+	}
+}
+
 // startCanary starts the periodic canary (not in private `watcher exec`
 // agents: each command would pay for a run).
 func (a *Agent) startCanary(ctx context.Context) {
-	a.canary.last = map[string]control.CanaryReport{}
-	a.canary.due = map[string]time.Time{}
-	a.canary.kick = make(chan string, 1)
 	if a.opts.NoCanary {
 		return
 	}
