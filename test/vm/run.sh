@@ -43,6 +43,15 @@
 #                 where the overlay's writes and /tmp live in guest memory)
 # Environment: VM_CACHE (default <repo>/.cache/vm) caches downloaded kernels
 # (<pkg>/vmlinuz, config, and modules/*.ko with modules/order, the load order).
+# VM_TCG_THREAD (default single) is qemu's TCG threading. Multi-threaded TCG
+# (qemu 7.2, Debian 12) locks up the guest when the kernel live-patches code
+# that the other vCPU runs: attaching and detaching the raw sys_enter/sys_exit
+# tracepoints (their static keys) while another thread makes system calls
+# puts both vCPUs in a soft lockup in asm_exc_int3 within ~200 attach/detach
+# cycles (3 of 3 boots); single-threaded TCG ran 2 x 1000 cycles clean, and
+# the LSM suite took 104 s instead of 98 s. Reproduce with
+#   VM_TCG_THREAD=multi test/vm/run.sh --pkg ./internal/enforce \
+#     --run '^TestSyscallTracepointFlips$' --env WATCHER_FLIPS=1000 --boot lsm
 # Needs: qemu-system-x86 (with /usr/lib/qemu/virtiofsd for --hostroot)
 # busybox-static cpio kmod (Debian packages), go, apt-get.
 set -euo pipefail
@@ -376,7 +385,7 @@ boot() {
 			-device vhost-user-fs-pci,chardev=vfs,tag=hostroot)
 	fi
 	timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
-		-machine q35 -accel tcg,thread=multi -cpu max -smp 2 "${qargs[@]}" \
+		-machine q35 -accel tcg,thread=${VM_TCG_THREAD:-single} -cpu max -smp 2 "${qargs[@]}" \
 		-nographic -no-reboot -monitor none \
 		-serial "file:$klog" -serial "file:$log" \
 		-kernel "$vmlinuz" -initrd "$work/initrd.cpio" \
