@@ -8,7 +8,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/dangerous"
@@ -353,27 +352,8 @@ func (b *Backstop) setDirs(r Rules) error {
 			want[backstopDirKey{Dev: d, SandboxId: mountedSB}] = backstopDirRule{}
 		}
 	}
-	for k, v := range want {
-		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("set backstop dir rule: %w", err)
-		}
-	}
-	var k backstopDirKey
-	var v backstopDirRule
-	var stale []backstopDirKey
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if _, ok := want[k]; !ok {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("list backstop dir rules: %w", err)
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("remove backstop dir rule: %w", err)
-		}
+	if err := enforce.SyncMap(m, want); err != nil {
+		return fmt.Errorf("backstop dir rules: %w", err)
 	}
 	return nil
 }
@@ -509,10 +489,8 @@ func pathKey(p PathRule) (backstopPathKey, error) {
 }
 
 func (b *Backstop) setPaths(rules []PathRule) error {
-	lpm := b.maps("bs_path_rules")
-	inodes := b.maps("bs_inode_rules")
-	wantPaths := map[backstopPathKey]bool{}
-	wantInodes := map[backstopInodeKey]bool{}
+	wantPaths := map[backstopPathKey]backstopPathRule{}
+	wantInodes := map[backstopInodeKey]backstopPathRule{}
 	for _, p := range rules {
 		if err := checkAction(p.Action); err != nil {
 			return fmt.Errorf("backstop path rule %q: %w", p.Path, err)
@@ -525,10 +503,7 @@ func (b *Backstop) setPaths(rules []PathRule) error {
 			return err
 		}
 		v := backstopPathRule{Action: p.Action, RuleId: p.ID, Ops: uint32(p.Ops)}
-		if err := lpm.Put(k, v); err != nil {
-			return fmt.Errorf("set backstop path rule %q: %w", p.Path, err)
-		}
-		wantPaths[k] = true
+		wantPaths[k] = v
 		if p.Prefix {
 			continue
 		}
@@ -542,48 +517,16 @@ func (b *Backstop) setPaths(rules []PathRule) error {
 		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			continue
 		}
-		ik := backstopInodeKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: p.SandboxID}
-		if err := inodes.Put(ik, v); err != nil {
-			return fmt.Errorf("set backstop inode rule %q: %w", p.Path, err)
-		}
-		wantInodes[ik] = true
+		wantInodes[backstopInodeKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: p.SandboxID}] = v
 	}
-	if err := treeInodes(rules, inodes, wantInodes); err != nil {
+	if err := treeInodes(rules, wantInodes); err != nil {
 		return err
 	}
-	// Remove stale entries.
-	var pk backstopPathKey
-	var stalePaths []backstopPathKey
-	it := lpm.Iterate()
-	var pv backstopPathRule
-	for it.Next(&pk, &pv) {
-		if !wantPaths[pk] {
-			stalePaths = append(stalePaths, pk)
-		}
+	if err := enforce.SyncMap(b.maps("bs_path_rules"), wantPaths); err != nil {
+		return fmt.Errorf("backstop path rules: %w", err)
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("list backstop path rules: %w", err)
-	}
-	for _, k := range stalePaths {
-		if err := lpm.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("remove backstop path rule: %w", err)
-		}
-	}
-	var ik backstopInodeKey
-	var staleInodes []backstopInodeKey
-	iit := inodes.Iterate()
-	for iit.Next(&ik, &pv) {
-		if !wantInodes[ik] {
-			staleInodes = append(staleInodes, ik)
-		}
-	}
-	if err := iit.Err(); err != nil {
-		return fmt.Errorf("list backstop inode rules: %w", err)
-	}
-	for _, k := range staleInodes {
-		if err := inodes.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("remove backstop inode rule: %w", err)
-		}
+	if err := enforce.SyncMap(b.maps("bs_inode_rules"), wantInodes); err != nil {
+		return fmt.Errorf("backstop inode rules: %w", err)
 	}
 	return nil
 }
@@ -592,27 +535,20 @@ func (b *Backstop) setPaths(rules []PathRule) error {
 // entries too (enforce.TreeInodes), each with the rule its own path gets
 // (the longest rule of its sandbox), as the files are now; exact rules'
 // entries win.
-func treeInodes(rules []PathRule, inodes *ebpf.Map, want map[backstopInodeKey]bool) error {
+func treeInodes(rules []PathRule, want map[backstopInodeKey]backstopPathRule) error {
 	budget := enforce.MaxTreeInodes
 	for _, p := range rules {
 		if !p.Prefix || p.Ops&OpRead == 0 || p.Action == 0 || p.Path == "/" {
 			continue
 		}
-		var perr error
 		_, err := enforce.TreeInodes(strings.TrimSuffix(p.Path, "/"), &budget, func(path string, st *unix.Stat_t) {
 			r := longestRule(rules, p.SandboxID, path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
 			ik := backstopInodeKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: p.SandboxID}
-			if r == nil || r.Action == 0 || want[ik] {
+			if _, exact := want[ik]; r == nil || r.Action == 0 || exact {
 				return
 			}
-			if err := inodes.Put(ik, backstopPathRule{Action: r.Action, RuleId: r.ID, Ops: uint32(r.Ops)}); err != nil && perr == nil {
-				perr = fmt.Errorf("set backstop inode rule for %q: %w", path, err)
-			}
-			want[ik] = true
+			want[ik] = backstopPathRule{Action: r.Action, RuleId: r.ID, Ops: uint32(r.Ops)}
 		})
-		if err == nil {
-			err = perr
-		}
 		if err != nil {
 			return fmt.Errorf("backstop inodes below %q: %w", p.Path, err)
 		}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cilium/ebpf"
+	"github.com/watcherhq/watcher/internal/enforce"
 )
 
 // UnixPaths are the unix socket paths one sandbox may connect to.
@@ -42,27 +42,8 @@ func (b *Backstop) setUnixPaths(sets []UnixPaths) error {
 			want[k] = backstopPathRule{RuleId: set.Rule, Ops: opConnect}
 		}
 	}
-	for k, v := range want {
-		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("set backstop unix path: %w", err)
-		}
-	}
-	var k backstopPathKey
-	var v backstopPathRule
-	var stale []backstopPathKey
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if _, ok := want[k]; !ok {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("list backstop unix paths: %w", err)
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("remove backstop unix path: %w", err)
-		}
+	if err := enforce.SyncMap(m, want); err != nil {
+		return fmt.Errorf("backstop unix paths: %w", err)
 	}
 	return nil
 }

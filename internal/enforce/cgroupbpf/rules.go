@@ -1,11 +1,9 @@
 package cgroupbpf
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -133,7 +131,7 @@ func (h *Programs) SetDeviceRules(rules []DeviceRule) error {
 		}
 		want[k] = cgroupRule{Action: r.Action, RuleId: r.RuleID, Access: uint32(acc)}
 	}
-	return replaceTable(h.objs.CgDevRules, want)
+	return enforce.SyncMap(h.objs.CgDevRules, want)
 }
 
 // SetSysctlRules replaces the sysctl rule table.
@@ -163,7 +161,7 @@ func (h *Programs) SetSysctlRules(rules []SysctlRule) error {
 		}
 		want[k] = cgroupRule{Action: r.Action, RuleId: r.RuleID}
 	}
-	return replaceTable(h.objs.CgSysctlRules, want)
+	return enforce.SyncMap(h.objs.CgSysctlRules, want)
 }
 
 // SetSocketRules replaces the socket rule table.
@@ -194,35 +192,7 @@ func (h *Programs) SetSocketRules(rules []SocketRule) error {
 		}
 		want[k] = cgroupRule{Action: r.Action, RuleId: r.RuleID}
 	}
-	return replaceTable(h.objs.CgSockRules, want)
-}
-
-// replaceTable makes m hold exactly want: it writes the new entries first
-// and deletes stale ones after, so a rule present in both never vanishes.
-func replaceTable[K comparable](m *ebpf.Map, want map[K]cgroupRule) error {
-	for k, v := range want {
-		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("update %s: %w", m, err)
-		}
-	}
-	var stale []K
-	var k K
-	var v cgroupRule
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if _, keep := want[k]; !keep {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", m, err)
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete from %s: %w", m, err)
-		}
-	}
-	return nil
+	return enforce.SyncMap(h.objs.CgSockRules, want)
 }
 
 // DefaultDeviceRules refuses every block device and every character device
