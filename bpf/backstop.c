@@ -1094,6 +1094,39 @@ static __always_inline struct path_rule *match_inode(struct inode *inode, __u32 
 	return bpf_map_lookup_elem(&bs_inode_rules, &k);
 }
 
+/* file_ident is what a file event says of the file beside its path. */
+struct file_ident {
+	__u64 ino;
+	__u32 dev;
+	__u32 i_mode;
+	__u32 f_flags;
+	__u32 f_mode;
+	__u32 target_pid;
+};
+
+/* send_file_event reports a judged file: its identity, and the path the
+ * walk resolved into s->pw. */
+static __always_inline void send_file_event(struct scratch *s, __u32 verdict, __u32 rule_id, __u64 root,
+					    struct sandbox *sb, __s64 nr, __u32 cat, struct file_ident id)
+{
+	struct file_event *e = reserve_event(sizeof(*e), true);
+	if (!e)
+		return;
+	fill_hdr(&e->hdr, EV_KILL_FILE, verdict, rule_id, root, sb);
+	e->nr = nr;
+	e->ino = id.ino;
+	e->dev = id.dev;
+	e->i_mode = id.i_mode;
+	e->f_flags = id.f_flags;
+	e->f_mode = id.f_mode;
+	e->category = cat;
+	e->path_flags = s->pw.flags;
+	e->target_pid = id.target_pid;
+	e->pad = 0;
+	bpf_probe_read_kernel_str(e->path, sizeof(e->path), s->pw.buf);
+	submit_event(e, true);
+}
+
 /* judge_file applies categories, path and inode rules to file for the
  * operations ops (OP_*), and emits and kills on a match. True: the path
  * was walked (flags in the scratch) and nothing applies. */
@@ -1150,22 +1183,14 @@ static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __
 	if (verdict == VERDICT_KILLED)
 		bpf_send_signal(SIGKILL);
 
-	struct file_event *e = reserve_event(sizeof(*e), true);
-	if (!e)
-		return false;
-	fill_hdr(&e->hdr, EV_KILL_FILE, verdict, rule_id, root, sb);
-	e->nr = nr;
-	e->ino = BPF_CORE_READ(inode, i_ino);
-	e->dev = BPF_CORE_READ(inode, i_sb, s_dev);
-	e->i_mode = BPF_CORE_READ(inode, i_mode);
-	e->f_flags = BPF_CORE_READ(file, f_flags);
-	e->f_mode = BPF_CORE_READ(file, f_mode);
-	e->category = cat;
-	e->path_flags = s->pw.flags;
-	e->target_pid = target;
-	e->pad = 0;
-	bpf_probe_read_kernel_str(e->path, sizeof(e->path), s->pw.buf);
-	submit_event(e, true);
+	send_file_event(s, verdict, rule_id, root, sb, nr, cat, (struct file_ident){
+		.ino = BPF_CORE_READ(inode, i_ino),
+		.dev = BPF_CORE_READ(inode, i_sb, s_dev),
+		.i_mode = BPF_CORE_READ(inode, i_mode),
+		.f_flags = BPF_CORE_READ(file, f_flags),
+		.f_mode = BPF_CORE_READ(file, f_mode),
+		.target_pid = target,
+	});
 	return false;
 }
 
@@ -1259,23 +1284,12 @@ static __always_inline void unix_peer_connected(struct pt_regs *regs)
 		return;
 	if (verdict == VERDICT_KILLED)
 		bpf_send_signal(SIGKILL);
-	struct file_event *e = reserve_event(sizeof(*e), true);
-	if (!e)
-		return;
-	fill_hdr(&e->hdr, EV_KILL_FILE, verdict, rule_id, root, sb);
-	e->nr = NR_connect;
 	struct inode *pi = p.dentry ? BPF_CORE_READ(p.dentry, d_inode) : NULL;
-	e->ino = pi ? BPF_CORE_READ(pi, i_ino) : 0;
-	e->dev = pi ? BPF_CORE_READ(pi, i_sb, s_dev) : 0;
-	e->i_mode = S_IFSOCK_;
-	e->f_flags = 0;
-	e->f_mode = 0;
-	e->category = CAT_UNIX_PEER;
-	e->path_flags = s->pw.flags;
-	e->target_pid = 0;
-	e->pad = 0;
-	bpf_probe_read_kernel_str(e->path, sizeof(e->path), s->pw.buf);
-	submit_event(e, true);
+	send_file_event(s, verdict, rule_id, root, sb, NR_connect, CAT_UNIX_PEER, (struct file_ident){
+		.ino = pi ? BPF_CORE_READ(pi, i_ino) : 0,
+		.dev = pi ? BPF_CORE_READ(pi, i_sb, s_dev) : 0,
+		.i_mode = S_IFSOCK_,
+	});
 }
 
 /* complete_pending sends the event sys_enter left for this syscall, with
@@ -1726,25 +1740,15 @@ static __always_inline void inode_changed(struct inode *inode)
 	struct path fp = { .dentry = start, .mnt = NULL };
 	struct path troot = BPF_CORE_READ(task, fs, root);
 	pw_resolve(&s->pw, &fp, &troot);
-	struct file_event *e = reserve_event(sizeof(*e), true);
-	if (!e)
-		return;
-	fill_hdr(&e->hdr, EV_KILL_FILE, verdict, w.found.rule_id, root, sb);
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	e->nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
-	if (in_compat_syscall(e->nr))
-		e->nr += COMPAT_NR_BASE;
-	e->ino = BPF_CORE_READ(inode, i_ino);
-	e->dev = w.dev;
-	e->i_mode = BPF_CORE_READ(inode, i_mode);
-	e->f_flags = 0;
-	e->f_mode = 0;
-	e->category = CAT_MODIFY;
-	e->path_flags = s->pw.flags;
-	e->target_pid = 0;
-	e->pad = 0;
-	bpf_probe_read_kernel_str(e->path, sizeof(e->path), s->pw.buf);
-	submit_event(e, true);
+	__s64 nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
+	if (in_compat_syscall(nr))
+		nr += COMPAT_NR_BASE;
+	send_file_event(s, verdict, w.found.rule_id, root, sb, nr, CAT_MODIFY, (struct file_ident){
+		.ino = BPF_CORE_READ(inode, i_ino),
+		.dev = w.dev,
+		.i_mode = BPF_CORE_READ(inode, i_mode),
+	});
 }
 
 /* Filesystems without multigrain timestamps set ctime here... */
