@@ -28,18 +28,15 @@
 package backstop
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -90,7 +87,7 @@ type Backstop struct {
 	missing map[string]error
 
 	mu       sync.Mutex
-	links    map[string]link.Link // attached by this Backstop, by program
+	links    *enforce.PinnedLinks // attached by this Backstop, by program
 	attached bool                 // Attach ran: SetRules keeps the syscall programs in step
 	// needSyscalls: the rules last set need sys_enter/sys_exit. Until
 	// SetRules runs it is true: the adopted rule maps may need them.
@@ -111,7 +108,7 @@ func Load(eng *enforce.Engine) (*Backstop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load backstop programs: %w", err)
 	}
-	return &Backstop{pinDir: eng.PinDir(), coll: coll, missing: missing, links: map[string]link.Link{}, needSyscalls: true}, nil
+	return &Backstop{pinDir: eng.PinDir(), coll: coll, missing: missing, links: enforce.NewPinnedLinks(eng.PinDir(), Group), needSyscalls: true}, nil
 }
 
 // dropMissingTracepoints removes optional programs whose tracepoint is not in
@@ -171,15 +168,11 @@ func Probe(eng *enforce.Engine) map[string]error {
 func (b *Backstop) Attach() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	dir := enforce.LinkPinDir(b.pinDir, Group)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("backstop link dir: %w", err)
-	}
 	for _, name := range slices.Sorted(maps.Keys(b.coll.Programs)) {
 		if isSyscallProgram(name) {
 			continue
 		}
-		if err := b.attachLocked(dir, name); err != nil {
+		if err := b.attachLocked(name); err != nil {
 			return err
 		}
 	}
@@ -190,23 +183,14 @@ func (b *Backstop) Attach() error {
 	return b.advanceRulesGen(b.cacheReadyLocked())
 }
 
-func (b *Backstop) attachLocked(dir, name string) error {
-	if _, ok := b.links[name]; ok {
-		return nil
-	}
+func (b *Backstop) attachLocked(name string) error {
 	prog, ok := b.coll.Programs[name]
 	if !ok {
 		return nil // optional, not on this kernel
 	}
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-	if err != nil {
-		return fmt.Errorf("attach %s: %w", name, err)
+	if err := b.links.Attach(name, prog); err != nil {
+		return fmt.Errorf("backstop: %w", err)
 	}
-	if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
-		l.Close()
-		return fmt.Errorf("pin %s: %w", name, err)
-	}
-	b.links[name] = l
 	return nil
 }
 
@@ -214,22 +198,17 @@ func (b *Backstop) attachLocked(dir, name string) error {
 // match the rules. Detaching removes the pin too, so a link a previous
 // agent pinned goes with it.
 func (b *Backstop) syncSyscallsLocked() error {
-	dir := enforce.LinkPinDir(b.pinDir, Group)
 	if b.needSyscalls {
 		for _, name := range syscallPrograms {
-			if err := b.attachLocked(dir, name); err != nil {
+			if err := b.attachLocked(name); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	for _, name := range slices.Backward(syscallPrograms) {
-		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("detach %s: %w", name, err)
-		}
-		if l, ok := b.links[name]; ok {
-			l.Close()
-			delete(b.links, name)
+		if err := b.links.Detach(name); err != nil {
+			return fmt.Errorf("backstop: %w", err)
 		}
 	}
 	return nil
@@ -240,8 +219,7 @@ func (b *Backstop) syncSyscallsLocked() error {
 func (b *Backstop) SyscallTracepoints() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	_, ok := b.links[ProgSysEnter]
-	return ok
+	return b.links.Held(ProgSysEnter)
 }
 
 // Detach removes this group's pinned links: the backstop stops.
@@ -256,9 +234,7 @@ func Detach(pinDir string) error {
 func (b *Backstop) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, l := range b.links {
-		l.Close() // the names stay: Attached still says what was attached
-	}
+	b.links.Close() // the names stay: Attached still says what was attached
 	b.coll.Close()
 	return nil
 }
@@ -267,7 +243,7 @@ func (b *Backstop) Close() error {
 func (b *Backstop) Attached() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Sorted(maps.Keys(b.links))
+	return b.links.Names()
 }
 
 // ProgramIDs returns the kernel ids of the loaded programs by name (tests

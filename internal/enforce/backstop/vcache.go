@@ -50,11 +50,11 @@ func (b *Backstop) cacheReadyLocked() bool {
 	if b.cacheForced {
 		return true
 	}
-	if _, ok := b.links[ProgSysEnter]; !ok {
+	if !b.links.Held(ProgSysEnter) {
 		return false
 	}
 	for _, name := range ctimePrograms {
-		if _, ok := b.links[name]; !ok {
+		if !b.links.Held(name) {
 			return false
 		}
 	}

@@ -145,12 +145,12 @@ type Recorder struct {
 	pinDir string
 	objs   recorderObjects
 	mu     sync.Mutex
-	links  map[string]link.Link // attached here, by program
+	links  *enforce.PinnedLinks // attached here, by program
 }
 
 // Load loads the programs with the engine's shared maps.
 func Load(eng *enforce.Engine) (*Recorder, error) {
-	t := &Recorder{pinDir: eng.PinDir()}
+	t := &Recorder{pinDir: eng.PinDir(), links: enforce.NewPinnedLinks(eng.PinDir(), Group)}
 	if err := loadRecorderObjects(&t.objs, eng.CollectionOptions()); err != nil {
 		return nil, fmt.Errorf("load trace programs: %w", err)
 	}
@@ -238,17 +238,11 @@ type AttachOptions struct {
 func (t *Recorder) Attach(opts AttachOptions) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	dir := enforce.LinkPinDir(t.pinDir, Group)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("trace link dir: %w", err)
+	if err := t.links.Attach(ProgExec, t.objs.TraceExec); err != nil {
+		return fmt.Errorf("trace: %w", err)
 	}
-	for _, p := range []struct {
-		name string
-		prog *ebpf.Program
-	}{{ProgExec, t.objs.TraceExec}, {ProgExit, t.objs.TraceExit}} {
-		if err := t.attachLocked(dir, p.name, p.prog); err != nil {
-			return err
-		}
+	if err := t.links.Attach(ProgExit, t.objs.TraceExit); err != nil {
+		return fmt.Errorf("trace: %w", err)
 	}
 	return t.setSyscallsLocked(opts)
 }
@@ -265,57 +259,24 @@ func (t *Recorder) SetSyscalls(opts AttachOptions) error {
 }
 
 func (t *Recorder) setSyscallsLocked(opts AttachOptions) error {
-	dir := enforce.LinkPinDir(t.pinDir, Group)
 	want := map[string]bool{ProgSysEnter: opts.Syscalls || opts.Denials, ProgSysExit: opts.Denials}
 	// Detach sys_exit before sys_enter and attach sys_enter before
 	// sys_exit: a sys_exit without the marks of sys_enter would take the
 	// kernel's own EPERMs for seccomp's.
 	for _, name := range []string{ProgSysExit, ProgSysEnter} {
 		if !want[name] {
-			if err := t.detachLocked(dir, name); err != nil {
-				return err
+			if err := t.links.Detach(name); err != nil {
+				return fmt.Errorf("trace: %w", err)
 			}
 		}
 	}
 	progs := map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit}
 	for _, name := range []string{ProgSysEnter, ProgSysExit} {
 		if want[name] {
-			if err := t.attachLocked(dir, name, progs[name]); err != nil {
-				return err
+			if err := t.links.Attach(name, progs[name]); err != nil {
+				return fmt.Errorf("trace: %w", err)
 			}
 		}
-	}
-	return nil
-}
-
-func (t *Recorder) attachLocked(dir, name string, prog *ebpf.Program) error {
-	if t.links[name] != nil {
-		return nil
-	}
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
-	if err != nil {
-		return fmt.Errorf("attach %s: %w", name, err)
-	}
-	if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
-		l.Close()
-		return fmt.Errorf("pin %s: %w", name, err)
-	}
-	if t.links == nil {
-		t.links = map[string]link.Link{}
-	}
-	t.links[name] = l
-	return nil
-}
-
-// detachLocked removes a program's link: its pin (a predecessor's too) and
-// the descriptor held here.
-func (t *Recorder) detachLocked(dir, name string) error {
-	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("detach %s: %w", name, err)
-	}
-	if l := t.links[name]; l != nil {
-		l.Close()
-		delete(t.links, name)
 	}
 	return nil
 }
@@ -324,7 +285,7 @@ func (t *Recorder) detachLocked(dir, name string) error {
 func (t *Recorder) DenialsAttached() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.links[ProgSysExit] != nil
+	return t.links.Held(ProgSysExit)
 }
 
 // DenialsPinned reports whether a sys_exit link is pinned (by this
@@ -365,10 +326,8 @@ func Detach(pinDir string) error {
 func (t *Recorder) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, l := range t.links {
-		l.Close()
-	}
-	t.links = nil
+	t.links.Close()
+	t.links = enforce.NewPinnedLinks(t.pinDir, Group)
 	return t.objs.Close()
 }
 

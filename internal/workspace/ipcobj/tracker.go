@@ -14,15 +14,12 @@
 package ipcobj
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/watcherhq/watcher/internal/enforce"
 )
@@ -42,13 +39,13 @@ type Tracker struct {
 	objs   ipcObjects
 
 	mu    sync.Mutex
-	links map[string]link.Link
+	links *enforce.PinnedLinks
 }
 
 // Load loads the programs with the engine's shared maps (the sandbox set)
 // and pins this group's maps beside them.
 func Load(eng *enforce.Engine) (*Tracker, error) {
-	t := &Tracker{pinDir: eng.PinDir()}
+	t := &Tracker{pinDir: eng.PinDir(), links: enforce.NewPinnedLinks(eng.PinDir(), Group)}
 	if err := loadIpcObjects(&t.objs, eng.CollectionOptions()); err != nil {
 		return nil, fmt.Errorf("load ipc tracking: %w", err)
 	}
@@ -78,41 +75,21 @@ func seqShift() uint32 {
 func (t *Tracker) SetAttached(on bool) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	dir := enforce.LinkPinDir(t.pinDir, Group)
-	progs := map[string]*ebpf.Program{ProgSysEnter: t.objs.IpcSysEnter, ProgSysExit: t.objs.IpcSysExit}
 	if !on {
 		for _, name := range []string{ProgSysEnter, ProgSysExit} {
-			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("detach ipc %s: %w", name, err)
-			}
-			if l := t.links[name]; l != nil {
-				l.Close()
-				delete(t.links, name)
+			if err := t.links.Detach(name); err != nil {
+				return fmt.Errorf("ipc: %w", err)
 			}
 		}
 		return nil
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("ipc link dir: %w", err)
-	}
 	// sys_exit first: every entry mark then meets its exit (an exit
 	// without a mark records nothing).
-	for _, name := range []string{ProgSysExit, ProgSysEnter} {
-		if t.links[name] != nil {
-			continue
-		}
-		l, err := link.AttachTracing(link.TracingOptions{Program: progs[name]})
-		if err != nil {
-			return fmt.Errorf("attach ipc %s: %w", name, err)
-		}
-		if err := enforce.ReplacePin(l, filepath.Join(dir, name)); err != nil {
-			l.Close()
-			return fmt.Errorf("pin ipc %s: %w", name, err)
-		}
-		if t.links == nil {
-			t.links = map[string]link.Link{}
-		}
-		t.links[name] = l
+	if err := t.links.Attach(ProgSysExit, t.objs.IpcSysExit); err != nil {
+		return fmt.Errorf("ipc: %w", err)
+	}
+	if err := t.links.Attach(ProgSysEnter, t.objs.IpcSysEnter); err != nil {
+		return fmt.Errorf("ipc: %w", err)
 	}
 	return nil
 }
@@ -121,7 +98,7 @@ func (t *Tracker) SetAttached(on bool) error {
 func (t *Tracker) Attached() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.links[ProgSysEnter] != nil && t.links[ProgSysExit] != nil
+	return t.links.Held(ProgSysEnter) && t.links.Held(ProgSysExit)
 }
 
 // ProgramIDs returns the kernel ids of the programs by name.
@@ -161,10 +138,8 @@ func (t *Tracker) NameRoot(cg uint64, sandbox string) error {
 func (t *Tracker) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, l := range t.links {
-		l.Close()
-	}
-	t.links = nil
+	t.links.Close()
+	t.links = enforce.NewPinnedLinks(t.pinDir, Group)
 	return t.objs.Close()
 }
 
