@@ -195,6 +195,9 @@ func doOp(op opSpec) string {
 		rl.Max++ // raising the hard limit needs CAP_SYS_RESOURCE
 		return errnoResult(unix.Setrlimit(unix.RLIMIT_NOFILE, &rl))
 	}
+	if res, ok := doMmapOp(op); ok {
+		return res
+	}
 	if res, ok := doTaskSockOp(op); ok {
 		return res
 	}

@@ -8,5 +8,13 @@ func Syscall(nr, a1, a2, a3 uintptr) int32 {
 
 func syscall3(nr, a1, a2, a3 uintptr) uintptr
 
+// Syscall6 is Syscall with six arguments (the sixth in ebp: mmap2's page
+// offset).
+func Syscall6(nr, a1, a2, a3, a4, a5, a6 uintptr) int32 {
+	return int32(syscall6(nr, a1, a2, a3, a4, a5, a6))
+}
+
+func syscall6(nr, a1, a2, a3, a4, a5, a6 uintptr) uintptr
+
 // Supported reports whether this build can make i386 syscalls.
 const Supported = true

@@ -1,0 +1,94 @@
+package lsm
+
+import (
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/launch/ia32"
+)
+
+// mmapMinAddr reads vm.mmap_min_addr, the lowest address a task without
+// CAP_SYS_RAWIO may map.
+func mmapMinAddr() (uint64, error) {
+	b, err := os.ReadFile("/proc/sys/vm/mmap_min_addr")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// doMmapOp places one page at address op.Num by every route that reaches
+// the kernel's mmap_addr check (TestMmapBelowMinAddr), and unmaps it
+// again; the benign kinds map without asking for an address.
+func doMmapOp(op opSpec) (string, bool) {
+	const page = 4096
+	anon := uintptr(unix.MAP_PRIVATE | unix.MAP_ANONYMOUS)
+	mmap := func(addr, flags uintptr) string {
+		p, _, e := unix.Syscall6(unix.SYS_MMAP, addr, page, unix.PROT_READ, flags, ^uintptr(0), 0)
+		if e != 0 {
+			return errnoResult(e)
+		}
+		unix.Syscall(unix.SYS_MUNMAP, p, page, 0)
+		if flags&(unix.MAP_FIXED|unix.MAP_FIXED_NOREPLACE) != 0 && p != addr {
+			return "ERR: mapped at " + strconv.FormatUint(uint64(p), 16)
+		}
+		return "OK"
+	}
+	addr := uintptr(op.Num)
+	switch op.Kind {
+	case "mmap_fixed":
+		return mmap(addr, anon|unix.MAP_FIXED), true
+	case "mmap_fixed_noreplace":
+		return mmap(addr, anon|unix.MAP_FIXED_NOREPLACE), true
+	case "mmap_hint":
+		// A hint below the minimum is moved above it: no check.
+		p, _, e := unix.Syscall6(unix.SYS_MMAP, addr, page, unix.PROT_READ, anon, ^uintptr(0), 0)
+		if e != 0 {
+			return errnoResult(e), true
+		}
+		unix.Syscall(unix.SYS_MUNMAP, p, page, 0)
+		if min, err := mmapMinAddr(); err != nil || uint64(p) < min {
+			return "ERR: hint placed below vm.mmap_min_addr", true
+		}
+		return "OK", true
+	case "mremap_fixed":
+		old, _, e := unix.Syscall6(unix.SYS_MMAP, 0, page, unix.PROT_READ, anon, ^uintptr(0), 0)
+		if e != 0 {
+			return "ERR: mmap: " + errnoResult(e), true
+		}
+		p, _, e := unix.Syscall6(unix.SYS_MREMAP, old, page, page, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addr, 0)
+		if e != 0 {
+			unix.Syscall(unix.SYS_MUNMAP, old, page, 0)
+			return errnoResult(e), true
+		}
+		unix.Syscall(unix.SYS_MUNMAP, p, page, 0)
+		return "OK", true
+	case "shmat_at":
+		id, _, e := unix.Syscall(unix.SYS_SHMGET, unix.IPC_PRIVATE, page, unix.IPC_CREAT|0o600)
+		if e != 0 {
+			return "ERR: shmget: " + errnoResult(e), true
+		}
+		defer unix.Syscall(unix.SYS_SHMCTL, id, unix.IPC_RMID, 0)
+		p, _, e := unix.Syscall(unix.SYS_SHMAT, id, addr, unix.SHM_RDONLY)
+		if e != 0 {
+			return errnoResult(e), true
+		}
+		unix.Syscall(unix.SYS_SHMDT, p, 0, 0)
+		return "OK", true
+	case "mmap2_ia32":
+		if !ia32.Supported {
+			return "ERR: no i386 syscalls in this build", true
+		}
+		const mmap2 = 192 // i386 table
+		r := ia32.Syscall6(mmap2, addr, page, unix.PROT_READ, anon|unix.MAP_FIXED, 0xffffffff, 0)
+		if r < 0 && r > -4096 {
+			return errnoResult(unix.Errno(-r)), true
+		}
+		unix.Syscall(unix.SYS_MUNMAP, uintptr(uint32(r)), page, 0)
+		return "OK", true
+	}
+	return "", false
+}
