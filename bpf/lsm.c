@@ -511,6 +511,29 @@ static __always_inline bool substituted_cred(const struct cred *cred, __u32 sid)
 	return op_decision(sid, LSM_OP_IO_URING, ACTION_ALLOW).action == ACTION_BLOCK;
 }
 
+/* cap_decision is the capability rule of cap (0..63) in sandbox sid, or of
+ * the defaults (id 0) when the sandbox has no capability table. */
+static __always_inline struct decision cap_decision(__u32 sid, int cap)
+{
+	struct decision d = { .action = ACTION_ALLOW };
+	struct cap_rules *r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
+	if (!r) {
+		sid = 0;
+		r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
+		if (!r)
+			return d;
+	}
+	__u64 bit = 1ULL << (cap & 63);
+	if (r->block & bit)
+		d.action = ACTION_BLOCK;
+	else if (r->record & bit)
+		d.action = ACTION_RECORD;
+	else
+		return d;
+	d.rule_id = r->rule_id[cap & 63];
+	return d;
+}
+
 static __always_inline int decide_capable(__u32 mech, const struct cred *cred, int cap, unsigned int opts, int ret)
 {
 	if (ret)
@@ -535,27 +558,59 @@ static __always_inline int decide_capable(__u32 mech, const struct cred *cred, i
 		if (r)
 			return r;
 	}
-	__u32 sid = sb->id;
-	struct cap_rules *r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
-	if (!r) {
-		sid = 0;
-		r = bpf_map_lookup_elem(&lsm_cap_rules, &sid);
-		if (!r)
-			return 0;
-	}
-	__u64 bit = 1ULL << cap;
-	struct decision d = { .action = ACTION_ALLOW };
-	if (r->block & bit)
-		d.action = ACTION_BLOCK;
-	else if (r->record & bit)
-		d.action = ACTION_RECORD;
-	else
+	struct decision d = cap_decision(sb->id, cap);
+	if (d.action == ACTION_ALLOW)
 		return 0;
-	d.rule_id = r->rule_id[cap & 63];
 	return judge_task(mech, 0, EV_CAPABILITY, d, sb, root, NULL, opts, cap, opts & CAP_OPT_NOAUDIT);
 }
 WATCHER_HOOK(capable, security_capable, decide_capable(mech, cred, cap, opts, ret),
 	     const struct cred *cred, struct user_namespace *ns, int cap, unsigned int opts, int ret)
+
+/* Mappings below vm.mmap_min_addr (page 0: the kernel NULL-dereference
+ * exploit's landing pad) need CAP_SYS_RAWIO, but the kernel's
+ * cap_mmap_addr asks cap_capable() directly, never security_capable(): the
+ * capable hook above does not see it. security_mmap_addr is where mmap and
+ * mmap2 with MAP_FIXED(_NOREPLACE), mremap(MREMAP_FIXED) and shmat at an
+ * address, from either syscall table, arrive with the address the kernel
+ * chose: judged here as a use of CAP_SYS_RAWIO by the capability rules.
+ * The agent writes the sysctl's value into lsm_mmap_min_addr when it loads
+ * and at every policy apply (0, or never written: nothing to judge, as the
+ * kernel then checks nothing). Every mmap of every task on the host passes
+ * here: an address at or above the minimum returns after one inlined
+ * array lookup. */
+#define CAP_SYS_RAWIO 17
+#define MMAP_ADDR_MODE 0x40000000u /* task_event.mode of a capability event from mmap_addr: tag | page number */
+#define MMAP_ADDR_PAGE_MAX 0x3fffffffu
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64); /* vm.mmap_min_addr (the kernel's dac_mmap_min_addr) */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lsm_mmap_min_addr SEC(".maps");
+
+static __always_inline int decide_mmap_addr(__u32 mech, unsigned long addr, int ret)
+{
+	if (ret)
+		return ret;
+	__u32 zero = 0;
+	__u64 *min = bpf_map_lookup_elem(&lsm_mmap_min_addr, &zero);
+	if (!min || addr >= *min)
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct decision d = cap_decision(sb->id, CAP_SYS_RAWIO);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	__u64 page = addr >> 12;
+	if (page > MMAP_ADDR_PAGE_MAX)
+		page = MMAP_ADDR_PAGE_MAX;
+	return judge_task(mech, 0, EV_CAPABILITY, d, sb, root, NULL, MMAP_ADDR_MODE | (__u32)page, CAP_SYS_RAWIO, false);
+}
+WATCHER_HOOK(mmap_addr, security_mmap_addr, decide_mmap_addr(mech, addr, ret), unsigned long addr, int ret)
 
 /* bpf(2): 6.1 passes (cmd, attr, size), 6.18 adds a `kernel` flag, so the
  * previous program's return value sits at another index: this hook does

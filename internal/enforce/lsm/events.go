@@ -151,6 +151,9 @@ func decodeTask(raw []byte, ev *audit.Event) error {
 	case enforce.EvCapability:
 		t.Capability = e.Cap
 		ev.Message = CapName(int(e.Cap))
+		if e.Mode&mmapAddrMode != 0 {
+			ev.Message = mmapAddrMessage(e.Mode)
+		}
 	case enforce.EvBPF:
 		if int(e.Mode) < len(bpfCmds) {
 			ev.Message = "bpf(" + bpfCmds[e.Mode] + ")"

@@ -218,6 +218,10 @@ func Load(eng *enforce.Engine) (*LSM, error) {
 		maps.Close()
 		return nil, err
 	}
+	if err := writeMmapMinAddr(maps); err != nil {
+		maps.Close()
+		return nil, err
+	}
 	status, mechs := pick(spec, maps, func(hook, mech string, p *ebpf.Program) error {
 		defer p.Close() // the link holds the program
 		return l.attach(hook, mech, p)

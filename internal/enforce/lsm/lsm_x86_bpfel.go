@@ -243,6 +243,7 @@ const (
 	lsmMapLsmFsRules                   = "lsm_fs_rules"
 	lsmMapLsmInoRules                  = "lsm_ino_rules"
 	lsmMapLsmKeyScratch                = "lsm_key_scratch"
+	lsmMapLsmMmapMinAddr               = "lsm_mmap_min_addr"
 	lsmMapLsmOpRules                   = "lsm_op_rules"
 	lsmMapLsmPathRules                 = "lsm_path_rules"
 	lsmMapLsmPwScratch                 = "lsm_pw_scratch"
@@ -279,6 +280,7 @@ const (
 	lsmProgFmodKernelReadFile          = "fmod_kernel_read_file"
 	lsmProgFmodKeyAlloc                = "fmod_key_alloc"
 	lsmProgFmodKeyPermission           = "fmod_key_permission"
+	lsmProgFmodMmapAddr                = "fmod_mmap_addr"
 	lsmProgFmodMmapFile                = "fmod_mmap_file"
 	lsmProgFmodMoveMount               = "fmod_move_mount"
 	lsmProgFmodPathChmod               = "fmod_path_chmod"
@@ -320,6 +322,7 @@ const (
 	lsmProgLsmKernelReadFile           = "lsm_kernel_read_file"
 	lsmProgLsmKeyAlloc                 = "lsm_key_alloc"
 	lsmProgLsmKeyPermission            = "lsm_key_permission"
+	lsmProgLsmMmapAddr                 = "lsm_mmap_addr"
 	lsmProgLsmMmapFile                 = "lsm_mmap_file"
 	lsmProgLsmMoveMount                = "lsm_move_mount"
 	lsmProgLsmPathChmod                = "lsm_path_chmod"
@@ -431,6 +434,7 @@ type lsmProgramSpecs struct {
 	FmodKernelReadFile          *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
 	FmodKeyAlloc                *ebpf.ProgramSpec `ebpf:"fmod_key_alloc"`
 	FmodKeyPermission           *ebpf.ProgramSpec `ebpf:"fmod_key_permission"`
+	FmodMmapAddr                *ebpf.ProgramSpec `ebpf:"fmod_mmap_addr"`
 	FmodMmapFile                *ebpf.ProgramSpec `ebpf:"fmod_mmap_file"`
 	FmodMoveMount               *ebpf.ProgramSpec `ebpf:"fmod_move_mount"`
 	FmodPathChmod               *ebpf.ProgramSpec `ebpf:"fmod_path_chmod"`
@@ -472,6 +476,7 @@ type lsmProgramSpecs struct {
 	LsmKernelReadFile           *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
 	LsmKeyAlloc                 *ebpf.ProgramSpec `ebpf:"lsm_key_alloc"`
 	LsmKeyPermission            *ebpf.ProgramSpec `ebpf:"lsm_key_permission"`
+	LsmMmapAddr                 *ebpf.ProgramSpec `ebpf:"lsm_mmap_addr"`
 	LsmMmapFile                 *ebpf.ProgramSpec `ebpf:"lsm_mmap_file"`
 	LsmMoveMount                *ebpf.ProgramSpec `ebpf:"lsm_move_mount"`
 	LsmPathChmod                *ebpf.ProgramSpec `ebpf:"lsm_path_chmod"`
@@ -511,6 +516,7 @@ type lsmMapSpecs struct {
 	LsmFsRules       *ebpf.MapSpec `ebpf:"lsm_fs_rules"`
 	LsmInoRules      *ebpf.MapSpec `ebpf:"lsm_ino_rules"`
 	LsmKeyScratch    *ebpf.MapSpec `ebpf:"lsm_key_scratch"`
+	LsmMmapMinAddr   *ebpf.MapSpec `ebpf:"lsm_mmap_min_addr"`
 	LsmOpRules       *ebpf.MapSpec `ebpf:"lsm_op_rules"`
 	LsmPathRules     *ebpf.MapSpec `ebpf:"lsm_path_rules"`
 	LsmPwScratch     *ebpf.MapSpec `ebpf:"lsm_pw_scratch"`
@@ -575,6 +581,7 @@ type lsmMaps struct {
 	LsmFsRules       *ebpf.Map `ebpf:"lsm_fs_rules"`
 	LsmInoRules      *ebpf.Map `ebpf:"lsm_ino_rules"`
 	LsmKeyScratch    *ebpf.Map `ebpf:"lsm_key_scratch"`
+	LsmMmapMinAddr   *ebpf.Map `ebpf:"lsm_mmap_min_addr"`
 	LsmOpRules       *ebpf.Map `ebpf:"lsm_op_rules"`
 	LsmPathRules     *ebpf.Map `ebpf:"lsm_path_rules"`
 	LsmPwScratch     *ebpf.Map `ebpf:"lsm_pw_scratch"`
@@ -598,6 +605,7 @@ func (m *lsmMaps) Close() error {
 		m.LsmFsRules,
 		m.LsmInoRules,
 		m.LsmKeyScratch,
+		m.LsmMmapMinAddr,
 		m.LsmOpRules,
 		m.LsmPathRules,
 		m.LsmPwScratch,
@@ -664,6 +672,7 @@ type lsmPrograms struct {
 	FmodKernelReadFile          *ebpf.Program `ebpf:"fmod_kernel_read_file"`
 	FmodKeyAlloc                *ebpf.Program `ebpf:"fmod_key_alloc"`
 	FmodKeyPermission           *ebpf.Program `ebpf:"fmod_key_permission"`
+	FmodMmapAddr                *ebpf.Program `ebpf:"fmod_mmap_addr"`
 	FmodMmapFile                *ebpf.Program `ebpf:"fmod_mmap_file"`
 	FmodMoveMount               *ebpf.Program `ebpf:"fmod_move_mount"`
 	FmodPathChmod               *ebpf.Program `ebpf:"fmod_path_chmod"`
@@ -705,6 +714,7 @@ type lsmPrograms struct {
 	LsmKernelReadFile           *ebpf.Program `ebpf:"lsm_kernel_read_file"`
 	LsmKeyAlloc                 *ebpf.Program `ebpf:"lsm_key_alloc"`
 	LsmKeyPermission            *ebpf.Program `ebpf:"lsm_key_permission"`
+	LsmMmapAddr                 *ebpf.Program `ebpf:"lsm_mmap_addr"`
 	LsmMmapFile                 *ebpf.Program `ebpf:"lsm_mmap_file"`
 	LsmMoveMount                *ebpf.Program `ebpf:"lsm_move_mount"`
 	LsmPathChmod                *ebpf.Program `ebpf:"lsm_path_chmod"`
@@ -759,6 +769,7 @@ func (p *lsmPrograms) Close() error {
 		p.FmodKernelReadFile,
 		p.FmodKeyAlloc,
 		p.FmodKeyPermission,
+		p.FmodMmapAddr,
 		p.FmodMmapFile,
 		p.FmodMoveMount,
 		p.FmodPathChmod,
@@ -800,6 +811,7 @@ func (p *lsmPrograms) Close() error {
 		p.LsmKernelReadFile,
 		p.LsmKeyAlloc,
 		p.LsmKeyPermission,
+		p.LsmMmapAddr,
 		p.LsmMmapFile,
 		p.LsmMoveMount,
 		p.LsmPathChmod,

@@ -522,6 +522,9 @@ func (l *LSM) SetRules(sid uint32, r Rules) error {
 
 func (l *LSM) setRules(sid uint32, r Rules) error {
 	m := l.maps.Maps
+	if err := writeMmapMinAddr(l.maps); err != nil {
+		return err
+	}
 	// Build everything first: invalid rules change nothing.
 	ops := map[lsmOpKey]lsmDecision{}
 	for op, d := range r.Ops {

@@ -1,0 +1,72 @@
+package lsm
+
+// The mmap_addr hook's minimum (bpf/lsm.c decide_mmap_addr): mappings
+// below vm.mmap_min_addr are judged as uses of CAP_SYS_RAWIO, which the
+// kernel checks there without asking the capable hook.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// MmapMinAddrFile is the sysctl the kernel compares a mapping's address
+// with before it asks for CAP_SYS_RAWIO (cap_mmap_addr: dac_mmap_min_addr).
+const MmapMinAddrFile = "/proc/sys/vm/mmap_min_addr"
+
+const (
+	// mmapAddrMode tags a capability event's mode as a mapping below the
+	// minimum (MMAP_ADDR_MODE); the low bits are the page number.
+	mmapAddrMode    = 0x40000000
+	mmapAddrPageMax = 0x3fffffff
+)
+
+// ReadMmapMinAddr returns vm.mmap_min_addr.
+func ReadMmapMinAddr() (uint64, error) {
+	b, err := os.ReadFile(MmapMinAddrFile)
+	if err != nil {
+		return 0, fmt.Errorf("read mmap_min_addr: %w", err)
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", MmapMinAddrFile, err)
+	}
+	return v, nil
+}
+
+// writeMmapMinAddr copies vm.mmap_min_addr into lsm_mmap_min_addr. The
+// agent calls it at Load and at every SetRules (policy apply), so a
+// change of the sysctl by the host's root takes effect at the next apply:
+// until then a lowered minimum is judged at its old value (stricter than
+// the kernel, which no longer asks for the capability), a raised one
+// leaves the addresses between the two unjudged. Inside a sandbox whose
+// rules block CAP_SYS_RAWIO the sysctl cannot be written at all (its
+// handler asks capable(CAP_SYS_RAWIO), which the capable hook judges).
+func writeMmapMinAddr(coll *ebpf.Collection) error {
+	m := coll.Maps["lsm_mmap_min_addr"]
+	if m == nil {
+		return errors.New("lsm_mmap_min_addr map missing")
+	}
+	v, err := ReadMmapMinAddr()
+	if err != nil {
+		return err
+	}
+	if err := m.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("write lsm_mmap_min_addr: %w", err)
+	}
+	return nil
+}
+
+// mmapAddrMessage describes a capability event of the mmap_addr hook.
+func mmapAddrMessage(mode uint32) string {
+	page := uint64(mode &^ mmapAddrMode)
+	at := fmt.Sprintf("at %#x", page<<12)
+	if page == mmapAddrPageMax {
+		at = fmt.Sprintf("at or above %#x", page<<12)
+	}
+	return "CAP_SYS_RAWIO: mapping " + at + " below vm.mmap_min_addr"
+}
