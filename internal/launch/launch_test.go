@@ -50,6 +50,10 @@ func helper(mode string) int {
 		for _, c := range forbiddenCalls() {
 			fmt.Printf("%s=%d\n", c.name, int(c.do()))
 		}
+	case "lowmap":
+		for _, c := range lowMappingCalls() {
+			fmt.Printf("%s=%d\n", c.name, int(c.do()))
+		}
 	case "read":
 		_, err := os.ReadFile(arg)
 		fmt.Printf("read=%d\n", errnoOf(err))
@@ -282,7 +286,17 @@ func (e *env) config(mode string) launch.Config {
 
 func (e *env) run(t *testing.T, mode string) (launch.Verdict, []byte) {
 	t.Helper()
-	cfg := e.config(mode)
+	return e.runConfig(t, e.config(mode))
+}
+
+func (e *env) runConfig(t *testing.T, cfg launch.Config) (launch.Verdict, []byte) {
+	t.Helper()
+	var mode string
+	for _, kv := range cfg.Env {
+		if m, ok := strings.CutPrefix(kv, helperEnv+"="); ok {
+			mode = m
+		}
+	}
 	var out bytes.Buffer
 	cfg.Stdout, cfg.Stderr = &out, &out
 	v, err := launch.Run(context.Background(), cfg)

@@ -57,6 +57,14 @@ type SeccompPolicy struct {
 	// DeniedNetlinkProtocols are the netlink protocols socket(2) refuses
 	// (default: every one except NETLINK_ROUTE and NETLINK_SOCK_DIAG).
 	DeniedNetlinkProtocols []int `json:"denied_netlink_protocols,omitempty"`
+	// DenyLowMappings refuses mappings placed below vm.mmap_min_addr
+	// (read at launch): mmap with MAP_FIXED(_NOREPLACE), mremap with
+	// MREMAP_FIXED and shmat at such an address (dangerous.FixedMappings).
+	// Set when the sandbox blocks CAP_SYS_RAWIO, which the kernel asks
+	// there without the capable hook. The i386 table is refused whole.
+	// Not covered: an executable whose ELF segments load below the
+	// minimum (the kernel maps them inside execve).
+	DenyLowMappings bool `json:"deny_low_mappings,omitempty"`
 }
 
 // AllNamespaces are the CLONE_NEW* flags.

@@ -88,6 +88,16 @@ func seccompFilters(p SeccompPolicy) ([]seccomp.Filter, []string, error) {
 	if len(sock) > 0 {
 		groups = append(groups, seccomp.SyscallGroup{NamesWithCondtions: sock, Action: seccomp.ActionErrno})
 	}
+	if p.DenyLowMappings {
+		low, names, err := lowMappings()
+		if err != nil {
+			return nil, nil, fmt.Errorf("seccomp: %w", err)
+		}
+		if len(low) > 0 {
+			groups = append(groups, seccomp.SyscallGroup{NamesWithCondtions: low, Action: seccomp.ActionErrno})
+			denied = append(denied, names...)
+		}
+	}
 
 	policy := seccomp.Filter{
 		NoNewPrivs: true,
@@ -114,6 +124,36 @@ func seccompFilters(p SeccompPolicy) ([]seccomp.Filter, []string, error) {
 		return nil, nil, fmt.Errorf("seccomp arch guard: %w", err)
 	}
 	return []seccomp.Filter{guard, policy}, denied, nil
+}
+
+// lowMappings are the conditions refusing a mapping placed below
+// vm.mmap_min_addr, read now (the kernel's own check there asks
+// CAP_SYS_RAWIO without the capable hook): the fixed-address syscalls of
+// the one dangerous list. None when the sysctl is 0.
+func lowMappings() ([]seccomp.NameWithConditions, []string, error) {
+	min, err := dangerous.MmapMinAddr()
+	if err != nil || min == 0 {
+		return nil, nil, err
+	}
+	// shmat and SHM_RND round the address down to a page: every address
+	// below the minimum rounded up lands below it.
+	const page = 4096
+	shmLimit := (min + page - 1) &^ (page - 1)
+	var out []seccomp.NameWithConditions
+	var names []string
+	for _, m := range dangerous.FixedMappings {
+		if m.Flags == 0 {
+			out = append(out, seccomp.NameWithConditions{Name: m.Name, Conditions: []seccomp.Condition{
+				{Argument: m.AddrArg, Operation: seccomp.NotEqual, Value: 0},
+				{Argument: m.AddrArg, Operation: seccomp.LessThan, Value: shmLimit}}})
+		} else {
+			out = append(out, seccomp.NameWithConditions{Name: m.Name, Conditions: []seccomp.Condition{
+				{Argument: m.FlagsArg, Operation: seccomp.BitsSet, Value: m.Flags},
+				{Argument: m.AddrArg, Operation: seccomp.LessThan, Value: min}}})
+		}
+		names = append(names, fmt.Sprintf("%s(below %#x)", m.Name, min))
+	}
+	return out, names, nil
 }
 
 // loadSeccomp installs the filters on the calling thread (which then

@@ -26,6 +26,9 @@ func (c *compiler) launch(sb *policy.Sandbox) {
 	if !blocking(orAllow(ops.RawSockets)) || record {
 		sec.DeniedSocketFamilies = slices.DeleteFunc(sec.DeniedSocketFamilies, func(f int) bool { return f == unix.AF_PACKET })
 	}
+	// Mappings below vm.mmap_min_addr ask CAP_SYS_RAWIO without the
+	// capable hook: refused where the sandbox blocks that capability.
+	sec.DenyLowMappings = !record && blocking(orAllow(sb.CapabilityAction(unix.CAP_SYS_RAWIO)))
 	var notes []string
 	res := launch.Restrictions{Seccomp: sec}
 	if record {
@@ -48,8 +51,9 @@ func (c *compiler) launch(sb *policy.Sandbox) {
 			notes = append(notes, "seccomp refuses "+strings.Join(conflicts, ", ")+" although the policy does not block it (fixed list)")
 		}
 	}
-	notes = append([]string{fmt.Sprintf("seccomp: fixed list, namespaces, io_uring %s, AF_PACKET %s",
-		allowedWord(res.Seccomp.AllowIOUring), allowedWord(!slices.Contains(res.Seccomp.DeniedSocketFamilies, unix.AF_PACKET)))}, notes...)
+	notes = append([]string{fmt.Sprintf("seccomp: fixed list, namespaces, io_uring %s, AF_PACKET %s, mappings below vm.mmap_min_addr %s",
+		allowedWord(res.Seccomp.AllowIOUring), allowedWord(!slices.Contains(res.Seccomp.DeniedSocketFamilies, unix.AF_PACKET)),
+		allowedWord(!res.Seccomp.DenyLowMappings))}, notes...)
 	c.plan.Launch[sb.Name] = res
 	c.add(sb, "watcher exec", policy.ActionBlock, layer{mech: MechLaunch, notes: append(notes, "only commands started by watcher exec")})
 }

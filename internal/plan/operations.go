@@ -372,7 +372,11 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 		if ok {
 			lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(name)}})
 		}
-		c.add(sb, "capability "+policy.CapabilityName(n), r.Action, capLayer)
+		l := capLayer
+		if n == unix.CAP_SYS_RAWIO {
+			l = c.lowMappings(sb, l, r.Action)
+		}
+		c.add(sb, "capability "+policy.CapabilityName(n), r.Action, l)
 	}
 	def := orAllow(caps.Default)
 	if def == policy.ActionAllow {
@@ -386,7 +390,34 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 			}
 		}
 	}
+	if !explicit[unix.CAP_SYS_RAWIO] {
+		capLayer = c.lowMappings(sb, capLayer, def)
+	}
 	c.add(sb, "capabilities (default)", def, capLayer)
+}
+
+// lowMappings adds to the layer of the rule deciding CAP_SYS_RAWIO (action
+// a) what judges mappings below vm.mmap_min_addr, which the kernel checks
+// for that capability without the capable hook (cap_mmap_addr): the
+// mmap_addr hook where it loads, else watcher exec's seccomp filter for
+// a blocking rule (launch, DenyLowMappings), and for other members nothing.
+func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action) layer {
+	l.notes = slices.Clone(l.notes)
+	enforced := blocking(orAllow(a)) && sb.Mode != policy.ModeRecord
+	switch {
+	case orAllow(a) == policy.ActionAllow:
+		return l
+	case l.mech == MechLSM && c.hook("mmap_addr"):
+		l.notes = append(l.notes, "lsm mmap_addr: mappings below vm.mmap_min_addr (page 0), which the kernel checks without the capable hook")
+	case enforced:
+		if len(l.lsmMissing) > 0 && !c.hook("mmap_addr") {
+			l.lsmMissing = append(slices.Clone(l.lsmMissing), "mmap_addr")
+		}
+		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; refused by seccomp for watcher exec runs only, not refused for other members")
+	default:
+		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0) not recorded (no mmap_addr hook here)")
+	}
+	return l
 }
 
 // Device numbers covered by operations.devices besides every block

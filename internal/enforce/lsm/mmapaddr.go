@@ -7,16 +7,11 @@ package lsm
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 
 	"github.com/cilium/ebpf"
-)
 
-// MmapMinAddrFile is the sysctl the kernel compares a mapping's address
-// with before it asks for CAP_SYS_RAWIO (cap_mmap_addr: dac_mmap_min_addr).
-const MmapMinAddrFile = "/proc/sys/vm/mmap_min_addr"
+	"github.com/watcherhq/watcher/internal/dangerous"
+)
 
 const (
 	// mmapAddrMode tags a capability event's mode as a mapping below the
@@ -24,19 +19,6 @@ const (
 	mmapAddrMode    = 0x40000000
 	mmapAddrPageMax = 0x3fffffff
 )
-
-// ReadMmapMinAddr returns vm.mmap_min_addr.
-func ReadMmapMinAddr() (uint64, error) {
-	b, err := os.ReadFile(MmapMinAddrFile)
-	if err != nil {
-		return 0, fmt.Errorf("read mmap_min_addr: %w", err)
-	}
-	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", MmapMinAddrFile, err)
-	}
-	return v, nil
-}
 
 // writeMmapMinAddr copies vm.mmap_min_addr into lsm_mmap_min_addr. The
 // agent calls it at Load and at every SetRules (policy apply), so a
@@ -51,7 +33,7 @@ func writeMmapMinAddr(coll *ebpf.Collection) error {
 	if m == nil {
 		return errors.New("lsm_mmap_min_addr map missing")
 	}
-	v, err := ReadMmapMinAddr()
+	v, err := dangerous.MmapMinAddr()
 	if err != nil {
 		return err
 	}

@@ -1,24 +1,13 @@
 package lsm
 
 import (
-	"os"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
-
-// mmapMinAddr reads vm.mmap_min_addr, the lowest address a task without
-// CAP_SYS_RAWIO may map.
-func mmapMinAddr() (uint64, error) {
-	b, err := os.ReadFile("/proc/sys/vm/mmap_min_addr")
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-}
 
 // doMmapOp places one page at address op.Num by every route that reaches
 // the kernel's mmap_addr check (TestMmapBelowMinAddr), and unmaps it
@@ -50,7 +39,7 @@ func doMmapOp(op opSpec) (string, bool) {
 			return errnoResult(e), true
 		}
 		unix.Syscall(unix.SYS_MUNMAP, p, page, 0)
-		if min, err := mmapMinAddr(); err != nil || uint64(p) < min {
+		if min, err := dangerous.MmapMinAddr(); err != nil || uint64(p) < min {
 			return "ERR: hint placed below vm.mmap_min_addr", true
 		}
 		return "OK", true

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
@@ -25,7 +26,7 @@ import (
 // work; a record rule lets page 0 through and records it.
 func TestMmapBelowMinAddr(t *testing.T) {
 	eng, l := setup(t)
-	min, err := mmapMinAddr()
+	min, err := dangerous.MmapMinAddr()
 	if err != nil {
 		t.Fatal(err)
 	}

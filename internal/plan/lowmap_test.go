@@ -1,0 +1,133 @@
+package plan
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/policy"
+)
+
+// Mappings below vm.mmap_min_addr ask CAP_SYS_RAWIO without the capable
+// hook: the line of the rule deciding that capability names the
+// mmap_addr hook where it loads, and says what covers it where not
+// (watcher exec's seccomp only); the seccomp filter refuses them for a
+// blocking rule in an enforce-mode sandbox.
+func TestLowMappingsLayer(t *testing.T) {
+	p := parse(t, `version: 1
+sandboxes:
+  - {name: base, select: {cgroups: [/a]}}
+  - {name: trial, select: {cgroups: [/b]}, mode: record}
+  - name: rec
+    select: {cgroups: [/c]}
+    operations: {capabilities: {rules: [{cap: CAP_SYS_RAWIO, action: record}]}}
+  - name: strict
+    select: {cgroups: [/d]}
+    operations: {capabilities: {default: block, rules: [{cap: CAP_CHOWN, action: allow}]}}
+`)
+	// Every sandbox starts from the baseline, which names CAP_SYS_RAWIO;
+	// strict leaves it to its default.
+	for i := range p.Sandboxes {
+		if sb := &p.Sandboxes[i]; sb.Name == "strict" {
+			sb.Operations.Capabilities.Rules = slices.DeleteFunc(sb.Operations.Capabilities.Rules,
+				func(r policy.CapabilityRule) bool {
+					n, _ := policy.CapabilityNumber(r.Cap)
+					return n == unix.CAP_SYS_RAWIO
+				})
+		}
+	}
+	want := map[string]policy.Action{"base": policy.ActionBlock, "trial": policy.ActionBlock, "rec": policy.ActionRecord, "strict": policy.ActionBlock}
+	for i := range p.Sandboxes {
+		sb := &p.Sandboxes[i]
+		if got := sb.CapabilityAction(unix.CAP_SYS_RAWIO); got != want[sb.Name] {
+			t.Fatalf("%s: CAP_SYS_RAWIO %s, want %s (fixture)", sb.Name, got, want[sb.Name])
+		}
+	}
+	rawioLine := func(plan *Plan, sb string) (string, string) {
+		t.Helper()
+		rule := sb + ": capability CAP_SYS_RAWIO"
+		if sb == "strict" {
+			rule = sb + ": capabilities (default)"
+		}
+		for _, l := range plan.Layers {
+			if l.Rule == rule {
+				return l.Mechanism, l.Note
+			}
+		}
+		t.Fatalf("no layer %q", rule)
+		return "", ""
+	}
+	fmod := map[string]string{}
+	for h := range lsmEnv(t, nil) {
+		fmod[h] = lsm.MechFmodRet
+	}
+	hosts := []struct {
+		name string
+		env  Env
+		mech string
+	}{
+		{"lsm", Env{LSM: lsmEnv(t, nil)}, MechLSM},
+		{"fmod_ret", Env{LSM: lsmEnv(t, nil), LSMMech: fmod}, MechFmodRet},
+	}
+	for _, h := range hosts {
+		plan, _ := compile(t, p, h.env)
+		for _, sb := range []string{"base", "strict"} {
+			mech, note := rawioLine(plan, sb)
+			if mech != h.mech || !strings.Contains(note, "lsm mmap_addr: mappings below vm.mmap_min_addr") {
+				t.Errorf("%s host: %s: %s (%s), want %s naming mmap_addr", h.name, sb, mech, note, h.mech)
+			}
+			caps := plan.LSM[plan.SandboxIDs[sb]].Caps
+			if !slices.ContainsFunc(caps, func(c lsm.CapRule) bool {
+				return c.Cap == unix.CAP_SYS_RAWIO && c.Action == enforce.ActionBlock
+			}) {
+				t.Errorf("%s host: %s: no blocking CAP_SYS_RAWIO rule for the hooks: %+v", h.name, sb, caps)
+			}
+		}
+		if mech, note := rawioLine(plan, "rec"); mech != MechRecord || !strings.Contains(note, "recorded by "+h.mech) || !strings.Contains(note, "mmap_addr") {
+			t.Errorf("%s host: rec: %s (%s), want recorded by %s with mmap_addr", h.name, mech, note, h.mech)
+		}
+	}
+
+	// This host: no LSM, no fmod_ret.
+	plan, _ := compile(t, p, Env{LSM: lsmEnv(t, errRefused)})
+	for _, sb := range []string{"base", "strict"} {
+		mech, note := rawioLine(plan, sb)
+		if mech != MechNone || !strings.Contains(note, "refused by seccomp for watcher exec runs only, not refused for other members") {
+			t.Errorf("no-LSM host: %s: %s (%s)", sb, mech, note)
+		}
+	}
+	if _, note := rawioLine(plan, "rec"); !strings.Contains(note, "not recorded (no mmap_addr hook here)") {
+		t.Errorf("no-LSM host: rec: %s", note)
+	}
+	if _, note := rawioLine(plan, "trial"); !strings.Contains(note, "not recorded (no mmap_addr hook here)") {
+		t.Errorf("no-LSM host: trial (record mode): %s", note)
+	}
+	// Seccomp refuses them for the blocking rules of enforce-mode sandboxes.
+	for sb, deny := range map[string]bool{"base": true, "strict": true, "rec": false, "trial": false} {
+		if got := plan.Launch[sb].Seccomp.DenyLowMappings; got != deny {
+			t.Errorf("%s: DenyLowMappings %v, want %v", sb, got, deny)
+		}
+		_, note, _ := findLayer(plan, sb+": watcher exec")
+		if deny != strings.Contains(note, "mappings below vm.mmap_min_addr refused") {
+			t.Errorf("%s: watcher exec line %q", sb, note)
+		}
+	}
+	// require_lsm: the blocking rule names the missing hook.
+	plan, _ = compile(t, p, Env{LSM: lsmEnv(t, errRefused), RequireLSM: true})
+	if !slices.ContainsFunc(plan.Missing, func(m string) bool {
+		return strings.Contains(m, "base: capability CAP_SYS_RAWIO") && strings.Contains(m, "lsm/mmap_addr")
+	}) {
+		t.Errorf("Missing lacks CAP_SYS_RAWIO with lsm/mmap_addr: %v", plan.Missing)
+	}
+	// A host where capable loads but mmap_addr does not.
+	env := lsmEnv(t, nil)
+	env["mmap_addr"] = errRefused
+	plan, _ = compile(t, p, Env{LSM: env})
+	if _, note := rawioLine(plan, "base"); !strings.Contains(note, "lsm capable") || !strings.Contains(note, "no mmap_addr hook here") {
+		t.Errorf("capable without mmap_addr: %s", note)
+	}
+}
