@@ -1,7 +1,13 @@
 package lsm
 
 import (
+	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +17,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
 
@@ -113,4 +120,87 @@ func TestMmapBelowMinAddr(t *testing.T) {
 	} else if err := m.Lookup(uint32(0), &inMap); err != nil || inMap != min {
 		t.Errorf("lsm_mmap_min_addr holds %d (%v), vm.mmap_min_addr is %d", inMap, err, min)
 	}
+}
+
+// lowELF writes a static x86_64 executable whose one segment loads at
+// vaddr and which exits 0 at once.
+func lowELF(t *testing.T, vaddr uint64) string {
+	t.Helper()
+	code := []byte{0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05} // mov eax, 60 (exit); xor edi, edi; syscall
+	const hdrs = 64 + 56
+	var b bytes.Buffer
+	le := binary.LittleEndian
+	b.Write([]byte{0x7f, 'E', 'L', 'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	binary.Write(&b, le, struct {
+		Type, Machine              uint16
+		Version                    uint32
+		Entry, Phoff, Shoff        uint64
+		Flags                      uint32
+		Ehsize, Phentsize, Phnum   uint16
+		Shentsize, Shnum, Shstrndx uint16
+	}{Type: 2, Machine: 0x3e, Version: 1, Entry: vaddr + hdrs, Phoff: 64, Ehsize: 64, Phentsize: 56, Phnum: 1})
+	binary.Write(&b, le, struct {
+		Type, Flags          uint32
+		Offset, Vaddr, Paddr uint64
+		Filesz, Memsz, Align uint64
+	}{Type: 1, Flags: 5, Vaddr: vaddr, Paddr: vaddr, Filesz: hdrs + uint64(len(code)), Memsz: hdrs + uint64(len(code)), Align: 4096})
+	b.Write(code)
+	p := filepath.Join(t.TempDir(), "lowelf")
+	if err := os.WriteFile(p, b.Bytes(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestMmapBelowMinAddrExec: execve maps an executable's segments itself;
+// one that loads below vm.mmap_min_addr reaches the same mmap_addr check.
+// In a sandbox blocking CAP_SYS_RAWIO the new program never runs (the
+// kernel kills it past exec's point of no return) and the refusal is
+// recorded; outside, root runs it; a record rule lets it run and
+// records it.
+func TestMmapBelowMinAddrExec(t *testing.T) {
+	eng, l := setup(t)
+	min, err := dangerous.MmapMinAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if min == 0 {
+		t.Skip("vm.mmap_min_addr is 0: the kernel checks no capability for low mappings")
+	}
+	vaddr := (min - 1) &^ 4095
+	bin := lowELF(t, vaddr)
+	block := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionBlock, 611}}}})
+	record := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionRecord, 612}}}})
+
+	run := func(cg string) (int, error) {
+		cmd := enforcetest.Command(t, cg, bin)
+		err := cmd.Run()
+		return cmd.Process.Pid, err
+	}
+	if _, err := run(""); err != nil {
+		t.Fatalf("outside: %s loading at %#x: %v, want exit 0 (root has CAP_SYS_RAWIO)", bin, vaddr, err)
+	}
+	pid, err := run(block.root)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Errorf("sandbox blocking CAP_SYS_RAWIO: %v, want the program killed", err)
+	} else {
+		t.Logf("sandbox blocking CAP_SYS_RAWIO: %v", err)
+	}
+	match := func(pid int, rule uint32, verdict audit.Verdict) {
+		t.Helper()
+		ev := waitEvent(t, fmt.Sprintf("exec of a low ELF (pid %d)", pid), func(ev audit.Event) bool {
+			return ev.Process.TGID == uint32(pid) && ev.Kind == audit.KindCapability && ev.Rule == fmt.Sprintf("rule-%d", rule) &&
+				strings.Contains(ev.Message, fmt.Sprintf("at %#x below vm.mmap_min_addr", vaddr))
+		})
+		if ev.Kind != "" && (ev.Verdict != verdict || ev.Mechanism != expectedMechanism(t)) {
+			t.Errorf("verdict %s mechanism %s, want %s by %s", ev.Verdict, ev.Mechanism, verdict, expectedMechanism(t))
+		}
+	}
+	match(pid, 611, audit.VerdictDenied)
+	pid, err = run(record.root)
+	if err != nil {
+		t.Errorf("sandbox recording CAP_SYS_RAWIO: %v, want exit 0", err)
+	}
+	match(pid, 612, audit.VerdictRecorded)
 }
