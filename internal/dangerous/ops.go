@@ -11,6 +11,11 @@
 // watcher exec's seccomp filter (internal/launch) and the kill backstop
 // (internal/enforce/backstop) both read this list, so an entry added here
 // is enforced by both; test/adversarial walks it on both paths.
+//
+// FixedMappings (lowmap.go) are the syscalls that place a mapping at an
+// address of the caller's choosing: below vm.mmap_min_addr that is a use
+// of CAP_SYS_RAWIO the capable hook never sees (the mmap_addr hook and
+// watcher exec's seccomp filter judge it).
 package dangerous
 
 // Group names the policy setting that decides an entry.
