@@ -31,15 +31,10 @@ test:
 	$(GO) test -count=1 -timeout 30m ./...
 
 # BPF LSM tests in a stock Debian kernel under qemu (this host refuses LSM
-# programs). KERNEL_PKG picks another kernel package.
+# programs): every guest suite, in two lanes side by side (test/vm/lanes.sh
+# says which). KERNEL_PKG picks another kernel package.
 test-vm:
-	./test/vm/run.sh $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
-	./test/vm/run.sh --pkg ./internal/limits --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
-	./test/vm/run.sh --pkg ./internal/launch --run TestDerivedFileModel --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
-	./test/vm/run.sh --pkg ./internal/posture --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
-	./test/vm/run.sh --pkg ./internal/workspace --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
-	./test/vm/run.sh --pkg ./internal/workspace/ipcobj --boot lsm $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
-	./test/vm/run.sh --pkg ./test/adversarial --timeout 2400 $(if $(KERNEL_PKG),--kernel-pkg $(KERNEL_PKG))
+	KERNEL_PKG=$(KERNEL_PKG) ./test/vm/lanes.sh
 
 # The syscall loop in the qemu guest: bare, outside and inside a sandbox for
 # BPF LSM and for fmod_ret (one boot each), ratios to bare in the same boot.

@@ -28,7 +28,7 @@
 #
 # Usage: test/vm/run.sh [--kernel-pkg NAME] [--pkg ./go/package]... [--timeout SECONDS]
 #                       [--run REGEX] [--boot lsm|fmod_ret]... [--env K=V]... [--keep]
-#                       [--hostroot] [--mem MIB]
+#                       [--hostroot] [--mem MIB] [--fetch-only]
 #   --kernel-pkg  Debian kernel package (default: what linux-image-cloud-amd64
 #                 depends on, from apt-cache; the ABI number moves with updates)
 #   --pkg         Go package whose tests run in the guest (repeatable; default
@@ -41,6 +41,8 @@
 #   --hostroot    run the tests chrooted into the host's root (see above)
 #   --mem         guest memory in MiB (default 1024; 2048 with --hostroot,
 #                 where the overlay's writes and /tmp live in guest memory)
+#   --fetch-only  download the kernel into the cache and stop (test/vm/lanes.sh
+#                 does this once before its lanes start)
 # Environment: VM_CACHE (default <repo>/.cache/vm) caches downloaded kernels
 # (<pkg>/vmlinuz, config, and modules/*.ko with modules/order, the load order).
 # VM_TCG_THREAD (default single) is qemu's TCG threading. Multi-threaded TCG
@@ -67,6 +69,7 @@ boots=()
 envs=()
 hostroot=0
 mem_mib=""
+fetch_only=0
 
 while (($#)); do
 	case $1 in
@@ -80,7 +83,8 @@ while (($#)); do
 	--env) envs+=("$2"); shift 2 ;;
 	--hostroot) hostroot=1; shift ;;
 	--mem) mem_mib=$2; shift 2 ;;
-	-h | --help) sed -n '2,44p' "$0"; exit 0 ;;
+	--fetch-only) fetch_only=1; shift ;;
+	-h | --help) sed -n '2,/^set -euo/{/^set -euo/!p}' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -188,6 +192,7 @@ if [[ ! -s $vmlinuz ]] || ! modules_cached; then
 	rm -rf "$dl"
 fi
 echo "== kernel $kernel_pkg ($vmlinuz)"
+((fetch_only)) && exit 0
 
 # --- test binaries ----------------------------------------------------------
 work=$(mktemp -d /tmp/watcher-vm.XXXXXX)

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# make test-vm: every guest suite, in two lanes that run side by side. Each
+# guest runs single-threaded TCG (one host core; run.sh's header says why),
+# so two lanes use both cores of a 2-core host. A lane goes on after a
+# failed step, so one run reports every failure; lines are prefixed with
+# the lane's name, and the script fails when any step failed.
+#
+# The lanes:
+#   kernel   the LSM suite in both boots, the packages that need BPF LSM or
+#            cgroup v2 (limits, launch, posture, workspace, ipcobj), the
+#            tracepoint flip check, the adversarial suite in both boots, then
+#            the workload battery's first half;
+#   battery  the workload battery's second half.
+# The battery runs on the host's userland (--hostroot) in the lsm boot,
+# under the enforcing sandboxes only (restricted, dev, read-only): with zero
+# refusals there, a record-mode twin takes the same decisions on the same
+# operations, and the twins would double the lane. The host run of
+# test/workloads covers the twins.
+#
+# Usage: test/vm/lanes.sh    (KERNEL_PKG=NAME passes --kernel-pkg NAME)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+kp=()
+[[ -n ${KERNEL_PKG:-} ]] && kp=(--kernel-pkg "$KERNEL_PKG")
+vm() { ./test/vm/run.sh "${kp[@]}" "$@"; }
+
+# Download the kernel once, before two runs would race for it.
+vm --fetch-only || exit 2
+
+status=$(mktemp -d /tmp/watcher-lanes.XXXXXX)
+trap 'rm -rf "$status"' EXIT
+
+# step NAME ARGS...: one run.sh call; a failure is noted, the lane goes on.
+step() {
+	local name=$1; shift
+	local t0=$SECONDS
+	if vm "$@"; then
+		echo "== step $name passed in $((SECONDS - t0)) s"
+	else
+		echo "== step $name FAILED in $((SECONDS - t0)) s"
+		echo "$name" >>"$status/failed"
+	fi
+}
+
+battery() {
+	step "battery $1" --hostroot --pkg ./test/workloads --run '^TestBattery$' \
+		--env WL_ONLY="$1" --env WL_SANDBOXES=restricted,dev,read-only --boot lsm --timeout 3000
+}
+
+lane_kernel() {
+	step lsm-suite
+	step limits --pkg ./internal/limits --boot lsm
+	step launch --pkg ./internal/launch --run TestDerivedFileModel --boot lsm
+	step posture --pkg ./internal/posture --boot lsm
+	step workspace --pkg ./internal/workspace --boot lsm
+	step ipcobj --pkg ./internal/workspace/ipcobj --boot lsm
+	step tracepoint-flips --pkg ./internal/enforce --run '^TestSyscallTracepointFlips$' --boot lsm
+	step adversarial --pkg ./test/adversarial --timeout 2400
+	battery git,shell,read
+}
+
+lane_battery() {
+	battery python,node,go,c,net
+}
+
+t0=$SECONDS
+lane_kernel 2>&1 | sed -u 's/^/[kernel] /' &
+kernel_pid=$!
+lane_battery 2>&1 | sed -u 's/^/[battery] /' &
+battery_pid=$!
+wait "$kernel_pid" "$battery_pid"
+
+echo "== test-vm: both lanes done in $((SECONDS - t0)) s"
+if [[ -s $status/failed ]]; then
+	echo "== test-vm FAILED: $(paste -sd, "$status/failed")"
+	exit 1
+fi
+echo "== test-vm passed"
