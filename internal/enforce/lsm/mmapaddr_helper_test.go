@@ -1,7 +1,12 @@
 package lsm
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
+	"syscall"
+	"testing"
 
 	"golang.org/x/sys/unix"
 
@@ -80,4 +85,30 @@ func doMmapOp(op opSpec) (string, bool) {
 		return "OK", true
 	}
 	return "", false
+}
+
+// TestPageZeroHelper is the child side of TestMmapBelowMinAddrPersonality
+// (mode "pagezero"): set the MMAP_PAGE_ZERO personality (SVr4's page 0,
+// which the ELF loader maps at every exec), join the cgroup in
+// WATCHER_PAGEZERO_CG (none: stay) and exec WATCHER_PAGEZERO_BIN. (Not
+// this binary: Go's nil checks rely on page 0 faulting.)
+func TestPageZeroHelper(t *testing.T) {
+	if os.Getenv("WATCHER_TEST_HELPER") != "pagezero" {
+		t.Skip("helper process for TestMmapBelowMinAddrPersonality")
+	}
+	const mmapPageZero = 0x0100000
+	if _, _, e := unix.RawSyscall(unix.SYS_PERSONALITY, mmapPageZero, 0, 0); e != 0 {
+		fmt.Printf("ERR personality: %v\n", e)
+		os.Exit(1)
+	}
+	if cg := os.Getenv("WATCHER_PAGEZERO_CG"); cg != "" {
+		if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			fmt.Printf("ERR join %s: %v\n", cg, err)
+			os.Exit(1)
+		}
+	}
+	bin := os.Getenv("WATCHER_PAGEZERO_BIN")
+	err := syscall.Exec(bin, []string{bin}, nil)
+	fmt.Printf("ERR exec: %v\n", err)
+	os.Exit(1)
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,11 +123,20 @@ func TestMmapBelowMinAddr(t *testing.T) {
 	}
 }
 
+// exit0 is x86_64 code for exit(0): mov eax, 60; xor edi, edi; syscall.
+var exit0 = []byte{0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05}
+
 // lowELF writes a static x86_64 executable whose one segment loads at
 // vaddr and which exits 0 at once.
 func lowELF(t *testing.T, vaddr uint64) string {
 	t.Helper()
-	code := []byte{0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05} // mov eax, 60 (exit); xor edi, edi; syscall
+	return tinyELF(t, vaddr, exit0)
+}
+
+// tinyELF writes a static x86_64 executable of one segment at vaddr
+// running code.
+func tinyELF(t *testing.T, vaddr uint64, code []byte) string {
+	t.Helper()
 	const hdrs = 64 + 56
 	var b bytes.Buffer
 	le := binary.LittleEndian
@@ -203,4 +213,65 @@ func TestMmapBelowMinAddrExec(t *testing.T) {
 		t.Errorf("sandbox recording CAP_SYS_RAWIO: %v, want exit 0", err)
 	}
 	match(pid, 612, audit.VerdictRecorded)
+}
+
+// TestMmapBelowMinAddrPersonality: the MMAP_PAGE_ZERO personality makes
+// the ELF loader map page 0 at every exec, a kernel-made low mapping
+// (inside a sandbox personality(2) itself is killed at entry; a process
+// can bring the flag along). The same hook judges it: in a sandbox
+// blocking CAP_SYS_RAWIO the program runs without page 0 (the loader
+// ignores the failure; its read of address 0 faults) and the refusal is
+// recorded; outside and under a record rule page 0 is mapped (the read
+// works, exit 0), the latter recorded.
+func TestMmapBelowMinAddrPersonality(t *testing.T) {
+	eng, l := setup(t)
+	if min, err := dangerous.MmapMinAddr(); err != nil || min == 0 {
+		t.Skipf("vm.mmap_min_addr %d (%v): the kernel checks no capability for low mappings", min, err)
+	}
+	// mov eax, [0]; then exit(0).
+	probe := tinyELF(t, 0x400000, append([]byte{0x8b, 0x04, 0x25, 0, 0, 0, 0}, exit0...))
+	block := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionBlock, 621}}}})
+	record := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionRecord, 622}}}})
+	run := func(cg string) (string, int) {
+		t.Helper()
+		cmd := enforcetest.SelfCommand(t, "", "TestPageZeroHelper", "pagezero", "WATCHER_PAGEZERO_CG="+cg, "WATCHER_PAGEZERO_BIN="+probe)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		stop := time.AfterFunc(time.Minute, func() { cmd.Process.Kill() })
+		defer stop.Stop()
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			return "mapped", cmd.Process.Pid
+		case errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGSEGV:
+			return "unmapped", cmd.Process.Pid
+		}
+		t.Fatalf("page-zero probe (cgroup %q): %v", cg, err)
+		return "", 0
+	}
+	if got, _ := run(""); got != "mapped" {
+		t.Fatalf("outside: page 0 %s, want mapped (MMAP_PAGE_ZERO, root)", got)
+	}
+	match := func(pid int, rule uint32, verdict audit.Verdict) {
+		t.Helper()
+		ev := waitEvent(t, fmt.Sprintf("MMAP_PAGE_ZERO exec (pid %d)", pid), func(ev audit.Event) bool {
+			return ev.Process.TGID == uint32(pid) && ev.Kind == audit.KindCapability && ev.Rule == fmt.Sprintf("rule-%d", rule) &&
+				strings.Contains(ev.Message, "at 0x0 below vm.mmap_min_addr")
+		})
+		if ev.Kind != "" && (ev.Verdict != verdict || ev.Mechanism != expectedMechanism(t)) {
+			t.Errorf("verdict %s mechanism %s, want %s by %s", ev.Verdict, ev.Mechanism, verdict, expectedMechanism(t))
+		}
+	}
+	got, pid := run(block.root)
+	if got != "unmapped" {
+		t.Errorf("sandbox blocking CAP_SYS_RAWIO: page 0 %s, want unmapped", got)
+	}
+	match(pid, 621, audit.VerdictDenied)
+	got, pid = run(record.root)
+	if got != "mapped" {
+		t.Errorf("sandbox recording CAP_SYS_RAWIO: page 0 %s, want mapped", got)
+	}
+	match(pid, 622, audit.VerdictRecorded)
 }
