@@ -412,9 +412,12 @@ func TestBattery(t *testing.T) {
 					continue
 				}
 				start := time.Now()
-				results = append(results, b.viaExec(s.name, sb.name), b.inRuntimeCgroup(s.name, sb.name))
+				ex, rt := b.viaExec(s.name, sb.name), b.inRuntimeCgroup(s.name, sb.name)
+				results = append(results, ex, rt)
 				// Progress for long runs (the qemu guest): -v streams it.
-				t.Logf("%s under %s: both paths in %s", s.name, sb.name, time.Since(start).Round(100*time.Millisecond))
+				// Kernel refusal events are counted at the end.
+				t.Logf("%s under %s: both paths in %s (exec ok=%t, %d refusals in its report; runtime ok=%t)", s.name, sb.name,
+					time.Since(start).Round(100*time.Millisecond), ex.ok, len(ex.refusals), rt.ok)
 			}
 		}
 	}
