@@ -11,11 +11,12 @@
 #            tracepoint flip check, the adversarial suite in both boots, then
 #            the workload battery's git, shell and read sessions under the
 #            enforcing sandboxes (restricted, dev, read-only);
-#   battery  the battery's python, node, c and net sessions under restricted.
+#   battery  the battery's python, node, c and net sessions under restricted,
+#            and c and net under dev.
 # The battery runs on the host's userland (--hostroot) in the lsm boot.
 # With zero refusals under an enforcing sandbox, its record-mode twin takes
 # the same decisions on the same operations, so the twins stay on the host
-# run of test/workloads, as do dev for the heavier sessions and the go
+# run of test/workloads, as do dev for python and node, and the go
 # session: under TCG a cold Go build takes over ten minutes a run (see
 # README, "benign workload battery").
 #
@@ -65,6 +66,7 @@ lane_kernel() {
 
 lane_battery() {
 	battery python,node,c,net restricted
+	battery c,net dev
 }
 
 t0=$SECONDS
