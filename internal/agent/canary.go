@@ -58,6 +58,11 @@ func (a *Agent) startCanary(ctx context.Context) {
 	if a.opts.NoCanary {
 		return
 	}
+	// An agent killed during a run left its scratch directory behind.
+	if _, err := canary.RemoveStaleScratch(""); err != nil {
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
+			Message: "removing stale canary scratch directories: " + err.Error()})
+	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.canaryLoop(ctx) }()
 }

@@ -106,7 +106,7 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 	if r.From != nil {
 		from = r.From()
 	}
-	scratch, err := os.MkdirTemp("", "watcher-canary-")
+	scratch, err := os.MkdirTemp("", scratchPrefix())
 	if err != nil {
 		return rep, fmt.Errorf("canary: %w", err)
 	}
