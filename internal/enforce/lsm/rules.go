@@ -651,28 +651,28 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	}
 
 	// Write, then prune.
-	if err := putAll(m["lsm_op_rules"], ops); err != nil {
+	if err := enforce.PutAll(m["lsm_op_rules"], ops); err != nil {
 		return err
 	}
-	if err := putAll(m["lsm_path_rules"], paths); err != nil {
+	if err := enforce.PutAll(m["lsm_path_rules"], paths); err != nil {
 		return err
 	}
-	if err := putAll(m["lsm_exec_rules"], execs); err != nil {
+	if err := enforce.PutAll(m["lsm_exec_rules"], execs); err != nil {
 		return err
 	}
-	if err := putAll(m["lsm_ino_rules"], inodes); err != nil {
+	if err := enforce.PutAll(m["lsm_ino_rules"], inodes); err != nil {
 		return err
 	}
-	if err := putAll(m["lsm_fs_rules"], fs); err != nil {
+	if err := enforce.PutAll(m["lsm_fs_rules"], fs); err != nil {
 		return err
 	}
-	if err := putAll(m["lsm_dev_rules"], devs); err != nil {
+	if err := enforce.PutAll(m["lsm_dev_rules"], devs); err != nil {
 		return err
 	}
-	if err := putAll(m["lsm_sock_rules"], socks); err != nil {
+	if err := enforce.PutAll(m["lsm_sock_rules"], socks); err != nil {
 		return err
 	}
-	if err := putAll(m["lsm_unix_rules"], unixPaths); err != nil {
+	if err := enforce.PutAll(m["lsm_unix_rules"], unixPaths); err != nil {
 		return err
 	}
 	capMap := m["lsm_cap_rules"]
@@ -683,28 +683,28 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	} else if err := capMap.Delete(sid); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("lsm_cap_rules: %w", err)
 	}
-	if err := prune(m["lsm_op_rules"], func(k lsmOpKey) bool { _, keep := ops[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_op_rules"], func(k lsmOpKey) bool { _, keep := ops[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	if err := prune(m["lsm_path_rules"], func(k lsmPathKey) bool { _, keep := paths[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_path_rules"], func(k lsmPathKey) bool { _, keep := paths[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	if err := prune(m["lsm_exec_rules"], func(k lsmPathKey) bool { _, keep := execs[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_exec_rules"], func(k lsmPathKey) bool { _, keep := execs[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	if err := prune(m["lsm_ino_rules"], func(k lsmInoKey) bool { _, keep := inodes[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_ino_rules"], func(k lsmInoKey) bool { _, keep := inodes[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	if err := prune(m["lsm_fs_rules"], func(k lsmFsKey) bool { _, keep := fs[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_fs_rules"], func(k lsmFsKey) bool { _, keep := fs[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	if err := prune(m["lsm_sock_rules"], func(k lsmSockKey) bool { _, keep := socks[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_sock_rules"], func(k lsmSockKey) bool { _, keep := socks[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	if err := prune(m["lsm_unix_rules"], func(k lsmPathKey) bool { _, keep := unixPaths[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_unix_rules"], func(k lsmPathKey) bool { _, keep := unixPaths[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	return prune(m["lsm_dev_rules"], func(k lsmDevKey) bool { _, keep := devs[k]; return k.SandboxId != sid || keep })
+	return enforce.PruneMap(m["lsm_dev_rules"], func(k lsmDevKey) bool { _, keep := devs[k]; return k.SandboxId != sid || keep })
 }
 
 // socketEntries builds the lsm_sock_rules entries of sandbox sid.
@@ -749,38 +749,6 @@ func socketEntries(sid uint32, rules []SocketRule) (map[lsmSockKey]lsmDecision, 
 
 // ClearRules removes every rule of sandbox sid.
 func (l *LSM) ClearRules(sid uint32) error { return l.SetRules(sid, Rules{}) }
-
-func putAll[K comparable, V any](m *ebpf.Map, entries map[K]V) error {
-	for k, v := range entries {
-		if err := m.Put(k, v); err != nil {
-			return fmt.Errorf("%s: %w", m, err)
-		}
-	}
-	return nil
-}
-
-// prune deletes the keys keep rejects. Keys are collected first: deleting
-// while iterating can restart the iteration.
-func prune[K comparable](m *ebpf.Map, keep func(K) bool) error {
-	var stale []K
-	var k K
-	var v []byte
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if !keep(k) {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("%s: iterate: %w", m, err)
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("%s: delete: %w", m, err)
-		}
-	}
-	return nil
-}
 
 // ProtectAgentFiles returns prefix rules refusing every open (read and
 // write) of the given agent paths (ledger directory, key files, the bpffs
