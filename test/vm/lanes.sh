@@ -3,7 +3,10 @@
 # guest runs single-threaded TCG (one host core; run.sh's header says why),
 # so two lanes use both cores of a 2-core host. A lane goes on after a
 # failed step, so one run reports every failure; lines are prefixed with
-# the lane's name, and the script fails when any step failed.
+# the lane's name, and the script fails when any step failed. Each step's
+# output is also kept, and a failed step's failure lines (--- FAIL, panic,
+# the guest's exit) and its last lines are printed again at the end, where
+# the tail of a CI log shows them.
 #
 # The lanes:
 #   kernel   the LSM suite in both boots, the packages that need BPF LSM or
@@ -37,13 +40,25 @@ trap 'rm -rf "$status"' EXIT
 # step NAME ARGS...: one run.sh call; a failure is noted, the lane goes on.
 step() {
 	local name=$1; shift
-	local t0=$SECONDS
-	if vm "$@"; then
+	local t0=$SECONDS log
+	log="$status/step-$(tr -c 'A-Za-z0-9_-' _ <<<"$name").log"
+	if vm "$@" 2>&1 | tee "$log"; then
 		echo "== step $name passed in $((SECONDS - t0)) s"
 	else
 		echo "== step $name FAILED in $((SECONDS - t0)) s"
-		echo "$name" >>"$status/failed"
+		printf '%s\t%s\n' "$name" "$log" >>"$status/failed"
 	fi
+}
+
+# report_failures: each failed step's failure lines and last lines again.
+report_failures() {
+	local name log
+	while IFS=$'\t' read -r name log; do
+		echo "== failed step $name: its failure lines"
+		grep -E -e '--- FAIL|^(panic|fatal error):|FAIL[[:space:]]|WATCHER-VM-RESULT|timed out|soft lockup|guest (exit|ran)' "$log" | head -n 60
+		echo "== failed step $name: its last 40 lines"
+		tail -n 40 "$log"
+	done <"$status/failed"
 }
 
 # battery SESSIONS SANDBOXES: the workload battery, narrowed.
@@ -78,7 +93,8 @@ wait "$kernel_pid" "$battery_pid"
 
 echo "== test-vm: both lanes done in $((SECONDS - t0)) s"
 if [[ -s $status/failed ]]; then
-	echo "== test-vm FAILED: $(paste -sd, "$status/failed")"
+	report_failures
+	echo "== test-vm FAILED: $(cut -f1 "$status/failed" | paste -sd,)"
 	exit 1
 fi
 echo "== test-vm passed"
