@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -96,6 +97,11 @@ func TestPageZeroHelper(t *testing.T) {
 	if os.Getenv("WATCHER_TEST_HELPER") != "pagezero" {
 		t.Skip("helper process for TestMmapBelowMinAddrPersonality")
 	}
+	// personality(2) sets the calling thread's flags and execve reads the
+	// exec'ing thread's: both must run on one thread (without this the
+	// goroutine moved between them now and then, and the exec ran without
+	// the flag).
+	runtime.LockOSThread()
 	const mmapPageZero = 0x0100000
 	if _, _, e := unix.RawSyscall(unix.SYS_PERSONALITY, mmapPageZero, 0, 0); e != 0 {
 		fmt.Printf("ERR personality: %v\n", e)
