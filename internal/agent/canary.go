@@ -172,18 +172,16 @@ func (a *Agent) RunCanary(ctx context.Context, sandbox, reason string) (control.
 	return rep, nil
 }
 
-// recordCanary turns a report into metrics, events and the freeze.
+// recordCanary turns a report into events and the freeze; the run's
+// record (its CanaryDetail) is what the metrics sink counts.
 func (a *Agent) recordCanary(sb *policy.Sandbox, rep *control.CanaryReport) {
-	a.metrics.CanaryRuns.WithLabelValues(sb.Name).Inc()
-	a.metrics.CanaryLastRun.WithLabelValues(sb.Name).Set(float64(rep.Time.Unix()))
 	var failed []string
+	detail := &audit.CanaryDetail{Reason: rep.Reason}
 	for _, r := range rep.Results {
-		c := a.metrics.CanaryFailures.WithLabelValues(sb.Name, r.Path+"/"+r.Check)
+		detail.Checks = append(detail.Checks, audit.CanaryCheck{Name: r.Path + "/" + r.Check, OK: r.OK})
 		if r.OK {
-			c.Add(0) // the series exists from the first run: increase() sees the first failure
 			continue
 		}
-		c.Inc()
 		failed = append(failed, r.Path+"/"+r.Check)
 		a.emit(audit.Event{Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Sandbox: audit.Sandbox{Name: sb.Name, Labels: map[string]string{audit.LabelCanary: r.Check}}, Mechanism: "canary", Rule: r.Check,
@@ -214,7 +212,8 @@ func (a *Agent) recordCanary(sb *policy.Sandbox, rep *control.CanaryReport) {
 	// The run's record carries its start time: what it proves is the
 	// state of the layers from then on.
 	a.emit(audit.Event{Time: rep.Time, Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: sev,
-		Sandbox: audit.Sandbox{Name: sb.Name, Labels: map[string]string{audit.LabelCanary: "run"}}, Mechanism: "canary", Message: msg})
+		Sandbox: audit.Sandbox{Name: sb.Name, Labels: map[string]string{audit.LabelCanary: "run"}}, Mechanism: "canary", Message: msg,
+		Canary: detail})
 }
 
 func (a *Agent) storeCanary(rep control.CanaryReport) {

@@ -152,6 +152,9 @@ type Event struct {
 	Tool   *ToolDetail   `json:"tool,omitempty"`
 	// Posture is set on posture events (KindPosture).
 	Posture *Posture `json:"posture,omitempty"`
+	// Canary is set on the record of a whole canary run (KindCanary,
+	// label canary=run): the metrics sink counts runs and failures from it.
+	Canary *CanaryDetail `json:"canary,omitempty"`
 	// Message is free text for agent, recovery and escape events.
 	Message string `json:"message,omitempty"`
 	// Redacted lists the fields whose values were replaced by "***".

@@ -30,10 +30,11 @@ type Metrics struct {
 	// Counters of the event pipeline (Consume) kept as Prometheus series.
 	DNSDecisions *prometheus.CounterVec
 	Info         *prometheus.GaugeVec
-	// The self-test's results (internal/canary), set by the agent.
-	CanaryFailures *prometheus.CounterVec
-	CanaryRuns     *prometheus.CounterVec
-	CanaryLastRun  *prometheus.GaugeVec
+	// The self-test's results (internal/canary), counted from the
+	// record of each run (Consume, KindCanary with a CanaryDetail).
+	canaryFailures *prometheus.CounterVec
+	canaryRuns     *prometheus.CounterVec
+	canaryLastRun  *prometheus.GaugeVec
 
 	mu     sync.Mutex
 	events atomic.Value // map[eventKey]*atomic.Uint64, copied on write
@@ -49,16 +50,16 @@ func New() *Metrics {
 	m.Info = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "watcher_enforcement_layer", Help: "1 for each rule and the layer enforcing it on this kernel.",
 	}, []string{"rule", "layer"})
-	m.CanaryFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.canaryFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watcher_canary_failures_total", Help: "Canary checks whose result differed from the policy (a forbidden operation that worked, an allowed one refused, an event that never reached the ledger), by sandbox and check (PATH/CHECK).",
 	}, []string{"sandbox", "check"})
-	m.CanaryRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.canaryRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "watcher_canary_runs_total", Help: "Canary runs, by sandbox.",
 	}, []string{"sandbox"})
-	m.CanaryLastRun = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.canaryLastRun = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "watcher_canary_last_run_timestamp_seconds", Help: "Unix time of the sandbox's last canary run.",
 	}, []string{"sandbox"})
-	m.Registry.MustRegister(m.DNSDecisions, m.Info, m.CanaryFailures, m.CanaryRuns, m.CanaryLastRun,
+	m.Registry.MustRegister(m.DNSDecisions, m.Info, m.canaryFailures, m.canaryRuns, m.canaryLastRun,
 		&countsCollector{m: m},
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewGoCollector())
@@ -79,6 +80,10 @@ func (m *Metrics) Consume(e *audit.Event) (pipeline.Decision, error) {
 			reason = e.DNS.Reason
 		}
 		m.DNSDecisions.WithLabelValues(e.Sandbox.Name, string(e.Verdict), reason).Inc()
+	case audit.KindCanary:
+		if e.Canary != nil {
+			m.countCanary(e)
+		}
 	case audit.KindLoss:
 		if e.Loss != nil {
 			v, ok := m.losses.Load(e.Loss.Stage)
@@ -89,6 +94,20 @@ func (m *Metrics) Consume(e *audit.Event) (pipeline.Decision, error) {
 		}
 	}
 	return pipeline.Decision{}, nil
+}
+
+// countCanary counts a canary run from its record.
+func (m *Metrics) countCanary(e *audit.Event) {
+	m.canaryRuns.WithLabelValues(e.Sandbox.Name).Inc()
+	m.canaryLastRun.WithLabelValues(e.Sandbox.Name).Set(float64(e.Time.Unix()))
+	for _, c := range e.Canary.Checks {
+		f := m.canaryFailures.WithLabelValues(e.Sandbox.Name, c.Name)
+		if c.OK {
+			f.Add(0) // the series exists from the first run: increase() sees the first failure
+			continue
+		}
+		f.Inc()
+	}
 }
 
 // Notify counts one event (audit.Sink).
