@@ -41,16 +41,7 @@ func Loop(iters int, file string) (Result, error) {
 	p := uintptr(unsafe.Pointer(path))
 	var st unix.Stat_t
 	res := Result{}
-	run := func(name string, f func()) {
-		for i := 0; i < iters/10; i++ {
-			f()
-		}
-		start := time.Now()
-		for i := 0; i < iters; i++ {
-			f()
-		}
-		res[name] = float64(time.Since(start).Nanoseconds()) / float64(iters)
-	}
+	run := func(name string, f func()) { res[name] = NsPerOp(iters, f) }
 	run("openat+close", func() {
 		fd, _, _ := unix.RawSyscall6(unix.SYS_OPENAT, atFDCWD, p, unix.O_RDONLY, 0, 0, 0)
 		unix.RawSyscall(unix.SYS_CLOSE, fd, 0, 0)
@@ -60,6 +51,19 @@ func Loop(iters int, file string) (Result, error) {
 	})
 	run("getpid", func() { unix.RawSyscall(unix.SYS_GETPID, 0, 0, 0) })
 	return res, nil
+}
+
+// NsPerOp runs f iters times (after iters/10 warm-up runs) and returns
+// the nanoseconds per run.
+func NsPerOp(iters int, f func()) float64 {
+	for i := 0; i < iters/10; i++ {
+		f()
+	}
+	start := time.Now()
+	for i := 0; i < iters; i++ {
+		f()
+	}
+	return float64(time.Since(start).Nanoseconds()) / float64(iters)
 }
 
 // linePrefix marks the result line among whatever else the child prints
@@ -118,6 +122,19 @@ func (r *Rounds) Median(state, op string) float64 {
 		v = append(v, m[op])
 	}
 	return Median(v)
+}
+
+// Ratios are the per-round ratios of op in state to op in base: round i
+// of state over round i of base, for as many rounds as both have. Rounds
+// that alternate the two states pair each measurement with the baseline
+// taken next to it, so slow drift of the machine cancels.
+func (r *Rounds) Ratios(state, base, op string) []float64 {
+	s, b := r.res[state], r.res[base]
+	var v []float64
+	for i := 0; i < len(s) && i < len(b); i++ {
+		v = append(v, s[i][op]/b[i][op])
+	}
+	return v
 }
 
 // Median returns the median of v (0 for none).

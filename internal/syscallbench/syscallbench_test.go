@@ -68,3 +68,30 @@ func TestIterations(t *testing.T) {
 		t.Errorf("WATCHER_BENCH_ITERS=-3: %d, want the default", n)
 	}
 }
+
+func TestRoundsRatios(t *testing.T) {
+	var r Rounds
+	for _, v := range [][2]float64{{2, 4}, {4, 4}, {1, 3}} {
+		r.Add("bare", Result{"mmap": v[0]})
+		r.Add("hooked", Result{"mmap": v[1]})
+	}
+	r.Add("hooked", Result{"mmap": 9}) // no bare round to pair with
+	got := r.Ratios("hooked", "bare", "mmap")
+	if len(got) != 3 || got[0] != 2 || got[1] != 1 || got[2] != 3 {
+		t.Errorf("ratios %v, want [2 1 3] (round by round, the unpaired one left out)", got)
+	}
+	if m := Median(got); m != 2 {
+		t.Errorf("median ratio %v, want 2", m)
+	}
+	if got := r.Ratios("hooked", "none", "mmap"); len(got) != 0 {
+		t.Errorf("ratios to a state never measured: %v", got)
+	}
+}
+
+func TestNsPerOp(t *testing.T) {
+	n := 0
+	NsPerOp(100, func() { n++ })
+	if n != 110 {
+		t.Errorf("f ran %d times, want 110 (100 timed after 10 warm-up runs)", n)
+	}
+}

@@ -19,12 +19,8 @@ import (
 // only with WATCHER_BENCH_VM=1 and no other test (bare needs no group
 // loaded).
 func TestBenchVM(t *testing.T) {
-	if os.Getenv("WATCHER_BENCH_VM") == "" {
-		t.Skip("make bench-vm runs this in the qemu guest (WATCHER_BENCH_VM=1)")
-	}
-	enforcetest.RequireRoot(t)
+	eng := benchEngine(t, "WATCHER_BENCH_VM", "make bench-vm runs this in the qemu guest (WATCHER_BENCH_VM=1)")
 	iters, rounds := syscallbench.Iterations(20000), 5
-	eng := enforcetest.Engine(t)
 	cg := enforcetest.Cgroup(t, "bench")
 	var res syscallbench.Rounds
 	measure := func(where, cgPath string) {
@@ -85,6 +81,17 @@ func TestBenchVM(t *testing.T) {
 	}
 	t.Log("\n" + b.String())
 	fmt.Print(b.String())
+}
+
+// benchEngine begins one of this package's measurements: they run only
+// on request (env set, in the qemu guest), as root.
+func benchEngine(t *testing.T, env, skip string) *enforce.Engine {
+	t.Helper()
+	if os.Getenv(env) == "" {
+		t.Skip(skip)
+	}
+	enforcetest.RequireRoot(t)
+	return enforcetest.Engine(t)
 }
 
 // TestLSMLoop is the measured workload of TestBenchVM (bench/syscall's

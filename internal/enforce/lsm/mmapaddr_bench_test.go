@@ -2,15 +2,13 @@ package lsm
 
 import (
 	"fmt"
-	"os"
+	"slices"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/syscallbench"
 )
 
@@ -20,17 +18,13 @@ import (
 // outside, as it returns before looking the task up) with only the
 // mmap_addr program attached, against the same loop with no program, in
 // alternating rounds in one process (the link is attached and closed
-// each round), medians of the per-round ratios. It runs only with
-// WATCHER_BENCH_MMAP=1:
+// each round), the median of the per-round ratios (syscallbench.Rounds).
+// It runs only with WATCHER_BENCH_MMAP=1:
 //
 //	test/vm/run.sh --pkg ./internal/enforce/lsm --run '^TestMmapAddrCost$' --env WATCHER_BENCH_MMAP=1
 func TestMmapAddrCost(t *testing.T) {
-	if os.Getenv("WATCHER_BENCH_MMAP") == "" {
-		t.Skip("measurement; run in the qemu guest with WATCHER_BENCH_MMAP=1")
-	}
-	enforcetest.RequireRoot(t)
+	eng := benchEngine(t, "WATCHER_BENCH_MMAP", "measurement; run in the qemu guest with WATCHER_BENCH_MMAP=1")
 	iters, rounds := syscallbench.Iterations(20000), 11
-	eng := enforcetest.Engine(t)
 	l, err := Load(eng)
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -70,27 +64,31 @@ func TestMmapAddrCost(t *testing.T) {
 		}
 		return lk
 	}
+	const op = "mmap+munmap"
 	anon := uintptr(unix.MAP_PRIVATE | unix.MAP_ANONYMOUS)
-	loop := func() float64 {
-		t0 := time.Now()
-		for i := 0; i < iters; i++ {
+	loop := func() syscallbench.Result {
+		var failed unix.Errno
+		ns := syscallbench.NsPerOp(iters, func() {
 			p, _, e := unix.Syscall6(unix.SYS_MMAP, 0, 4096, unix.PROT_READ, anon, ^uintptr(0), 0)
 			if e != 0 {
-				t.Fatalf("mmap: %v", e)
+				failed = e
+				return
 			}
 			unix.Syscall(unix.SYS_MUNMAP, p, 4096, 0)
+		})
+		if failed != 0 {
+			t.Fatalf("mmap: %v", failed)
 		}
-		return float64(time.Since(t0).Nanoseconds()) / float64(iters)
+		return syscallbench.Result{op: ns}
 	}
-	loop() // warm-up
-	var bare, hooked, ratios []float64
+	var res syscallbench.Rounds
 	for r := 0; r < rounds; r++ {
-		b := loop()
+		res.Add("bare", loop())
 		lk := attach()
-		h := loop()
+		res.Add("mmap_addr", loop())
 		lk.Close()
-		bare, hooked, ratios = append(bare, b), append(hooked, h), append(ratios, h/b)
 	}
+	ratios := res.Ratios("mmap_addr", "bare", op)
 	// The program's own time per run, from the kernel's BPF run-time
 	// statistics (on only for this last pass: they add two clock reads).
 	perRun := "unavailable"
@@ -103,25 +101,9 @@ func TestMmapAddrCost(t *testing.T) {
 		lk.Close()
 		st.Close()
 	}
-	msg := fmt.Sprintf("mmap_addr cost: kernel %s, mechanism %s, %d iterations, %d rounds: mmap+munmap bare %.0f ns, with mmap_addr %.0f ns: %.3fx (median of per-round ratios; min %.3fx, max %.3fx); program %s",
-		syscallbench.KernelRelease(), mech, iters, rounds, syscallbench.Median(bare), syscallbench.Median(hooked),
-		syscallbench.Median(ratios), minOf(ratios), maxOf(ratios), perRun)
+	msg := fmt.Sprintf("mmap_addr cost: kernel %s, mechanism %s, %d iterations, %d rounds: %s bare %.0f ns, with mmap_addr %.0f ns: %.3fx (median of per-round ratios; min %.3fx, max %.3fx); program %s",
+		syscallbench.KernelRelease(), mech, iters, rounds, op, res.Median("bare", op), res.Median("mmap_addr", op),
+		syscallbench.Median(ratios), slices.Min(ratios), slices.Max(ratios), perRun)
 	t.Log(msg)
 	fmt.Println(msg)
-}
-
-func minOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v {
-		m = min(m, x)
-	}
-	return m
-}
-
-func maxOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v {
-		m = max(m, x)
-	}
-	return m
 }

@@ -22,6 +22,51 @@ import (
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
 
+// lowMapFixture is what the low-mapping tests share: the loaded programs,
+// vm.mmap_min_addr, and two sandboxes, one blocking CAP_SYS_RAWIO and one
+// recording it.
+type lowMapFixture struct {
+	l             *LSM
+	minAddr       uint64
+	block, record sandboxFixture
+}
+
+// lowMapSandboxes sets up a lowMapFixture whose block rule is rule and
+// whose record rule is rule+1. It skips where vm.mmap_min_addr is 0.
+func lowMapSandboxes(t *testing.T, rule uint32) lowMapFixture {
+	t.Helper()
+	eng, l := setup(t)
+	min, err := dangerous.MmapMinAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if min == 0 {
+		t.Skip("vm.mmap_min_addr is 0: the kernel checks no capability for low mappings")
+	}
+	rawio := func(d Decision) Rules { return Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: d}}} }
+	return lowMapFixture{
+		l:       l,
+		minAddr: min,
+		block:   newSandbox(t, eng, l, 0, rawio(Decision{enforce.ActionBlock, rule})),
+		record:  newSandbox(t, eng, l, 0, rawio(Decision{enforce.ActionRecord, rule + 1})),
+	}
+}
+
+// wantLowMapEvent waits for pid's capability event (CAP_SYS_RAWIO, rule)
+// for a mapping at addr below vm.mmap_min_addr and checks its verdict and
+// mechanism.
+func wantLowMapEvent(t *testing.T, what string, pid int, addr uint64, rule uint32, verdict audit.Verdict) {
+	t.Helper()
+	ev := waitEvent(t, what, func(ev audit.Event) bool {
+		return ev.Process.TGID == uint32(pid) && ev.Kind == audit.KindCapability && ev.Rule == fmt.Sprintf("rule-%d", rule) &&
+			ev.Target != nil && ev.Target.Capability == unix.CAP_SYS_RAWIO &&
+			strings.Contains(ev.Message, fmt.Sprintf("at %#x below vm.mmap_min_addr", addr))
+	})
+	if ev.Kind != "" && (ev.Verdict != verdict || ev.Mechanism != expectedMechanism(t)) {
+		t.Errorf("%s: verdict %s mechanism %s, want %s by %s", what, ev.Verdict, ev.Mechanism, verdict, expectedMechanism(t))
+	}
+}
+
 // TestMmapBelowMinAddr: a mapping below vm.mmap_min_addr needs
 // CAP_SYS_RAWIO, but the kernel's cap_mmap_addr asks cap_capable()
 // directly, so the capable hook never sees it. The mmap_addr hook judges
@@ -33,18 +78,10 @@ import (
 // (no address, or a hint below the minimum) and fixed ones at the minimum
 // work; a record rule lets page 0 through and records it.
 func TestMmapBelowMinAddr(t *testing.T) {
-	eng, l := setup(t)
-	min, err := dangerous.MmapMinAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if min == 0 {
-		t.Skip("vm.mmap_min_addr is 0: the kernel checks no capability for low mappings")
-	}
+	f := lowMapSandboxes(t, 601)
+	min := f.minAddr
 	below := min - 1
 	below &^= 4095 // the highest page below the minimum
-	block := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionBlock, 601}}}})
-	record := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionRecord, 602}}}})
 
 	low := []opSpec{
 		{Name: "mmap_fixed_0", Kind: "mmap_fixed", Num: 0},
@@ -64,8 +101,8 @@ func TestMmapBelowMinAddr(t *testing.T) {
 	ops := append(append([]opSpec{}, low...), benign...)
 
 	out, outPID := runOps(t, "", ops)
-	res, pid := runOps(t, block.root, ops)
-	rec, recPID := runOps(t, record.root, ops)
+	res, pid := runOps(t, f.block.root, ops)
+	rec, recPID := runOps(t, f.record.root, ops)
 	t.Logf("vm.mmap_min_addr %d; outside %v; blocked %v; recorded %v", min, out, res, rec)
 	for _, op := range benign {
 		if out[op.Name] != "OK" || res[op.Name] != "OK" || rec[op.Name] != "OK" {
@@ -74,14 +111,7 @@ func TestMmapBelowMinAddr(t *testing.T) {
 	}
 	capEvent := func(pid int, op opSpec, rule uint32, verdict audit.Verdict) {
 		t.Helper()
-		ev := waitEvent(t, fmt.Sprintf("%s (pid %d)", op.Name, pid), func(ev audit.Event) bool {
-			return ev.Process.TGID == uint32(pid) && ev.Kind == audit.KindCapability && ev.Rule == fmt.Sprintf("rule-%d", rule) &&
-				ev.Target != nil && ev.Target.Capability == unix.CAP_SYS_RAWIO &&
-				strings.Contains(ev.Message, fmt.Sprintf("at %#x below vm.mmap_min_addr", op.Num&^4095))
-		})
-		if ev.Kind != "" && (ev.Verdict != verdict || ev.Mechanism != expectedMechanism(t)) {
-			t.Errorf("%s: verdict %s mechanism %s, want %s by %s", op.Name, ev.Verdict, ev.Mechanism, verdict, expectedMechanism(t))
-		}
+		wantLowMapEvent(t, fmt.Sprintf("%s (pid %d)", op.Name, pid), pid, op.Num&^4095, rule, verdict)
 	}
 	for _, op := range low {
 		if out[op.Name] != "OK" {
@@ -114,7 +144,7 @@ func TestMmapBelowMinAddr(t *testing.T) {
 		}
 	}
 	// The hook's minimum is the sysctl's, written by Load and SetRules.
-	m := l.maps.Maps["lsm_mmap_min_addr"]
+	m := f.l.maps.Maps["lsm_mmap_min_addr"]
 	var inMap uint64
 	if m == nil {
 		t.Error("no lsm_mmap_min_addr map")
@@ -169,18 +199,9 @@ func tinyELF(t *testing.T, vaddr uint64, code []byte) string {
 // recorded; outside, root runs it; a record rule lets it run and
 // records it.
 func TestMmapBelowMinAddrExec(t *testing.T) {
-	eng, l := setup(t)
-	min, err := dangerous.MmapMinAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if min == 0 {
-		t.Skip("vm.mmap_min_addr is 0: the kernel checks no capability for low mappings")
-	}
-	vaddr := (min - 1) &^ 4095
+	f := lowMapSandboxes(t, 611)
+	vaddr := (f.minAddr - 1) &^ 4095
 	bin := lowELF(t, vaddr)
-	block := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionBlock, 611}}}})
-	record := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionRecord, 612}}}})
 
 	run := func(cg string) (int, error) {
 		cmd := enforcetest.Command(t, cg, bin)
@@ -190,29 +211,19 @@ func TestMmapBelowMinAddrExec(t *testing.T) {
 	if _, err := run(""); err != nil {
 		t.Fatalf("outside: %s loading at %#x: %v, want exit 0 (root has CAP_SYS_RAWIO)", bin, vaddr, err)
 	}
-	pid, err := run(block.root)
+	pid, err := run(f.block.root)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
 		t.Errorf("sandbox blocking CAP_SYS_RAWIO: %v, want the program killed", err)
 	} else {
 		t.Logf("sandbox blocking CAP_SYS_RAWIO: %v", err)
 	}
-	match := func(pid int, rule uint32, verdict audit.Verdict) {
-		t.Helper()
-		ev := waitEvent(t, fmt.Sprintf("exec of a low ELF (pid %d)", pid), func(ev audit.Event) bool {
-			return ev.Process.TGID == uint32(pid) && ev.Kind == audit.KindCapability && ev.Rule == fmt.Sprintf("rule-%d", rule) &&
-				strings.Contains(ev.Message, fmt.Sprintf("at %#x below vm.mmap_min_addr", vaddr))
-		})
-		if ev.Kind != "" && (ev.Verdict != verdict || ev.Mechanism != expectedMechanism(t)) {
-			t.Errorf("verdict %s mechanism %s, want %s by %s", ev.Verdict, ev.Mechanism, verdict, expectedMechanism(t))
-		}
-	}
-	match(pid, 611, audit.VerdictDenied)
-	pid, err = run(record.root)
+	wantLowMapEvent(t, fmt.Sprintf("exec of a low ELF (pid %d)", pid), pid, vaddr, 611, audit.VerdictDenied)
+	pid, err = run(f.record.root)
 	if err != nil {
 		t.Errorf("sandbox recording CAP_SYS_RAWIO: %v, want exit 0", err)
 	}
-	match(pid, 612, audit.VerdictRecorded)
+	wantLowMapEvent(t, fmt.Sprintf("exec of a low ELF (pid %d)", pid), pid, vaddr, 612, audit.VerdictRecorded)
 }
 
 // TestMmapBelowMinAddrPersonality: the MMAP_PAGE_ZERO personality makes
@@ -224,14 +235,9 @@ func TestMmapBelowMinAddrExec(t *testing.T) {
 // recorded; outside and under a record rule page 0 is mapped (the read
 // works, exit 0), the latter recorded.
 func TestMmapBelowMinAddrPersonality(t *testing.T) {
-	eng, l := setup(t)
-	if min, err := dangerous.MmapMinAddr(); err != nil || min == 0 {
-		t.Skipf("vm.mmap_min_addr %d (%v): the kernel checks no capability for low mappings", min, err)
-	}
+	f := lowMapSandboxes(t, 621)
 	// mov eax, [0]; then exit(0).
 	probe := tinyELF(t, 0x400000, append([]byte{0x8b, 0x04, 0x25, 0, 0, 0, 0}, exit0...))
-	block := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionBlock, 621}}}})
-	record := newSandbox(t, eng, l, 0, Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: Decision{enforce.ActionRecord, 622}}}})
 	run := func(cg string) (string, int) {
 		t.Helper()
 		cmd := enforcetest.SelfCommand(t, "", "TestPageZeroHelper", "pagezero", "WATCHER_PAGEZERO_CG="+cg, "WATCHER_PAGEZERO_BIN="+probe)
@@ -254,24 +260,14 @@ func TestMmapBelowMinAddrPersonality(t *testing.T) {
 	if got, _ := run(""); got != "mapped" {
 		t.Fatalf("outside: page 0 %s, want mapped (MMAP_PAGE_ZERO, root)", got)
 	}
-	match := func(pid int, rule uint32, verdict audit.Verdict) {
-		t.Helper()
-		ev := waitEvent(t, fmt.Sprintf("MMAP_PAGE_ZERO exec (pid %d)", pid), func(ev audit.Event) bool {
-			return ev.Process.TGID == uint32(pid) && ev.Kind == audit.KindCapability && ev.Rule == fmt.Sprintf("rule-%d", rule) &&
-				strings.Contains(ev.Message, "at 0x0 below vm.mmap_min_addr")
-		})
-		if ev.Kind != "" && (ev.Verdict != verdict || ev.Mechanism != expectedMechanism(t)) {
-			t.Errorf("verdict %s mechanism %s, want %s by %s", ev.Verdict, ev.Mechanism, verdict, expectedMechanism(t))
-		}
-	}
-	got, pid := run(block.root)
+	got, pid := run(f.block.root)
 	if got != "unmapped" {
 		t.Errorf("sandbox blocking CAP_SYS_RAWIO: page 0 %s, want unmapped", got)
 	}
-	match(pid, 621, audit.VerdictDenied)
-	got, pid = run(record.root)
+	wantLowMapEvent(t, fmt.Sprintf("MMAP_PAGE_ZERO exec (pid %d)", pid), pid, 0, 621, audit.VerdictDenied)
+	got, pid = run(f.record.root)
 	if got != "mapped" {
 		t.Errorf("sandbox recording CAP_SYS_RAWIO: page 0 %s, want mapped", got)
 	}
-	match(pid, 622, audit.VerdictRecorded)
+	wantLowMapEvent(t, fmt.Sprintf("MMAP_PAGE_ZERO exec (pid %d)", pid), pid, 0, 622, audit.VerdictRecorded)
 }
