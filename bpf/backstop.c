@@ -22,6 +22,9 @@
  * - sys_exit of connect: the unix peer the kernel found (symlinks
  *   resolved), for sandboxes whose egress restricts unix sockets where no
  *   LSM unix hook runs (see "Unix peers" below).
+ * - sys_exit of mmap/mremap/shmat, i386 mapping calls and
+ *   sched_process_exec: mappings below vm.mmap_min_addr, where no
+ *   mmap_addr hook runs (include/backstop_lowmap.h).
  */
 #include "common.h"
 #include "pathwalk.h"
@@ -101,7 +104,8 @@ enum bs_category {
 	CAT_MMAP_EXEC = 12,    /* mmap PROT_EXEC of a file: judged by exec rules */
 	CAT_PACKET_SOCKET = 13, /* socket(AF_PACKET): no cgroup hook runs for them */
 	CAT_UNIX_PEER = 14,    /* unix connect to a peer bound outside the sandbox's socket paths */
-	CAT_MAX = 15,
+	CAT_LOW_MAPPING = 15,  /* a mapping below vm.mmap_min_addr (backstop_lowmap.h) */
+	CAT_MAX = 16,
 };
 
 /* Operations a path rule applies to. */
@@ -1305,6 +1309,8 @@ static __always_inline void complete_pending(long nr, long ret)
 	pending->hdr.kind = 0; /* sent (or its loss counted): never twice */
 }
 
+#include "backstop_lowmap.h"
+
 SEC("tp_btf/sys_exit")
 int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 {
@@ -1313,6 +1319,7 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 	if (vc_mount_syscall(nr, compat))
 		vc_mount_exit();
 	if (compat) {
+		lowmap_compat_exit(regs, nr, ret);
 		/* Judged (refused outright or by number) at sys_enter; only an
 		 * i386 mount waits for its return value (see compat_enter). */
 		if (nr != NR32_mount)
@@ -1359,6 +1366,8 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 	}
 	if (nr == NR_connect && ret == 0)
 		unix_peer_connected(regs);
+	if (nr == NR_mmap || nr == NR_mremap || nr == NR_shmat)
+		lowmap_exit(nr, ret);
 	if ((unsigned long)nr >= MAX_SYSCALLS)
 		return 0;
 	__u32 n = nr;

@@ -108,7 +108,12 @@ func Load(eng *enforce.Engine) (*Backstop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load backstop programs: %w", err)
 	}
-	return &Backstop{pinDir: eng.PinDir(), coll: coll, missing: missing, links: enforce.NewPinnedLinks(eng.PinDir(), Group), needSyscalls: true}, nil
+	b := &Backstop{pinDir: eng.PinDir(), coll: coll, missing: missing, links: enforce.NewPinnedLinks(eng.PinDir(), Group), needSyscalls: true}
+	if err := b.writeMmapMinAddr(); err != nil {
+		coll.Close()
+		return nil, err
+	}
+	return b, nil
 }
 
 // dropMissingTracepoints removes optional programs whose tracepoint is not in

@@ -225,6 +225,7 @@ const (
 	backstopMapBsCategories           = "bs_categories"
 	backstopMapBsDirs                 = "bs_dirs"
 	backstopMapBsInodeRules           = "bs_inode_rules"
+	backstopMapBsLowmapMin            = "bs_lowmap_min"
 	backstopMapBsOperatorSignals      = "bs_operator_signals"
 	backstopMapBsPathRules            = "bs_path_rules"
 	backstopMapBsPending              = "bs_pending"
@@ -248,6 +249,7 @@ const (
 	backstopProgBackstopCtimeSet      = "backstop_ctime_set"
 	backstopProgBackstopCtimeSkip     = "backstop_ctime_skip"
 	backstopProgBackstopCtimeXchg     = "backstop_ctime_xchg"
+	backstopProgBackstopExecLowmap    = "backstop_exec_lowmap"
 	backstopProgBackstopFork          = "backstop_fork"
 	backstopProgBackstopIoUringSubmit = "backstop_io_uring_submit"
 	backstopProgBackstopPrepareExec   = "backstop_prepare_exec"
@@ -316,6 +318,7 @@ type backstopProgramSpecs struct {
 	BackstopCtimeSet      *ebpf.ProgramSpec `ebpf:"backstop_ctime_set"`
 	BackstopCtimeSkip     *ebpf.ProgramSpec `ebpf:"backstop_ctime_skip"`
 	BackstopCtimeXchg     *ebpf.ProgramSpec `ebpf:"backstop_ctime_xchg"`
+	BackstopExecLowmap    *ebpf.ProgramSpec `ebpf:"backstop_exec_lowmap"`
 	BackstopFork          *ebpf.ProgramSpec `ebpf:"backstop_fork"`
 	BackstopIoUringSubmit *ebpf.ProgramSpec `ebpf:"backstop_io_uring_submit"`
 	BackstopPrepareExec   *ebpf.ProgramSpec `ebpf:"backstop_prepare_exec"`
@@ -334,6 +337,7 @@ type backstopMapSpecs struct {
 	BsCategories      *ebpf.MapSpec `ebpf:"bs_categories"`
 	BsDirs            *ebpf.MapSpec `ebpf:"bs_dirs"`
 	BsInodeRules      *ebpf.MapSpec `ebpf:"bs_inode_rules"`
+	BsLowmapMin       *ebpf.MapSpec `ebpf:"bs_lowmap_min"`
 	BsOperatorSignals *ebpf.MapSpec `ebpf:"bs_operator_signals"`
 	BsPathRules       *ebpf.MapSpec `ebpf:"bs_path_rules"`
 	BsPending         *ebpf.MapSpec `ebpf:"bs_pending"`
@@ -401,6 +405,7 @@ type backstopMaps struct {
 	BsCategories      *ebpf.Map `ebpf:"bs_categories"`
 	BsDirs            *ebpf.Map `ebpf:"bs_dirs"`
 	BsInodeRules      *ebpf.Map `ebpf:"bs_inode_rules"`
+	BsLowmapMin       *ebpf.Map `ebpf:"bs_lowmap_min"`
 	BsOperatorSignals *ebpf.Map `ebpf:"bs_operator_signals"`
 	BsPathRules       *ebpf.Map `ebpf:"bs_path_rules"`
 	BsPending         *ebpf.Map `ebpf:"bs_pending"`
@@ -430,6 +435,7 @@ func (m *backstopMaps) Close() error {
 		m.BsCategories,
 		m.BsDirs,
 		m.BsInodeRules,
+		m.BsLowmapMin,
 		m.BsOperatorSignals,
 		m.BsPathRules,
 		m.BsPending,
@@ -480,6 +486,7 @@ type backstopPrograms struct {
 	BackstopCtimeSet      *ebpf.Program `ebpf:"backstop_ctime_set"`
 	BackstopCtimeSkip     *ebpf.Program `ebpf:"backstop_ctime_skip"`
 	BackstopCtimeXchg     *ebpf.Program `ebpf:"backstop_ctime_xchg"`
+	BackstopExecLowmap    *ebpf.Program `ebpf:"backstop_exec_lowmap"`
 	BackstopFork          *ebpf.Program `ebpf:"backstop_fork"`
 	BackstopIoUringSubmit *ebpf.Program `ebpf:"backstop_io_uring_submit"`
 	BackstopPrepareExec   *ebpf.Program `ebpf:"backstop_prepare_exec"`
@@ -494,6 +501,7 @@ func (p *backstopPrograms) Close() error {
 		p.BackstopCtimeSet,
 		p.BackstopCtimeSkip,
 		p.BackstopCtimeXchg,
+		p.BackstopExecLowmap,
 		p.BackstopFork,
 		p.BackstopIoUringSubmit,
 		p.BackstopPrepareExec,

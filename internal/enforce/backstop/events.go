@@ -212,6 +212,11 @@ func decodeSyscall(raw []byte, ev *audit.Event, h Handlers) error {
 		notes = noteInt(notes, "ret=", e.Ret)
 	}
 	switch {
+	case e.Category == catLowMapping:
+		// As the LSM's mmap_addr hook reports it: a use of CAP_SYS_RAWIO.
+		ev.Kind = audit.KindCapability
+		ev.Target = &audit.TargetDetail{Capability: unix.CAP_SYS_RAWIO}
+		notes = lowMappingNote(notes, e)
 	case e.Category == catIOUringOpen:
 		ev.Kind = audit.KindFileOpen
 		notes = noteUint(notes, "io_uring_opcode=", e.Args[0], 10)
@@ -291,8 +296,14 @@ func decodeCgroup(raw []byte, ev *audit.Event) error {
 	return nil
 }
 
+// i386Mappings names the i386 calls the low-mapping probe judges.
+var i386Mappings = map[int64]string{90: "old_mmap", 117: "ipc", 163: "mremap", 192: "mmap2", 397: "shmat"}
+
 // i386Name names an i386 syscall number ("i386:NR" when not in the list).
 func i386Name(nr int64) string {
+	if n, ok := i386Mappings[nr]; ok {
+		return "i386:" + n
+	}
 	for _, o := range dangerous.Ops {
 		if int64(o.NR32) == nr {
 			return "i386:" + o.Name

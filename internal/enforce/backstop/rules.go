@@ -103,6 +103,15 @@ type Rules struct {
 	// mounts resolved by the kernel), for the sandboxes UnixPaths lists;
 	// killed after the connect, before the thread returns to user space.
 	UnixPeer Rule
+	// LowMapping applies when a sandbox member ends up with a mapping
+	// below vm.mmap_min_addr (page 0), which needs CAP_SYS_RAWIO but is
+	// checked by the kernel without the capable hook: mmap, mremap or shmat
+	// returning such an address, an exec whose ELF loader mapped one (a low
+	// ELF, the MMAP_PAGE_ZERO personality), an i386 mapping call leaving
+	// one. Killed when the syscall returns (the mapping exists until the
+	// kill lands; another thread of the process could use it in between),
+	// before the exec'd program runs.
+	LowMapping Rule
 	// UnixPaths are the socket paths each sandbox whose egress restricts
 	// unix sockets may connect to ("/dir/" for everything below a
 	// directory). A sandbox not listed is not restricted.
@@ -156,7 +165,8 @@ const (
 	catMmapExec     = 12
 	catPacketSocket = 13
 	catUnixPeer     = 14
-	catMax          = 15
+	catLowMapping   = 15
+	catMax          = 16
 )
 
 var categoryNames = map[uint32]string{
@@ -164,7 +174,7 @@ var categoryNames = map[uint32]string{
 	catIOUring: "io_uring", catIOUringOpen: "io_uring_open", catSignalAgent: "signal_agent",
 	catCgroupEscape: "cgroup_escape", catPath: "path", catCompat: "compat_syscall",
 	catModify: "modified_outside_writable", catExecFileless: "exec_fileless", catMmapExec: "mmap_exec",
-	catPacketSocket: "packet_socket", catUnixPeer: "unix_peer",
+	catPacketSocket: "packet_socket", catUnixPeer: "unix_peer", catLowMapping: "low_mapping",
 }
 
 // compatNRBase: events carry i386 syscall n as compatNRBase+n.
@@ -184,6 +194,7 @@ var Syscalls = map[string]int{
 	"pidfd_getfd": 438, "mount_setattr": 442, "keyctl": 250, "add_key": 248,
 	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169, "mmap": 9, "socket": 41,
 	"mprotect": 10, "pkey_mprotect": 329,
+	"mremap": 25, "shmat": 30, "execveat": 322,
 }
 
 // The one list of dangerous syscalls names every entry rules may use.
@@ -252,14 +263,15 @@ func DefaultRules() Rules {
 // NeedsSyscallTracepoints reports whether r has a rule only the raw
 // syscall tracepoints judge: a syscall rule, a check of syscall arguments
 // (clone flags, io_uring_setup, signals aimed at the agent, 32-bit entry,
-// mmap PROT_EXEC, AF_PACKET), or a file rule judged at open (sys_exit: path
+// mmap PROT_EXEC, AF_PACKET) or of return values (unix peers, addresses
+// below vm.mmap_min_addr), or a file rule judged at open (sys_exit: path
 // rules, cgroupfs write-opens, /proc/PID/mem; an interpreter's open of its
 // script). The other checks (fork, cgroup moves, exec, inode changes,
 // signals by any route) run on event tracepoints that cost nothing to the
 // rest of the host.
 func (r Rules) NeedsSyscallTracepoints() bool {
 	for _, c := range []Rule{r.CgroupWrite, r.ProcMem, r.CloneFiles, r.IOUring, r.SignalAgent, r.Compat,
-		r.MmapExec, r.PacketSocket, r.UnixPeer} {
+		r.MmapExec, r.PacketSocket, r.UnixPeer, r.LowMapping} {
 		if c.Action != enforce.ActionAllow {
 			return true
 		}
@@ -301,6 +313,9 @@ func (b *Backstop) SetRules(r Rules) error {
 		return err
 	}
 	if err := b.setUnixPaths(r.UnixPaths); err != nil {
+		return err
+	}
+	if err := b.writeMmapMinAddr(); err != nil {
 		return err
 	}
 	b.needSyscalls = r.NeedsSyscallTracepoints()
@@ -401,7 +416,7 @@ func (b *Backstop) setSyscalls(r Rules) error {
 		catCgroupWrite: r.CgroupWrite, catProcMem: r.ProcMem, catCloneFiles: r.CloneFiles,
 		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
 		catCgroupEscape: r.CgroupEscape, catCompat: r.Compat, catExecFileless: r.ExecFileless, catMmapExec: r.MmapExec,
-		catPacketSocket: r.PacketSocket, catUnixPeer: r.UnixPeer,
+		catPacketSocket: r.PacketSocket, catUnixPeer: r.UnixPeer, catLowMapping: r.LowMapping,
 	}
 	for cat, rule := range cats {
 		if err := checkAction(rule.Action); err != nil {

@@ -8,6 +8,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -240,6 +241,22 @@ func main() {
 	case "int80move":
 		// i386 mount(SRC, DST, NULL, MS_MOVE, NULL) through int 0x80.
 		err = int80Move(arg(0), arg(1))
+	case "lowmap":
+		// lowmap KIND ADDR: one page placed at ADDR (lowmap.go).
+		err = lowMapping(arg(0), uint64(argInt(1)))
+	case "pagezero":
+		// pagezero BIN: exec BIN under the MMAP_PAGE_ZERO personality,
+		// which makes the ELF loader map page 0. personality(2) sets the
+		// calling thread's flags and execve reads the exec'ing thread's.
+		runtime.LockOSThread()
+		const mmapPageZero = 0x0100000
+		if _, _, e := unix.RawSyscall(unix.SYS_PERSONALITY, mmapPageZero, 0, 0); e != 0 {
+			err = e
+			break
+		}
+		err = syscall.Exec(arg(0), []string{arg(0)}, nil)
+	case "exec":
+		err = syscall.Exec(arg(0), []string{arg(0)}, nil)
 	case "sleep":
 		select {}
 	default:
