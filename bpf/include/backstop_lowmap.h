@@ -15,9 +15,8 @@
  *   the new program runs an instruction (exec has replaced every thread).
  * - sys_exit of the i386 (int 0x80) mapping calls, old_mmap, mmap2, mremap,
  *   shmat and ipc(SHMAT) (which returns the address in user memory): the
- *   same probe of the caller's VMAs. No x32 here (CONFIG_X86_X32_ABI is
- *   not a watcher requirement): an x32 call keeps the x86_64 number with
- *   X32_SYSCALL_BIT and is probed too.
+ *   same probe of the caller's VMAs; x32 mmap, mremap and shmat (kernels
+ *   with CONFIG_X86_X32_ABI: x86_64 numbers with X32_SYSCALL_BIT) too.
  *
  * The category's action is host-wide (CAT_LOW_MAPPING); the agent writes
  * vm.mmap_min_addr into bs_lowmap_min at Load and every SetRules (0 or
@@ -153,23 +152,17 @@ static __always_inline void lowmap_compat_exit(struct pt_regs *regs, long nr, lo
 {
 	if (ret < 0)
 		return;
+	bool mapping = false;
 	if (nr & X32_SYSCALL_BIT) {
 		long n = nr & ~X32_SYSCALL_BIT;
-		if (n == NR_mmap || n == NR_mremap || n == NR_shmat)
-			lowmap_probe(nr, ret);
-		return;
+		mapping = n == NR_mmap || n == NR_mremap || n == NR_shmat;
+	} else {
+		mapping = nr == NR32_old_mmap || nr == NR32_mremap || nr == NR32_mmap2 || nr == NR32_shmat ||
+			  (nr == NR32_ipc && (BPF_CORE_READ(regs, bx) & 0xffff) == IPC_SHMAT_);
+		nr += COMPAT_NR_BASE;
 	}
-	switch (nr) {
-	case NR32_ipc:
-		if ((BPF_CORE_READ(regs, bx) & 0xffff) != IPC_SHMAT_)
-			return;
-		/* fallthrough */
-	case NR32_old_mmap:
-	case NR32_mremap:
-	case NR32_mmap2:
-	case NR32_shmat:
-		lowmap_probe(COMPAT_NR_BASE + nr, ret);
-	}
+	if (mapping)
+		lowmap_probe(nr, ret);
 }
 
 /* After a successful exec: the new image's mappings, the loader's own. */

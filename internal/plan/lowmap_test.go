@@ -14,9 +14,11 @@ import (
 
 // Mappings below vm.mmap_min_addr ask CAP_SYS_RAWIO without the capable
 // hook: the line of the rule deciding that capability names the
-// mmap_addr hook where it loads, and says what covers it where not
-// (watcher exec's seccomp only); the seccomp filter refuses them for a
-// blocking rule in an enforce-mode sandbox.
+// mmap_addr hook where it loads, and says what covers it where not (the
+// backstop's low-mapping category, after the fact, host-wide: the
+// strictest sandbox's action; watcher exec's seccomp before the fact);
+// the seccomp filter refuses them for a blocking rule in an enforce-mode
+// sandbox.
 func TestLowMappingsLayer(t *testing.T) {
 	p := parse(t, `version: 1
 sandboxes:
@@ -28,6 +30,9 @@ sandboxes:
   - name: strict
     select: {cgroups: [/d]}
     operations: {capabilities: {default: block, rules: [{cap: CAP_CHOWN, action: allow}]}}
+  - name: free
+    select: {cgroups: [/e]}
+    operations: {capabilities: {rules: [{cap: CAP_SYS_RAWIO, action: allow}]}}
 `)
 	// Every sandbox starts from the baseline, which names CAP_SYS_RAWIO;
 	// strict leaves it to its default.
@@ -40,7 +45,7 @@ sandboxes:
 				})
 		}
 	}
-	want := map[string]policy.Action{"base": policy.ActionBlock, "trial": policy.ActionBlock, "rec": policy.ActionRecord, "strict": policy.ActionBlock}
+	want := map[string]policy.Action{"base": policy.ActionBlock, "trial": policy.ActionBlock, "rec": policy.ActionRecord, "strict": policy.ActionBlock, "free": policy.ActionAllow}
 	for i := range p.Sandboxes {
 		sb := &p.Sandboxes[i]
 		if got := sb.CapabilityAction(unix.CAP_SYS_RAWIO); got != want[sb.Name] {
@@ -90,24 +95,51 @@ sandboxes:
 		if mech, note := rawioLine(plan, "rec"); mech != MechRecord || !strings.Contains(note, "recorded by "+h.mech) || !strings.Contains(note, "mmap_addr") {
 			t.Errorf("%s host: rec: %s (%s), want recorded by %s with mmap_addr", h.name, mech, note, h.mech)
 		}
+		if lm := plan.Backstop.LowMapping; lm.Action != enforce.ActionAllow {
+			t.Errorf("%s host: backstop low-mapping rule %+v, want none (the hook refuses them)", h.name, lm)
+		}
 	}
 
-	// This host: no LSM, no fmod_ret.
+	// This host: no LSM, no fmod_ret. The backstop kills them after the
+	// fact (host-wide: the strictest sandbox's action, so rec and free say
+	// their own rule is overridden), and the line says so.
 	plan, _ := compile(t, p, Env{LSM: lsmEnv(t, errRefused)})
 	for _, sb := range []string{"base", "strict"} {
 		mech, note := rawioLine(plan, sb)
-		if mech != MechNone || !strings.Contains(note, "refused by seccomp for watcher exec runs only, not refused for other members") {
+		if mech != MechNone || !strings.Contains(note, "no mmap_addr hook here; backstop: killed when mmap, mremap, shmat or an i386 mapping call returns with one, not refused") ||
+			!strings.Contains(note, "another thread of the process could use it in that window") || !strings.Contains(note, "at exec when the ELF loader mapped one") ||
+			strings.Contains(note, "not refused for other members") {
 			t.Errorf("no-LSM host: %s: %s (%s)", sb, mech, note)
 		}
 	}
-	if _, note := rawioLine(plan, "rec"); !strings.Contains(note, "not recorded (no mmap_addr hook here)") {
-		t.Errorf("no-LSM host: rec: %s", note)
+	if lm := plan.Backstop.LowMapping; lm.Action != enforce.ActionKill || lm.ID == 0 {
+		t.Errorf("no-LSM host: backstop low-mapping rule %+v, want kill with a rule id", lm)
 	}
-	if _, note := rawioLine(plan, "trial"); !strings.Contains(note, "not recorded (no mmap_addr hook here)") {
-		t.Errorf("no-LSM host: trial (record mode): %s", note)
+	if !plan.Backstop.NeedsSyscallTracepoints() {
+		t.Error("no-LSM host: the low-mapping rule needs sys_exit, NeedsSyscallTracepoints is false")
+	}
+	for _, sb := range []string{"rec", "trial"} {
+		if _, note := rawioLine(plan, sb); !strings.Contains(note, "recorded by the backstop when mmap, mremap, shmat, an i386 mapping call or an exec leaves one") {
+			t.Errorf("no-LSM host: %s: %s", sb, note)
+		}
+	}
+	for _, sb := range []string{"rec", "free"} {
+		if _, note := rawioLine(plan, sb); !strings.Contains(note, "host-wide backstop rule (category) is stricter because of another sandbox: kill") {
+			t.Errorf("no-LSM host: %s does not say the host-wide kill overrides its rule: %s", sb, note)
+		}
+	}
+	// A record rule alone makes the category record.
+	recOnly := parse(t, `version: 1
+sandboxes:
+  - name: rec
+    select: {cgroups: [/c]}
+    operations: {capabilities: {rules: [{cap: CAP_SYS_RAWIO, action: record}]}}
+`)
+	if rp, _ := compile(t, recOnly, Env{LSM: lsmEnv(t, errRefused)}); rp.Backstop.LowMapping.Action != enforce.ActionRecord {
+		t.Errorf("no-LSM host, one recording sandbox: low-mapping rule %+v, want record", rp.Backstop.LowMapping)
 	}
 	// Seccomp refuses them for the blocking rules of enforce-mode sandboxes.
-	for sb, deny := range map[string]bool{"base": true, "strict": true, "rec": false, "trial": false} {
+	for sb, deny := range map[string]bool{"base": true, "strict": true, "rec": false, "trial": false, "free": false} {
 		if got := plan.Launch[sb].Seccomp.DenyLowMappings; got != deny {
 			t.Errorf("%s: DenyLowMappings %v, want %v", sb, got, deny)
 		}
@@ -127,7 +159,10 @@ sandboxes:
 	env := lsmEnv(t, nil)
 	env["mmap_addr"] = errRefused
 	plan, _ = compile(t, p, Env{LSM: env})
-	if _, note := rawioLine(plan, "base"); !strings.Contains(note, "lsm capable") || !strings.Contains(note, "no mmap_addr hook here") {
+	if _, note := rawioLine(plan, "base"); !strings.Contains(note, "lsm capable") || !strings.Contains(note, "no mmap_addr hook here; backstop: killed") {
 		t.Errorf("capable without mmap_addr: %s", note)
+	}
+	if lm := plan.Backstop.LowMapping; lm.Action != enforce.ActionKill {
+		t.Errorf("capable without mmap_addr: low-mapping rule %+v, want kill", lm)
 	}
 }

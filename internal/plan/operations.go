@@ -373,10 +373,15 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 			lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(name)}})
 		}
 		l := capLayer
+		var low *globalUse
 		if n == unix.CAP_SYS_RAWIO {
-			l = c.lowMappings(sb, l, r.Action)
+			l, low = c.lowMappings(sb, l, r.Action, c.rules.ID(name))
 		}
-		c.add(sb, "capability "+policy.CapabilityName(n), r.Action, l)
+		idx := c.add(sb, "capability "+policy.CapabilityName(n), r.Action, l)
+		if low != nil {
+			low.layer = idx
+			c.globalUses = append(c.globalUses, *low)
+		}
 	}
 	def := orAllow(caps.Default)
 	if def == policy.ActionAllow {
@@ -390,34 +395,53 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 			}
 		}
 	}
+	var low *globalUse
 	if !explicit[unix.CAP_SYS_RAWIO] {
-		capLayer = c.lowMappings(sb, capLayer, def)
+		capLayer, low = c.lowMappings(sb, capLayer, def, id)
 	}
-	c.add(sb, "capabilities (default)", def, capLayer)
+	idx := c.add(sb, "capabilities (default)", def, capLayer)
+	if low != nil {
+		low.layer = idx
+		c.globalUses = append(c.globalUses, *low)
+	}
 }
 
 // lowMappings adds to the layer of the rule deciding CAP_SYS_RAWIO (action
-// a) what judges mappings below vm.mmap_min_addr, which the kernel checks
-// for that capability without the capable hook (cap_mmap_addr): the
-// mmap_addr hook where it loads, else watcher exec's seccomp filter for
-// a blocking rule (launch, DenyLowMappings), and for other members nothing.
-func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action) layer {
+// a, rule id) what judges mappings below vm.mmap_min_addr, which the
+// kernel checks for that capability without the capable hook
+// (cap_mmap_addr): the mmap_addr hook where it loads, else the backstop's
+// low-mapping category (host-wide: the strictest sandbox's action), which
+// kills or records after the fact, and watcher exec's seccomp filter for a
+// blocking rule (launch, DenyLowMappings). The use it returns gets the
+// line's index once added.
+func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id uint32) (layer, *globalUse) {
 	l.notes = slices.Clone(l.notes)
-	enforced := blocking(orAllow(a)) && sb.Mode != policy.ModeRecord
+	a = orAllow(a)
+	hooked := l.mech == MechLSM && c.hook("mmap_addr")
+	sel := func(r *backstop.Rules) *backstop.Rule { return &r.LowMapping }
 	switch {
-	case orAllow(a) == policy.ActionAllow:
-		return l
-	case l.mech == MechLSM && c.hook("mmap_addr"):
-		l.notes = append(l.notes, "lsm mmap_addr: mappings below vm.mmap_min_addr (page 0), which the kernel checks without the capable hook")
-	case enforced:
+	case hooked:
+		if a != policy.ActionAllow {
+			l.notes = append(l.notes, "lsm mmap_addr: mappings below vm.mmap_min_addr (page 0), which the kernel checks without the capable hook")
+		}
+		return l, nil
+	case a == policy.ActionAllow:
+		// Another sandbox's rule may still make the host-wide category kill.
+		return l, &globalUse{category: sel(&c.plan.Backstop), action: enforce.ActionAllow}
+	}
+	u := c.bsCategory(sel, backstopAction(a), id)
+	const probed = "exec and i386 results judged on the VMAs of the first MiB"
+	if blocking(a) && sb.Mode != policy.ModeRecord {
 		if len(l.lsmMissing) > 0 && !c.hook("mmap_addr") {
 			l.lsmMissing = append(slices.Clone(l.lsmMissing), "mmap_addr")
 		}
-		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; refused by seccomp for watcher exec runs only, not refused for other members")
-	default:
-		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0) not recorded (no mmap_addr hook here)")
+		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; backstop: killed when mmap, mremap, shmat or an i386 mapping call returns with one, not refused "+
+			"(the mapping exists until the kill lands: another thread of the process could use it in that window), and at exec when the ELF loader mapped one "+
+			"(a low ELF, MMAP_PAGE_ZERO: the new program never runs; "+probed+"); watcher exec: seccomp refuses them before the fact")
+	} else {
+		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; recorded by the backstop when mmap, mremap, shmat, an i386 mapping call or an exec leaves one ("+probed+")")
 	}
-	return l
+	return l, &u
 }
 
 // Device numbers covered by operations.devices besides every block

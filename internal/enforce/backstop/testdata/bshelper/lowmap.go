@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -88,4 +89,24 @@ func lowMapping(kind string, addr uint64) error {
 		return placed(p)
 	}
 	return fmt.Errorf("unknown lowmap kind %q", kind)
+}
+
+// mmapLoop maps and unmaps one anonymous page n times (after n/10 warm-up
+// pairs) and returns ns per pair.
+func mmapLoop(n int) float64 {
+	anon := uintptr(unix.MAP_PRIVATE | unix.MAP_ANONYMOUS)
+	pair := func() {
+		p, _, e := unix.Syscall6(unix.SYS_MMAP, 0, 4096, unix.PROT_READ, anon, ^uintptr(0), 0)
+		if e == 0 {
+			unix.Syscall(unix.SYS_MUNMAP, p, 4096, 0)
+		}
+	}
+	for i := 0; i < n/10; i++ {
+		pair()
+	}
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		pair()
+	}
+	return float64(time.Since(t0).Nanoseconds()) / float64(n)
 }

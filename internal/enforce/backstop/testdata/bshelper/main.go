@@ -257,6 +257,10 @@ func main() {
 		err = syscall.Exec(arg(0), []string{arg(0)}, nil)
 	case "exec":
 		err = syscall.Exec(arg(0), []string{arg(0)}, nil)
+	case "mmaploop":
+		// mmaploop N: N anonymous mmap+munmap pairs placed by the kernel
+		// (the low-mapping check's fast path); prints ns per pair.
+		fmt.Printf("ns/op %.1f\n", mmapLoop(int(argInt(0))))
 	case "sleep":
 		select {}
 	default:
