@@ -152,8 +152,9 @@ func TestLowMappings(t *testing.T) {
 						t.Errorf("%s in the %s: not killed (err %v), output %q", op.name, where, r.err, r.out)
 						continue
 					}
-					if mode.verdict == audit.VerdictRecorded && (r.killed || r.err != nil) {
-						t.Errorf("%s in the %s under a record rule: killed=%v err=%v output %q", op.name, where, r.killed, r.err, r.out)
+					if mode.verdict == audit.VerdictRecorded && (r.killed || r.err != nil ||
+						op.op == "lowmap" && !strings.Contains(r.out, fmt.Sprintf("mapped at %#x", op.addr))) {
+						t.Errorf("%s in the %s under a record rule: killed=%v err=%v output %q, want mapped at %#x", op.name, where, r.killed, r.err, r.out, op.addr)
 						continue
 					}
 					ev, ok := f.waitEvent(t, r.pid, func(ev audit.Event) bool { return lowEvent(ev, op) })
