@@ -53,7 +53,20 @@ policy is refused and the old one stays.`); err != nil {
 		h = slog.NewJSONHandler(stderr, nil)
 	}
 	log := slog.New(h)
-	a, err := agent.Start(ctx, agent.Options{
+	// Signals are handled here rather than through ctx: one a sandboxed
+	// process sent (the kill backstop counts those in the kernel) is
+	// ignored, so a sandbox cannot stop or reload the agent. The agent's
+	// context is therefore not the caller's, which main cancels on any
+	// SIGTERM or SIGINT: a sandbox's signal would stop the agent's event
+	// reader, DNS and egress loops while it went on answering status.
+	// Registered before the start: a termination request that arrives
+	// while the agent starts cannot be judged (the backstop may not count
+	// signals yet), so it is reported and ignored rather than obeyed, and
+	// a sandbox cannot stop an agent that is starting either.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	a, err := agent.Start(context.WithoutCancel(ctx), agent.Options{
 		PolicyPath: *policyPath, RequireLSM: *requireLSM, Containers: containers,
 		OnEvent: func(e audit.Event) { logEvent(log, &e, *quiet) },
 	})
@@ -72,14 +85,11 @@ policy is refused and the old one stays.`); err != nil {
 	}
 	log.Info("agent running", "pid", os.Getpid(), "dns", a.DNSAddr().String(),
 		"ledger", a.Policy().Agent.LedgerDir, "socket_dir", a.Policy().Agent.SocketDir,
-		"metrics", a.Policy().Agent.MetricsAddr)
+		"metrics", a.Policy().Agent.MetricsAddr, "startup", agent.FormatStartup(a.Startup()))
 
-	// Signals are handled here rather than through ctx: one a sandboxed
-	// process sent (the kill backstop counts those in the kernel) is
-	// ignored, so a sandbox cannot stop or reload the agent.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
+	if s, ok := startupSignal(sigs); ok {
+		log.Warn("ignored a signal that arrived during start-up (its sender cannot be told apart then): send it again to stop", "signal", s.String())
+	}
 	for sig := range sigs {
 		s := sig.(syscall.Signal)
 		if a.SignalledBySandbox(s) {
@@ -96,6 +106,22 @@ policy is refused and the old one stays.`); err != nil {
 	}
 	log.Info("stopping: programs stay pinned and keep enforcing")
 	return a.Stop()
+}
+
+// startupSignal drains the signals queued while the agent started and
+// returns the first termination request among them (a SIGHUP then needs
+// no reload: the policy was just read).
+func startupSignal(sigs <-chan os.Signal) (first syscall.Signal, ok bool) {
+	for {
+		select {
+		case sig := <-sigs:
+			if s := sig.(syscall.Signal); s != syscall.SIGHUP && !ok {
+				first, ok = s, true
+			}
+		default:
+			return first, ok
+		}
+	}
 }
 
 // listFlag collects a repeatable flag.

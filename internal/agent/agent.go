@@ -130,6 +130,7 @@ type Agent struct {
 	prepMu    sync.Mutex
 	frozen    frozenLeaves
 	canary    canaryState
+	startup   *startupClock
 	leaves    sync.Map // process cgroup id -> leafInfo (escape watch)
 	leafCount atomic.Int64
 	layers    []control.Layer
@@ -168,8 +169,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if pol, err = withContainers(pol, opts.Containers); err != nil {
 		return nil, err
 	}
-	a = &Agent{opts: opts, started: time.Now(), pol: pol, rules: plan.NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader,
-		canary: newCanaryState()}
+	now := time.Now()
+	a = &Agent{opts: opts, started: now, pol: pol, rules: plan.NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader,
+		canary: newCanaryState(), startup: newStartupClock(now)}
 	ctx, a.cancel = context.WithCancel(ctx)
 	defer func() {
 		if err != nil {
@@ -198,6 +200,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if a.tail, err = tail.Listen(filepath.Join(ag.SocketDir, "events.sock"), 4096); err != nil {
 		return a, err
 	}
+	a.startup.done("open sinks")
 	a.escape = escape.New(escape.Config{Limits: a.escapeLimits, Leaf: a.escapeLeaf})
 	a.pipe = a.newPipeline()
 	if a.cosigner, err = startWitnessing(pol, a.ledger, a.emit); err != nil {
@@ -218,6 +221,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.metrics.Registry.MustRegister(a.bpfStats)
 	a.metrics.Registry.MustRegister(&limitsCollector{a: a})
 	a.reader = a.eng.NewReader(enforce.ReaderOptions{})
+	a.startup.done("open engine")
 	lsmStatus, lsmMech := lsm.ProbeMechanisms()
 	a.lsmProbe, a.lsmProbeMech = lsmStatus, lsmMech
 	if anyLoaded(lsmStatus) {
@@ -226,10 +230,12 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		}
 	}
 	lsm.Register(a.reader)
+	a.startup.done("load lsm")
 	if a.cgroups, err = cgroupbpf.Load(a.eng); err != nil {
 		return a, fmt.Errorf("cgroup hooks: %w", err)
 	}
 	cgroupbpf.Register(a.reader)
+	a.startup.done("load cgroup programs")
 
 	// Exec and exit records (sched tracepoints: no syscall slow path); the
 	// sampled syscall stream only when a sandbox asks for it, since any
@@ -238,12 +244,14 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}
 	recorder.Register(a.reader)
+	a.startup.done("load recorder")
 
 	// The DNS proxy starts refusing everything, so its real addresses (port
 	// 0 picks one) are known before the policy is compiled with them.
 	if err := a.startDNS(); err != nil {
 		return a, err
 	}
+	a.startup.done("start dns proxy")
 	prepareToolDirs(pol)
 	env := plan.Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
 		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix(), AbsentProbeSockets: AbsentProbeSockets()}
@@ -256,10 +264,12 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 			strings.Join(a.missing, ", "), bpfLSMReason(Kernel().LSMList, firstErr(lsmStatus)))
 	}
 	a.dirs = dnsbind.NewDirectory()
+	a.startup.done("plan")
 	if a.egress, err = egress.Load(a.eng, egress.Options{Notify: a.emit, Grace: a.plan.GraceMax}); err != nil {
 		return a, fmt.Errorf("egress: %w", err)
 	}
 	egress.Register(a.reader)
+	a.startup.done("load egress")
 	// The backstop is loaded whatever the first plan needs: a reload may
 	// add rules only it enforces, and its syscall tracepoints (the costly
 	// part) attach only while its rules need them.
@@ -267,12 +277,14 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("kill backstop: %w", err)
 	}
 	backstop.RegisterWithHandlers(a.reader, backstop.Handlers{OnMount: a.onMountKill})
+	a.startup.done("load backstop")
 	if a.ipc, err = ipcobj.Load(a.eng); err != nil {
 		return a, fmt.Errorf("ipc tracking: %w", err)
 	}
 	if a.inodes, err = newInodeWatch(); err != nil {
 		return a, fmt.Errorf("inode watch: %w", err)
 	}
+	a.startup.done("load ipc tracking, inode watch")
 	// Refusals by seccomp and Landlock (commands run with watcher exec)
 	// happen before any hook of ours sees them: sys_exit records them. Any
 	// syscall tracepoint slows every task of the host, so they are attached
@@ -285,6 +297,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.applyPlan(); err != nil {
 		return a, err
 	}
+	a.startup.done("apply plan")
 	if err := a.recorder.Attach(recorder.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: a.denialsOn.Load()}); err != nil {
 		return a, fmt.Errorf("tracepoints: %w", err)
 	}
@@ -296,10 +309,12 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		}
 		a.watchSignals()
 	}
+	a.startup.done("attach")
 	if err := a.dns.SetPolicy(a.plan.DNS); err != nil {
 		return a, fmt.Errorf("dns policy: %w", err)
 	}
 
+	a.startup.done("dns policy")
 	// Sandbox cgroups: existing ones now, later ones as they appear.
 	if err := a.registerSandboxes(); err != nil {
 		return a, err
@@ -307,6 +322,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup}); err != nil {
 		return a, err
 	}
+	a.startup.done("register sandboxes")
 	a.wg.Add(3)
 	go func() { defer a.wg.Done(); a.watcher.Run(ctx) }()
 	go func() { defer a.wg.Done(); a.egress.Run(ctx, 0) }()
@@ -331,6 +347,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	go func() { defer a.wg.Done(); a.watchLimits(ctx) }()
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.watchPosture(ctx) }()
+	a.startup.done("start control, gateway")
 	a.startCanary(ctx)
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.followInodes() }()
@@ -342,10 +359,11 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		a.wg.Add(1)
 		go func() { defer a.wg.Done(); a.reloader.Run(ctx) }()
 	}
+	a.startup.done("start canary, reloader")
 
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-		Message: fmt.Sprintf("agent %s started, pid %d, policy %s (%s); %s", Version, os.Getpid(),
-			policyName(opts.PolicyPath), short(pol.Hash), "rules by layer: "+control.LayerSummary(a.layers))})
+		Message: fmt.Sprintf("agent %s started, pid %d, policy %s (%s), in %s; %s", Version, os.Getpid(),
+			policyName(opts.PolicyPath), short(pol.Hash), FormatStartup(a.Startup()), "rules by layer: "+control.LayerSummary(a.layers))})
 	// Which layer enforces each rule on this kernel, in the record too.
 	var table strings.Builder
 	for _, l := range a.layers {

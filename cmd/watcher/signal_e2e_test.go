@@ -1,0 +1,81 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/e2etest"
+)
+
+// TestSandboxSignalLeavesAgentWorking: a SIGINT during the agent's start
+// is reported and ignored; then a sandboxed process sends the agent
+// SIGTERM and SIGINT (the requests `watcher run` stops on). The
+// sender is killed, the agent stays up and keeps working: a refusal made
+// after the signals still reaches `watcher tail`, and the ledger; the
+// operator's SIGTERM then stops it. (The signal used to cancel the
+// agent's context through main's signal handler: the agent went on
+// answering status while its event reader, DNS proxy loop and egress
+// watcher had stopped, and nothing more was recorded.)
+func TestSandboxSignalLeavesAgentWorking(t *testing.T) {
+	tb := newTestbed(t, "", "{enabled: false}")
+	// A request during start-up cannot be judged (the backstop may not
+	// count signals yet): reported and ignored, not obeyed.
+	tb.agent = e2etest.Start(t, exec.Command(tb.bin, "run", "--policy", tb.policy, "--quiet"))
+	tb.agentLog = tb.agent.Log
+	time.Sleep(time.Second) // past main's signal set-up; the BPF loads take longer
+	if err := tb.agent.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.agent.WaitReady(60*time.Second, func() bool {
+		return exec.Command(tb.bin, "status", "--socket", tb.ControlSocket()).Run() == nil
+	}); err != nil {
+		t.Fatalf("agent did not come up after a SIGINT during its start: %v\n%s", err, tb.agentLog)
+	}
+	if !strings.Contains(tb.agentLog.String(), "ignored a signal that arrived during start-up") {
+		t.Errorf("agent log does not report the SIGINT sent during its start:\n%s", tb.agentLog)
+	}
+	pid := tb.agent.Pid()
+	for _, sig := range []string{"TERM", "INT"} {
+		sender := inSandbox(t, tb.cgAbs, "sig"+strings.ToLower(sig), fmt.Sprintf("kill -%s %d; sleep 2; echo survived", sig, pid))
+		out, err := sender.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Errorf("SIG%s sender: %v, want killed (SIGKILL)\n%s", sig, err, out)
+		}
+	}
+	time.Sleep(time.Second)
+	if tb.agent.Exited() {
+		t.Fatalf("the agent exited on a sandbox's signal:\n%s", tb.agentLog)
+	}
+	if !strings.Contains(tb.agentLog.String(), "ignored a signal sent from a sandbox") {
+		t.Errorf("agent log does not say it ignored the sandbox's signal:\n%s", tb.agentLog)
+	}
+
+	// After the signals, a refused mount is still recorded.
+	events := tb.tailJSON(func(e audit.Event) bool { return e.Kind == audit.KindMount && e.Sandbox.Name == "agents" })
+	time.Sleep(500 * time.Millisecond)
+	mnt := inSandbox(t, tb.cgAbs, "mount", "mount -t tmpfs watcher-after-signal /mnt; echo rc=$?")
+	mnt.CombinedOutput()
+	select {
+	case e := <-events:
+		if e.Verdict != audit.VerdictKilled && e.Verdict != audit.VerdictDenied {
+			t.Errorf("mount after the signals: verdict %s, want killed or denied", e.Verdict)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("the mount after the sandbox's signals never reached watcher tail: the agent stopped recording\n%s", tb.agentLog)
+	}
+	if out, code := tb.watcher("status", "--socket", tb.ControlSocket()); code != 0 {
+		t.Errorf("watcher status after the signals: exit %d\n%s", code, out)
+	}
+	tb.stopAgent(syscall.SIGTERM)
+	cat, _ := tb.watcher("ledger", "cat", "--json", "--kind", "mount", tb.ledger)
+	if !strings.Contains(cat, "watcher-after-signal") && !strings.Contains(cat, `"tmpfs"`) {
+		t.Errorf("the ledger holds no record of the mount after the signals:\n%s", cat)
+	}
+}
