@@ -331,10 +331,22 @@ func loadPrograms(spec *ebpf.CollectionSpec, maps *ebpf.Collection, want map[str
 		coll.Close()
 		return out
 	}
+	// An EPERM before verification refuses the program type whole (a
+	// kernel that denies BPF trampolines): after the first, the others of
+	// this mechanism are not tried (each try relocates the program
+	// against the kernel's BTF first: seconds in all, for nothing).
+	var refused error
 	for hook, prog := range want {
+		if refused != nil {
+			out[hook] = loadResult{err: refused}
+			continue
+		}
 		coll, err := loadSome(spec, map[string]bool{prog: true}, maps)
 		if err != nil {
 			out[hook] = loadResult{err: explain(err)}
+			if errors.Is(err, unix.EPERM) {
+				refused = fmt.Errorf("not tried: the kernel refused %s of the same type before it: %w", prog, out[hook].err)
+			}
 			continue
 		}
 		out[hook] = loadResult{prog: coll.Programs[prog]}
