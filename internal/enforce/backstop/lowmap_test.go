@@ -1,11 +1,7 @@
 package backstop_test
 
 import (
-	"bytes"
-	"encoding/binary"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,44 +12,9 @@ import (
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
-
-// exit0 is x86_64 code for exit(0): mov eax, 60; xor edi, edi; syscall.
-var exit0 = []byte{0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05}
-
-// readPage0 reads address 0 (mov eax, [0]), then exits 0: it faults
-// unless page 0 is mapped.
-var readPage0 = append([]byte{0x8b, 0x04, 0x25, 0, 0, 0, 0}, exit0...)
-
-// tinyELF writes a static x86_64 executable of one segment at vaddr
-// running code.
-func tinyELF(t *testing.T, name string, vaddr uint64, code []byte) string {
-	t.Helper()
-	const hdrs = 64 + 56
-	var b bytes.Buffer
-	le := binary.LittleEndian
-	b.Write([]byte{0x7f, 'E', 'L', 'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
-	binary.Write(&b, le, struct {
-		Type, Machine              uint16
-		Version                    uint32
-		Entry, Phoff, Shoff        uint64
-		Flags                      uint32
-		Ehsize, Phentsize, Phnum   uint16
-		Shentsize, Shnum, Shstrndx uint16
-	}{Type: 2, Machine: 0x3e, Version: 1, Entry: vaddr + hdrs, Phoff: 64, Ehsize: 64, Phentsize: 56, Phnum: 1})
-	binary.Write(&b, le, struct {
-		Type, Flags          uint32
-		Offset, Vaddr, Paddr uint64
-		Filesz, Memsz, Align uint64
-	}{Type: 1, Flags: 5, Vaddr: vaddr, Paddr: vaddr, Filesz: hdrs + uint64(len(code)), Memsz: hdrs + uint64(len(code)), Align: 4096})
-	b.Write(code)
-	p := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(p, b.Bytes(), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // lowOp is one way a process ends up with a mapping below the minimum.
 type lowOp struct {
@@ -88,9 +49,9 @@ func TestLowMappings(t *testing.T) {
 	below := (min - 1) &^ 4095 // the highest page below the minimum
 	at := (min + 4095) &^ 4095
 	hex := func(v uint64) string { return fmt.Sprint(v) }
-	lowELF := tinyELF(t, "lowelf", below, exit0)
-	probe := tinyELF(t, "pagezero", 0x400000, readPage0)
-	plain := tinyELF(t, "plainelf", 0x400000, exit0)
+	lowELF := enforcetest.TinyELF(t, "lowelf", below, enforcetest.Exit0)
+	probe := enforcetest.TinyELF(t, "pagezero", 0x400000, enforcetest.ReadPage0)
+	plain := enforcetest.TinyELF(t, "plainelf", 0x400000, enforcetest.Exit0)
 
 	low := []lowOp{
 		{"mmap_fixed", "lowmap", []string{"mmap_fixed", hex(below)}, "mmap", below, false},

@@ -1,13 +1,9 @@
 package lsm
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -153,43 +149,11 @@ func TestMmapBelowMinAddr(t *testing.T) {
 	}
 }
 
-// exit0 is x86_64 code for exit(0): mov eax, 60; xor edi, edi; syscall.
-var exit0 = []byte{0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05}
-
 // lowELF writes a static x86_64 executable whose one segment loads at
 // vaddr and which exits 0 at once.
 func lowELF(t *testing.T, vaddr uint64) string {
 	t.Helper()
-	return tinyELF(t, vaddr, exit0)
-}
-
-// tinyELF writes a static x86_64 executable of one segment at vaddr
-// running code.
-func tinyELF(t *testing.T, vaddr uint64, code []byte) string {
-	t.Helper()
-	const hdrs = 64 + 56
-	var b bytes.Buffer
-	le := binary.LittleEndian
-	b.Write([]byte{0x7f, 'E', 'L', 'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
-	binary.Write(&b, le, struct {
-		Type, Machine              uint16
-		Version                    uint32
-		Entry, Phoff, Shoff        uint64
-		Flags                      uint32
-		Ehsize, Phentsize, Phnum   uint16
-		Shentsize, Shnum, Shstrndx uint16
-	}{Type: 2, Machine: 0x3e, Version: 1, Entry: vaddr + hdrs, Phoff: 64, Ehsize: 64, Phentsize: 56, Phnum: 1})
-	binary.Write(&b, le, struct {
-		Type, Flags          uint32
-		Offset, Vaddr, Paddr uint64
-		Filesz, Memsz, Align uint64
-	}{Type: 1, Flags: 5, Vaddr: vaddr, Paddr: vaddr, Filesz: hdrs + uint64(len(code)), Memsz: hdrs + uint64(len(code)), Align: 4096})
-	b.Write(code)
-	p := filepath.Join(t.TempDir(), "lowelf")
-	if err := os.WriteFile(p, b.Bytes(), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return enforcetest.TinyELF(t, "lowelf", vaddr, enforcetest.Exit0)
 }
 
 // TestMmapBelowMinAddrExec: execve maps an executable's segments itself;
@@ -237,7 +201,7 @@ func TestMmapBelowMinAddrExec(t *testing.T) {
 func TestMmapBelowMinAddrPersonality(t *testing.T) {
 	f := lowMapSandboxes(t, 621)
 	// mov eax, [0]; then exit(0).
-	probe := tinyELF(t, 0x400000, append([]byte{0x8b, 0x04, 0x25, 0, 0, 0, 0}, exit0...))
+	probe := enforcetest.TinyELF(t, "pagezero", 0x400000, enforcetest.ReadPage0)
 	run := func(cg string) (string, int) {
 		t.Helper()
 		cmd := enforcetest.SelfCommand(t, "", "TestPageZeroHelper", "pagezero", "WATCHER_PAGEZERO_CG="+cg, "WATCHER_PAGEZERO_BIN="+probe)
