@@ -313,8 +313,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.dns.SetPolicy(a.plan.DNS); err != nil {
 		return a, fmt.Errorf("dns policy: %w", err)
 	}
-
 	a.startup.done("dns policy")
+
 	// Sandbox cgroups: existing ones now, later ones as they appear.
 	if err := a.registerSandboxes(); err != nil {
 		return a, err
