@@ -185,6 +185,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := CheckCapabilities(); err != nil {
 		return a, err
 	}
+	oomWas, oomLowered, oomErr := lowerOOMScore("/proc/self/oom_score_adj", agentOOMScoreAdj)
 	ag := pol.Agent
 
 	// Sinks first, so nothing the layers report is lost.
@@ -203,6 +204,16 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.startup.done("open sinks")
 	a.escape = escape.New(escape.Config{Limits: a.escapeLimits, Leaf: a.escapeLeaf})
 	a.pipe = a.newPipeline()
+	switch {
+	case oomErr != nil:
+		// Root without CAP_SYS_RESOURCE (this project's CI machines) may
+		// not lower it: said once, not an alert.
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
+			Message: fmt.Sprintf("oom_score_adj stays %d (%v): the OOM killer may pick the agent before the sandboxes' processes", oomWas, oomErr)})
+	case oomLowered:
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded,
+			Message: fmt.Sprintf("oom_score_adj lowered from %d to %d: the OOM killer takes the agent last", oomWas, agentOOMScoreAdj)})
+	}
 	if a.cosigner, err = startWitnessing(pol, a.ledger, a.emit); err != nil {
 		return a, fmt.Errorf("witnesses: %w", err)
 	}

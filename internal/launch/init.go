@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -112,6 +113,13 @@ func Init() {
 	// no_new_privs, the Landlock domain and seccomp filters are per
 	// thread and pass across execve to the target and its descendants.
 	runtime.LockOSThread()
+	// The command must not inherit the agent's protection from the OOM
+	// killer (the agent lowers its own oom_score_adj; so does its systemd
+	// unit): raised back to 0 here, which needs no privilege and comes
+	// before Landlock could refuse the write.
+	if err := resetOOMScore(); err != nil {
+		fail(ExitRestrictFailed, Applied{}, err)
+	}
 	if err := applyMounts(spec.Mounts); err != nil {
 		fail(ExitRestrictFailed, Applied{}, err)
 	}
@@ -184,4 +192,20 @@ func specEnv(env []string, spec string) []string {
 		}
 	}
 	return append(out, envSpec+"="+spec)
+}
+
+// resetOOMScore raises a negative oom_score_adj of this process to 0.
+func resetOOMScore() error {
+	const file = "/proc/self/oom_score_adj"
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("read oom_score_adj: %w", err)
+	}
+	if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err != nil || v >= 0 {
+		return nil
+	}
+	if err := os.WriteFile(file, []byte("0"), 0); err != nil {
+		return fmt.Errorf("reset oom_score_adj: %w", err)
+	}
+	return nil
 }

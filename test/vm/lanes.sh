@@ -70,7 +70,7 @@ battery() {
 lane_kernel() {
 	step lsm-suite
 	step limits --pkg ./internal/limits --boot lsm
-	step launch --pkg ./internal/launch --run TestDerivedFileModel --boot lsm
+	step launch --pkg ./internal/launch --run 'TestDerivedFileModel|TestOOMScoreNotInherited' --boot lsm
 	step posture --pkg ./internal/posture --boot lsm
 	step workspace --pkg ./internal/workspace --boot lsm
 	step ipcobj --pkg ./internal/workspace/ipcobj --boot lsm
