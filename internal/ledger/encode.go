@@ -493,6 +493,9 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 	if p := e.Posture; p != nil {
 		b = appendPosture(b, p)
 	}
+	if c := e.Canary; c != nil {
+		b = appendCanary(b, c)
+	}
 	b = strField(b, "message", e.Message, true)
 	b = strsField(b, "redacted", e.Redacted, true)
 	return b
@@ -605,6 +608,31 @@ func appendPosture(b []byte, p *audit.Posture) []byte {
 	b = closeObject(b, m)
 	b = strsField(b, "missing", p.Missing, true)
 	b = strsField(b, "errors", p.Errors, true)
+	return closeObject(b, n)
+}
+
+// appendCanary writes a canary run's record in struct order.
+func appendCanary(b []byte, c *audit.CanaryDetail) []byte {
+	b = append(b, `,"canary":{`...)
+	n := len(b)
+	b = strField(b, "reason", c.Reason, false)
+	b = fieldName(b, "checks")
+	if c.Checks == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i := range c.Checks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '{')
+			m := len(b)
+			b = strField(b, "name", c.Checks[i].Name, false)
+			b = boolField(b, "ok", c.Checks[i].OK, false)
+			b = closeObject(b, m)
+		}
+		b = append(b, ']')
+	}
 	return closeObject(b, n)
 }
 
