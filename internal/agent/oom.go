@@ -29,7 +29,7 @@ func lowerOOMScore(file string, target int) (was int, changed bool, err error) {
 		return was, false, nil
 	}
 	if err := os.WriteFile(file, []byte(strconv.Itoa(target)), 0); err != nil {
-		return was, false, fmt.Errorf("write oom_score_adj: %w", err)
+		return was, false, fmt.Errorf("lower oom_score_adj: %w", err)
 	}
 	return was, true, nil
 }
