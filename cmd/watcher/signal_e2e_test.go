@@ -73,18 +73,23 @@ func TestSandboxSignalLeavesAgentWorking(t *testing.T) {
 
 	// After the signals, a refused mount is still recorded.
 	events := tb.tailJSON(func(e audit.Event) bool { return e.Kind == audit.KindMount && e.Sandbox.Name == "agents" })
-	time.Sleep(500 * time.Millisecond)
-	mnt := inSandbox(t, tb.cgAbs, "mount", "mount -t tmpfs watcher-after-signal /mnt; echo rc=$?")
-	mnt.CombinedOutput()
 	// The refusal (killed on this kernel, denied under BPF LSM); an undo
-	// record of the same mount may come first.
+	// record of the same mount may come first. The mount is tried again
+	// every 2 s, in case tail had not registered its filter yet.
 	deadline := time.After(20 * time.Second)
-	for refused := false; !refused; {
-		select {
-		case e := <-events:
-			refused = e.Verdict == audit.VerdictKilled || e.Verdict == audit.VerdictDenied
-		case <-deadline:
-			t.Fatalf("the refused mount after the sandbox's signals never reached watcher tail: the agent stopped recording\n%s", tb.agentLog)
+	for try, refused := 0, false; !refused; try++ {
+		mnt := inSandbox(t, tb.cgAbs, fmt.Sprintf("mount%d", try), "mount -t tmpfs watcher-after-signal /mnt; echo rc=$?")
+		mnt.CombinedOutput()
+		again := time.After(2 * time.Second)
+		for waiting := true; waiting && !refused; {
+			select {
+			case e := <-events:
+				refused = e.Verdict == audit.VerdictKilled || e.Verdict == audit.VerdictDenied
+			case <-again:
+				waiting = false
+			case <-deadline:
+				t.Fatalf("the refused mount after the sandbox's signals never reached watcher tail: the agent stopped recording\n%s", tb.agentLog)
+			}
 		}
 	}
 	if out, code := tb.watcher("status", "--socket", tb.ControlSocket()); code != 0 {
