@@ -248,6 +248,15 @@ func (b *battery) startAgent() {
 		t.Fatalf("agent did not come up in %s: %v", time.Since(start).Round(time.Second), err)
 	}
 	t.Logf("agent up in %s", time.Since(start).Round(10*time.Millisecond))
+	// Where the start went (the agent logs it once Start returns, which
+	// may be just after status first answers).
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if _, rest, ok := strings.Cut(b.agent.Log.String(), `startup="`); ok {
+			line, _, _ := strings.Cut(rest, `"`)
+			t.Logf("agent start-up: %s", line)
+			break
+		}
+	}
 	st, err := tail.Dial(b.EventsSocket(), tail.Filter{
 		Verdicts: []audit.Verdict{audit.VerdictDenied, audit.VerdictKilled, audit.VerdictRecorded}})
 	if err != nil {
