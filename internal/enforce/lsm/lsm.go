@@ -20,6 +20,7 @@ package lsm
 import (
 	"errors"
 	"fmt"
+	stdmaps "maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -546,6 +547,52 @@ func (l *LSM) Detach() error {
 func Probe() map[string]error {
 	status, _ := ProbeMechanisms()
 	return status
+}
+
+// Usable reports whether this kernel loads any of the group's programs
+// under some mechanism: a check that verifies one program (a few more
+// where one fails for a reason of its own), made before Load, which
+// verifies them all. False when the check itself cannot run.
+func Usable() bool {
+	spec, err := loadLsm()
+	if err != nil || rlimit.RemoveMemlock() != nil {
+		return false
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+		if m.Type == ebpf.RingBuf {
+			m.MaxEntries = uint32(os.Getpagesize())
+		}
+	}
+	coll, err := loadMaps(spec, &ebpf.CollectionOptions{})
+	if err != nil {
+		return false
+	}
+	defer coll.Close()
+	kspec, err := btf.LoadKernelSpec()
+	if err != nil {
+		kspec = nil
+	}
+	byHook := programsByHook(spec)
+	hooks := slices.Sorted(stdmaps.Keys(byHook))
+	order, _ := mechanismOrder()
+	for _, mech := range order {
+		for _, hook := range hooks {
+			name := byHook[hook][mech]
+			if name == "" || absent(kspec, spec, hookPrograms{mech: name}) {
+				continue
+			}
+			r := loadPrograms(spec, coll, map[string]string{hook: name})[hook]
+			if r.err == nil {
+				r.prog.Close()
+				return true
+			}
+			if errors.Is(r.err, unix.EPERM) {
+				break // refused before verification: the whole mechanism
+			}
+		}
+	}
+	return false
 }
 
 // ProbeMechanisms is Probe, also saying which mechanism (MechLSM or

@@ -268,6 +268,17 @@ func TestProbeAgreesWithLoad(t *testing.T) {
 		}
 		t.Logf("lsm/%s: %v", h, err)
 	}
+	// The agent's one-program check before Load agrees with the probe of
+	// every hook: some hook loads exactly when Usable says so.
+	t0 = time.Now()
+	usable, anyHook := Usable(), false
+	for _, h := range hooks {
+		anyHook = anyHook || res[h] == nil
+	}
+	t.Logf("Usable: %v in %v", usable, time.Since(t0))
+	if usable != anyHook {
+		t.Errorf("Usable() %v, but the probe finds a loadable hook: %v", usable, anyHook)
+	}
 	eng := enforcetest.Engine(t)
 	t0 = time.Now()
 	l, err := Load(eng)
