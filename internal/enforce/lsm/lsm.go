@@ -555,16 +555,10 @@ func Probe() map[string]error {
 // verifies them all. False when the check itself cannot run.
 func Usable() bool {
 	spec, err := loadLsm()
-	if err != nil || rlimit.RemoveMemlock() != nil {
+	if err != nil {
 		return false
 	}
-	for _, m := range spec.Maps {
-		m.Pinning = ebpf.PinNone
-		if m.Type == ebpf.RingBuf {
-			m.MaxEntries = uint32(os.Getpagesize())
-		}
-	}
-	coll, err := loadMaps(spec, &ebpf.CollectionOptions{})
+	coll, err := privateMaps(spec)
 	if err != nil {
 		return false
 	}
@@ -612,8 +606,19 @@ func ProbeMechanisms() (map[string]error, map[string]string) {
 		}
 		return out, mechs
 	}
+	maps, err := privateMaps(spec)
+	if err != nil {
+		return fail(err)
+	}
+	defer maps.Close()
+	return pick(spec, maps, func(hook, mech string, p *ebpf.Program) error { return p.Close() })
+}
+
+// privateMaps creates the spec's maps unpinned (ring buffers of one page),
+// for loads that only try programs: they touch no agent's state.
+func privateMaps(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
-		return fail(fmt.Errorf("remove memlock limit: %w", err))
+		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
@@ -621,10 +626,5 @@ func ProbeMechanisms() (map[string]error, map[string]string) {
 			m.MaxEntries = uint32(os.Getpagesize())
 		}
 	}
-	maps, err := loadMaps(spec, &ebpf.CollectionOptions{})
-	if err != nil {
-		return fail(err)
-	}
-	defer maps.Close()
-	return pick(spec, maps, func(hook, mech string, p *ebpf.Program) error { return p.Close() })
+	return loadMaps(spec, &ebpf.CollectionOptions{})
 }
