@@ -117,6 +117,7 @@ type bed struct {
 	agent              *e2etest.Process
 	agentIn            io.WriteCloser
 	agentLog           *e2etest.SafeBuffer
+	agentOOM           string // the agent's oom_score_adj once up (it lowers its own)
 	layer              string // "lsm", "fmod_ret" or "backstop": what enforces file rules
 	hostSock           string // a unix socket outside the workspace (a host service's stand-in)
 	leafSeq            int
@@ -273,6 +274,11 @@ func (b *bed) startAgent() {
 	if err := b.agent.WaitReady(300*time.Second, ready.Load); err != nil {
 		t.Fatalf("agent did not start: %v", err)
 	}
+	oom, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", b.agent.Pid()))
+	if err != nil {
+		t.Fatalf("agent's oom_score_adj: %v", err)
+	}
+	b.agentOOM = strings.TrimSpace(string(oom))
 	var layers []control.Layer
 	lb, err := os.ReadFile(b.layersPath)
 	if err != nil || json.Unmarshal(lb, &layers) != nil {

@@ -127,8 +127,8 @@ func agentHurt(b *bed, o outcome) (bool, string) {
 
 func oomChanged(b *bed, o outcome) (bool, string) {
 	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", b.agent.Pid()))
-	if strings.TrimSpace(string(data)) != "0" {
-		return true, "oom_score_adj now " + strings.TrimSpace(string(data))
+	if now := strings.TrimSpace(string(data)); now != b.agentOOM {
+		return true, "oom_score_adj now " + now + ", was " + b.agentOOM
 	}
 	return agentHurt(b, o)
 }
