@@ -1322,15 +1322,8 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 		lowmap_compat_exit(regs, nr, ret);
 		/* Judged (refused outright or by number) at sys_enter; only an
 		 * i386 mount waits for its return value (see compat_enter). */
-		if (nr != NR32_mount)
-			return 0;
-		struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-		struct syscall_event *pending = bpf_task_storage_get(&bs_pending, task, 0, 0);
-		if (!pending || pending->hdr.kind != EV_KILL_SYSCALL || pending->nr != 165)
-			return 0;
-		pending->ret = ret;
-		emit_syscall(pending);
-		pending->hdr.kind = 0;
+		if (nr == NR32_mount)
+			complete_pending(165, ret); /* stashed as the x86_64 mount */
 		return 0;
 	}
 	if (is_open_nr(nr)) {

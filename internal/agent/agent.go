@@ -237,9 +237,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	// verifies them all once (probing every hook first verified each
 	// program twice: 12 s of a 22 s start in the qemu guest). Where
 	// nothing loads, the probe says why, hook by hook.
-	var lsmStatus map[string]error
-	var lsmMech map[string]string
-	if lsm.Usable() {
+	usable, lsmStatus, lsmMech := lsm.Check()
+	if usable {
 		a.lsm, a.lsmErr = lsm.Load(a.eng)
 	}
 	switch {
@@ -248,8 +247,6 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	case a.lsmErr != nil:
 		// Nothing was set up: no hook may be planned on.
 		lsmStatus, lsmMech = map[string]error{"*": a.lsmErr}, map[string]string{}
-	default:
-		lsmStatus, lsmMech = lsm.ProbeMechanisms()
 	}
 	a.lsmProbe, a.lsmProbeMech = lsmStatus, lsmMech
 	lsm.Register(a.reader)

@@ -45,7 +45,7 @@ func TestLowMappingCost(t *testing.T) {
 		}
 		return v
 	}
-	var bare, outside, inside, rOut, rIn []float64
+	var loops syscallbench.Rounds
 	for r := 0; r < rounds; r++ {
 		if err := f.bs.SetRules(none); err != nil {
 			t.Fatal(err)
@@ -57,9 +57,9 @@ func TestLowMappingCost(t *testing.T) {
 		if err := f.bs.SetRules(f.rules); err != nil {
 			t.Fatal(err)
 		}
-		o, i := loop(f.outside), loop(f.sandbox)
-		bare, outside, inside = append(bare, b), append(outside, o), append(inside, i)
-		rOut, rIn = append(rOut, o/b), append(rIn, i/b)
+		loops.Add("bare", syscallbench.Result{"mmap": b})
+		loops.Add("outside", syscallbench.Result{"mmap": loop(f.outside)})
+		loops.Add("inside", syscallbench.Result{"mmap": loop(f.sandbox)})
 	}
 	// sys_exit's own time per run, from the kernel's BPF run-time
 	// statistics (on only for these passes: they add two clock reads).
@@ -81,9 +81,10 @@ func TestLowMappingCost(t *testing.T) {
 		}
 		return fmt.Sprintf("%.0f ns", float64((s1.Runtime-s0.Runtime).Nanoseconds())/float64(s1.RunCount-s0.RunCount))
 	}
-	med := syscallbench.Median
+	ratio := func(state string) float64 { return syscallbench.Median(loops.Ratios(state, "bare", "mmap")) }
 	msg := fmt.Sprintf("backstop mmap cost: kernel %s, %d pairs, %d rounds: mmap+munmap bare %.0f ns, backstop outside %.0f ns (%.3fx), inside with the low-mapping rule %.0f ns (%.3fx) (medians of per-round ratios to bare); sys_exit per run: outside %s, inside %s",
-		syscallbench.KernelRelease(), iters, rounds, med(bare), med(outside), med(rOut), med(inside), med(rIn), perRun(f.outside), perRun(f.sandbox))
+		syscallbench.KernelRelease(), iters, rounds, loops.Median("bare", "mmap"), loops.Median("outside", "mmap"), ratio("outside"),
+		loops.Median("inside", "mmap"), ratio("inside"), perRun(f.outside), perRun(f.sandbox))
 	t.Log(msg)
 	fmt.Println(msg)
 }

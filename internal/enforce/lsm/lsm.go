@@ -549,18 +549,15 @@ func Probe() map[string]error {
 	return status
 }
 
-// Usable reports whether this kernel loads any of the group's programs
-// under some mechanism: a check that verifies one program (a few more
-// where one fails for a reason of its own), made before Load, which
-// verifies them all. False when the check itself cannot run.
-func Usable() bool {
-	spec, err := loadLsm()
-	if err != nil {
-		return false
-	}
-	coll, err := privateMaps(spec)
-	if err != nil {
-		return false
+// Check tells, before Load, whether this kernel loads any of the group's
+// programs under some mechanism: it verifies one program (a few more where
+// one fails for a reason of its own), since Load verifies them all. Where
+// none loads it returns what ProbeMechanisms would, hook by hook (why
+// not), from the same spec and maps.
+func Check() (usable bool, status map[string]error, mechs map[string]string) {
+	spec, coll, status, mechs := probeSetup()
+	if coll == nil {
+		return false, status, mechs
 	}
 	defer coll.Close()
 	kspec, err := btf.LoadKernelSpec()
@@ -568,10 +565,9 @@ func Usable() bool {
 		kspec = nil
 	}
 	byHook := programsByHook(spec)
-	hooks := slices.Sorted(stdmaps.Keys(byHook))
 	order, _ := mechanismOrder()
 	for _, mech := range order {
-		for _, hook := range hooks {
+		for _, hook := range slices.Sorted(stdmaps.Keys(byHook)) {
 			name := byHook[hook][mech]
 			if name == "" || absent(kspec, spec, hookPrograms{mech: name}) {
 				continue
@@ -579,46 +575,46 @@ func Usable() bool {
 			r := loadPrograms(spec, coll, map[string]string{hook: name})[hook]
 			if r.err == nil {
 				r.prog.Close()
-				return true
+				return true, nil, nil
 			}
 			if errors.Is(r.err, unix.EPERM) {
 				break // refused before verification: the whole mechanism
 			}
 		}
 	}
-	return false
+	status, mechs = probeWith(spec, coll)
+	return false, status, mechs
 }
 
 // ProbeMechanisms is Probe, also saying which mechanism (MechLSM or
 // MechFmodRet) each loadable hook would use. Hooks the kernel lacks
 // altogether report an error wrapping ErrHookAbsent.
 func ProbeMechanisms() (map[string]error, map[string]string) {
-	out := map[string]error{}
-	mechs := map[string]string{}
-	spec, err := loadLsm()
-	if err != nil {
-		return map[string]error{"*": fmt.Errorf("load lsm spec: %w", err)}, mechs
+	spec, coll, status, mechs := probeSetup()
+	if coll == nil {
+		return status, mechs
 	}
-	byHook := programsByHook(spec)
-	fail := func(err error) (map[string]error, map[string]string) {
-		for hook := range byHook {
-			out[hook] = err
-		}
-		return out, mechs
-	}
-	maps, err := privateMaps(spec)
-	if err != nil {
-		return fail(err)
-	}
-	defer maps.Close()
-	return pick(spec, maps, func(hook, mech string, p *ebpf.Program) error { return p.Close() })
+	defer coll.Close()
+	return probeWith(spec, coll)
 }
 
-// privateMaps creates the spec's maps unpinned (ring buffers of one page),
-// for loads that only try programs: they touch no agent's state.
-func privateMaps(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
+// probeSetup loads the spec and creates its maps unpinned (ring buffers
+// of one page), for loads that only try programs: they touch no agent's
+// state. Without maps it returns the reason as every hook's status.
+func probeSetup() (*ebpf.CollectionSpec, *ebpf.Collection, map[string]error, map[string]string) {
+	spec, err := loadLsm()
+	if err != nil {
+		return nil, nil, map[string]error{"*": fmt.Errorf("load lsm spec: %w", err)}, map[string]string{}
+	}
+	fail := func(err error) (*ebpf.CollectionSpec, *ebpf.Collection, map[string]error, map[string]string) {
+		out := map[string]error{}
+		for hook := range programsByHook(spec) {
+			out[hook] = err
+		}
+		return spec, nil, out, map[string]string{}
+	}
 	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("remove memlock limit: %w", err)
+		return fail(fmt.Errorf("remove memlock limit: %w", err))
 	}
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
@@ -626,5 +622,15 @@ func privateMaps(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
 			m.MaxEntries = uint32(os.Getpagesize())
 		}
 	}
-	return loadMaps(spec, &ebpf.CollectionOptions{})
+	coll, err := loadMaps(spec, &ebpf.CollectionOptions{})
+	if err != nil {
+		return fail(err)
+	}
+	return spec, coll, nil, nil
 }
+
+// probeWith tries every hook's programs against coll and closes them.
+func probeWith(spec *ebpf.CollectionSpec, coll *ebpf.Collection) (map[string]error, map[string]string) {
+	return pick(spec, coll, func(hook, mech string, p *ebpf.Program) error { return p.Close() })
+}
+

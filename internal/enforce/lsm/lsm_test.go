@@ -271,13 +271,22 @@ func TestProbeAgreesWithLoad(t *testing.T) {
 	// The agent's one-program check before Load agrees with the probe of
 	// every hook: some hook loads exactly when Usable says so.
 	t0 = time.Now()
-	usable, anyHook := Usable(), false
+	usable, checked, checkedMech := Check()
+	anyHook := false
 	for _, h := range hooks {
 		anyHook = anyHook || res[h] == nil
 	}
-	t.Logf("Usable: %v in %v", usable, time.Since(t0))
+	t.Logf("Check: usable %v in %v", usable, time.Since(t0))
 	if usable != anyHook {
-		t.Errorf("Usable() %v, but the probe finds a loadable hook: %v", usable, anyHook)
+		t.Errorf("Check() usable %v, but the probe finds a loadable hook: %v", usable, anyHook)
+	}
+	if !usable {
+		// Where nothing loads, Check's statuses are the probe's.
+		for _, h := range hooks {
+			if (checked[h] == nil) != (res[h] == nil) || checkedMech[h] != probeMech[h] {
+				t.Errorf("lsm/%s: Check says %v (%q), Probe says %v (%q)", h, checked[h], checkedMech[h], res[h], probeMech[h])
+			}
+		}
 	}
 	eng := enforcetest.Engine(t)
 	t0 = time.Now()
