@@ -633,4 +633,3 @@ func probeSetup() (*ebpf.CollectionSpec, *ebpf.Collection, map[string]error, map
 func probeWith(spec *ebpf.CollectionSpec, coll *ebpf.Collection) (map[string]error, map[string]string) {
 	return pick(spec, coll, func(hook, mech string, p *ebpf.Program) error { return p.Close() })
 }
-
