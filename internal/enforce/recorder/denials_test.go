@@ -110,10 +110,12 @@ func TestDenialsRecorded(t *testing.T) {
 		t.Fatalf("leaf cgroup id %d (sandbox %d)", leafID, sbID)
 	}
 	mine := func(ev audit.Event) bool { return int(ev.Process.TGID) == v.PID }
+	// The process, not the thread: the Go runtime may run the helper's
+	// main goroutine on any of its threads, so PID (the thread) varies.
 	checkCommon := func(ev audit.Event, what string) {
 		t.Helper()
 		if ev.Verdict != audit.VerdictDenied || !ev.IsAlert() || ev.Process.Comm != "trhelper" ||
-			ev.Process.CgroupID != leafID || ev.Sandbox.CgroupID != sbID || ev.Process.PID != uint32(v.PID) {
+			ev.Process.CgroupID != leafID || ev.Sandbox.CgroupID != sbID || ev.Process.TGID != uint32(v.PID) {
 			t.Errorf("%s: event %+v, want denied alert from pid %d comm trhelper cgroup %d sandbox %d",
 				what, ev, v.PID, leafID, sbID)
 		}
