@@ -113,8 +113,10 @@ enum bs_category {
 #define OP_WRITE 2
 #define OP_EXEC 4
 
-/* Per syscall number: a plain rule (action, rule_id) or, when category is
- * set, an argument check whose action lives in bs_categories. */
+/* Per syscall number, host-wide: whether any sandbox has a plain rule for
+ * it (action: the strictest, nonzero) or, when category is set, an
+ * argument check. The fast path: syscalls no sandbox rules on cost one
+ * array lookup. Each sandbox's own action is in bs_sb_rules. */
 struct syscall_rule {
 	__u32 action;
 	__u32 rule_id;
@@ -124,6 +126,16 @@ struct syscall_rule {
 struct category_rule {
 	__u32 action;
 	__u32 rule_id;
+};
+
+/* Key of bs_sb_rules: one sandbox's rule for a syscall or a category.
+ * what is SBR_* | number. */
+#define SBR_SYSCALL 0x00000   /* x86_64 syscall number */
+#define SBR_SYSCALL32 0x10000 /* i386 syscall number (int 0x80) */
+#define SBR_CATEGORY 0x20000  /* enum bs_category */
+struct sb_rule_key {
+	__u32 sandbox_id; /* 0: every sandbox without an entry of its own */
+	__u32 what;
 };
 
 /* LPM key: sandbox id (0 = every sandbox) then the path. Exact rules
@@ -209,6 +221,7 @@ const struct path_rule *unused_path_rule __attribute__((unused));
 const struct inode_key *unused_inode_key __attribute__((unused));
 const struct syscall_rule *unused_syscall_rule __attribute__((unused));
 const struct category_rule *unused_category_rule __attribute__((unused));
+const struct sb_rule_key *unused_sb_rule_key __attribute__((unused));
 
 BS_MAP(bs_syscall_rules, BPF_MAP_TYPE_ARRAY, __u32, struct syscall_rule, MAX_SYSCALLS);
 
@@ -256,7 +269,23 @@ BS_MAP(bs_agent_signals, BPF_MAP_TYPE_ARRAY, __u32, __u64, 65);
  * of them look like the operator's. */
 BS_MAP(bs_operator_signals, BPF_MAP_TYPE_ARRAY, __u32, __u64, 65);
 
+/* Per category, host-wide: whether any sandbox has a rule (action: the
+ * strictest, nonzero), a gate before the sandbox is known. */
 BS_MAP(bs_categories, BPF_MAP_TYPE_ARRAY, __u32, struct category_rule, CAT_MAX);
+
+/* Each sandbox's own syscall and category actions, so a sandbox whose
+ * policy allows an operation is never killed because another sandbox
+ * blocks it. About 80 entries per sandbox (x86_64 and i386 numbers, the
+ * categories); only rules that are not allow are stored, plus allow
+ * entries overriding the every-sandbox (id 0) set. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sb_rule_key);
+	__type(value, struct category_rule);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bs_sb_rules SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -322,9 +351,41 @@ static __always_inline struct scratch *get_scratch(void)
 	return bpf_map_lookup_elem(&bs_scratch, &zero);
 }
 
-static __always_inline struct category_rule *category(__u32 cat)
+/* any_category reports whether some sandbox has a rule for cat (the
+ * host-wide gate, an array lookup). */
+static __always_inline bool any_category(__u32 cat)
 {
-	return bpf_map_lookup_elem(&bs_categories, &cat);
+	struct category_rule *c = bpf_map_lookup_elem(&bs_categories, &cat);
+	return c && c->action;
+}
+
+/* sandbox_rule is the one lookup of a sandbox's syscall or category
+ * action (what: SBR_* | number): its own entry, else the every-sandbox
+ * entry (id 0), else 0 (allow). The rule id goes to *rule_id. Values, not
+ * a pointer: a pointer kept across the event code is lost by 6.1's
+ * verifier (it reloads it as a scalar). Nested cgroups resolve to their
+ * sandbox root's id before. */
+static __always_inline __u32 sandbox_rule(__u32 sandbox_id, __u32 what, __u32 *rule_id)
+{
+	struct sb_rule_key k = { .sandbox_id = sandbox_id, .what = what };
+	struct category_rule *r = bpf_map_lookup_elem(&bs_sb_rules, &k);
+	if (!r) {
+		k.sandbox_id = 0;
+		r = bpf_map_lookup_elem(&bs_sb_rules, &k);
+	}
+	if (!r)
+		return 0;
+	*rule_id = r->rule_id;
+	return r->action;
+}
+
+/* sandbox_category is sandbox_rule for a category, behind the host-wide
+ * gate. */
+static __always_inline __u32 sandbox_category(__u32 sandbox_id, __u32 cat, __u32 *rule_id)
+{
+	if (!any_category(cat))
+		return 0;
+	return sandbox_rule(sandbox_id, SBR_CATEGORY | cat, rule_id);
 }
 
 /* The backstop cannot block: a block action is carried out as a kill. */
@@ -835,18 +896,14 @@ static __always_inline int compat_enter(struct pt_regs *regs, long id)
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
 		return 0;
-	__u32 action = 0, rule_id = 0, cat = CAT_COMPAT;
-	struct category_rule *c = category(CAT_COMPAT);
-	if (c && c->action) {
-		action = c->action;
-		rule_id = c->rule_id;
-	} else if ((unsigned long)id < MAX_SYSCALLS) {
+	__u32 rule_id = 0, cat = CAT_COMPAT;
+	__u32 action = sandbox_category(sb->id, CAT_COMPAT, &rule_id);
+	if (!action && (unsigned long)id < MAX_SYSCALLS) {
 		__u32 nr = id;
 		struct syscall_rule *r = bpf_map_lookup_elem(&bs_syscall_rules32, &nr);
 		if (!r || !r->action)
 			return 0;
-		action = r->action;
-		rule_id = r->rule_id;
+		action = sandbox_rule(sb->id, SBR_SYSCALL32 | nr, &rule_id);
 		cat = CAT_NONE;
 	}
 	if (action == ACTION_ALLOW)
@@ -910,11 +967,14 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 	struct syscall_rule *r = bpf_map_lookup_elem(&bs_syscall_rules, &nr);
 	if (!r || (!r->action && !r->category))
 		return 0;
-	if (r->category == CAT_MMAP_EXEC) {
+	__u32 cat = r->category, rule_id = 0, target = 0;
+	if (cat == CAT_MMAP_EXEC) {
+		/* The category's action only turns the check on: the exec
+		 * rule matching the file decides. */
 		struct file *file = id == NR_mmap ? mmap_exec_file(regs) : mprotect_exec_file(regs);
 		__u64 root = 0;
 		struct sandbox *sb = file ? current_sandbox(&root) : NULL;
-		if (sb)
+		if (sb && sandbox_rule(sb->id, SBR_CATEGORY | CAT_MMAP_EXEC, &rule_id))
 			judge_file(file, OP_EXEC, id, root, sb);
 		return 0;
 	}
@@ -924,15 +984,15 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 	if (!sb)
 		return 0;
 
-	__u32 action = r->action, rule_id = r->rule_id, cat = r->category, target = 0;
+	__u32 action;
 	if (cat) {
-		struct category_rule *c = category(cat);
-		if (!c || !c->action)
+		action = sandbox_rule(sb->id, SBR_CATEGORY | cat, &rule_id);
+		if (!action)
 			return 0;
 		if (!category_matches(cat, id, regs, &target))
 			return 0;
-		action = c->action;
-		rule_id = c->rule_id;
+	} else {
+		action = sandbox_rule(sb->id, SBR_SYSCALL | nr, &rule_id);
 	}
 	if (action == ACTION_ALLOW)
 		return 0;
@@ -1153,13 +1213,9 @@ static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __
 			cat = CAT_PROC_MEM;
 	}
 	if (cat) {
-		struct category_rule *c = category(cat);
-		if (c && c->action) {
-			action = c->action;
-			rule_id = c->rule_id;
-		} else {
+		action = sandbox_category(sb->id, cat, &rule_id);
+		if (!action)
 			cat = CAT_NONE;
-		}
 	}
 
 	struct scratch *s = get_scratch();
@@ -1232,12 +1288,15 @@ struct {
 
 static __always_inline void unix_peer_connected(struct pt_regs *regs)
 {
-	struct category_rule *c = category(CAT_UNIX_PEER);
-	if (!c || !c->action)
+	if (!any_category(CAT_UNIX_PEER))
 		return;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
+		return;
+	__u32 cat_rule = 0;
+	__u32 action = sandbox_rule(sb->id, SBR_CATEGORY | CAT_UNIX_PEER, &cat_rule);
+	if (!action)
 		return;
 	struct file *file = pw_fd_file((long)BPF_CORE_READ(regs, di));
 	if (!file)
@@ -1283,7 +1342,7 @@ static __always_inline void unix_peer_connected(struct pt_regs *regs)
 		s->pw.buf[1] = 0;
 		s->pw.flags = 0;
 	}
-	__u32 verdict = backstop_verdict(sb, c->action);
+	__u32 verdict = backstop_verdict(sb, action);
 	if (verdict == VERDICT_ALLOWED)
 		return;
 	if (verdict == VERDICT_KILLED)
@@ -1417,11 +1476,11 @@ int BPF_PROG(backstop_io_uring_submit, struct io_kiocb *req)
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
 		return 0;
-	struct category_rule *c = category(CAT_IO_URING_OPEN);
-	if (!c || !c->action)
+	__u32 rule_id = 0;
+	__u32 action = sandbox_category(sb->id, CAT_IO_URING_OPEN, &rule_id);
+	if (!action)
 		return 0;
-	__u32 rule_id = c->rule_id; /* read now: see fork_judged */
-	__u32 verdict = backstop_verdict(sb, c->action);
+	__u32 verdict = backstop_verdict(sb, action);
 	if (verdict == VERDICT_ALLOWED)
 		return 0;
 	if (verdict == VERDICT_KILLED)
@@ -1493,11 +1552,8 @@ static __always_inline void fork_judged(struct task_struct *parent, struct task_
 		cat = CAT_CLONE_FILES;
 	if (!cat)
 		return;
-	struct category_rule *c = category(cat);
-	/* Both read now: a pointer kept across the event code below is lost
-	 * by 6.1's verifier (it reloads it as a scalar). */
-	__u32 action = c ? c->action : 0;
-	__u32 rule_id = c ? c->rule_id : 0;
+	__u32 rule_id = 0;
+	__u32 action = sandbox_category(psb->id, cat, &rule_id);
 	if (cat == CAT_CGROUP_ESCAPE && !action)
 		action = ACTION_RECORD; /* leaving the sandbox is always an alert */
 	if (!action)
@@ -1578,15 +1634,14 @@ int BPF_PROG(backstop_cgroup_attach, struct cgroup *dst, const char *path, struc
 	if (is_agent(bpf_get_current_pid_tgid() >> 32))
 		return 0;
 
-	struct category_rule *c = category(CAT_CGROUP_ESCAPE);
-	__u32 action = c ? c->action : ACTION_RECORD;
-	__u32 rule_id = c ? c->rule_id : 0; /* read now: see fork_judged */
-	if (!action)
-		action = ACTION_RECORD; /* a move out is always an alert */
 	struct sandbox from_sb = { .id = from_id };
 	struct sandbox *fsb = bpf_map_lookup_elem(&sandboxes, &from);
 	if (fsb)
 		from_sb = *fsb;
+	__u32 rule_id = 0;
+	__u32 action = sandbox_category(from_sb.id, CAT_CGROUP_ESCAPE, &rule_id);
+	if (!action)
+		action = ACTION_RECORD; /* a move out is always an alert */
 	__u32 verdict = backstop_verdict(&from_sb, action);
 	if (verdict == VERDICT_KILLED) {
 		__u32 task_tgid = BPF_CORE_READ(task, tgid);
@@ -1810,9 +1865,10 @@ int BPF_PROG(backstop_signal, int sig, struct kernel_siginfo *info, struct task_
 	__u64 *cnt = bpf_map_lookup_elem(&bs_agent_signals, &signo);
 	if (cnt)
 		__sync_fetch_and_add(cnt, 1);
-	struct category_rule *c = category(CAT_SIGNAL_AGENT);
-	__u32 action = c && c->action ? c->action : ACTION_RECORD;
-	__u32 rule_id = c ? c->rule_id : 0; /* read now: see fork_judged */
+	__u32 rule_id = 0;
+	__u32 action = sandbox_category(sb->id, CAT_SIGNAL_AGENT, &rule_id);
+	if (!action)
+		action = ACTION_RECORD;
 	__u32 verdict = backstop_verdict(sb, action);
 	bool stop = sig == 19 || sig == 20 || sig == 21 || sig == 22;
 	/* Both sends go through one per-CPU irq_work here (interrupts are off

@@ -57,14 +57,15 @@ static __always_inline __u64 lowmap_min(void)
  * min}; ret is the syscall's return value. */
 static __always_inline void lowmap_report(__s64 nr, long ret, __u64 addr, __u64 min)
 {
-	struct category_rule *c = category(CAT_LOW_MAPPING);
-	if (!c || !c->action)
+	if (!any_category(CAT_LOW_MAPPING))
 		return;
-	/* Both read now: see fork_judged. */
-	__u32 action = c->action, rule_id = c->rule_id;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
+		return;
+	__u32 rule_id = 0;
+	__u32 action = sandbox_rule(sb->id, SBR_CATEGORY | CAT_LOW_MAPPING, &rule_id);
+	if (!action)
 		return;
 	__u32 verdict = backstop_verdict(sb, action);
 	if (verdict == VERDICT_ALLOWED)
@@ -132,11 +133,14 @@ static long lowmap_probe_step(__u64 i, void *arg)
  * one VMA lookup per page). */
 static __always_inline void lowmap_probe(__s64 nr, long ret)
 {
-	struct category_rule *c = category(CAT_LOW_MAPPING);
-	if (!c || !c->action)
+	if (!any_category(CAT_LOW_MAPPING))
 		return;
 	__u64 root = 0;
-	if (!current_sandbox(&root))
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return;
+	__u32 rid = 0;
+	if (!sandbox_rule(sb->id, SBR_CATEGORY | CAT_LOW_MAPPING, &rid))
 		return;
 	struct lowmap_probe p = { .min = lowmap_min() };
 	if (!p.min)

@@ -64,7 +64,7 @@ func BenchmarkReaderEvents(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			rules := backstop.Rules{Syscalls: []backstop.SyscallRule{{Name: "getpid", Rule: backstop.Rule{Action: enforce.ActionRecord, ID: 1}}}}
+			rules := backstop.Rules{SandboxRules: backstop.SandboxRules{Syscalls: []backstop.SyscallRule{{Name: "getpid", Rule: backstop.Rule{Action: enforce.ActionRecord, ID: 1}}}}}
 			if err := bs.SetRules(rules); err != nil {
 				b.Fatal(err)
 			}

@@ -113,7 +113,58 @@ func Load(eng *enforce.Engine) (*Backstop, error) {
 		coll.Close()
 		return nil, err
 	}
+	if err := b.adoptHostWide(); err != nil {
+		coll.Close()
+		return nil, err
+	}
 	return b, nil
+}
+
+// adoptHostWide: rule maps pinned by an agent from before the per-sandbox
+// rules hold the syscall and category actions in the host-wide arrays
+// only (bs_sb_rules is new, so empty). Until SetRules writes this agent's
+// rules, those actions apply to every sandbox, as they did then: copied
+// into the every-sandbox set (sandbox id 0), so adopting the old pins
+// never weakens what is enforced.
+func (b *Backstop) adoptHostWide() error {
+	m := b.maps("bs_sb_rules")
+	var k backstopSbRuleKey
+	var v backstopCategoryRule
+	if m.Iterate().Next(&k, &v) {
+		return nil // this layout's own rules
+	}
+	want := map[backstopSbRuleKey]backstopCategoryRule{}
+	for _, t := range []struct {
+		name string
+		what uint32
+	}{{"bs_syscall_rules", sbrSyscall}, {"bs_syscall_rules32", sbrSyscall32}} {
+		var nr uint32
+		var r backstopSyscallRule
+		it := b.maps(t.name).Iterate()
+		for it.Next(&nr, &r) {
+			if r.Action != enforce.ActionAllow && r.Category == 0 {
+				want[backstopSbRuleKey{What: t.what | nr}] = backstopCategoryRule{Action: r.Action, RuleId: r.RuleId}
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("adopt backstop %s: %w", t.name, err)
+		}
+	}
+	var cat uint32
+	var c backstopCategoryRule
+	it := b.maps("bs_categories").Iterate()
+	for it.Next(&cat, &c) {
+		if c.Action != enforce.ActionAllow {
+			want[backstopSbRuleKey{What: sbrCategory | cat}] = c
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("adopt backstop categories: %w", err)
+	}
+	if err := enforce.PutAll(m, want); err != nil {
+		return fmt.Errorf("adopt host-wide backstop rules: %w", err)
+	}
+	return nil
 }
 
 // dropMissingTracepoints removes optional programs whose tracepoint is not in

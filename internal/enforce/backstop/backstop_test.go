@@ -510,12 +510,14 @@ func TestRulesValidation(t *testing.T) {
 	}
 	defer b.Close()
 	for _, r := range []backstop.Rules{
-		{Syscalls: []backstop.SyscallRule{{Name: "no_such_call", Rule: backstop.Rule{Action: enforce.ActionKill}}}},
-		{Syscalls: []backstop.SyscallRule{{Name: "clone", Rule: backstop.Rule{Action: enforce.ActionKill}}}},
+		{SandboxRules: backstop.SandboxRules{Syscalls: []backstop.SyscallRule{{Name: "no_such_call", Rule: backstop.Rule{Action: enforce.ActionKill}}}}},
+		{SandboxRules: backstop.SandboxRules{Syscalls: []backstop.SyscallRule{{Name: "clone", Rule: backstop.Rule{Action: enforce.ActionKill}}}}},
+		{Sandboxes: map[uint32]backstop.SandboxRules{3: {ProcMem: backstop.Rule{Action: 9}}}},
+		{Sandboxes: map[uint32]backstop.SandboxRules{0: {ProcMem: backstop.Rule{Action: enforce.ActionKill}}}},
 		{Paths: []backstop.PathRule{{Path: "relative", Ops: backstop.OpRead, Rule: backstop.Rule{Action: enforce.ActionKill}}}},
 		{Paths: []backstop.PathRule{{Path: "/x", Rule: backstop.Rule{Action: enforce.ActionKill}}}},
 		{Paths: []backstop.PathRule{{Path: "/" + strings.Repeat("a", 300), Ops: backstop.OpRead}}},
-		{ProcMem: backstop.Rule{Action: 9}},
+		{SandboxRules: backstop.SandboxRules{ProcMem: backstop.Rule{Action: 9}}},
 	} {
 		if err := b.SetRules(r); err == nil {
 			t.Errorf("rules %+v accepted", r)
@@ -580,7 +582,7 @@ func linked(t *testing.T, bs *backstop.Backstop) map[string]int {
 // them, as the kernel's link table shows; the event tracepoints stay.
 func TestSyscallTracepointsFollowRules(t *testing.T) {
 	// Rules the event tracepoints enforce alone: leaving the sandbox.
-	noSyscalls := backstop.Rules{CgroupEscape: backstop.Rule{Action: enforce.ActionKill, ID: 9}}
+	noSyscalls := backstop.Rules{SandboxRules: backstop.SandboxRules{CgroupEscape: backstop.Rule{Action: enforce.ActionKill, ID: 9}}}
 	if noSyscalls.NeedsSyscallTracepoints() {
 		t.Fatal("a cgroup-escape rule needs no syscall tracepoint")
 	}

@@ -124,6 +124,12 @@ type backstopSandbox struct {
 	Flags uint32
 }
 
+type backstopSbRuleKey struct {
+	_         structs.HostLayout
+	SandboxId uint32
+	What      uint32
+}
+
 type backstopScratch struct {
 	_     structs.HostLayout
 	Upath [256]int8
@@ -229,6 +235,7 @@ const (
 	backstopMapBsOperatorSignals      = "bs_operator_signals"
 	backstopMapBsPathRules            = "bs_path_rules"
 	backstopMapBsPending              = "bs_pending"
+	backstopMapBsSbRules              = "bs_sb_rules"
 	backstopMapBsScratch              = "bs_scratch"
 	backstopMapBsScripts              = "bs_scripts"
 	backstopMapBsSyscallRules         = "bs_syscall_rules"
@@ -266,6 +273,7 @@ const (
 	backstopVarUnusedPathKey          = "unused_path_key"
 	backstopVarUnusedPathRule         = "unused_path_rule"
 	backstopVarUnusedSandbox          = "unused_sandbox"
+	backstopVarUnusedSbRuleKey        = "unused_sb_rule_key"
 	backstopVarUnusedSyscallEvent     = "unused_syscall_event"
 	backstopVarUnusedSyscallRule      = "unused_syscall_rule"
 	backstopVarUnusedVcEntry          = "unused_vc_entry"
@@ -341,6 +349,7 @@ type backstopMapSpecs struct {
 	BsOperatorSignals *ebpf.MapSpec `ebpf:"bs_operator_signals"`
 	BsPathRules       *ebpf.MapSpec `ebpf:"bs_path_rules"`
 	BsPending         *ebpf.MapSpec `ebpf:"bs_pending"`
+	BsSbRules         *ebpf.MapSpec `ebpf:"bs_sb_rules"`
 	BsScratch         *ebpf.MapSpec `ebpf:"bs_scratch"`
 	BsScripts         *ebpf.MapSpec `ebpf:"bs_scripts"`
 	BsSyscallRules    *ebpf.MapSpec `ebpf:"bs_syscall_rules"`
@@ -373,6 +382,7 @@ type backstopVariableSpecs struct {
 	UnusedPathKey      *ebpf.VariableSpec `ebpf:"unused_path_key"`
 	UnusedPathRule     *ebpf.VariableSpec `ebpf:"unused_path_rule"`
 	UnusedSandbox      *ebpf.VariableSpec `ebpf:"unused_sandbox"`
+	UnusedSbRuleKey    *ebpf.VariableSpec `ebpf:"unused_sb_rule_key"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
 	UnusedSyscallRule  *ebpf.VariableSpec `ebpf:"unused_syscall_rule"`
 	UnusedVcEntry      *ebpf.VariableSpec `ebpf:"unused_vc_entry"`
@@ -409,6 +419,7 @@ type backstopMaps struct {
 	BsOperatorSignals *ebpf.Map `ebpf:"bs_operator_signals"`
 	BsPathRules       *ebpf.Map `ebpf:"bs_path_rules"`
 	BsPending         *ebpf.Map `ebpf:"bs_pending"`
+	BsSbRules         *ebpf.Map `ebpf:"bs_sb_rules"`
 	BsScratch         *ebpf.Map `ebpf:"bs_scratch"`
 	BsScripts         *ebpf.Map `ebpf:"bs_scripts"`
 	BsSyscallRules    *ebpf.Map `ebpf:"bs_syscall_rules"`
@@ -439,6 +450,7 @@ func (m *backstopMaps) Close() error {
 		m.BsOperatorSignals,
 		m.BsPathRules,
 		m.BsPending,
+		m.BsSbRules,
 		m.BsScratch,
 		m.BsScripts,
 		m.BsSyscallRules,
@@ -472,6 +484,7 @@ type backstopVariables struct {
 	UnusedPathKey      *ebpf.Variable `ebpf:"unused_path_key"`
 	UnusedPathRule     *ebpf.Variable `ebpf:"unused_path_rule"`
 	UnusedSandbox      *ebpf.Variable `ebpf:"unused_sandbox"`
+	UnusedSbRuleKey    *ebpf.Variable `ebpf:"unused_sb_rule_key"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
 	UnusedSyscallRule  *ebpf.Variable `ebpf:"unused_syscall_rule"`
 	UnusedVcEntry      *ebpf.Variable `ebpf:"unused_vc_entry"`

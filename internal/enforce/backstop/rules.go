@@ -3,6 +3,7 @@ package backstop
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"sort"
 	"strings"
@@ -56,12 +57,44 @@ type PathRule struct {
 
 // Rules is the backstop's whole rule set.
 type Rules struct {
-	// Syscalls lists syscalls killed or recorded whatever their arguments.
-	Syscalls []SyscallRule
+	// SandboxRules are the syscall and category rules of every sandbox
+	// that has no set of its own in Sandboxes.
+	SandboxRules
+	// Sandboxes are the syscall and category rules per sandbox id (> 0).
+	// A sandbox listed gets exactly its own set (the every-sandbox set
+	// above does not apply to it), so a sandbox whose policy allows an
+	// operation is never killed because another sandbox blocks it.
+	Sandboxes map[uint32]SandboxRules
 	// Paths lists path rules. Exact rules on existing files also match the
 	// file's inode, so hard links match; call SetRules again when such a
 	// file is replaced (a new inode).
 	Paths []PathRule
+	// UnixPaths are the socket paths each sandbox whose egress restricts
+	// unix sockets may connect to ("/dir/" for everything below a
+	// directory). A sandbox not listed is not restricted.
+	UnixPaths []UnixPaths
+	// Dirs judge changes made without a write-open (truncate, chmod,
+	// chown, xattrs, times, link, unlink, rename, symlink, mknod, mkdir,
+	// O_TRUNC), by inode: nil derives them from Paths (protected exact and
+	// prefix rules only).
+	Dirs []DirRule
+}
+
+// For returns the syscall and category rules sandbox id gets: its own set
+// when Sandboxes has one, else the every-sandbox set.
+func (r Rules) For(id uint32) SandboxRules {
+	if s, ok := r.Sandboxes[id]; ok {
+		return s
+	}
+	return r.SandboxRules
+}
+
+// SandboxRules are syscall and category rules: the backstop keeps them per
+// sandbox (bs_sb_rules), behind host-wide arrays that only say whether any
+// sandbox has a rule (the fast path for everything else).
+type SandboxRules struct {
+	// Syscalls lists syscalls killed or recorded whatever their arguments.
+	Syscalls []SyscallRule
 	// CgroupWrite applies to write-opens of cgroupfs files (cgroup.procs of
 	// a parent: leaving the sandbox).
 	CgroupWrite Rule
@@ -112,15 +145,6 @@ type Rules struct {
 	// kill lands; another thread of the process could use it in between),
 	// before the exec'd program runs.
 	LowMapping Rule
-	// UnixPaths are the socket paths each sandbox whose egress restricts
-	// unix sockets may connect to ("/dir/" for everything below a
-	// directory). A sandbox not listed is not restricted.
-	UnixPaths []UnixPaths
-	// Dirs judge changes made without a write-open (truncate, chmod,
-	// chown, xattrs, times, link, unlink, rename, symlink, mknod, mkdir,
-	// O_TRUNC), by inode: nil derives them from Paths (protected exact and
-	// prefix rules only).
-	Dirs []DirRule
 }
 
 // DirKind says what a DirRule's place is.
@@ -270,6 +294,23 @@ func DefaultRules() Rules {
 // signals by any route) run on event tracepoints that cost nothing to the
 // rest of the host.
 func (r Rules) NeedsSyscallTracepoints() bool {
+	if r.SandboxRules.needsSyscallTracepoints() {
+		return true
+	}
+	for _, s := range r.Sandboxes {
+		if s.needsSyscallTracepoints() {
+			return true
+		}
+	}
+	for _, p := range r.Paths {
+		if p.Action != enforce.ActionAllow && p.Ops != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (r SandboxRules) needsSyscallTracepoints() bool {
 	for _, c := range []Rule{r.CgroupWrite, r.ProcMem, r.CloneFiles, r.IOUring, r.SignalAgent, r.Compat,
 		r.MmapExec, r.PacketSocket, r.UnixPeer, r.LowMapping} {
 		if c.Action != enforce.ActionAllow {
@@ -278,11 +319,6 @@ func (r Rules) NeedsSyscallTracepoints() bool {
 	}
 	for _, s := range r.Syscalls {
 		if s.Action != enforce.ActionAllow {
-			return true
-		}
-	}
-	for _, p := range r.Paths {
-		if p.Action != enforce.ActionAllow && p.Ops != 0 {
 			return true
 		}
 	}
@@ -397,43 +433,141 @@ func (b *Backstop) OperatorSignals(sig syscall.Signal) (uint64, error) {
 	return n, nil
 }
 
-func (b *Backstop) setSyscalls(r Rules) error {
-	table := make([]backstopSyscallRule, maxSyscalls)
+// Keys of bs_sb_rules (SBR_* in bpf/backstop.c): what a per-sandbox
+// rule is for.
+const (
+	sbrSyscall   = 0x00000 // x86_64 syscall number
+	sbrSyscall32 = 0x10000 // i386 syscall number
+	sbrCategory  = 0x20000 // category
+)
+
+// sandboxTable is one sandbox's syscall and category rules by bs_sb_rules
+// "what" (sbr* | number), allow entries left out.
+type sandboxTable map[uint32]Rule
+
+// table validates r and lays it out by bs_sb_rules key.
+func (r SandboxRules) table() (sandboxTable, error) {
+	t := sandboxTable{}
+	set := func(what uint32, rule Rule) {
+		if rule.Action != enforce.ActionAllow {
+			t[what] = rule
+		}
+	}
 	for _, sr := range r.Syscalls {
 		nr, ok := Syscalls[sr.Name]
 		if !ok {
-			return fmt.Errorf("backstop rule: unknown syscall %q", sr.Name)
+			return nil, fmt.Errorf("backstop rule: unknown syscall %q", sr.Name)
 		}
 		if _, isCat := categorySyscalls[sr.Name]; isCat {
-			return fmt.Errorf("backstop rule: syscall %q is argument-checked: use its category rule", sr.Name)
+			return nil, fmt.Errorf("backstop rule: syscall %q is argument-checked: use its category rule", sr.Name)
 		}
 		if err := checkAction(sr.Action); err != nil {
-			return fmt.Errorf("backstop rule for %s: %w", sr.Name, err)
+			return nil, fmt.Errorf("backstop rule for %s: %w", sr.Name, err)
 		}
-		table[nr] = backstopSyscallRule{Action: sr.Action, RuleId: sr.ID}
+		set(sbrSyscall|uint32(nr), sr.Rule)
+		// The same rule by i386 number, from the one list.
+		if op, ok := dangerous.Lookup(sr.Name); ok && op.NR32 != dangerous.None && op.NR32 < maxSyscalls {
+			set(sbrSyscall32|uint32(op.NR32), sr.Rule)
+			if sr.Name == "umount2" {
+				set(sbrSyscall32|22, sr.Rule) // i386 umount
+			}
+		}
 	}
-	cats := map[uint32]Rule{
+	cats := r.categories()
+	for cat, rule := range cats {
+		if err := checkAction(rule.Action); err != nil {
+			return nil, fmt.Errorf("backstop %s rule: %w", categoryNames[cat], err)
+		}
+		set(sbrCategory|cat, rule)
+	}
+	// io_uring_setup is a category in the x86_64 table (argument-free, but
+	// shared with the ring-open checks); by i386 number it is a plain rule,
+	// for sandboxes that let 32-bit calls run (Compat allows them).
+	if op, ok := dangerous.Lookup("io_uring_setup"); ok && op.NR32 != dangerous.None {
+		set(sbrSyscall32|uint32(op.NR32), r.IOUring)
+	}
+	return t, nil
+}
+
+func (r SandboxRules) categories() map[uint32]Rule {
+	return map[uint32]Rule{
 		catCgroupWrite: r.CgroupWrite, catProcMem: r.ProcMem, catCloneFiles: r.CloneFiles,
 		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
 		catCgroupEscape: r.CgroupEscape, catCompat: r.Compat, catExecFileless: r.ExecFileless, catMmapExec: r.MmapExec,
 		catPacketSocket: r.PacketSocket, catUnixPeer: r.UnixPeer, catLowMapping: r.LowMapping,
 	}
-	for cat, rule := range cats {
-		if err := checkAction(rule.Action); err != nil {
-			return fmt.Errorf("backstop %s rule: %w", categoryNames[cat], err)
+}
+
+// setSyscalls writes the syscall and category rules: each sandbox's own
+// actions into bs_sb_rules, and the host-wide arrays that only say
+// whether any sandbox has a rule (the strictest action, the category of
+// an argument-checked syscall) so the programs return at once for
+// syscalls and categories no sandbox cares about. Order, so a reload
+// opens no gap: the per-sandbox entries first, then the arrays (a gate
+// never opens onto a missing entry), stale per-sandbox entries last.
+func (b *Backstop) setSyscalls(r Rules) error {
+	every, err := r.SandboxRules.table()
+	if err != nil {
+		return err
+	}
+	want := map[backstopSbRuleKey]backstopCategoryRule{}
+	for what, rule := range every {
+		want[backstopSbRuleKey{What: what}] = backstopCategoryRule{Action: rule.Action, RuleId: rule.ID}
+	}
+	gate := maps.Clone(every) // strictest action per key, over every set
+	for sid, sr := range r.Sandboxes {
+		if sid == 0 {
+			return errors.New("backstop rules: sandbox id 0 in Sandboxes (the every-sandbox set is Rules' own)")
+		}
+		t, err := sr.table()
+		if err != nil {
+			return fmt.Errorf("sandbox %d: %w", sid, err)
+		}
+		for what, rule := range t {
+			want[backstopSbRuleKey{SandboxId: sid, What: what}] = backstopCategoryRule{Action: rule.Action, RuleId: rule.ID}
+			if rule.Action > gate[what].Action {
+				gate[what] = rule
+			}
+		}
+		// An allow entry, so the every-sandbox rule does not apply.
+		for what := range every {
+			if _, own := t[what]; !own {
+				want[backstopSbRuleKey{SandboxId: sid, What: what}] = backstopCategoryRule{}
+			}
+		}
+	}
+	m := b.maps("bs_sb_rules")
+	if n := uint32(len(want)); n > m.MaxEntries() {
+		return fmt.Errorf("backstop rules: %d per-sandbox syscall and category entries, the map holds %d", n, m.MaxEntries())
+	}
+	if err := enforce.PutAll(m, want); err != nil {
+		return fmt.Errorf("set backstop sandbox rules: %w", err)
+	}
+
+	table := make([]backstopSyscallRule, maxSyscalls)
+	table32 := make([]backstopSyscallRule, maxSyscalls)
+	catTable := make([]backstopCategoryRule, catMax)
+	for what, rule := range gate {
+		n := what &^ (sbrSyscall32 | sbrCategory)
+		// The strictest rule's id too: what an agent from before the
+		// per-sandbox rules decided by (see adoptHostWide).
+		v := backstopSyscallRule{Action: rule.Action, RuleId: rule.ID}
+		switch what &^ n {
+		case sbrSyscall:
+			table[n] = v
+		case sbrSyscall32:
+			table32[n] = v
+		case sbrCategory:
+			catTable[n] = backstopCategoryRule{Action: rule.Action, RuleId: rule.ID}
 		}
 	}
 	for name, cat := range categorySyscalls {
-		if cats[cat].Action != enforce.ActionAllow {
+		if catTable[cat].Action != enforce.ActionAllow {
 			table[Syscalls[name]].Category = cat
 		}
 	}
-	catTable := make([]backstopCategoryRule, catMax)
-	for cat, rule := range cats {
-		catTable[cat] = backstopCategoryRule{Action: rule.Action, RuleId: rule.ID}
-	}
 	// Categories first: a syscall entry pointing at a category must find
-	// the category's action already there.
+	// the category's gate already open.
 	keys := make([]uint32, catMax)
 	for i := range keys {
 		keys[i] = uint32(i)
@@ -448,26 +582,11 @@ func (b *Backstop) setSyscalls(r Rules) error {
 	if _, err := b.maps("bs_syscall_rules").BatchUpdate(skeys, table, nil); err != nil {
 		return fmt.Errorf("set backstop syscall rules: %w", err)
 	}
-	// The same rules by i386 number, from the one list.
-	table32 := make([]backstopSyscallRule, maxSyscalls)
-	for _, sr := range r.Syscalls {
-		if op, ok := dangerous.Lookup(sr.Name); ok && op.NR32 != dangerous.None && op.NR32 < maxSyscalls {
-			table32[op.NR32] = backstopSyscallRule{Action: sr.Action, RuleId: sr.ID}
-			if sr.Name == "umount2" {
-				table32[22] = table32[op.NR32] // i386 umount
-			}
-		}
-	}
-	// io_uring_setup is a category in the x86_64 table (argument-free, but
-	// shared with the ring-open checks); by i386 number it is a plain rule,
-	// for hosts that let 32-bit calls run (Compat allows them).
-	if r.IOUring.Action != enforce.ActionAllow {
-		if op, ok := dangerous.Lookup("io_uring_setup"); ok && op.NR32 != dangerous.None {
-			table32[op.NR32] = backstopSyscallRule{Action: r.IOUring.Action, RuleId: r.IOUring.ID}
-		}
-	}
 	if _, err := b.maps("bs_syscall_rules32").BatchUpdate(skeys, table32, nil); err != nil {
 		return fmt.Errorf("set backstop i386 syscall rules: %w", err)
+	}
+	if err := enforce.PruneMap(m, func(k backstopSbRuleKey) bool { _, ok := want[k]; return ok }); err != nil {
+		return fmt.Errorf("prune backstop sandbox rules: %w", err)
 	}
 	return nil
 }
