@@ -89,7 +89,7 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 		// The qemu guest (BPF LSM or fmod_ret, and fentry): every rule of
 		// the preset has a hook or a per-syscall entry program.
 		t.Errorf("LSM guest: the restricted preset still needs syscall tracepoints: backstop syscalls %v, io_uring %+v, compat %+v, stream %v",
-			plan.Backstop.Syscalls, plan.Backstop.IOUring, plan.Backstop.Compat, plan.SyscallStream)
+			plan.Backstop.For(1).Syscalls, plan.Backstop.For(1).IOUring, plan.Backstop.For(1).Compat, plan.SyscallStream)
 	}
 	check := func(state string, denials bool) {
 		t.Helper()

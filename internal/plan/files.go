@@ -95,14 +95,14 @@ func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
 		return err
 	}
 	c.lsmFiles(fs, lr)
-	procMemUse := c.procMem(fs, lr)
+	c.procMem(fs, lr)
 	// /proc/sys through cgroup/sysctl.
 	var sysctlRules int
 	if c.cgroupOK {
 		sysctlRules = c.sysctl(sid, fs.t, fs.files)
 	}
 	lost := c.backstopFiles(sid, fs, sysctlRules)
-	c.fileLines(sb, fs, sysctlRules, lost, procMemUse)
+	c.fileLines(sb, fs, sysctlRules, lost)
 	return nil
 }
 
@@ -183,12 +183,12 @@ func (c *compiler) expandFiles(sb *policy.Sandbox) (*fileSet, error) {
 	for _, r := range sb.ExecRules() {
 		if blocking(r.Action) {
 			// A file with no path escapes every exec rule: refuse them.
-			c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.ExecFileless }, enforce.ActionKill, c.rules.ID("exec-fileless"))
+			c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.ExecFileless }, enforce.ActionKill, c.rules.ID("exec-fileless"))
 			if execLayer.mech != MechLSM {
 				// mmap PROT_EXEC is judged at sys_enter, whose tracepoint
 				// slows every syscall of the host: only where no LSM
 				// mmap_file program judges it.
-				c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.MmapExec }, enforce.ActionKill, c.rules.ID("exec-mmap"))
+				c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.MmapExec }, enforce.ActionKill, c.rules.ID("exec-mmap"))
 			}
 			break
 		}
@@ -241,8 +241,8 @@ func (c *compiler) lsmFiles(fs *fileSet, lr *lsm.Rules) {
 }
 
 // procMem writes the /proc/PID/mem rules (an LSM op, or a backstop
-// category); it returns the backstop's host-wide use, if any.
-func (c *compiler) procMem(fs *fileSet, lr *lsm.Rules) *globalUse {
+// category of this sandbox).
+func (c *compiler) procMem(fs *fileSet, lr *lsm.Rules) {
 	procMem, fileOpen := fs.procMem, fs.fileOpen
 	// /proc/PID/mem: an op, not a path. The rules decide as DecideFile
 	// would for a PID's mem file (a sandbox's own rule overrides its
@@ -259,12 +259,9 @@ func (c *compiler) procMem(fs *fileSet, lr *lsm.Rules) *globalUse {
 	if procMemSet && fileOpen {
 		lr.Ops[lsm.OpProcMem] = lsm.Decision{Action: kernelAction(procMemRule.Action), RuleID: c.rules.ID(procMemRule.RuleName())}
 	}
-	var procMemUse *globalUse
 	if procMemSet && !fileOpen {
-		u := c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.ProcMem }, backstopAction(procMemRule.Action), c.rules.ID(procMemRule.RuleName()))
-		procMemUse = &u
+		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.ProcMem }, backstopAction(procMemRule.Action), c.rules.ID(procMemRule.RuleName()))
 	}
-	return procMemUse
 }
 
 // backstopFiles writes the file rules the backstop enforces (exec rules
@@ -352,7 +349,7 @@ func (c *compiler) backstopFiles(sid uint32, fs *fileSet, sysctlRules int) map[s
 			if blocking(r.Action) {
 				// A partner sharing the file table could use a descriptor
 				// the killed opener got.
-				c.cloneFilesKill = true
+				c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CloneFiles }, enforce.ActionKill, c.rules.ID("clone-files"))
 				break
 			}
 		}
@@ -369,7 +366,7 @@ const backstopChangeNote = "truncate, chmod, chown, rename, link, unlink, symlin
 const inodeNote = "other names (hard links, bind mounts) by inode: the exact file and every file below a prefix, followed when replaced, created or moved in"
 
 // fileLines adds the Layers line of every file and exec rule.
-func (c *compiler) fileLines(sb *policy.Sandbox, fs *fileSet, sysctlRules int, lost map[string][]string, procMemUse *globalUse) {
+func (c *compiler) fileLines(sb *policy.Sandbox, fs *fileSet, sysctlRules int, lost map[string][]string) {
 	lines, fileLayer, execLayer, fileOpen, lsmExec := fs.lines, fs.fileLayer, fs.execLayer, fs.fileOpen, fs.lsmExec
 	// Layers, one line per policy rule.
 	for _, line := range lines {
@@ -430,12 +427,7 @@ func (c *compiler) fileLines(sb *policy.Sandbox, fs *fileSet, sysctlRules int, l
 		if lostWhat, ok := lost[r.RuleName()]; ok && l.mech == MechKill {
 			l.notes = append(l.notes, "backstop holds one action per path, so not applied: "+strings.Join(dedupe(lostWhat), ", "))
 		}
-		idx := c.add(sb, describe(r, line.exec), r.Action, l)
-		if line.special == "proc_mem" && procMemUse != nil {
-			u := *procMemUse
-			u.layer = idx
-			c.globalUses = append(c.globalUses, u)
-		}
+		c.add(sb, describe(r, line.exec), r.Action, l)
 	}
 }
 

@@ -2,8 +2,9 @@ package plan
 
 // The layer table: mechanism names, policy actions as kernel actions, and
 // add, the one place a rule's line in Plan.Layers (mechanism, mode,
-// action) and its Missing entry are decided. Host-wide backstop rules are
-// raised here too, so every section shares one strictest-action merge.
+// action) and its Missing entry are decided. The backstop's syscall and
+// category rules of the sandbox being compiled are raised here too (per
+// sandbox: another sandbox's rules never change them).
 
 import (
 	"fmt"
@@ -215,19 +216,19 @@ func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer
 	return len(c.plan.Layers) - 1
 }
 
-// bsSyscall raises the host-wide backstop rule of a syscall to action.
-func (c *compiler) bsSyscall(name string, action, id uint32) globalUse {
+// bsSyscall raises the backstop rule of a syscall, for the sandbox being
+// compiled, to action (the strictest of its own rules on that syscall).
+func (c *compiler) bsSyscall(name string, action, id uint32) {
 	if cur, ok := c.syscalls[name]; !ok || action > cur.Action {
 		c.syscalls[name] = backstop.Rule{Action: action, ID: id}
 	}
-	return globalUse{syscall: name, action: action}
 }
 
-// bsCategory raises a host-wide backstop category rule to action.
-func (c *compiler) bsCategory(sel func(*backstop.Rules) *backstop.Rule, action, id uint32) globalUse {
-	r := sel(&c.plan.Backstop)
+// bsCategory raises a backstop category rule of the sandbox being compiled
+// to action.
+func (c *compiler) bsCategory(sel func(*backstop.SandboxRules) *backstop.Rule, action, id uint32) {
+	r := sel(c.bs)
 	if action > r.Action || r.ID == 0 && action == r.Action {
 		*r = backstop.Rule{Action: action, ID: id}
 	}
-	return globalUse{category: r, action: action}
 }

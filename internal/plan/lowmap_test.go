@@ -15,8 +15,8 @@ import (
 // Mappings below vm.mmap_min_addr ask CAP_SYS_RAWIO without the capable
 // hook: the line of the rule deciding that capability names the
 // mmap_addr hook where it loads, and says what covers it where not (the
-// backstop's low-mapping category, after the fact, host-wide: the
-// strictest sandbox's action; watcher exec's seccomp before the fact);
+// backstop's low-mapping category, after the fact, each sandbox its own
+// action; watcher exec's seccomp before the fact);
 // the seccomp filter refuses them for a blocking rule in an enforce-mode
 // sandbox.
 func TestLowMappingsLayer(t *testing.T) {
@@ -95,14 +95,16 @@ sandboxes:
 		if mech, note := rawioLine(plan, "rec"); mech != MechRecord || !strings.Contains(note, "recorded by "+h.mech) || !strings.Contains(note, "mmap_addr") {
 			t.Errorf("%s host: rec: %s (%s), want recorded by %s with mmap_addr", h.name, mech, note, h.mech)
 		}
-		if lm := plan.Backstop.LowMapping; lm.Action != enforce.ActionAllow {
-			t.Errorf("%s host: backstop low-mapping rule %+v, want none (the hook refuses them)", h.name, lm)
+		for name, sid := range plan.SandboxIDs {
+			if lm := plan.Backstop.For(sid).LowMapping; lm.Action != enforce.ActionAllow {
+				t.Errorf("%s host: %s: backstop low-mapping rule %+v, want none (the hook refuses them)", h.name, name, lm)
+			}
 		}
 	}
 
 	// This host: no LSM, no fmod_ret. The backstop kills them after the
-	// fact (host-wide: the strictest sandbox's action, so rec and free say
-	// their own rule is overridden), and the line says so.
+	// fact, each sandbox with its own rule's action (rec records, free is
+	// left alone), and the line says so.
 	plan, _ := compile(t, p, Env{LSM: lsmEnv(t, errRefused)})
 	for _, sb := range []string{"base", "strict"} {
 		mech, note := rawioLine(plan, sb)
@@ -112,8 +114,13 @@ sandboxes:
 			t.Errorf("no-LSM host: %s: %s (%s)", sb, mech, note)
 		}
 	}
-	if lm := plan.Backstop.LowMapping; lm.Action != enforce.ActionKill || lm.ID == 0 {
-		t.Errorf("no-LSM host: backstop low-mapping rule %+v, want kill with a rule id", lm)
+	wantLow := map[string]uint32{"base": enforce.ActionKill, "strict": enforce.ActionKill, "trial": enforce.ActionKill,
+		"rec": enforce.ActionRecord, "free": enforce.ActionAllow}
+	for name, a := range wantLow {
+		lm := plan.Backstop.For(plan.SandboxIDs[name]).LowMapping
+		if lm.Action != a || (a != enforce.ActionAllow) != (lm.ID != 0) {
+			t.Errorf("no-LSM host: %s: backstop low-mapping rule %+v, want action %d with a rule id", name, lm, a)
+		}
 	}
 	if !plan.Backstop.NeedsSyscallTracepoints() {
 		t.Error("no-LSM host: the low-mapping rule needs sys_exit, NeedsSyscallTracepoints is false")
@@ -123,9 +130,9 @@ sandboxes:
 			t.Errorf("no-LSM host: %s: %s", sb, note)
 		}
 	}
-	for _, sb := range []string{"rec", "free"} {
-		if _, note := rawioLine(plan, sb); !strings.Contains(note, "host-wide backstop rule (category) is stricter because of another sandbox: kill") {
-			t.Errorf("no-LSM host: %s does not say the host-wide kill overrides its rule: %s", sb, note)
+	for _, l := range plan.Layers {
+		if strings.Contains(l.Note, "another sandbox") {
+			t.Errorf("no-LSM host: %s: %s (no sandbox's rule applies to another)", l.Rule, l.Note)
 		}
 	}
 	// A record rule alone makes the category record.
@@ -135,8 +142,8 @@ sandboxes:
     select: {cgroups: [/c]}
     operations: {capabilities: {rules: [{cap: CAP_SYS_RAWIO, action: record}]}}
 `)
-	if rp, _ := compile(t, recOnly, Env{LSM: lsmEnv(t, errRefused)}); rp.Backstop.LowMapping.Action != enforce.ActionRecord {
-		t.Errorf("no-LSM host, one recording sandbox: low-mapping rule %+v, want record", rp.Backstop.LowMapping)
+	if rp, _ := compile(t, recOnly, Env{LSM: lsmEnv(t, errRefused)}); rp.Backstop.For(1).LowMapping.Action != enforce.ActionRecord {
+		t.Errorf("no-LSM host, one recording sandbox: low-mapping rule %+v, want record", rp.Backstop.For(1).LowMapping)
 	}
 	// Seccomp refuses them for the blocking rules of enforce-mode sandboxes.
 	for sb, deny := range map[string]bool{"base": true, "strict": true, "rec": false, "trial": false, "free": false} {
@@ -162,7 +169,7 @@ sandboxes:
 	if _, note := rawioLine(plan, "base"); !strings.Contains(note, "lsm capable") || !strings.Contains(note, "no mmap_addr hook here; backstop: killed") {
 		t.Errorf("capable without mmap_addr: %s", note)
 	}
-	if lm := plan.Backstop.LowMapping; lm.Action != enforce.ActionKill {
+	if lm := plan.Backstop.For(1).LowMapping; lm.Action != enforce.ActionKill {
 		t.Errorf("capable without mmap_addr: low-mapping rule %+v, want kill", lm)
 	}
 }

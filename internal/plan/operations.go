@@ -24,7 +24,7 @@ type opPart struct {
 	op       lsm.Op
 	hook     string
 	syscalls []string
-	category func(*backstop.Rules) *backstop.Rule
+	category func(*backstop.SandboxRules) *backstop.Rule
 }
 
 // operation is one entry of policy.Operations.
@@ -88,7 +88,7 @@ var operations = []operation{
 		name:   "kill-agent",
 		action: func(o *policy.Operations) policy.Action { return o.KillAgent },
 		parts: []opPart{
-			{op: lsm.OpAgentSignal, hook: "task_kill", category: func(r *backstop.Rules) *backstop.Rule { return &r.SignalAgent }},
+			{op: lsm.OpAgentSignal, hook: "task_kill", category: func(r *backstop.SandboxRules) *backstop.Rule { return &r.SignalAgent }},
 			// Without the hook, ptrace of the agent is covered by the
 			// ptrace rule's backstop (every ptrace is killed).
 			{op: lsm.OpAgentPtrace, hook: "ptrace_access_check"},
@@ -162,7 +162,6 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		// part decides what the rule is worth.
 		l := c.choose(MechKill, hooks...)
 		var lsmOps, killed []string
-		var uses []globalUse
 		for _, part := range op.parts {
 			if c.hook(part.hook) {
 				lr.Ops[part.op] = lsm.Decision{Action: kernelAction(a), RuleID: id}
@@ -170,17 +169,17 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 				continue
 			}
 			for _, s := range part.syscalls {
-				uses = append(uses, c.bsSyscall(s, backstopAction(a), id))
+				c.bsSyscall(s, backstopAction(a), id)
 				killed = append(killed, s)
 			}
 			if part.category != nil {
-				uses = append(uses, c.bsCategory(part.category, backstopAction(a), id))
+				c.bsCategory(part.category, backstopAction(a), id)
 				killed = append(killed, "kill-family syscalls aimed at the agent (the signal is still delivered)")
 			}
 		}
 		var always []string
 		for _, s := range op.always {
-			uses = append(uses, c.bsSyscall(s, backstopAction(a), id))
+			c.bsSyscall(s, backstopAction(a), id)
 			always = append(always, s)
 		}
 		switch {
@@ -211,11 +210,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			l.mech = MechNone
 			l.lsmMissing = nil
 		}
-		idx := c.add(sb, op.name, a, l)
-		for _, u := range uses {
-			u.layer = idx
-			c.globalUses = append(c.globalUses, u)
-		}
+		c.add(sb, op.name, a, l)
 		if op.name == "module" && a != policy.ActionAllow {
 			c.moduleSeen = true
 			c.moduleRuleID = id
@@ -225,8 +220,8 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	// io_uring: no LSM hook judges the syscalls. Where fentry programs
 	// run on their entry points they kill at entry, per syscall; else the
 	// backstop kills io_uring_setup (and, for rings from elsewhere,
-	// io_uring_enter/register) on the host-wide sys_enter; seccomp too
-	// for watcher exec.
+	// io_uring_enter/register) on sys_enter, per sandbox; seccomp too for
+	// watcher exec.
 	a := orAllow(sb.Operations.IOUring)
 	id := c.rules.ID("io-uring")
 	var uringHooks []string
@@ -234,20 +229,17 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		uringHooks = append(uringHooks, o.Hooks()...)
 	}
 	atEntry := c.hooks(uringHooks...)
-	var u globalUse
 	var l layer
 	if blocking(a) && atEntry {
 		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
 		l = layer{mech: MechEntry, notes: []string{"fentry: io_uring_enter, io_uring_register killed at entry, io_uring_setup on return when it made a ring (x86_64 and i386 entry points; nothing else pays for it)"}}
 	} else {
-		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
+		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
 		l = layer{mech: MechKill, notes: []string{"backstop: io_uring_setup, io_uring_enter, io_uring_register (no LSM hook; killed at entry)"}}
 		if blocking(a) {
 			// A ring's descriptor can come from outside (SCM_RIGHTS).
 			for _, name := range []string{"io_uring_enter", "io_uring_register"} {
-				uu := c.bsSyscall(name, backstopAction(a), id)
-				uu.layer = len(c.plan.Layers) // the line added below
-				c.globalUses = append(c.globalUses, uu)
+				c.bsSyscall(name, backstopAction(a), id)
 			}
 		}
 	}
@@ -262,20 +254,22 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	} else {
 		l.mech = MechNone
 		l.notes = []string{"io_uring allowed"}
+		if a == policy.ActionRecord {
+			// The sandbox's own category records io_uring_setup.
+			l.mech = MechKill
+			l.notes = []string{"backstop: io_uring_setup recorded, rings allowed"}
+		}
 		if !c.hook("file_open") && c.hasBlockingFiles(sb) {
-			c.ioUringOpenKill = true
+			c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.IOUringOpen }, enforce.ActionKill, id)
 			l.notes = append(l.notes, "open requests submitted to a ring are killed: the backstop cannot judge their paths")
 		}
 	}
-	idx := c.add(sb, "io_uring", a, l)
-	if u.category != nil {
-		u.layer = idx
-		c.globalUses = append(c.globalUses, u)
-	}
+	c.add(sb, "io_uring", a, l)
 
-	// 32-bit system calls: decided host-wide in finish (ia32Lines), once
-	// every rule that may rely on the backstop's x86_64 numbers is known.
-	c.ia32 = append(c.ia32, ia32Use{sb: sb, layer: c.add(sb, "ia32_syscalls", policy.ActionKill, layer{mech: MechKill})})
+	// 32-bit system calls: decided per sandbox at its end (ia32Line),
+	// once every rule of it that may rely on the backstop's x86_64
+	// numbers is known. The line keeps its place here.
+	c.ia32Layer = c.add(sb, "ia32_syscalls", policy.ActionKill, layer{mech: MechKill})
 
 	// The kernel group of the one dangerous list: refused whatever the
 	// policy says.
@@ -336,19 +330,17 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			lr.Ops[lsm.OpCloneIntoCgroup] = lsm.Decision{Action: max(kernelAction(a), enforce.ActionRecord), RuleID: id}
 			l.notes = append(l.notes, "lsm task_alloc: clone3(CLONE_INTO_CGROUP)")
 		}
-		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, min(backstopAction(a), enforce.ActionRecord)), id)
+		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, min(backstopAction(a), enforce.ActionRecord)), id)
 		l.notes = append(l.notes, "moves out of the sandbox recorded by the backstop")
 	} else {
-		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupWrite }, backstopAction(a), id)
-		c.globalUses = append(c.globalUses, u)
-		u = c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, backstopAction(a)), id)
+		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CgroupWrite }, backstopAction(a), id)
+		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, backstopAction(a)), id)
 		l.notes = []string{"backstop: write-opens on cgroupfs, and moves out of the sandbox"}
 	}
 	if a == policy.ActionAllow {
 		l = layer{mech: MechNone, notes: []string{"moves out of the sandbox still recorded"}}
 	}
-	u.layer = c.add(sb, "cgroup_write", a, l)
-	c.globalUses = append(c.globalUses, u)
+	c.add(sb, "cgroup_write", a, l)
 }
 
 func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
@@ -373,15 +365,10 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 			lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(name)}})
 		}
 		l := capLayer
-		var low *globalUse
 		if n == unix.CAP_SYS_RAWIO {
-			l, low = c.lowMappings(sb, l, r.Action, c.rules.ID(name))
+			l = c.lowMappings(sb, l, r.Action, c.rules.ID(name))
 		}
-		idx := c.add(sb, "capability "+policy.CapabilityName(n), r.Action, l)
-		if low != nil {
-			low.layer = idx
-			c.globalUses = append(c.globalUses, *low)
-		}
+		c.add(sb, "capability "+policy.CapabilityName(n), r.Action, l)
 	}
 	def := orAllow(caps.Default)
 	if def == policy.ActionAllow {
@@ -395,41 +382,34 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 			}
 		}
 	}
-	var low *globalUse
 	if !explicit[unix.CAP_SYS_RAWIO] {
-		capLayer, low = c.lowMappings(sb, capLayer, def, id)
+		capLayer = c.lowMappings(sb, capLayer, def, id)
 	}
-	idx := c.add(sb, "capabilities (default)", def, capLayer)
-	if low != nil {
-		low.layer = idx
-		c.globalUses = append(c.globalUses, *low)
-	}
+	c.add(sb, "capabilities (default)", def, capLayer)
 }
 
 // lowMappings adds to the layer of the rule deciding CAP_SYS_RAWIO (action
 // a, rule id) what judges mappings below vm.mmap_min_addr, which the
 // kernel checks for that capability without the capable hook
 // (cap_mmap_addr): the mmap_addr hook where it loads, else the backstop's
-// low-mapping category (host-wide: the strictest sandbox's action), which
-// kills or records after the fact, and watcher exec's seccomp filter for a
-// blocking rule (launch, DenyLowMappings). The use it returns gets the
-// line's index once added.
-func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id uint32) (layer, *globalUse) {
+// low-mapping category of this sandbox, which kills or records after the
+// fact, and watcher exec's seccomp filter for a blocking rule (launch,
+// DenyLowMappings).
+func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id uint32) layer {
 	l.notes = slices.Clone(l.notes)
 	a = orAllow(a)
 	hooked := l.mech == MechLSM && c.hook("mmap_addr")
-	sel := func(r *backstop.Rules) *backstop.Rule { return &r.LowMapping }
+	sel := func(r *backstop.SandboxRules) *backstop.Rule { return &r.LowMapping }
 	switch {
 	case hooked:
 		if a != policy.ActionAllow {
 			l.notes = append(l.notes, "lsm mmap_addr: mappings below vm.mmap_min_addr (page 0), which the kernel checks without the capable hook")
 		}
-		return l, nil
+		return l
 	case a == policy.ActionAllow:
-		// Another sandbox's rule may still make the host-wide category kill.
-		return l, &globalUse{category: sel(&c.plan.Backstop), action: enforce.ActionAllow}
+		return l
 	}
-	u := c.bsCategory(sel, backstopAction(a), id)
+	c.bsCategory(sel, backstopAction(a), id)
 	const probed = "exec and i386 results judged on the VMAs of the first MiB"
 	if blocking(a) && sb.Mode != policy.ModeRecord {
 		if len(l.lsmMissing) > 0 && !c.hook("mmap_addr") {
@@ -441,7 +421,7 @@ func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id 
 	} else {
 		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; recorded by the backstop when mmap, mremap, shmat, an i386 mapping call or an exec leaves one ("+probed+")")
 	}
-	return l, &u
+	return l
 }
 
 // Device numbers covered by operations.devices besides every block
@@ -490,7 +470,7 @@ func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 		return
 	}
 	id := c.rules.ID("raw-sockets")
-	note := "AF_PACKET: cgroup/sock_create does not run for packet sockets; the backstop kills socket(AF_PACKET) at entry (host-wide category: the strictest sandbox's action; no LSM socket_create program yet), seccomp refuses it under watcher exec"
+	note := "AF_PACKET: cgroup/sock_create does not run for packet sockets; the backstop kills socket(AF_PACKET) at entry (no LSM socket_create program here), seccomp refuses it under watcher exec"
 	if !c.cgroupOK {
 		c.add(sb, "raw_sockets", a, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error(), note}})
 		return
@@ -503,38 +483,24 @@ func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 			Decision: lsm.Decision{Action: kernelAction(a), RuleID: c.rules.ID("packet-sockets")}})
 		note = "AF_PACKET refused by lsm socket_create (cgroup/sock_create does not run for packet sockets); seccomp refuses it under watcher exec"
 	} else {
-		c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
+		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
 	}
 	c.add(sb, "raw_sockets", a, layer{mech: MechCgroupBPF, notes: []string{"cgroup/sock_create: SOCK_RAW on IPv4 and IPv6", note}})
 }
 
-// ia32Use is one sandbox's ia32_syscalls layer line.
-type ia32Use struct {
-	sb    *policy.Sandbox
-	layer int
-}
-
-// ia32Lines decides 32-bit system calls host-wide (the backstop's compat
-// category is one switch) and writes each sandbox's layer line. They are
-// killed at entry when a sandbox's policy refuses them, or when some rule
+// ia32Line decides 32-bit system calls for sandbox sb (the backstop's
+// compat category, per sandbox) and rewrites its layer line. They are
+// killed at entry when its policy refuses them, or when one of its rules
 // rests on a backstop check keyed on x86_64 syscall numbers (an int 0x80
-// open would pass the backstop's open checks unjudged). Otherwise they
-// run and are judged like 64-bit calls: LSM and cgroup hooks see kernel
-// state whatever the entry, and the backstop's syscall rules are also
-// keyed by i386 number (internal/dangerous).
-func (c *compiler) ia32Lines() {
-	b := &c.plan.Backstop
+// open would pass the backstop's open checks unjudged). Otherwise they run
+// and are judged like 64-bit calls: LSM and cgroup hooks see kernel state
+// whatever the entry, and the backstop's syscall rules are also keyed by
+// i386 number (internal/dangerous). Another sandbox's rules never decide
+// them.
+func (c *compiler) ia32Line(sb *policy.Sandbox, sid uint32) {
+	b := c.bs
 	var why []string
-	var refusers []string
-	for _, u := range c.ia32 {
-		if blocking(orAllow(u.sb.Operations.IA32Syscalls)) {
-			refusers = append(refusers, u.sb.Name)
-		}
-	}
-	if len(refusers) > 0 {
-		why = append(why, "ia32_syscalls refused by sandbox "+strings.Join(refusers, ", "))
-	}
-	if len(b.Paths) > 0 {
+	if slices.ContainsFunc(c.plan.Backstop.Paths, func(p backstop.PathRule) bool { return p.SandboxID == sid || p.SandboxID == 0 }) {
 		why = append(why, "file rules judged at open by the backstop")
 	}
 	for _, cat := range []struct {
@@ -550,26 +516,24 @@ func (c *compiler) ia32Lines() {
 	if b.MmapExec.Action != enforce.ActionAllow && !c.hook("mmap_file") {
 		why = append(why, "mmap PROT_EXEC checked by the backstop")
 	}
-	if len(why) > 0 {
+	a := orAllow(sb.Operations.IA32Syscalls)
+	var l layer
+	switch {
+	case blocking(a):
+		l = layer{mech: MechKill, notes: []string{"backstop: every 32-bit syscall (int 0x80) killed at entry (the call itself may complete before the process dies)"}}
+	case len(why) > 0:
+		a = policy.ActionKill
+		l = layer{mech: MechKill, notes: []string{"the policy allows them, but they are killed at entry (the call itself may complete before the process dies): " +
+			strings.Join(why, "; ") + ", keyed on x86_64 syscall numbers"}}
+	default:
+		l = layer{mech: MechNone, notes: []string{"judged like 64-bit calls: lsm and cgroup hooks see kernel state whatever the entry; the backstop's syscall rules by i386 number too"}}
+	}
+	if l.mech == MechKill {
 		b.Compat = backstop.Rule{Action: enforce.ActionKill, ID: c.rules.ID("ia32-syscalls")}
 	}
-	for _, u := range c.ia32 {
-		a := orAllow(u.sb.Operations.IA32Syscalls)
-		var l layer
-		switch {
-		case blocking(a):
-			l = layer{mech: MechKill, notes: []string{"backstop: every 32-bit syscall (int 0x80) killed at entry (the call itself may complete before the process dies)"}}
-		case len(why) > 0:
-			a = policy.ActionKill
-			l = layer{mech: MechKill, notes: []string{"the policy allows them, but they are killed at entry (the call itself may complete before the process dies): " +
-				strings.Join(why, "; ") + ", keyed on x86_64 syscall numbers"}}
-		default:
-			l = layer{mech: MechNone, notes: []string{"judged like 64-bit calls: lsm and cgroup hooks see kernel state whatever the entry; the backstop's syscall rules by i386 number too"}}
-		}
-		l.notes = append(l.notes, "watcher exec: the seccomp arch guard refuses them whatever the policy says")
-		n := len(c.plan.Layers)
-		c.add(u.sb, "ia32_syscalls", a, l)
-		c.plan.Layers[u.layer] = c.plan.Layers[n]
-		c.plan.Layers = c.plan.Layers[:n]
-	}
+	l.notes = append(l.notes, "watcher exec: the seccomp arch guard refuses them whatever the policy says")
+	n := len(c.plan.Layers)
+	c.add(sb, "ia32_syscalls", a, l)
+	c.plan.Layers[c.ia32Layer] = c.plan.Layers[n]
+	c.plan.Layers = c.plan.Layers[:n]
 }

@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/control"
@@ -94,9 +93,10 @@ type Plan struct {
 	Flags map[uint32]uint32
 	// LSM are the BPF LSM rules per sandbox id; nil when no LSM hook loads.
 	LSM map[uint32]lsm.Rules
-	// Backstop is the kill backstop's rule set: per-sandbox path rules,
-	// host-wide syscall and category rules (the strictest sandbox's
-	// action; record mode still downgrades per sandbox in the kernel).
+	// Backstop is the kill backstop's rule set, all per sandbox: path
+	// rules by sandbox id, syscall and category rules in
+	// Backstop.Sandboxes (every sandbox has a set; the every-sandbox set
+	// stays empty), so one sandbox's rule never kills another's members.
 	Backstop backstop.Rules
 	// Devices, Sysctl and Sockets are the cgroup BPF rules (per sandbox id).
 	Devices []cgroupbpf.DeviceRule
@@ -158,7 +158,6 @@ func Compile(p *policy.Policy, env Env, rules *RuleTable) (*Plan, error) {
 			DNS:            &dnsproxy.Policy{Sandboxes: map[string]*dnsproxy.SandboxPolicy{}},
 			Launch:         map[string]launch.Restrictions{},
 		},
-		syscalls: map[string]backstop.Rule{},
 	}
 	for name, err := range env.LSM {
 		if err == nil && name != "*" {
@@ -185,29 +184,17 @@ type compiler struct {
 	cgroupOK   bool
 	anyLSM     bool
 
-	// Host-wide backstop rules, strictest action across sandboxes.
+	// The backstop's syscall rules (by name) and category rules of the
+	// sandbox being compiled; sandbox moves them into
+	// plan.Backstop.Sandboxes.
 	syscalls map[string]backstop.Rule
-	// Per-sandbox demands on host-wide rules, to note where another
-	// sandbox's stricter rule applies.
-	globalUses []globalUse
-	// ioUringOpenKill: some sandbox allows io_uring while its file rules
-	// rely on the backstop, whose path checks io_uring opens bypass.
-	ioUringOpenKill bool
-	// cloneFilesKill: some sandbox's blocking file rules rely on the
-	// backstop, so file-table sharing clones must go.
-	cloneFilesKill bool
-	// ia32: each sandbox's ia32_syscalls line, rewritten by ia32Lines.
-	ia32         []ia32Use
+	bs       *backstop.SandboxRules
+	// ia32Layer: the sandbox's ia32_syscalls line, rewritten by ia32Line.
+	ia32Layer    int
 	moduleSeen   bool
 	moduleRuleID uint32
-}
-
-// globalUse is one sandbox's action for a host-wide backstop rule.
-type globalUse struct {
-	layer    int    // index in plan.Layers
-	syscall  string // or
-	category *backstop.Rule
-	action   uint32
+	// moduleSyscall: some sandbox's backstop rules see init_module.
+	moduleSyscall bool
 }
 
 func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
@@ -218,6 +205,8 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	}
 	c.plan.Flags[sid] = flags
 	lr := lsm.Rules{Ops: map[lsm.Op]lsm.Decision{}}
+	c.syscalls = map[string]backstop.Rule{}
+	c.bs = &backstop.SandboxRules{}
 
 	c.operations(sb, &lr)
 	c.fixed(sb, &lr)
@@ -235,43 +224,26 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	if c.anyLSM {
 		c.plan.LSM[sid] = lr
 	}
+	// 32-bit system calls last: the decision rests on every other
+	// backstop rule of this sandbox.
+	c.ia32Line(sb, sid)
+	for _, name := range sortedKeys(c.syscalls) {
+		if r := c.syscalls[name]; r.Action != enforce.ActionAllow {
+			c.bs.Syscalls = append(c.bs.Syscalls, backstop.SyscallRule{Name: name, Rule: r})
+		}
+	}
+	if _, ok := c.syscalls["init_module"]; ok {
+		c.moduleSyscall = true
+	}
+	if c.plan.Backstop.Sandboxes == nil {
+		c.plan.Backstop.Sandboxes = map[uint32]backstop.SandboxRules{}
+	}
+	c.plan.Backstop.Sandboxes[sid] = *c.bs
 	return nil
 }
 
-// finish assembles the host-wide backstop rules and the trace config.
+// finish assembles the trace config.
 func (c *compiler) finish() {
-	b := &c.plan.Backstop
-	for _, name := range sortedKeys(c.syscalls) {
-		r := c.syscalls[name]
-		if r.Action == enforce.ActionAllow {
-			continue
-		}
-		b.Syscalls = append(b.Syscalls, backstop.SyscallRule{Name: name, Rule: r})
-	}
-	if c.ioUringOpenKill {
-		b.IOUringOpen = backstop.Rule{Action: enforce.ActionKill, ID: c.rules.ID("io-uring")}
-	}
-	if c.cloneFilesKill {
-		b.CloneFiles = backstop.Rule{Action: enforce.ActionKill, ID: c.rules.ID("clone-files")}
-	}
-	c.ia32Lines()
-	// Where another sandbox's rule made a host-wide rule stricter, say so.
-	for _, u := range c.globalUses {
-		var got uint32
-		var what string
-		if u.category != nil {
-			got, what = u.category.Action, "category"
-		} else {
-			got, what = c.syscalls[u.syscall].Action, u.syscall
-		}
-		if got > u.action {
-			l := &c.plan.Layers[u.layer]
-			note := fmt.Sprintf("host-wide backstop rule (%s) is stricter because of another sandbox: %s", what, actionWord(got))
-			if !strings.Contains(l.Note, note) {
-				l.Note = strings.TrimPrefix(l.Note+"; "+note, "; ")
-			}
-		}
-	}
 	// Module attempts: the raw syscall tracepoint records them when no
 	// backstop syscall rule sees them (this machine returns ENOSYS before
 	// any LSM hook runs, so the attempt is all there is to record).
@@ -281,7 +253,7 @@ func (c *compiler) finish() {
 		// Where the LSM module hooks run they record the attempt, and the
 		// raw tracepoint (a host-wide cost) is not needed.
 		lsmModules := c.hook("kernel_read_file") && c.hook("kernel_load_data")
-		if _, ok := c.syscalls["init_module"]; !ok && !lsmModules {
+		if !c.moduleSyscall && !lsmModules {
 			c.plan.SyscallStream = true
 		}
 	}

@@ -125,9 +125,14 @@ sandboxes:
 						t.Errorf("backstop path too long: %s", r.Path)
 					}
 				}
-				for _, r := range plan.Backstop.Syscalls {
-					if _, ok := backstop.Syscalls[r.Name]; !ok {
-						t.Errorf("backstop syscall %q unknown to the backstop", r.Name)
+				if len(plan.Backstop.Sandboxes) != len(p.Sandboxes) {
+					t.Errorf("backstop rule sets for %d sandboxes, want %d", len(plan.Backstop.Sandboxes), len(p.Sandboxes))
+				}
+				for _, sr := range plan.Backstop.Sandboxes {
+					for _, r := range sr.Syscalls {
+						if _, ok := backstop.Syscalls[r.Name]; !ok || r.ID == 0 || rt.Name(r.ID) == "" {
+							t.Errorf("backstop syscall %q unknown to the backstop, or id %d has no name", r.Name, r.ID)
+						}
 					}
 				}
 				for _, sb := range p.Sandboxes {
@@ -178,7 +183,7 @@ func TestCredentialRulesGoToLSMWhenAvailable(t *testing.T) {
 	if d := rules.Ops[lsm.OpProcMem]; d.Action != enforce.ActionBlock || rt.Name(d.RuleID) != "proc-mem" {
 		t.Errorf("proc mem op = %+v", d)
 	}
-	for _, s := range plan.Backstop.Syscalls {
+	for _, s := range plan.Backstop.For(1).Syscalls {
 		if s.Name == "ptrace" || s.Name == "mount" || s.Name == "bpf" {
 			t.Errorf("%s in the backstop although its LSM hook loads", s.Name)
 		}
@@ -187,12 +192,12 @@ func TestCredentialRulesGoToLSMWhenAvailable(t *testing.T) {
 	// that syscall (the mount and module rules' decisions), io_uring at
 	// its entry points; none stays with the backstop.
 	for _, name := range []string{"mount_setattr", "delete_module", "io_uring_enter"} {
-		if slices.ContainsFunc(plan.Backstop.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == name }) {
+		if slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == name }) {
 			t.Errorf("%s in the backstop although the capable hook and fentry load", name)
 		}
 	}
-	if plan.Backstop.IOUring.Action != 0 || rules.Ops[lsm.OpIOUring].Action != enforce.ActionBlock {
-		t.Errorf("io_uring: backstop %+v, lsm op %+v", plan.Backstop.IOUring, rules.Ops[lsm.OpIOUring])
+	if plan.Backstop.For(1).IOUring.Action != 0 || rules.Ops[lsm.OpIOUring].Action != enforce.ActionBlock {
+		t.Errorf("io_uring: backstop %+v, lsm op %+v", plan.Backstop.For(1).IOUring, rules.Ops[lsm.OpIOUring])
 	}
 	if rules.Ops[lsm.OpMount].Action != enforce.ActionBlock || rules.Ops[lsm.OpKernelLoadData].Action != enforce.ActionBlock ||
 		rules.Ops[lsm.OpKernelIface].Action != enforce.ActionBlock || rules.Ops[lsm.OpKeyring].Action != enforce.ActionBlock {
@@ -240,13 +245,13 @@ func TestCredentialRulesGoToBackstopWithoutLSM(t *testing.T) {
 	want := []string{"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "mount", "umount2",
 		"move_mount", "pivot_root", "chroot", "fsopen", "fsconfig", "init_module", "finit_module", "bpf"}
 	for _, w := range want {
-		i := slices.IndexFunc(plan.Backstop.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == w })
-		if i < 0 || plan.Backstop.Syscalls[i].Action != enforce.ActionKill {
+		i := slices.IndexFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == w })
+		if i < 0 || plan.Backstop.For(1).Syscalls[i].Action != enforce.ActionKill {
 			t.Errorf("backstop syscall %s missing or not kill", w)
 		}
 	}
-	if plan.Backstop.ProcMem.Action != enforce.ActionKill || plan.Backstop.CgroupWrite.Action != enforce.ActionKill ||
-		plan.Backstop.CloneFiles.Action != enforce.ActionKill || plan.Backstop.SignalAgent.Action != enforce.ActionKill {
+	if plan.Backstop.For(1).ProcMem.Action != enforce.ActionKill || plan.Backstop.For(1).CgroupWrite.Action != enforce.ActionKill ||
+		plan.Backstop.For(1).CloneFiles.Action != enforce.ActionKill || plan.Backstop.For(1).SignalAgent.Action != enforce.ActionKill {
 		t.Errorf("backstop categories = %+v", plan.Backstop)
 	}
 	// Devices, /proc/sys and raw sockets still get a real EPERM.
@@ -309,9 +314,9 @@ func TestRequireLSMMissing(t *testing.T) {
 	if len(plan.Missing) != 1 || !strings.Contains(plan.Missing[0], "mount") || !strings.Contains(plan.Missing[0], "lsm/sb_mount") {
 		t.Errorf("Missing with sb_mount refused = %v", plan.Missing)
 	}
-	if !slices.ContainsFunc(plan.Backstop.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == "mount" }) ||
-		slices.ContainsFunc(plan.Backstop.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == "umount2" }) {
-		t.Errorf("with only sb_mount refused the backstop should kill mount and not umount2: %+v", plan.Backstop.Syscalls)
+	if !slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == "mount" }) ||
+		slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == "umount2" }) {
+		t.Errorf("with only sb_mount refused the backstop should kill mount and not umount2: %+v", plan.Backstop.For(1).Syscalls)
 	}
 	// Record mode requires nothing.
 	p = parse(t, `version: 1
@@ -593,8 +598,8 @@ sandboxes:
 	if !slices.Equal(got, want) {
 		t.Errorf("expanded backstop rules = %v, want %v", got, want)
 	}
-	if plan.Backstop.ProcMem.Action != enforce.ActionRecord || rt.Name(plan.Backstop.ProcMem.ID) != "mems" {
-		t.Errorf("backstop ProcMem = %+v", plan.Backstop.ProcMem)
+	if plan.Backstop.For(1).ProcMem.Action != enforce.ActionRecord || rt.Name(plan.Backstop.For(1).ProcMem.ID) != "mems" {
+		t.Errorf("backstop ProcMem = %+v", plan.Backstop.For(1).ProcMem)
 	}
 
 	// Glob metacharacters in literal components are literal.
@@ -821,12 +826,16 @@ sandboxes:
 	}
 	// io_uring allowed while file rules rely on the backstop: opens
 	// submitted to a ring are killed (their paths escape the backstop).
-	if plan.Backstop.IOUringOpen.Action != enforce.ActionKill {
-		t.Errorf("IOUringOpen = %+v", plan.Backstop.IOUringOpen)
+	opsRules := plan.Backstop.For(plan.SandboxIDs["ops"])
+	if opsRules.IOUringOpen.Action != enforce.ActionKill || opsRules.IOUring.Action != enforce.ActionAllow {
+		t.Errorf("ops: IOUringOpen = %+v, IOUring = %+v (want kill, allow)", opsRules.IOUringOpen, opsRules.IOUring)
 	}
-	// The host-wide io_uring rule is the strictest sandbox's: ops is told.
+	// io_uring is ops' own rule: r's refusal does not kill ops' rings.
+	if r := plan.Backstop.For(plan.SandboxIDs["r"]); r.IOUring.Action != enforce.ActionKill || r.IOUringOpen.Action != enforce.ActionAllow {
+		t.Errorf("r: IOUring = %+v, IOUringOpen = %+v (want kill, none)", r.IOUring, r.IOUringOpen)
+	}
 	_, note, _ := findLayer(plan, "ops: io_uring")
-	if !strings.Contains(note, "stricter because of another sandbox") {
+	if strings.Contains(note, "another sandbox") || strings.Contains(note, "stricter") {
 		t.Errorf("ops io_uring note = %q", note)
 	}
 }

@@ -64,7 +64,7 @@ func (c *compiler) lsmSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 // connect(2) reached and kills the process before it returns.
 func (c *compiler) backstopUnixPeers(sb *policy.Sandbox, sid uint32, paths []string) {
 	id := c.rules.ID("unix-peers")
-	c.bsCategory(func(r *backstop.Rules) *backstop.Rule { return &r.UnixPeer }, enforce.ActionKill, id)
+	c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.UnixPeer }, enforce.ActionKill, id)
 	c.plan.Backstop.UnixPaths = append(c.plan.Backstop.UnixPaths, backstop.UnixPaths{SandboxID: sid, Paths: slices.Clone(paths), Rule: id})
 	c.add(sb, "egress: unix peers", policy.ActionKill, layer{mech: MechKill, notes: []string{
 		fmt.Sprintf("backstop at connect(2)'s return: the peer the kernel found must be bound in one of %d workspace and egress.unix paths (symlinks resolved), else the process is killed before it returns", len(paths)),

@@ -39,23 +39,23 @@ func TestIA32Decision(t *testing.T) {
 		return control.Layer{}
 	}
 	plan, _ := compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, nil)})
-	if plan.Backstop.Compat.Action != enforce.ActionAllow {
-		t.Errorf("full LSM: compat %+v, want allowed", plan.Backstop.Compat)
+	if plan.Backstop.For(1).Compat.Action != enforce.ActionAllow {
+		t.Errorf("full LSM: compat %+v, want allowed", plan.Backstop.For(1).Compat)
 	}
 	if l := line(plan); l.Mechanism != MechNone || !strings.Contains(l.Note, "judged like 64-bit calls") {
 		t.Errorf("full LSM: %+v", l)
 	}
 	plan, _ = compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, errRefused)})
-	if plan.Backstop.Compat.Action != enforce.ActionKill {
-		t.Errorf("no LSM: compat %+v, want kill", plan.Backstop.Compat)
+	if plan.Backstop.For(1).Compat.Action != enforce.ActionKill {
+		t.Errorf("no LSM: compat %+v, want kill", plan.Backstop.For(1).Compat)
 	}
 	if l := line(plan); l.Mechanism != MechKill || !strings.Contains(l.Note, "file rules judged at open by the backstop") {
 		t.Errorf("no LSM: %+v", l)
 	}
 	p := parse(t, strings.Replace(advPolicy, "    files:", "    operations: {ia32_syscalls: block}\n    files:", 1))
 	plan, _ = compile(t, p, Env{LSM: lsmEnv(t, nil)})
-	if plan.Backstop.Compat.Action != enforce.ActionKill {
-		t.Errorf("ia32_syscalls block: compat %+v, want kill", plan.Backstop.Compat)
+	if plan.Backstop.For(1).Compat.Action != enforce.ActionKill {
+		t.Errorf("ia32_syscalls block: compat %+v, want kill", plan.Backstop.For(1).Compat)
 	}
 	if l := line(plan); l.Mechanism != MechKill || !strings.Contains(l.Note, "every 32-bit syscall") {
 		t.Errorf("ia32_syscalls block: %+v", l)
@@ -68,8 +68,8 @@ func TestIA32Decision(t *testing.T) {
 // refused; without them the backstop keeps the AF_PACKET kill.
 func TestLSMSocketsAndClones(t *testing.T) {
 	plan, _ := compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, nil)})
-	if plan.Backstop.PacketSocket.Action != enforce.ActionAllow {
-		t.Errorf("backstop packet kill %+v although lsm socket_create runs", plan.Backstop.PacketSocket)
+	if plan.Backstop.For(1).PacketSocket.Action != enforce.ActionAllow {
+		t.Errorf("backstop packet kill %+v although lsm socket_create runs", plan.Backstop.For(1).PacketSocket)
 	}
 	var lr lsm.Rules
 	for _, r := range plan.LSM {
@@ -86,18 +86,18 @@ func TestLSMSocketsAndClones(t *testing.T) {
 	if lr.Ops[lsm.OpCloneFiles].Action != enforce.ActionBlock {
 		t.Errorf("clone files: %+v", lr.Ops[lsm.OpCloneFiles])
 	}
-	if plan.Backstop.UnixPeer.Action != enforce.ActionAllow || len(plan.Backstop.UnixPaths) != 0 {
-		t.Errorf("backstop unix peers %+v %v although the lsm unix hooks run", plan.Backstop.UnixPeer, plan.Backstop.UnixPaths)
+	if plan.Backstop.For(1).UnixPeer.Action != enforce.ActionAllow || len(plan.Backstop.UnixPaths) != 0 {
+		t.Errorf("backstop unix peers %+v %v although the lsm unix hooks run", plan.Backstop.For(1).UnixPeer, plan.Backstop.UnixPaths)
 	}
 	plan, _ = compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, errRefused)})
-	if plan.Backstop.PacketSocket.Action != enforce.ActionKill {
-		t.Errorf("no LSM: backstop packet %+v, want kill", plan.Backstop.PacketSocket)
+	if plan.Backstop.For(1).PacketSocket.Action != enforce.ActionKill {
+		t.Errorf("no LSM: backstop packet %+v, want kill", plan.Backstop.For(1).PacketSocket)
 	}
 	// Without the LSM unix hooks the backstop judges the peer connect(2)
 	// reached, on the same paths, and says it acts after the fact.
-	if plan.Backstop.UnixPeer.Action != enforce.ActionKill || len(plan.Backstop.UnixPaths) != 1 ||
+	if plan.Backstop.For(1).UnixPeer.Action != enforce.ActionKill || len(plan.Backstop.UnixPaths) != 1 ||
 		plan.Backstop.UnixPaths[0].SandboxID != plan.SandboxIDs["adv"] || !slices.Contains(plan.Backstop.UnixPaths[0].Paths, "/var/lib/ws/") {
-		t.Errorf("no LSM: backstop unix peers %+v %+v", plan.Backstop.UnixPeer, plan.Backstop.UnixPaths)
+		t.Errorf("no LSM: backstop unix peers %+v %+v", plan.Backstop.For(1).UnixPeer, plan.Backstop.UnixPaths)
 	}
 	var peers control.Layer
 	for _, l := range plan.Layers {

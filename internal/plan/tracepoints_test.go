@@ -17,7 +17,7 @@ import (
 // no raw syscall tracepoint on behalf of what they cover (mmap PROT_EXEC,
 // perf_event_open, module attempts), and keeps asking where they do not.
 func TestSyscallTracepointDemands(t *testing.T) {
-	has := func(b backstop.Rules, name string) bool {
+	has := func(b backstop.SandboxRules, name string) bool {
 		for _, s := range b.Syscalls {
 			if s.Name == name {
 				return true
@@ -26,25 +26,25 @@ func TestSyscallTracepointDemands(t *testing.T) {
 		return false
 	}
 	onLSM, _ := compile(t, policy.Default(), Env{LSM: lsmEnv(t, nil)})
-	if onLSM.Backstop.MmapExec.Action != 0 {
+	if onLSM.Backstop.For(1).MmapExec.Action != 0 {
 		t.Error("LSM host: mmap PROT_EXEC left to the backstop's sys_enter although mmap_file judges it")
 	}
-	if has(onLSM.Backstop, "perf_event_open") {
+	if has(onLSM.Backstop.For(1), "perf_event_open") {
 		t.Error("LSM host: perf_event_open killed by the backstop although its LSM hook refuses it")
 	}
 	if onLSM.SyscallStream {
 		t.Error("LSM host: the raw sys_enter asked for module attempts the LSM hooks record")
 	}
 	without, _ := compile(t, policy.Default(), Env{LSM: lsmEnv(t, errRefused)})
-	if without.Backstop.MmapExec.Action == 0 || !has(without.Backstop, "perf_event_open") {
-		t.Errorf("no LSM: mmap exec %+v, perf_event_open rule %v: the backstop must keep them", without.Backstop.MmapExec, has(without.Backstop, "perf_event_open"))
+	if without.Backstop.For(1).MmapExec.Action == 0 || !has(without.Backstop.For(1), "perf_event_open") {
+		t.Errorf("no LSM: mmap exec %+v, perf_event_open rule %v: the backstop must keep them", without.Backstop.For(1).MmapExec, has(without.Backstop.For(1), "perf_event_open"))
 	}
 	if !without.Backstop.NeedsSyscallTracepoints() {
 		t.Error("no LSM: the backstop's rules must need the syscall tracepoints")
 	}
 	// What still needs them on an LSM host, for the record.
 	t.Logf("LSM host, default policy: backstop syscall rules %v, compat %+v, io_uring %+v, packet %+v",
-		onLSM.Backstop.Syscalls, onLSM.Backstop.Compat, onLSM.Backstop.IOUring, onLSM.Backstop.PacketSocket)
+		onLSM.Backstop.For(1).Syscalls, onLSM.Backstop.For(1).Compat, onLSM.Backstop.For(1).IOUring, onLSM.Backstop.For(1).PacketSocket)
 }
 
 // TestNoSyscallTracepointsOnLSMHosts: with every LSM hook and fentry
@@ -64,14 +64,14 @@ sandboxes:
 `, preset, mode))
 			pl, _ := compile(t, p, env)
 			var left []string
-			for _, s := range pl.Backstop.Syscalls {
+			for _, s := range pl.Backstop.For(1).Syscalls {
 				if s.Action != 0 {
 					left = append(left, s.Name)
 				}
 			}
 			if len(left) > 0 || pl.Backstop.NeedsSyscallTracepoints() {
 				t.Errorf("%s/%s: backstop syscall rules %v, needs tracepoints %v (io_uring %+v, compat %+v, paths %d)",
-					preset, mode, left, pl.Backstop.NeedsSyscallTracepoints(), pl.Backstop.IOUring, pl.Backstop.Compat, len(pl.Backstop.Paths))
+					preset, mode, left, pl.Backstop.NeedsSyscallTracepoints(), pl.Backstop.For(1).IOUring, pl.Backstop.For(1).Compat, len(pl.Backstop.Paths))
 			}
 			// The ops preset asks for the sampled syscall stream itself
 			// (audit.syscalls): an audit choice, not an enforcement need.
@@ -101,12 +101,12 @@ sandboxes:
 	}
 	pl, _ = compile(t, policy.Default(), Env{LSM: noEntry})
 	var left []string
-	for _, s := range pl.Backstop.Syscalls {
+	for _, s := range pl.Backstop.For(1).Syscalls {
 		left = append(left, s.Name)
 	}
 	sort.Strings(left)
 	want := []string{"io_uring_enter", "io_uring_register", "name_to_handle_at", "personality"}
-	if !slices.Equal(left, want) || pl.Backstop.IOUring.Action == 0 {
-		t.Errorf("LSM without fentry: backstop syscalls %v (want %v), io_uring category %+v", left, want, pl.Backstop.IOUring)
+	if !slices.Equal(left, want) || pl.Backstop.For(1).IOUring.Action == 0 {
+		t.Errorf("LSM without fentry: backstop syscalls %v (want %v), io_uring category %+v", left, want, pl.Backstop.For(1).IOUring)
 	}
 }
