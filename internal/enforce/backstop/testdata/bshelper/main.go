@@ -238,6 +238,10 @@ func main() {
 	case "int80rename":
 		// i386 rename(OLD, NEW) through int 0x80.
 		err = int80Strings(38, arg(0), arg(1), 0)
+	case "int80":
+		// int80 NR [STR]: i386 syscall NR(STR, ...) through int 0x80
+		// ("int80 61 /" is chroot("/"), "int80 20" getpid).
+		err = int80Strings(argInt(0), arg(1), "", 0)
 	case "int80move":
 		// i386 mount(SRC, DST, NULL, MS_MOVE, NULL) through int 0x80.
 		err = int80Move(arg(0), arg(1))
