@@ -39,6 +39,8 @@ type config struct {
 	name   string
 	where  string // "bare", "inside", "outside"
 	attach func() ([]link.Link, error)
+	// rules, when set, replace DefaultRules for this configuration's runs.
+	rules *backstop.Rules
 }
 
 func main() {
@@ -188,16 +190,25 @@ func run(rounds, iters int) error {
 		}
 		return append(ls, more...), nil
 	}
+	// getpid killed in another sandbox (id 2): the sandbox measured has no
+	// rule for it, so its getpid passes the host-wide gate and pays the
+	// per-sandbox lookups (its own entry, then the every-sandbox set's:
+	// both miss) before it is allowed, the most a syscall ruled only
+	// elsewhere costs.
+	elsewhere := backstop.DefaultRules()
+	elsewhere.Sandboxes = map[uint32]backstop.SandboxRules{2: {Syscalls: []backstop.SyscallRule{
+		{Name: "getpid", Rule: backstop.Rule{Action: enforce.ActionKill, ID: 1}}}}}
 	configs := []config{
-		{"bare", "bare", nil},
-		{"empty tp_btf sys_enter+exit", "outside", tracing(probes.EmptyTpBtfEnter, probes.EmptyTpBtfExit)},
-		{"empty raw_tp sys_enter+exit", "outside", rawTP},
-		{"empty tracepoint sys_{enter,exit}_openat", "outside", perSyscall},
-		{"backstop, outside", "outside", full},
-		{"backstop, inside, no verdict cache", "inside", cache(false)},
-		{"backstop, inside", "inside", full},
-		{"backstop+trace, outside", "outside", fullWithTrace},
-		{"backstop+trace, inside", "inside", fullWithTrace},
+		{"bare", "bare", nil, nil},
+		{"empty tp_btf sys_enter+exit", "outside", tracing(probes.EmptyTpBtfEnter, probes.EmptyTpBtfExit), nil},
+		{"empty raw_tp sys_enter+exit", "outside", rawTP, nil},
+		{"empty tracepoint sys_{enter,exit}_openat", "outside", perSyscall, nil},
+		{"backstop, outside", "outside", full, nil},
+		{"backstop, inside, no verdict cache", "inside", cache(false), nil},
+		{"backstop, inside", "inside", full, nil},
+		{"backstop, inside, getpid ruled elsewhere", "inside", full, &elsewhere},
+		{"backstop+trace, outside", "outside", fullWithTrace, nil},
+		{"backstop+trace, inside", "inside", fullWithTrace, nil},
 	}
 	// Run time of the backstop's syscall programs per loop iteration (all
 	// three ops), by configuration: the programs' own cost, less exposed
@@ -227,6 +238,11 @@ func run(rounds, iters int) error {
 			if skipped[c.name] != nil {
 				continue
 			}
+			if c.rules != nil {
+				if err := bs.SetRules(*c.rules); err != nil {
+					return fmt.Errorf("%s: %w", c.name, err)
+				}
+			}
 			var ls []link.Link
 			if c.attach != nil {
 				if ls, err = c.attach(); err != nil {
@@ -249,6 +265,11 @@ func run(rounds, iters int) error {
 			cacheHits[c.name] += h1 - h0
 			cacheStores[c.name] += s1 - s0
 			closeAll(ls)
+			if c.rules != nil {
+				if err := bs.SetRules(backstop.DefaultRules()); err != nil {
+					return fmt.Errorf("%s: restore rules: %w", c.name, err)
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
