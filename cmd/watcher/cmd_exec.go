@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
@@ -18,6 +19,7 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -128,6 +130,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		// the end; the policy's ledger.
 		id := strconv.Itoa(os.Getpid())
 		created := newCgroups(agent.ExecParents(pol, sb))
+		removeStalePrivateAgents(log, filepath.Dir(pol.Agent.PinDir), pol.Agent.SocketDir)
 		pol.Agent.PinDir = filepath.Join(filepath.Dir(pol.Agent.PinDir), "watcher-exec-"+id)
 		pol.Agent.SocketDir = filepath.Join(pol.Agent.SocketDir, "exec-"+id)
 		pol.Agent.MetricsAddr = ""
@@ -140,14 +143,22 @@ writes the same as JSON, with the run's --label.`); err != nil {
 				log.Info("alert", "kind", e.Kind, "verdict", e.Verdict, "comm", e.Process.Comm, "what", detailText(&e), "rule", e.Rule, "by", e.Mechanism)
 			}
 		}})
+		cleanup := func() {
+			enforce.Unpin(pol.Agent.PinDir)
+			os.RemoveAll(pol.Agent.SocketDir)
+			created.remove()
+		}
 		if err != nil {
+			cleanup()
+			if errors.Is(err, ledger.ErrLocked) {
+				// Parallel tool calls need one agent to share.
+				err = fmt.Errorf("%w (another watcher exec is running without an agent and holds the ledger: run the agent, `watcher run`, for commands in parallel)", err)
+			}
 			return fmt.Errorf("start private agent: %w", err)
 		}
 		defer func() {
 			a.Stop()
-			enforce.Unpin(pol.Agent.PinDir)
-			os.RemoveAll(pol.Agent.SocketDir)
-			created.remove()
+			cleanup()
 		}()
 		execPlan = a.Plan()
 	}
@@ -362,5 +373,26 @@ func newCgroups(parents []string) execCgroups {
 func (c execCgroups) remove() {
 	for _, abs := range c {
 		os.Remove(abs) // rmdir: fails, and keeps it, while a run is inside
+	}
+}
+
+// removeStalePrivateAgents removes the pins and sockets of private agents
+// whose `watcher exec` was killed before it could (SIGKILL, a crash):
+// their pinned links would keep the programs attached, and the host on
+// their slow path, for good. A directory is stale when no process has
+// the pid in its name.
+func removeStalePrivateAgents(log *slog.Logger, pinParent, socketDir string) {
+	dirs, _ := filepath.Glob(filepath.Join(pinParent, "watcher-exec-*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "watcher-exec-"))
+		if err != nil || pid <= 0 || pid == os.Getpid() || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue
+		}
+		if err := enforce.Unpin(d); err != nil {
+			log.Warn("stale private agent pins not removed", "dir", d, "err", err)
+			continue
+		}
+		os.RemoveAll(filepath.Join(socketDir, "exec-"+strconv.Itoa(pid)))
+		log.Info("removed the pins of a private agent that was killed", "dir", d)
 	}
 }

@@ -61,7 +61,8 @@ func (e *execLimits) Hook() launch.LeafHook {
 	return e.leaf
 }
 
-// Finish prints the usage line and records the limit hits with record.
+// Finish prints the usage line when a limit was hit and records the hits
+// with record.
 func (e *execLimits) Finish(stderr io.Writer, record func(audit.Event) error) error {
 	if e == nil || e.report == nil {
 		return nil
@@ -77,7 +78,12 @@ func (e *execLimits) Finish(stderr io.Writer, record func(audit.Event) error) er
 	if l.PIDs > 0 {
 		line += fmt.Sprintf(" pids.max=%d", l.PIDs)
 	}
-	fmt.Fprintln(stderr, line+" via memory:"+mech(limits.Memory)+" cpu:"+mech(limits.CPU)+" pids:"+mech(limits.PIDs))
+	// Only a hit is worth a line on the command's stderr: the presets'
+	// default pids limit applies to every command, and a command that
+	// stays within its limits must not print anything it would not.
+	if u.OOMKills > 0 || u.PIDsMaxHits > 0 {
+		fmt.Fprintln(stderr, line+" via memory:"+mech(limits.Memory)+" cpu:"+mech(limits.CPU)+" pids:"+mech(limits.PIDs))
+	}
 	if r.Err != nil {
 		fmt.Fprintln(stderr, "watcher: limits:", r.Err)
 	}

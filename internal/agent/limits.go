@@ -58,12 +58,25 @@ func (a *Agent) applyLimits(sandbox, abs string) {
 		return
 	}
 	h, err := hostLimits()
+	var g *limits.Group
 	if err == nil {
-		_, err = h.Apply(relOf(abs), lim, false)
+		// Below the exec cgroup the cgroups are watcher's own; elsewhere
+		// (containers) a lower limit the runtime set is kept.
+		rel := relOf(abs)
+		if own := relOf(a.Policy().Agent.ExecCgroup); rel == own || strings.HasPrefix(rel, strings.TrimSuffix(own, "/")+"/") {
+			g, err = h.Apply(rel, lim, false)
+		} else {
+			g, err = h.ApplyForeign(rel, lim)
+		}
 	}
 	if err != nil {
 		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Sandbox: audit.Sandbox{Name: sandbox}, Message: fmt.Sprintf("limits not applied to %s: %v", abs, err)})
+		return
+	}
+	if len(g.Kept) > 0 {
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityRoutine,
+			Sandbox: audit.Sandbox{Name: sandbox}, Message: fmt.Sprintf("kept the lower limits already on %s: %s", abs, strings.Join(g.Kept, ", "))})
 	}
 }
 

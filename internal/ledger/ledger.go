@@ -120,6 +120,9 @@ var (
 	// (for example ENOSPC): the record was counted, not written, and will
 	// be reported in a loss record once writing works again.
 	ErrNotWritten = errors.New("ledger record not written")
+	// ErrLocked is returned by Open while another process has the ledger
+	// open (one writer per ledger).
+	ErrLocked = errors.New("in use by another process")
 )
 
 // Stats are the ledger's counters since Open.
@@ -236,7 +239,7 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	}
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lock.Close()
-		return nil, fmt.Errorf("lock ledger %s: in use by another process: %w", dir, err)
+		return nil, fmt.Errorf("lock ledger %s: %w: %w", dir, ErrLocked, err)
 	}
 	l := &Ledger{
 		dir: dir, opts: opts, lock: lock, lh: newLeafHasher(),

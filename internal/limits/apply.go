@@ -53,7 +53,12 @@ type Group struct {
 	V1 map[string]string
 	// Limits are what was applied.
 	Limits Limits
-	host   *Host
+	// Kept lists the lower limits found on a foreign cgroup and left in
+	// place ("pids.max 100"); Limits carries them.
+	Kept []string
+	host *Host
+	// keepLower is set for cgroups watcher did not make (ApplyForeign).
+	keepLower bool
 }
 
 // Apply creates the group rel where needed and writes the limits. In the
@@ -64,8 +69,19 @@ type Group struct {
 // directory itself must exist (launch and the runtime create it) unless
 // create is set.
 func (h *Host) Apply(rel string, l Limits, create bool) (*Group, error) {
-	rel = filepath.Clean("/" + rel)
-	g := &Group{Rel: rel, V1: map[string]string{}, Limits: l, host: h}
+	return h.apply(&Group{Rel: filepath.Clean("/" + rel), V1: map[string]string{}, Limits: l, host: h}, create)
+}
+
+// ApplyForeign is Apply for a cgroup watcher did not make (a container's,
+// made by its runtime): a memory or pids limit already there that is
+// lower than the policy's is kept, never raised (Group.Kept says which),
+// so a policy, or a preset's default, cannot loosen what the runtime set.
+func (h *Host) ApplyForeign(rel string, l Limits) (*Group, error) {
+	return h.apply(&Group{Rel: filepath.Clean("/" + rel), V1: map[string]string{}, Limits: l, host: h, keepLower: true}, false)
+}
+
+func (h *Host) apply(g *Group, create bool) (*Group, error) {
+	rel, l := g.Rel, g.Limits
 	if h.V2 != "" {
 		g.V2 = filepath.Join(h.V2, rel)
 		if create {
@@ -144,6 +160,25 @@ func writeFile(dir, name, val string) error {
 	return nil
 }
 
+// keep reports whether a foreign group already has a limit in dir/name
+// below want (a number: "max" and v1's near-2^63 "unlimited" are above
+// any want), and records it.
+func (g *Group) keep(dir, name string, want int64) (int64, bool) {
+	if !g.keepLower {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || v <= 0 || v >= want {
+		return 0, false
+	}
+	g.Kept = append(g.Kept, fmt.Sprintf("%s %d", name, v))
+	return v, true
+}
+
 func (g *Group) write() error {
 	l, h := g.Limits, g.host
 	if l.CPU > 0 {
@@ -169,7 +204,9 @@ func (g *Group) write() error {
 				return err
 			}
 		}
-		if l.Memory > 0 {
+		if v, ok := g.keep(g.V2, "memory.max", l.Memory); ok {
+			g.Limits.Memory = v
+		} else if l.Memory > 0 {
 			if err := writeFile(g.V2, "memory.max", strconv.FormatInt(l.Memory, 10)); err != nil {
 				return err
 			}
@@ -186,12 +223,22 @@ func (g *Group) write() error {
 				return err
 			}
 		}
-		if l.Memory > 0 {
-			if err := writeFile(dir, "memory.limit_in_bytes", strconv.FormatInt(l.Memory, 10)); err != nil {
+		if v, ok := g.keep(dir, "memory.limit_in_bytes", l.Memory); ok {
+			g.Limits.Memory = v
+		} else if l.Memory > 0 {
+			// v1 keeps memory <= memory+swap: raising, the memsw limit
+			// goes first; lowering, it follows.
+			val := strconv.FormatInt(l.Memory, 10)
+			_, statErr := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes"))
+			memsw := statErr == nil
+			if memsw {
+				_ = writeFile(dir, "memory.memsw.limit_in_bytes", val)
+			}
+			if err := writeFile(dir, "memory.limit_in_bytes", val); err != nil {
 				return err
 			}
-			if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
-				_ = writeFile(dir, "memory.memsw.limit_in_bytes", strconv.FormatInt(l.Memory, 10))
+			if memsw {
+				_ = writeFile(dir, "memory.memsw.limit_in_bytes", val)
 			}
 		}
 	}
@@ -200,7 +247,9 @@ func (g *Group) write() error {
 		if h.Mechanism(PIDs) == Cgroup1 {
 			dir = g.V1["pids"]
 		}
-		if h.Mechanism(PIDs) != None {
+		if v, ok := g.keep(dir, "pids.max", int64(l.PIDs)); ok {
+			g.Limits.PIDs = int(v)
+		} else if h.Mechanism(PIDs) != None {
 			if err := writeFile(dir, "pids.max", strconv.Itoa(l.PIDs)); err != nil {
 				return err
 			}

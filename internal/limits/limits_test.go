@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -368,5 +369,65 @@ func TestParseOOMLine(t *testing.T) {
 	}
 	if _, ok := parseOOMLine("Memory cgroup out of memory: Killed process 5348 (tail)"); ok {
 		t.Error("parsed a line that is not oom-kill:")
+	}
+}
+
+// TestForeignLimitsNeverLoosened: on a cgroup watcher did not make (a
+// container's), a lower pids.max or memory limit its runtime set is kept
+// and reported, a higher or absent one is replaced by the policy's; on
+// watcher's own cgroups the policy's value is written either way (a
+// policy may raise what an earlier one set).
+func TestForeignLimitsNeverLoosened(t *testing.T) {
+	h := testHost(t)
+	needController(t, h, PIDs)
+	needController(t, h, Memory)
+	own, _ := testGroup(t, h, Limits{PIDs: 50, Memory: 64 << 20})
+	read := func(g *Group, c, name string) string {
+		t.Helper()
+		dir := g.V2
+		if h.Mechanism(c) == Cgroup1 {
+			dir = g.V1[v1Name[c]]
+		}
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	memFile := "memory.max"
+	if h.Mechanism(Memory) == Cgroup1 {
+		memFile = "memory.limit_in_bytes"
+	}
+
+	// The "runtime" set pids 50 and memory 64M; the policy asks for more.
+	g, err := h.ApplyForeign(own.Rel, Limits{PIDs: 4096, Memory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(g, PIDs, "pids.max"); got != "50" {
+		t.Errorf("foreign pids.max %s, want the runtime's 50 kept", got)
+	}
+	if got := read(g, Memory, memFile); got != strconv.Itoa(64<<20) {
+		t.Errorf("foreign %s %s, want the runtime's 64M kept", memFile, got)
+	}
+	if g.Limits.PIDs != 50 || g.Limits.Memory != 64<<20 || len(g.Kept) != 2 {
+		t.Errorf("group limits %+v kept %q, want pids 50, memory 64M, two kept", g.Limits, g.Kept)
+	}
+	// The policy asks for less: written.
+	if g, err = h.ApplyForeign(own.Rel, Limits{PIDs: 20, Memory: 32 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(g, PIDs, "pids.max"); got != "20" || len(g.Kept) != 0 {
+		t.Errorf("foreign pids.max %s kept %q, want the policy's lower 20", got, g.Kept)
+	}
+	if got := read(g, Memory, memFile); got != strconv.Itoa(32<<20) {
+		t.Errorf("foreign %s %s, want the policy's lower 32M", memFile, got)
+	}
+	// Watcher's own cgroup: raised as the policy says.
+	if g, err = h.Apply(own.Rel, Limits{PIDs: 4096, Memory: 1 << 30}, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(g, PIDs, "pids.max"); got != "4096" || len(g.Kept) != 0 {
+		t.Errorf("own pids.max %s kept %q, want 4096", got, g.Kept)
 	}
 }

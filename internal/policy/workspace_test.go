@@ -83,3 +83,40 @@ func TestParseByteSize(t *testing.T) {
 		t.Errorf("FormatBytes = %q", got)
 	}
 }
+
+// TestPresetPIDsLimit: the agent tiers cap tasks by default (a fork bomb
+// must not take the host's PIDs and the agent with it); a sandbox setting
+// other limits keeps the preset's pids, one setting pids wins, and an
+// explicit 0 turns the cap off. The baseline leaves it to the runtime.
+func TestPresetPIDsLimit(t *testing.T) {
+	for _, name := range []string{PresetReadOnly, PresetRestricted, PresetDev, PresetOps} {
+		sb, err := Preset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.Limits.PIDs != 4096 {
+			t.Errorf("preset %s: pids %d, want 4096", name, sb.Limits.PIDs)
+		}
+	}
+	if sb, _ := Preset(PresetBaseline); sb.Limits.PIDs != 0 {
+		t.Errorf("baseline: pids %d, want none", sb.Limits.PIDs)
+	}
+	for _, tc := range []struct {
+		limits string
+		pids   int
+		memory int64
+	}{
+		{"", 4096, 0},
+		{"    limits: {memory: 1G}\n", 4096, 1 << 30},
+		{"    limits: {pids: 100}\n", 100, 0},
+		{"    limits: {pids: 0}\n", 0, 0},
+	} {
+		p, err := Parse("t.yaml", []byte("version: 1\nsandboxes:\n  - name: a\n    select: {cgroups: [/watcher]}\n    preset: restricted\n    workspace: [/srv/a]\n"+tc.limits))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.limits, err)
+		}
+		if l := p.Sandboxes[0].Limits; l.PIDs != tc.pids || l.Memory.Bytes != tc.memory {
+			t.Errorf("%q: limits %+v, want pids %d memory %d", tc.limits, l, tc.pids, tc.memory)
+		}
+	}
+}
