@@ -20,6 +20,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/ledger"
+	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -372,7 +373,16 @@ func newCgroups(parents []string) execCgroups {
 
 func (c execCgroups) remove() {
 	for _, abs := range c {
-		os.Remove(abs) // rmdir: fails, and keeps it, while a run is inside
+		// rmdir: fails, and keeps it, while a run is inside.
+		if os.Remove(abs) != nil {
+			continue
+		}
+		// The v1 twins the limits made (hybrid hosts).
+		if h, err := limits.Detect(); err == nil {
+			if root, err := cgroupfs.Mountpoint(); err == nil {
+				h.RemoveV1Tree(strings.TrimPrefix(abs, root))
+			}
+		}
 	}
 }
 

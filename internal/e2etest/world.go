@@ -17,6 +17,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/limits"
 )
 
 // World is one agent's private world. Its names carry a random id, so
@@ -92,6 +93,7 @@ func New(t testing.TB, prefix string) *World {
 			if err := cgroupfs.Remove(cg); err != nil {
 				t.Errorf("remove cgroup %s: %v", cg, err)
 			}
+			removeV1Twins(t, cg)
 		}
 		if err := enforce.Unpin(w.PinDir); err != nil {
 			t.Errorf("unpin %s: %v", w.PinDir, err)
@@ -140,4 +142,17 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// removeV1Twins removes the v1 cgroups the agent made beside the cgroup2
+// one at abs for the sandbox's limits (hybrid hosts).
+func removeV1Twins(t testing.TB, abs string) {
+	h, err := limits.Detect()
+	root, rerr := cgroupfs.Mountpoint()
+	if err != nil || rerr != nil {
+		return
+	}
+	if err := h.RemoveV1Tree(strings.TrimPrefix(abs, root)); err != nil {
+		t.Errorf("remove v1 cgroups of %s: %v", abs, err)
+	}
 }

@@ -341,3 +341,32 @@ func (g *Group) Remove() error {
 	}
 	return errors.Join(errs...)
 }
+
+// RemoveV1Tree removes the v1 twins of the cgroup tree rel (deepest
+// first) in every v1 hierarchy, for the one who removes the cgroup2 tree:
+// Apply makes them for limits and nothing else removes them. Tasks must
+// have left (the cgroup2 tree is killed first); it waits briefly for them.
+func (h *Host) RemoveV1Tree(rel string) error {
+	rel = filepath.Clean("/" + rel)
+	if rel == "/" {
+		return fmt.Errorf("limits: refusing to remove the v1 roots")
+	}
+	var errs []error
+	for _, mnt := range h.V1 {
+		root := filepath.Join(mnt, rel)
+		var dirs []string
+		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			g := Group{V1: map[string]string{"": dirs[i]}}
+			if err := g.Remove(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -9,12 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/limits"
 )
 
 // RequireRoot skips tests that need root (they run as root in CI).
@@ -70,6 +72,12 @@ func Cgroup(t testing.TB, name string) string {
 	t.Cleanup(func() {
 		if err := cgroupfs.Remove(parent); err != nil {
 			t.Errorf("remove cgroup: %v", err)
+		}
+		// An agent applying a sandbox's limits made v1 twins (hybrid hosts).
+		if h, err := limits.Detect(); err == nil {
+			if err := h.RemoveV1Tree(strings.TrimPrefix(parent, root)); err != nil {
+				t.Errorf("remove v1 cgroups: %v", err)
+			}
 		}
 	})
 	return path
