@@ -56,11 +56,16 @@ func Stop(cgroups []string, timeout time.Duration) (int, error) {
 			return stopped, fmt.Errorf("stop sandbox: %w", err)
 		}
 		deadline := time.Now().Add(timeout)
-		for populated(cg) {
+		for i := 1; populated(cg); i++ {
 			if time.Now().After(deadline) {
 				return stopped, fmt.Errorf("stop sandbox: %s still has processes after %v", cg, timeout)
 			}
 			time.Sleep(10 * time.Millisecond)
+			// A task that joined after the kill (moved in while it was
+			// delivered) is frozen, not killed: kill again now and then.
+			if i%50 == 0 {
+				_ = cgroupfs.Kill(cg)
+			}
 		}
 		_ = cgroupfs.Freeze(cg, false)
 	}
