@@ -20,12 +20,13 @@ func (b *Backstop) SandboxRuleEntries() (map[uint32]map[uint32]Rule, error) {
 
 // Keys of SandboxRuleEntries.
 const (
-	SBRSyscall   = sbrSyscall
-	SBRSyscall32 = sbrSyscall32
-	SBRCategory  = sbrCategory
-	CatIOUring   = catIOUring
-	CatCompat    = catCompat
-	CatPacket    = catPacketSocket
+	SBRSyscall     = sbrSyscall
+	SBRSyscall32   = sbrSyscall32
+	SBRCategory    = sbrCategory
+	CatIOUring     = catIOUring
+	CatCompat      = catCompat
+	CatPacket      = catPacketSocket
+	CatCgroupWrite = catCgroupWrite
 )
 
 // ClearSandboxRules empties bs_sb_rules: the pins an agent from before the

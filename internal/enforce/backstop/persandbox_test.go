@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,7 +16,9 @@ import (
 
 // TestRulesPerSandbox: syscall and category rules are each sandbox's own.
 // Sandbox "block" kills chroot (a plain rule, also by its i386 number),
-// io_uring_setup and socket(AF_PACKET) (categories); its neighbour "ops",
+// io_uring_setup, socket(AF_PACKET) (categories at sys_enter) and a
+// write-open of a cgroupfs file (a category at open's return); its
+// neighbour "ops",
 // whose set allows them, runs the same operations unharmed (before the
 // fix, one host-wide action per syscall killed it too); "trial", in
 // record mode with block's rules and 32-bit calls refused, gets recorded
@@ -24,16 +27,20 @@ import (
 // reload that swaps the sets flips the outcomes and leaves no stale map
 // entry; a sandbox dropped from the sets has no entry left.
 func TestRulesPerSandbox(t *testing.T) {
-	const chrootID, uringID, packetID, compatID = 101, 102, 103, 104
+	const chrootID, uringID, packetID, compatID, cgwriteID = 101, 102, 103, 104, 105
 	kill := func(id uint32) backstop.Rule { return backstop.Rule{Action: enforce.ActionKill, ID: id} }
 	blocks := backstop.SandboxRules{
 		Syscalls: []backstop.SyscallRule{{Name: "chroot", Rule: kill(chrootID)}},
 		IOUring:  kill(uringID), PacketSocket: kill(packetID),
+		CgroupWrite: kill(cgwriteID), // judged at open's return
 	}
 	blocks32 := blocks
 	blocks32.Compat = kill(compatID)
 	f := newFixture(t, func(r *backstop.Rules) {
 		r.Sandboxes = map[uint32]backstop.SandboxRules{1: blocks, 2: {}, 3: blocks32}
+		// DefaultRules' path rule on writes below /sys/ would kill the
+		// cgroupfs write-open in every sandbox: the category decides here.
+		r.Paths = slices.DeleteFunc(r.Paths, func(p backstop.PathRule) bool { return p.Path == "/sys/" })
 	})
 	ops := enforcetest.Cgroup(t, "ops")
 	opsCG, err := f.eng.AddSandbox(ops, 2, 0)
@@ -60,6 +67,7 @@ func TestRulesPerSandbox(t *testing.T) {
 	packet := op{"socket", []string{"packet"}, packetID, "result: <nil>"}
 	chroot32 := op{"int80", []string{"61", "/"}, chrootID, "result: <nil>"}
 	getpid32 := op{"int80", []string{"20"}, compatID, "result: <nil>"}
+	cgwrite := op{"openwrite", []string{filepath.Join(f.outside, "cgroup.procs")}, cgwriteID, "result: <nil>"}
 
 	killed := func(t *testing.T, cg string, sandboxCG uint64, o op) {
 		t.Helper()
@@ -101,7 +109,7 @@ func TestRulesPerSandbox(t *testing.T) {
 	}
 
 	t.Run("first", func(t *testing.T) {
-		for _, o := range []op{chroot, uring, packet, chroot32} {
+		for _, o := range []op{chroot, uring, packet, chroot32, cgwrite} {
 			killed(t, f.sandbox, f.sbID, o)
 			killed(t, f.nested, f.sbID, o) // a nested cgroup is its sandbox's
 			survives(t, ops, o)
@@ -134,7 +142,7 @@ func TestRulesPerSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("swapped", func(t *testing.T) {
-		for _, o := range []op{chroot, uring, packet} {
+		for _, o := range []op{chroot, uring, packet, cgwrite} {
 			killed(t, ops, opsCG, o)
 			survives(t, f.sandbox, o)
 		}
@@ -163,6 +171,7 @@ func TestRulesPerSandbox(t *testing.T) {
 		backstop.SBRSyscall | 161: kill(chrootID), backstop.SBRSyscall32 | 61: kill(chrootID),
 		backstop.SBRCategory | backstop.CatIOUring: kill(uringID), backstop.SBRSyscall32 | 425: kill(uringID),
 		backstop.SBRCategory | backstop.CatPacket: kill(packetID), backstop.SBRCategory | backstop.CatCompat: kill(compatID),
+		backstop.SBRCategory | backstop.CatCgroupWrite: kill(cgwriteID),
 	}
 	for what, r := range entries[2] {
 		if w, ok := want[what]; ok {
