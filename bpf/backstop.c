@@ -275,9 +275,10 @@ BS_MAP(bs_categories, BPF_MAP_TYPE_ARRAY, __u32, struct category_rule, CAT_MAX);
 
 /* Each sandbox's own syscall and category actions, so a sandbox whose
  * policy allows an operation is never killed because another sandbox
- * blocks it. About 80 entries per sandbox (x86_64 and i386 numbers, the
- * categories); only rules that are not allow are stored, plus allow
- * entries overriding the every-sandbox (id 0) set. */
+ * blocks it. Only rules that are not allow are stored (plus allow entries
+ * overriding the every-sandbox set, id 0), i386 numbers only where 32-bit
+ * calls run: about 50 entries per sandbox of the presets without BPF LSM,
+ * so some 1300 sandboxes (SetRules refuses more with a clear error). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);

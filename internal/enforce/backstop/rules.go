@@ -449,7 +449,9 @@ type sandboxTable map[uint32]Rule
 func (r SandboxRules) table() (sandboxTable, error) {
 	t := sandboxTable{}
 	set := func(what uint32, rule Rule) {
-		if rule.Action != enforce.ActionAllow {
+		// By i386 number only where 32-bit calls run at all: a compat
+		// rule decides every one of them before its number is looked at.
+		if rule.Action != enforce.ActionAllow && (what&sbrSyscall32 == 0 || r.Compat.Action == enforce.ActionAllow) {
 			t[what] = rule
 		}
 	}
