@@ -169,9 +169,9 @@ func TestRulesPerSandbox(t *testing.T) {
 	}
 	want := map[uint32]backstop.Rule{
 		// No i386 numbers: its compat rule decides every 32-bit call.
-		backstop.SBRSyscall | 161: kill(chrootID),
+		backstop.SBRSyscall | 161:                  kill(chrootID),
 		backstop.SBRCategory | backstop.CatIOUring: kill(uringID),
-		backstop.SBRCategory | backstop.CatPacket: kill(packetID), backstop.SBRCategory | backstop.CatCompat: kill(compatID),
+		backstop.SBRCategory | backstop.CatPacket:  kill(packetID), backstop.SBRCategory | backstop.CatCompat: kill(compatID),
 		backstop.SBRCategory | backstop.CatCgroupWrite: kill(cgwriteID),
 	}
 	for what, r := range entries[2] {
