@@ -280,17 +280,26 @@ func TestLSMSleeper(t *testing.T) {
 	os.Exit(0)
 }
 
-// firstMapping returns the start address of pid's first readable mapping.
+// firstMapping returns the start address of the first readable mapping
+// of pid's program file.
 func firstMapping(t *testing.T, pid int) uint64 {
 	t.Helper()
-	// The target may still be exec'ing: wait for its maps to show the binary.
+	// The target may still be exec'ing: cmd.Start returns once the exec
+	// is past the point of no return, before the loader has mapped the
+	// program, and the early stack mapping is moved once the arguments are
+	// in place (an address taken then gives EFAULT later). Wait for a
+	// mapping of the program itself, which stays where it is.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 		if err == nil {
 			for _, line := range strings.Split(string(data), "\n") {
 				f := strings.Fields(line)
-				if len(f) < 2 || !strings.HasPrefix(f[1], "r") {
+				if len(f) < 6 || !strings.HasPrefix(f[1], "r") || f[5] != self {
 					continue
 				}
 				start, _, _ := strings.Cut(f[0], "-")
