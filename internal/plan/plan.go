@@ -82,6 +82,11 @@ type Env struct {
 	// RequireLSM makes every blocking rule whose BPF LSM hook is missing
 	// a Missing entry (the agent then refuses to start).
 	RequireLSM bool
+	// IA32 is nil when this kernel runs 32-bit system calls (int 0x80),
+	// or why not (ia32.Available()). Where it does not, the plan has no
+	// 32-bit entries and the layer table says so instead of claiming a
+	// layer for them.
+	IA32 error
 }
 
 // Plan is everything the agent writes into the layers for one policy.
