@@ -19,6 +19,7 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/launch/ia32"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/plan"
@@ -118,7 +119,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 			log.Warn("the summary will not list refusals: cannot follow the agent's events", "err", err)
 		}
 		defer stop()
-		if execPlan, err = plan.Compile(pol, plan.Env{LSM: map[string]error{}}, plan.NewRuleTable()); err != nil {
+		if execPlan, err = plan.Compile(pol, plan.Env{LSM: map[string]error{}, IA32: ia32.Available()}, plan.NewRuleTable()); err != nil {
 			return err
 		}
 		// The agent records what seccomp and Landlock refuse only once

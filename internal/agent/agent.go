@@ -35,6 +35,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/escape"
 	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/launch/ia32"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
 	"github.com/watcherhq/watcher/internal/pipeline"
@@ -274,7 +275,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.startup.done("start dns proxy")
 	prepareToolDirs(pol)
 	env := plan.Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
-		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix(), AbsentProbeSockets: AbsentProbeSockets()}
+		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix(), AbsentProbeSockets: AbsentProbeSockets(), IA32: ia32.Available()}
 	if a.plan, err = plan.Compile(pol, env, a.rules); err != nil {
 		return a, err
 	}
@@ -622,7 +623,7 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 	prepareToolDirs(pol)
 	env := plan.Env{LSM: a.lsmStatus(), LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
 		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM, UnixSockets: a.egress.UnixErr(),
-		AbsentProbeSockets: AbsentProbeSockets()}
+		AbsentProbeSockets: AbsentProbeSockets(), IA32: ia32.Available()}
 	next, err := plan.Compile(pol, env, a.rules)
 	if err == nil && env.RequireLSM && len(next.Missing) > 0 {
 		err = fmt.Errorf("--require-lsm: no BPF LSM program can block %s", strings.Join(next.Missing, ", "))

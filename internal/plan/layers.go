@@ -36,6 +36,10 @@ const (
 	MechLaunch = recorder.MechanismSeccomp + "+" + recorder.MechanismLandlock
 	MechRecord = "record"
 	MechNone   = "none"
+	// MechUnavailable: the kernel itself offers no such operation (32-bit
+	// system calls where IA-32 emulation is off), so there is nothing to
+	// enforce and no layer to claim.
+	MechUnavailable = "n/a"
 )
 
 func (c *compiler) hook(name string) bool {

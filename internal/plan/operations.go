@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
@@ -232,7 +233,11 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	var l layer
 	if blocking(a) && atEntry {
 		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
-		l = layer{mech: MechEntry, notes: []string{"fentry: io_uring_enter, io_uring_register killed at entry, io_uring_setup on return when it made a ring (x86_64 and i386 entry points; nothing else pays for it)"}}
+		entries := "x86_64 and i386 entry points"
+		if c.env.IA32 != nil {
+			entries = "x86_64 entry points"
+		}
+		l = layer{mech: MechEntry, notes: []string{"fentry: io_uring_enter, io_uring_register killed at entry, io_uring_setup on return when it made a ring (" + entries + "; nothing else pays for it)"}}
 	} else {
 		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
 		l = layer{mech: MechKill, notes: []string{"backstop: io_uring_setup, io_uring_enter, io_uring_register (no LSM hook; killed at entry)"}}
@@ -410,16 +415,19 @@ func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id 
 		return l
 	}
 	c.bsCategory(sel, backstopAction(a), id)
-	const probed = "exec and i386 results judged on the VMAs of the first MiB"
+	probed, i386Call := "exec and i386 results judged on the VMAs of the first MiB", " or an i386 mapping call"
+	if c.env.IA32 != nil {
+		probed, i386Call = "exec results judged on the VMAs of the first MiB", ""
+	}
 	if blocking(a) && sb.Mode != policy.ModeRecord {
 		if len(l.lsmMissing) > 0 && !c.hook("mmap_addr") {
 			l.lsmMissing = append(slices.Clone(l.lsmMissing), "mmap_addr")
 		}
-		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; backstop: killed when mmap, mremap, shmat or an i386 mapping call returns with one, not refused "+
+		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; backstop: killed when mmap, mremap, shmat"+i386Call+" returns with one, not refused "+
 			"(the mapping exists until the kill lands: another thread of the process could use it in that window), and at exec when the ELF loader mapped one "+
 			"(a low ELF, MMAP_PAGE_ZERO: the new program never runs; "+probed+"); watcher exec: seccomp refuses them before the fact")
 	} else {
-		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; recorded by the backstop when mmap, mremap, shmat, an i386 mapping call or an exec leaves one ("+probed+")")
+		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; recorded by the backstop when mmap, mremap, shmat"+strings.Replace(i386Call, " or", ",", 1)+" or an exec leaves one ("+probed+")")
 	}
 	return l
 }
@@ -499,6 +507,14 @@ func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 // them.
 func (c *compiler) ia32Line(sb *policy.Sandbox, sid uint32) {
 	b := c.bs
+	if c.env.IA32 != nil {
+		// Nothing reaches the i386 table here: no compat rule, no entry by
+		// i386 number, and the line claims no layer (nor a missing one).
+		b.NoI386 = true
+		c.plan.Layers[c.ia32Layer] = control.Layer{Rule: sb.Name + ": ia32_syscalls", Mechanism: MechUnavailable,
+			Note: c.env.IA32.Error() + "; nothing to enforce (policy: " + string(orAllow(sb.Operations.IA32Syscalls)) + ")"}
+		return
+	}
 	var why []string
 	if slices.ContainsFunc(c.plan.Backstop.Paths, func(p backstop.PathRule) bool { return p.SandboxID == sid || p.SandboxID == 0 }) {
 		why = append(why, "file rules judged at open by the backstop")

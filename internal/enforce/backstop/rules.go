@@ -145,6 +145,10 @@ type SandboxRules struct {
 	// kill lands; another thread of the process could use it in between),
 	// before the exec'd program runs.
 	LowMapping Rule
+	// NoI386 says the kernel runs no 32-bit system calls (ia32.Available
+	// failed): Compat is not needed and no rule is keyed by i386 number,
+	// so the syscall tracepoints are not attached for them.
+	NoI386 bool
 }
 
 // DirKind says what a DirRule's place is.
@@ -451,7 +455,7 @@ func (r SandboxRules) table() (sandboxTable, error) {
 	set := func(what uint32, rule Rule) {
 		// By i386 number only where 32-bit calls run at all: a compat
 		// rule decides every one of them before its number is looked at.
-		if rule.Action != enforce.ActionAllow && (what&sbrSyscall32 == 0 || r.Compat.Action == enforce.ActionAllow) {
+		if rule.Action != enforce.ActionAllow && (what&sbrSyscall32 == 0 || r.Compat.Action == enforce.ActionAllow && !r.NoI386) {
 			t[what] = rule
 		}
 	}
