@@ -26,6 +26,7 @@ import (
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/launch/ia32"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -428,7 +429,8 @@ func (b *bed) inSandbox(tech, arg string) outcome {
 func (b *bed) viaExec(tech, arg string) outcome {
 	t := b.t
 	sb := b.pol.Sandbox("adv")
-	execPlan, err := plan.Compile(b.pol, plan.Env{LSM: map[string]error{}}, plan.NewRuleTable())
+	// IA32 as the agent sets it: the exec plan reflects this kernel.
+	execPlan, err := plan.Compile(b.pol, plan.Env{LSM: map[string]error{}, IA32: ia32.Available()}, plan.NewRuleTable())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package adversarial
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dangerous"
+	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
 
 // technique is one row of the suite.
@@ -25,6 +27,10 @@ type technique struct {
 	variant string // what it tries
 	// benign rows must work on every path.
 	benign bool
+	// int80: the row enters the kernel through int 0x80; where this
+	// kernel runs no 32-bit system calls (ia32.Available) it is not
+	// applicable: skipped with the reason and counted as such.
+	int80 bool
 	// afterTheFact: on the kill backstop the effect happens before the
 	// kill (a truncation, a chmod); the row then needs the kill and the
 	// record, and reports whether the effect stayed.
@@ -158,23 +164,23 @@ func resetWS(b *bed) {
 	}
 }
 
-// ia32 is what 32-bit system calls get: the LSM and cgroup hooks judge
+// ia32Want is what 32-bit system calls get: the LSM and cgroup hooks judge
 // kernel state whatever the entry, so on an LSM layer they are refused by
 // the rule they break, like 64-bit calls (the policy lets them run there,
 // see the ia32_syscalls layer line); the kill backstop keys its checks on
 // x86_64 numbers, so it kills every 32-bit call at entry; watcher exec's
 // seccomp arch guard refuses them.
-var ia32 = map[string]string{
+var ia32Want = map[string]string{
 	"sandbox/lsm": "refused", "sandbox/fmod_ret": "refused", "sandbox/backstop": "killed",
 	"exec/lsm": "refused", "exec/fmod_ret": "refused", "exec/backstop": "refused",
 }
 
 var techniques = []technique{
-	{class: 1, name: "ia32-open-read", variant: "int 0x80 open+read of a protected file", expect: ia32, achieved: leaked},
-	{class: 1, name: "ia32-openat-read", variant: "int 0x80 openat+read of a protected file", expect: ia32, achieved: leaked},
-	{class: 1, name: "ia32-mount", variant: "int 0x80 mount tmpfs", expect: ia32, achieved: mountedAt("m32")},
-	{class: 1, name: "ia32-socketcall-packet", variant: "int 0x80 socketcall(SYS_SOCKET, AF_PACKET)", expect: ia32, achieved: printed("PACKET-SOCKET")},
-	{class: 1, name: "ia32-kill-agent", variant: "int 0x80 kill(AGENT, SIGTERM)", expect: ia32, achieved: agentHurt},
+	{class: 1, name: "ia32-open-read", variant: "int 0x80 open+read of a protected file", int80: true, expect: ia32Want, achieved: leaked},
+	{class: 1, name: "ia32-openat-read", variant: "int 0x80 openat+read of a protected file", int80: true, expect: ia32Want, achieved: leaked},
+	{class: 1, name: "ia32-mount", variant: "int 0x80 mount tmpfs", int80: true, expect: ia32Want, achieved: mountedAt("m32")},
+	{class: 1, name: "ia32-socketcall-packet", variant: "int 0x80 socketcall(SYS_SOCKET, AF_PACKET)", int80: true, expect: ia32Want, achieved: printed("PACKET-SOCKET")},
+	{class: 1, name: "ia32-kill-agent", variant: "int 0x80 kill(AGENT, SIGTERM)", int80: true, expect: ia32Want, achieved: agentHurt},
 	{class: 1, name: "benign-read-ws", variant: "64-bit read in the workspace", benign: true, achieved: benignOK("hello from the workspace")},
 
 	{class: 2, name: "clone3-files-race", variant: "clone3 flags flipped to CLONE_FILES after the check", achieved: printed("SHARED")},
@@ -297,6 +303,8 @@ type row struct {
 	verdict   string
 	knownOpen string
 	event     string
+	na        string // why the row is not applicable here
+	failed    bool   // its subtest failed
 }
 
 // refusedAny reports whether some event refused or killed.
@@ -328,10 +336,25 @@ func eventSummary(e audit.Event) string {
 func TestAdversarial(t *testing.T) {
 	b := newBed(t)
 	t.Logf("layer enforcing file rules: %s", b.layer)
+	noIA32 := ia32.Available()
+	if noIA32 != nil {
+		t.Logf("rows through int 0x80 are not applicable here: %v", noIA32)
+	}
 	var rows []row
 	for _, tech := range techniques {
 		for _, path := range []string{"sandbox", "exec"} {
 			t.Run(tech.name+"/"+path, func(t *testing.T) {
+				// Deferred: a row that stopped the subtest (Fatal,
+				// Skip) is counted too.
+				r := row{tech: tech, path: path}
+				defer func() {
+					r.failed = t.Failed()
+					rows = append(rows, r)
+				}()
+				if tech.int80 && noIA32 != nil {
+					r.result, r.verdict, r.na = "n/a", "N/A", noIA32.Error()
+					t.Skipf("NOT APPLICABLE: %v", noIA32)
+				}
 				b.t = t
 				var arg string
 				if tech.setup != nil {
@@ -343,10 +366,9 @@ func TestAdversarial(t *testing.T) {
 				} else {
 					o = b.viaExec(tech.name, arg)
 				}
-				r := judge(t, b, tech, o)
+				r = judge(t, b, tech, o)
 				resetWS(b)
 				b.ensureAgent()
-				rows = append(rows, r)
 			})
 		}
 	}
@@ -359,6 +381,7 @@ func judge(t *testing.T, b *bed, tech technique, o outcome) row {
 	r := row{tech: tech, path: o.path, result: o.result}
 	if o.result == "n/a" {
 		r.verdict = "n/a"
+		r.na = naReason(o.out)
 		t.Logf("not applicable here:\n%s", o.out)
 		return r
 	}
@@ -463,6 +486,11 @@ func printTable(t *testing.T, b *bed, rows []row) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", s.tech.class, name, s.tech.variant, cell(s), cell(e), s.event)
 	}
 	tw.Flush()
+	var c tally
+	for _, r := range rows {
+		c.add(r.tech.name+"/"+r.path, r.failed, r.knownOpen != "", r.na)
+	}
+	c.write(&buf)
 	t.Logf("adversarial suite, layer %s:\n%s", b.layer, buf.String())
 	if out := os.Getenv("ADV_TABLE"); out != "" {
 		os.WriteFile(out, buf.Bytes(), 0o644)
@@ -485,27 +513,56 @@ func cell(r row) string {
 
 // TestDangerousList walks the one list (internal/dangerous): every entry,
 // through both syscall tables, is killed or refused in the sandbox and
-// refused under watcher exec.
+// refused under watcher exec. One subtest per entry and table
+// (NAME/x86_64, NAME/i386); where this kernel runs no 32-bit system calls
+// (ia32.Available) each NAME/i386 is skipped as not applicable.
 func TestDangerousList(t *testing.T) {
 	b := newBed(t)
+	noIA32 := ia32.Available()
+	if noIA32 != nil {
+		t.Logf("the i386 table is not applicable here: %v", noIA32)
+	}
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "SYSCALL\tHOOK\tx86_64 SANDBOX (%s)\tx86_64 EXEC\ti386 SANDBOX\ti386 EXEC\n", b.layer)
+	var c tally
 	for _, op := range dangerous.Ops {
-		cells := []string{}
-		for _, abi := range []string{"syscall64", "syscall32"} {
-			for _, path := range []string{"sandbox", "exec"} {
-				tech := abi + ":" + op.Name
-				b.t = t
-				var o outcome
-				if path == "sandbox" {
-					o = b.inSandbox(tech, "")
-				} else {
-					o = b.viaExec(tech, "")
+		cells := []string{"-", "-", "-", "-"}
+		for i, abi := range []struct{ tech, table string }{{"syscall64", "x86_64"}, {"syscall32", "i386"}} {
+			name := op.Name + "/" + abi.table
+			t.Run(name, func(t *testing.T) {
+				var na []string
+				defer func() {
+					var why string // set when both paths were n/a
+					if len(na) == 2 {
+						why = na[0]
+						if na[1] != na[0] {
+							why += "; " + na[1]
+						}
+					}
+					c.add(name, t.Failed(), false, why)
+				}()
+				if abi.tech == "syscall32" && noIA32 != nil {
+					cells[2*i], cells[2*i+1] = "N/A", "N/A"
+					na = []string{noIA32.Error(), noIA32.Error()}
+					t.Skipf("NOT APPLICABLE: %v", noIA32)
 				}
-				cells = append(cells, listVerdict(t, b, op, tech, o))
-				b.ensureAgent()
-			}
+				b.t = t
+				for j, path := range []string{"sandbox", "exec"} {
+					tech := abi.tech + ":" + op.Name
+					var o outcome
+					if path == "sandbox" {
+						o = b.inSandbox(tech, "")
+					} else {
+						o = b.viaExec(tech, "")
+					}
+					cells[2*i+j] = listVerdict(t, b, op, tech, o)
+					if o.result == "n/a" {
+						na = append(na, naReason(o.out))
+					}
+					b.ensureAgent()
+				}
+			})
 		}
 		hook := op.Hook
 		if hook == "" {
@@ -513,8 +570,74 @@ func TestDangerousList(t *testing.T) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", op.Name, hook, strings.Join(cells, "\t"))
 	}
+	b.t = t
 	tw.Flush()
+	c.write(&buf)
 	t.Logf("dangerous list:\n%s", buf.String())
+}
+
+// tally counts a suite's rows for its summary. A row not applicable here
+// (skipped: this kernel lacks what it needs; or reported n/a by the
+// attacker) is neither passed nor failed: it is counted and listed with
+// its reason.
+type tally struct {
+	passed, failed, open int
+	na                   map[string][]string // reason: rows
+	reasons              []string
+}
+
+// add counts one row: failed (its subtest failed), open (a known open or
+// flaky row, reported, not asserted), na (why it is not applicable, "" if
+// it is).
+func (c *tally) add(name string, failed, open bool, na string) {
+	switch {
+	case failed:
+		c.failed++
+	case na != "":
+		if c.na == nil {
+			c.na = map[string][]string{}
+		}
+		if _, ok := c.na[na]; !ok {
+			c.reasons = append(c.reasons, na)
+		}
+		c.na[na] = append(c.na[na], name)
+	case open:
+		c.open++
+	default:
+		c.passed++
+	}
+}
+
+func (c *tally) notApplicable() int {
+	n := 0
+	for _, rows := range c.na {
+		n += len(rows)
+	}
+	return n
+}
+
+func (c *tally) write(w io.Writer) {
+	fmt.Fprintf(w, "\nsummary: %d passed, %d failed, %d not applicable", c.passed, c.failed, c.notApplicable())
+	if c.open > 0 {
+		fmt.Fprintf(w, ", %d known open (reported, not asserted)", c.open)
+	}
+	fmt.Fprintln(w)
+	for _, why := range c.reasons {
+		fmt.Fprintf(w, "not applicable (%d): %s\n", len(c.na[why]), why)
+		for _, name := range c.na[why] {
+			fmt.Fprintf(w, "  %s\n", name)
+		}
+	}
+}
+
+// naReason is the attacker's reason for reporting n/a (its NA line).
+func naReason(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if why, ok := strings.CutPrefix(l, "NA "); ok {
+			return strings.TrimSpace(why)
+		}
+	}
+	return "reported n/a by the attacker"
 }
 
 func listVerdict(t *testing.T, b *bed, op dangerous.Op, tech string, o outcome) string {
