@@ -210,6 +210,7 @@ func TestVerdictCache(t *testing.T) {
 		v.refusedAfter(t, a, to, func() { v.host(t, "uringrename", a, to) })
 	})
 	t.Run("32-bit rename outside the sandbox", func(t *testing.T) {
+		need32(t)
 		a, to := v.file(t, v.allowed, "i386"), filepath.Join(v.blocked, "i386")
 		v.refusedAfter(t, a, to, func() { v.host(t, "int80rename", a, to) })
 	})
@@ -229,6 +230,7 @@ func TestVerdictCache(t *testing.T) {
 		moveCase(t, "mv-mnt", func(src, dst string) { must(t, unix.Mount(src, dst, "", unix.MS_MOVE, "")) })
 	})
 	t.Run("mount moved under blocked by a 32-bit mount", func(t *testing.T) {
+		need32(t)
 		moveCase(t, "mv-mnt32", func(src, dst string) { v.host(t, "int80move", src, dst) })
 	})
 	t.Run("bind mount under blocked", func(t *testing.T) {
