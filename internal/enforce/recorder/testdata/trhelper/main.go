@@ -1,5 +1,5 @@
 // Command trhelper generates syscalls for the trace tests and benchmarks:
-// trhelper getpid N | init_module | finit_module | deny SECRET PROG.
+// trhelper getpid N | init_module | finit_module | deny SECRET PROG [ia32].
 package main
 
 import (
@@ -16,7 +16,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: trhelper getpid N | init_module | finit_module | deny SECRET PROG")
+		fmt.Fprintln(os.Stderr, "usage: trhelper getpid N | init_module | finit_module | deny SECRET PROG [ia32]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -36,7 +36,7 @@ func main() {
 		}
 		fmt.Println("finit_module:", unix.FinitModule(int(f.Fd()), "", 0))
 	case "deny":
-		deny(os.Args[2], os.Args[3])
+		deny(os.Args[2], os.Args[3], len(os.Args) > 4 && os.Args[4] == "ia32")
 	default:
 		os.Exit(2)
 	}
@@ -50,14 +50,17 @@ func cstr(s string) uintptr {
 // deny makes operations the launcher's seccomp filter and Landlock ruleset
 // refuse, printing name=errno for each, with arguments that change nothing
 // where they are allowed. The last one is refused by the kernel itself,
-// after dropping root: seccomp allows it.
-func deny(secret, prog string) {
+// after dropping root: seccomp allows it. With32 adds an i386 ptrace
+// through int 0x80: the test asks for it where the kernel runs 32-bit
+// calls (elsewhere int 0x80 faults; in here the seccomp filter would
+// answer a probe of the helper's own).
+func deny(secret, prog string, with32 bool) {
 	report := func(name string, e syscall.Errno) { fmt.Printf("%s=%d\n", name, int(e)) }
 	_, _, e := unix.Syscall6(unix.SYS_MOUNT, cstr("none"), cstr("/nonexistent-watcher"), cstr("tmpfs"), 0, 0, 0)
 	report("mount", e)
 	_, _, e = unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_PEEKDATA, uintptr(os.Getppid()), 0, 0, 0, 0)
 	report("ptrace", e)
-	if ia32.Supported {
+	if with32 {
 		// i386 ptrace (26) through int 0x80.
 		report("ia32_ptrace", syscall.Errno(-ia32.Syscall(26, unix.PTRACE_PEEKDATA, uintptr(os.Getppid()), 0)))
 	}
