@@ -17,8 +17,9 @@ import (
 // lowMappingCalls place one page below vm.mmap_min_addr by each route of
 // dangerous.FixedMappings ("low_*"), and the benign neighbours: mappings
 // the kernel places, and fixed ones at the minimum ("ok_*"). Each unmaps
-// what it mapped.
-func lowMappingCalls() []call {
+// what it mapped. With32 adds the i386 mmap2 (int 0x80: only where the
+// kernel runs it).
+func lowMappingCalls(with32 bool) []call {
 	const page = 4096
 	min, _ := dangerous.MmapMinAddr()
 	atMin := uintptr((min + page - 1) &^ (page - 1))
@@ -72,7 +73,7 @@ func lowMappingCalls() []call {
 		{"ok_mremap_min", mremap(atMin)},
 		{"ok_shmat_anywhere", shmat(0)},
 	}
-	if ia32.Supported {
+	if with32 {
 		// i386 mmap2 (192) through int 0x80: the arch guard refuses the
 		// whole table under watcher exec.
 		calls = append(calls, call{"guard_ia32_mmap2_0", func() syscall.Errno {
@@ -108,8 +109,10 @@ func TestLowMappingsRefused(t *testing.T) {
 	if min == 0 {
 		t.Skip("vm.mmap_min_addr is 0: the kernel checks no capability for low mappings, nothing to refuse")
 	}
+	with32 := ia32Rows(t, "guard_ia32_mmap2_0")
+	mode := withIA32("lowmap", with32)
 	run := func(deny bool) map[string]syscall.Errno {
-		cfg := e.config("lowmap")
+		cfg := e.config(mode)
 		cfg.Restrictions.Seccomp.DenyLowMappings = deny
 		v, out := e.runConfig(t, cfg)
 		if v.Outcome != launch.OutcomeExited || v.ExitCode != 0 {
@@ -122,8 +125,8 @@ func TestLowMappingsRefused(t *testing.T) {
 	}
 	denied := run(true)
 	allowed := run(false)
-	out := parseResults(t, outside(t, "lowmap"))
-	for _, c := range lowMappingCalls() {
+	out := parseResults(t, outside(t, mode))
+	for _, c := range lowMappingCalls(with32) {
 		kind, _, _ := strings.Cut(c.name, "_")
 		want, wantAllowed := syscall.Errno(0), syscall.Errno(0)
 		switch kind {
