@@ -86,8 +86,13 @@ func TestMmapBelowMinAddr(t *testing.T) {
 		{Name: "mremap_fixed_0", Kind: "mremap_fixed", Num: 0},
 		{Name: "shmat_0x1000", Kind: "shmat_at", Num: 4096},
 	}
-	if ia32.Supported {
+	// The helper is on this kernel: decide here whether it makes the
+	// int 0x80 one.
+	if err := ia32.Available(); err == nil {
 		low = append(low, opSpec{Name: "mmap2_ia32_0", Kind: "mmap2_ia32", Num: 0})
+	} else {
+		t.Logf("mmap2_ia32_0: not made: %v", err)
+		t.Run("mmap2_ia32_0", func(t *testing.T) { t.Skip(err.Error()) })
 	}
 	benign := []opSpec{
 		{Name: "mmap_anywhere", Kind: "mmap_hint", Num: 0},
