@@ -1,6 +1,7 @@
-// Package adversarial holds the adversarial suite (see README.md); this
-// file is the one piece outside the tests: an i386 system call through
-// int 0x80 with five arguments, as a sandboxed attacker would make it.
+// Package adversarial holds the adversarial suite (described in the
+// top-level README, "The adversarial suite"); this file is the one piece
+// outside the tests: an i386 system call through int 0x80 with five
+// arguments, as a sandboxed attacker would make it.
 package adversarial
 
 import i386 "github.com/watcherhq/watcher/internal/launch/ia32"
