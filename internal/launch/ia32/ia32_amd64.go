@@ -16,5 +16,3 @@ func Syscall6(nr, a1, a2, a3, a4, a5, a6 uintptr) int32 {
 
 func syscall6(nr, a1, a2, a3, a4, a5, a6 uintptr) uintptr
 
-// Supported reports whether this build can make i386 syscalls.
-const Supported = true
