@@ -15,4 +15,3 @@ func Syscall6(nr, a1, a2, a3, a4, a5, a6 uintptr) int32 {
 }
 
 func syscall6(nr, a1, a2, a3, a4, a5, a6 uintptr) uintptr
-
