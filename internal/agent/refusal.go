@@ -19,6 +19,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/textesc"
 	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
@@ -265,10 +266,14 @@ func errnoName(n int64) string {
 }
 
 // WriteSummary prints the report for people (and agents reading stderr):
-// one table row per refusal, then the lines that would allow each.
+// one table row per refusal, then the lines that would allow each. The
+// sandbox names the paths, addresses and processes, so every field is
+// escaped for the terminal (textesc.String): one line per refusal, no
+// control sequence. WriteJSON keeps the exact text.
 func (rep *RunReport) WriteSummary(w io.Writer) {
+	q := textesc.String
 	if len(rep.Refusals) == 0 {
-		fmt.Fprintf(w, "watcher: nothing refused during this run (label=%s)\n", orDash(rep.Label))
+		fmt.Fprintf(w, "watcher: nothing refused during this run (label=%s)\n", q(orDash(rep.Label)))
 		return
 	}
 	total := 0
@@ -279,7 +284,7 @@ func (rep *RunReport) WriteSummary(w io.Writer) {
 	if rep.Mode == string(policy.ModeRecord) {
 		what = "would have been refused (record mode: they happened)"
 	}
-	fmt.Fprintf(w, "watcher: %d operation(s) %s during this run (label=%s, sandbox=%s):\n", total, what, orDash(rep.Label), rep.Sandbox)
+	fmt.Fprintf(w, "watcher: %d operation(s) %s during this run (label=%s, sandbox=%s):\n", total, what, q(orDash(rep.Label)), q(rep.Sandbox))
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "  #\tOPERATION\tPATH/ADDRESS\tRULE\tLAYER\tRESULT\tCOUNT\tPROCESS")
 	for i, r := range rep.Refusals {
@@ -291,15 +296,15 @@ func (rep *RunReport) WriteSummary(w io.Writer) {
 		if r.Errno != "" && r.Result == "refused" {
 			res += " (" + r.Errno + ")"
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", i+1, r.Operation, orDash(target), orDash(r.Rule), r.Layer, res, r.Count, r.Process)
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", i+1, q(r.Operation), q(orDash(target)), q(orDash(r.Rule)), q(r.Layer), q(res), r.Count, q(r.Process))
 	}
 	tw.Flush()
 	for i, r := range rep.Refusals {
 		for _, a := range r.Allow {
-			fmt.Fprintf(w, "  #%d would be allowed by: %s\n", i+1, a)
+			fmt.Fprintf(w, "  #%d would be allowed by: %s\n", i+1, q(a))
 		}
 		if r.Note != "" {
-			fmt.Fprintf(w, "  #%d: %s\n", i+1, r.Note)
+			fmt.Fprintf(w, "  #%d: %s\n", i+1, q(r.Note))
 		}
 	}
 	if rep.Killed {
