@@ -14,6 +14,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 func init() {
@@ -56,12 +57,19 @@ Answer with 'watcher approve ID' or 'watcher deny ID --reason ...'.`); err != ni
 		fmt.Fprintln(stdout, "no tool calls waiting for approval")
 		return nil
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	return printApprovals(stdout, pend, time.Now())
+}
+
+// printApprovals is the table of pending calls: the agent names the call,
+// the session, the tool and its arguments, so each is escaped for the
+// terminal (one row per call, no control sequence).
+func printApprovals(w io.Writer, pend []gateway.Pending, now time.Time) error {
+	q := textesc.String
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTOOL\tSESSION\tRULE\tWAITING\tDENIED IN\tARGUMENTS")
-	now := time.Now()
 	for _, p := range pend {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Tool, p.Session, p.Rule,
-			now.Sub(p.Since).Round(time.Second), p.Deadline.Sub(now).Round(time.Second), p.Arguments)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q(p.ID), q(p.Tool), q(p.Session), q(p.Rule),
+			now.Sub(p.Since).Round(time.Second), p.Deadline.Sub(now).Round(time.Second), q(p.Arguments))
 	}
 	return tw.Flush()
 }
@@ -91,9 +99,9 @@ kernel, and --by) and why.`, name, verb), 1)
 		return fmt.Errorf("%s %s: %w", name, pos[0], err)
 	}
 	if approve {
-		fmt.Fprintf(stdout, "approved %s\n", pos[0])
+		fmt.Fprintf(stdout, "approved %s\n", textesc.String(pos[0]))
 	} else {
-		fmt.Fprintf(stdout, "denied %s\n", pos[0])
+		fmt.Fprintf(stdout, "denied %s\n", textesc.String(pos[0]))
 	}
 	return nil
 }

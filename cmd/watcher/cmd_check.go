@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 func init() {
@@ -74,28 +75,32 @@ RESULT. Exit 0 when every check passed, 1 when one failed.`); err != nil {
 	return nil
 }
 
+// printCanary is the check table. A probe's target, error detail and the
+// cgroups frozen can name what a sandbox created, so every field is escaped
+// for the terminal with textesc.String.
 func printCanary(w io.Writer, reps []control.CanaryReport) {
+	q := textesc.String
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SANDBOX\tPATH\tCHECK\tTARGET\tEXPECTED\tGOT\tLAYER\tEVENT\tRESULT")
 	for _, rep := range reps {
 		if rep.Skipped != "" {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\tskipped: %s\n", rep.Sandbox, rep.Skipped)
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\tskipped: %s\n", q(rep.Sandbox), q(rep.Skipped))
 		}
 		for _, r := range rep.Results {
 			res := "ok"
 			if !r.OK {
 				res = "FAIL"
 				if r.Detail != "" {
-					res += ": " + r.Detail
+					res += ": " + q(r.Detail)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rep.Sandbox, r.Path, r.Check, r.Target, r.Expected, r.Got, r.Layer, r.Event, res)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q(rep.Sandbox), q(r.Path), q(r.Check), q(r.Target), q(r.Expected), q(r.Got), q(r.Layer), q(r.Event), res)
 		}
 	}
 	tw.Flush()
 	for _, rep := range reps {
 		if len(rep.Frozen) > 0 {
-			fmt.Fprintf(w, "\nsandbox %s frozen (on_canary_failure: freeze): %s; watcher thaw %s\n", rep.Sandbox, strings.Join(rep.Frozen, ", "), rep.Sandbox)
+			fmt.Fprintf(w, "\nsandbox %s frozen (on_canary_failure: freeze): %s; watcher thaw %s\n", q(rep.Sandbox), q(strings.Join(rep.Frozen, ", ")), q(rep.Sandbox))
 		}
 	}
 }

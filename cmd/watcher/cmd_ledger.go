@@ -15,6 +15,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
+	"github.com/watcherhq/watcher/internal/textesc"
 	"golang.org/x/mod/sumdb/note"
 )
 
@@ -224,9 +225,12 @@ func runLedgerCat(ctx context.Context, name string, args []string, stdout, stder
 	}
 }
 
-// recordText is the one-line human form of a record.
+// recordText is the one-line human form of a record. Free-form fields are
+// strconv.Quote'd, the others passed through textesc.String: no field a
+// sandbox named can hold a control sequence or a line break.
 func recordText(r *ledger.Record) string {
 	e := &r.Event
+	q := textesc.String
 	sb := e.Sandbox.Name
 	if sb == "" && e.Sandbox.CgroupID != 0 {
 		sb = "cgroup:" + strconv.FormatUint(e.Sandbox.CgroupID, 10)
@@ -235,39 +239,39 @@ func recordText(r *ledger.Record) string {
 		sb = "-"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d %s %-14s %-8s %s", r.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000000Z"), e.Kind, e.Verdict, sb)
+	fmt.Fprintf(&b, "%d %s %-14s %-8s %s", r.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000000Z"), q(string(e.Kind)), q(string(e.Verdict)), q(sb))
 	if e.Process.PID != 0 || e.Process.Comm != "" {
 		fmt.Fprintf(&b, " pid=%d comm=%s", e.Process.PID, strconv.Quote(e.Process.Comm))
 	}
 	if e.Rule != "" {
-		fmt.Fprintf(&b, " rule=%s", e.Rule)
+		fmt.Fprintf(&b, " rule=%s", q(e.Rule))
 	}
 	switch {
 	case e.Tool != nil:
-		b.WriteString(toolText(e.Tool))
+		b.WriteString(toolText(e.Tool, q))
 	case e.File != nil:
 		fmt.Fprintf(&b, " path=%s", strconv.Quote(e.File.Path))
 	case e.DNS != nil:
-		fmt.Fprintf(&b, " name=%s", e.DNS.Name)
+		fmt.Fprintf(&b, " name=%s", q(e.DNS.Name))
 		if e.DNS.QType != "" {
-			fmt.Fprintf(&b, " qtype=%s", e.DNS.QType)
+			fmt.Fprintf(&b, " qtype=%s", q(e.DNS.QType))
 		}
 		if e.DNS.Reason != "" {
 			fmt.Fprintf(&b, " reason=%s", strconv.Quote(e.DNS.Reason))
 		}
 	case e.Net != nil:
-		fmt.Fprintf(&b, " %s %s:%d", e.Net.Op, e.Net.Addr, e.Net.Port)
+		fmt.Fprintf(&b, " %s %s:%d", q(e.Net.Op), q(e.Net.Addr), e.Net.Port)
 	case e.Mount != nil:
-		fmt.Fprintf(&b, " %s %s", e.Mount.Op, strconv.Quote(e.Mount.Target))
+		fmt.Fprintf(&b, " %s %s", q(e.Mount.Op), strconv.Quote(e.Mount.Target))
 	case e.Target != nil:
 		fmt.Fprintf(&b, " target=%d", e.Target.PID)
 	case e.Syscall != nil:
-		fmt.Fprintf(&b, " syscall=%s(%d)", e.Syscall.Name, e.Syscall.Nr)
+		fmt.Fprintf(&b, " syscall=%s(%d)", q(e.Syscall.Name), e.Syscall.Nr)
 	case e.Loss != nil:
-		fmt.Fprintf(&b, " lost=%d stage=%s", e.Loss.Count, e.Loss.Stage)
+		fmt.Fprintf(&b, " lost=%d stage=%s", e.Loss.Count, q(e.Loss.Stage))
 	case e.Summary != nil:
 		for _, row := range e.Summary.Rows {
-			fmt.Fprintf(&b, " %s/%s=%d/%d", row.Sandbox, row.Kind, row.Kept, row.Seen)
+			fmt.Fprintf(&b, " %s/%s=%d/%d", q(row.Sandbox), q(string(row.Kind)), row.Kept, row.Seen)
 		}
 	}
 	if r := e.Repeat; r != nil {
@@ -278,13 +282,13 @@ func recordText(r *ledger.Record) string {
 		fmt.Fprintf(&b, " args=%q", e.Process.Args)
 	}
 	if l := e.Sandbox.Labels["label"]; l != "" && e.Tool == nil {
-		fmt.Fprintf(&b, " call=%s", l)
+		fmt.Fprintf(&b, " call=%s", q(l))
 	}
 	if e.Message != "" {
 		fmt.Fprintf(&b, " msg=%s", strconv.Quote(e.Message))
 	}
 	if len(e.Redacted) > 0 {
-		fmt.Fprintf(&b, " redacted=%s", strings.Join(e.Redacted, ","))
+		fmt.Fprintf(&b, " redacted=%s", q(strings.Join(e.Redacted, ",")))
 	}
 	return b.String()
 }

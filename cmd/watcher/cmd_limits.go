@@ -14,6 +14,7 @@ import (
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 // execLimits applies a sandbox's limits to the `watcher exec` leaf (and
@@ -163,9 +164,9 @@ func printUsage(w io.Writer, st *control.Status) {
 		if u.PIDsLimit > 0 {
 			pids = fmt.Sprint(u.PIDsLimit)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s%s\t%s\t%s%s\t%d\t%d\t%s\n", s.Name, s.Path, cpu,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s%s\t%s\t%s%s\t%d\t%d\t%s\n", textesc.String(s.Name), textesc.String(s.Path), cpu,
 			of(policy.FormatBytes(u.MemoryBytes), mem), pct(float64(u.MemoryBytes), float64(u.MemoryLimit)), policy.FormatBytes(u.MemoryPeak),
-			of(fmt.Sprint(u.PIDs), pids), pct(float64(u.PIDs), float64(u.PIDsLimit)), u.OOMKills, u.PIDsMaxHits, u.Mechanism)
+			of(fmt.Sprint(u.PIDs), pids), pct(float64(u.PIDs), float64(u.PIDsLimit)), u.OOMKills, u.PIDsMaxHits, textesc.String(u.Mechanism))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 func init() {
@@ -102,7 +103,11 @@ func canaryFailures(st *control.Status) []string {
 	return out
 }
 
+// printStatus is the status for people. Cgroup paths (a sandbox with a
+// delegated cgroup names its children), notes and names are escaped for the
+// terminal with textesc.String.
 func printStatus(w io.Writer, st *control.Status) {
+	q := textesc.String
 	fmt.Fprintf(w, "agent       up, pid %d, since %s\n", st.PID, st.Started.Format("2006-01-02 15:04:05"))
 	k := st.Kernel
 	lsm := "active"
@@ -113,18 +118,18 @@ func printStatus(w io.Writer, st *control.Status) {
 		}
 	}
 	if !k.BPFLSM {
-		lsm = "unavailable: " + k.BPFLSMWhy
+		lsm = "unavailable: " + q(k.BPFLSMWhy)
 	}
-	fmt.Fprintf(w, "kernel      %s; BPF LSM %s\n", k.Release, lsm)
-	fmt.Fprintf(w, "cgroup2     %s   bpffs %s   landlock ABI %d\n", k.Cgroup2, k.BPFFS, k.LandlockABI)
-	fmt.Fprintf(w, "ledger      %s: %d records, head #%d %s", st.Ledger.Dir, st.Ledger.Records, st.Ledger.HeadSeq, short(st.Ledger.HeadHash))
+	fmt.Fprintf(w, "kernel      %s; BPF LSM %s\n", q(k.Release), lsm)
+	fmt.Fprintf(w, "cgroup2     %s   bpffs %s   landlock ABI %d\n", q(k.Cgroup2), q(k.BPFFS), k.LandlockABI)
+	fmt.Fprintf(w, "ledger      %s: %d records, head #%d %s", q(st.Ledger.Dir), st.Ledger.Records, st.Ledger.HeadSeq, q(short(st.Ledger.HeadHash)))
 	if !st.Ledger.LastCheckpoint.IsZero() {
 		fmt.Fprintf(w, ", checkpoint %s", st.Ledger.LastCheckpoint.Format("15:04:05"))
 	}
 	fmt.Fprintln(w)
 	var losses []string
 	for stage, n := range st.Losses {
-		losses = append(losses, fmt.Sprintf("%s=%d", stage, n))
+		losses = append(losses, fmt.Sprintf("%s=%d", q(stage), n))
 	}
 	sort.Strings(losses)
 	if len(losses) == 0 {
@@ -135,7 +140,7 @@ func printStatus(w io.Writer, st *control.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SANDBOX\tMODE\tCGROUP\tFROZEN\tESCAPE\tDENIED\tKILLED\tRECORDED\tALLOWED")
 	for _, s := range st.Sandboxes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%.1f\t%d\t%d\t%d\t%d\n", s.Name, s.Mode, s.Path, s.Frozen, s.Escape,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%.1f\t%d\t%d\t%d\t%d\n", q(s.Name), q(s.Mode), q(s.Path), s.Frozen, s.Escape,
 			s.Events["denied"], s.Events["killed"], s.Events["recorded"], s.Events["allowed"])
 	}
 	tw.Flush()
@@ -144,7 +149,7 @@ func printStatus(w io.Writer, st *control.Status) {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tENFORCED BY\tNOTE")
 	for _, l := range st.Layers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", l.Rule, l.Mechanism, l.Note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", q(l.Rule), q(l.Mechanism), q(l.Note))
 	}
 	tw.Flush()
 }
@@ -176,7 +181,7 @@ func runThaw(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := control.NewClient(*socket).Thaw(fs.Arg(0)); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "sandbox %s thawed\n", fs.Arg(0))
+	fmt.Fprintf(stdout, "sandbox %s thawed\n", textesc.String(fs.Arg(0)))
 	return nil
 }
 
@@ -213,6 +218,7 @@ func runUnpin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // canarySummary is the status line of the sandboxes' last canary runs.
 func canarySummary(st *control.Status) string {
+	q := textesc.String
 	var parts []string
 	seen := map[string]bool{}
 	for _, s := range st.Sandboxes {
@@ -223,13 +229,13 @@ func canarySummary(st *control.Status) string {
 		seen[s.Name] = true
 		switch {
 		case c == nil:
-			parts = append(parts, s.Name+": not run yet")
+			parts = append(parts, q(s.Name)+": not run yet")
 		case c.Skipped != "" && c.Failures == 0:
-			parts = append(parts, fmt.Sprintf("%s: skipped at %s (%s)", s.Name, c.Time.Format("15:04:05"), c.Skipped))
+			parts = append(parts, fmt.Sprintf("%s: skipped at %s (%s)", q(s.Name), c.Time.Format("15:04:05"), q(c.Skipped)))
 		case c.Failures > 0:
-			parts = append(parts, fmt.Sprintf("%s: FAILED %d of %d at %s", s.Name, c.Failures, len(c.Results), c.Time.Format("15:04:05")))
+			parts = append(parts, fmt.Sprintf("%s: FAILED %d of %d at %s", q(s.Name), c.Failures, len(c.Results), c.Time.Format("15:04:05")))
 		default:
-			parts = append(parts, fmt.Sprintf("%s: %d checks passed at %s", s.Name, len(c.Results), c.Time.Format("15:04:05")))
+			parts = append(parts, fmt.Sprintf("%s: %d checks passed at %s", q(s.Name), len(c.Results), c.Time.Format("15:04:05")))
 		}
 	}
 	if len(parts) == 0 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/tail"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 func init() {
@@ -90,7 +91,7 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return fmt.Errorf("read events: %w", err)
 		}
 		if m.Notice != "" {
-			fmt.Fprintln(stderr, "watcher tail:", m.Notice)
+			fmt.Fprintln(stderr, "watcher tail:", textesc.String(m.Notice))
 			continue
 		}
 		if m.Event != nil {
@@ -111,7 +112,9 @@ func splitList(s string) []string {
 	return out
 }
 
-// compactLine renders an event like `tetra getevents -o compact`.
+// compactLine renders an event like `tetra getevents -o compact`: one
+// line, every field escaped for the terminal (a process named with escape
+// sequences must not erase or hide its own line).
 func compactLine(e *audit.Event, color bool) string {
 	icon, paint := "·", ""
 	switch e.Verdict {
@@ -122,11 +125,12 @@ func compactLine(e *audit.Event, color bool) string {
 	case audit.VerdictRecorded:
 		icon, paint = "📝", "\x1b[33m"
 	}
+	q := textesc.String
 	var b strings.Builder
 	if color && paint != "" {
 		b.WriteString(paint)
 	}
-	fmt.Fprintf(&b, "%s %s %-8s %-10s", icon, e.Time.Format("15:04:05.000"), e.Verdict, e.Kind)
+	fmt.Fprintf(&b, "%s %s %-8s %-10s", icon, e.Time.Format("15:04:05.000"), q(string(e.Verdict)), q(string(e.Kind)))
 	sb := e.Sandbox.Name
 	if sb == "" && e.Sandbox.CgroupID != 0 {
 		sb = fmt.Sprint(e.Sandbox.CgroupID)
@@ -138,17 +142,17 @@ func compactLine(e *audit.Event, color bool) string {
 		sb += "/" + l
 	}
 	if sb != "" {
-		fmt.Fprintf(&b, " [%s]", sb)
+		fmt.Fprintf(&b, " [%s]", q(sb))
 	}
 	if e.Process.TGID != 0 {
-		fmt.Fprintf(&b, " %s(%d)", e.Process.Comm, e.Process.TGID)
+		fmt.Fprintf(&b, " %s(%d)", q(e.Process.Comm), e.Process.TGID)
 	}
-	b.WriteString(" " + detailText(e))
+	b.WriteString(" " + eventDetail(e, q))
 	if e.Rule != "" {
-		fmt.Fprintf(&b, " rule=%s", e.Rule)
+		fmt.Fprintf(&b, " rule=%s", q(e.Rule))
 	}
 	if e.Mechanism != "" {
-		fmt.Fprintf(&b, " by=%s", e.Mechanism)
+		fmt.Fprintf(&b, " by=%s", q(e.Mechanism))
 	}
 	if r := e.Repeat; r != nil {
 		fmt.Fprintf(&b, " repeated=%d over %s", r.Count, r.Last.Sub(r.First).Round(time.Millisecond))
@@ -156,38 +160,47 @@ func compactLine(e *audit.Event, color bool) string {
 	if color && paint != "" {
 		b.WriteString("\x1b[0m")
 	}
-	// One event, one line: arguments and messages may hold newlines.
-	return lineBreaks.Replace(b.String())
+	return b.String()
 }
 
-var lineBreaks = strings.NewReplacer("\n", `\n`, "\r", `\r`)
+// detailText is an event's detail as it is, for slog (whose text handler
+// quotes and escapes what needs it).
+func detailText(e *audit.Event) string { return eventDetail(e, plain) }
 
-func detailText(e *audit.Event) string {
+func plain(s string) string { return s }
+
+// eventDetail is an event's detail with each field passed through q
+// (textesc.String for the terminal).
+func eventDetail(e *audit.Event, q func(string) string) string {
 	switch {
 	case e.Tool != nil:
-		return strings.TrimSpace(toolText(e.Tool))
+		return strings.TrimSpace(toolText(e.Tool, q))
 	case e.File != nil:
-		return e.File.Path
+		return q(e.File.Path)
 	case e.Mount != nil:
-		return strings.TrimSpace(e.Mount.Op + " " + e.Mount.Source + " " + e.Mount.Target)
+		return strings.TrimSpace(q(e.Mount.Op) + " " + q(e.Mount.Source) + " " + q(e.Mount.Target))
 	case e.Target != nil:
-		return fmt.Sprintf("target=%d %s", e.Target.PID, e.Target.Comm)
+		return fmt.Sprintf("target=%d %s", e.Target.PID, q(e.Target.Comm))
 	case e.DNS != nil:
-		s := e.DNS.Name + " " + e.DNS.QType
+		s := q(e.DNS.Name) + " " + q(e.DNS.QType)
 		if e.DNS.Reason != "" {
-			s += " (" + e.DNS.Reason + ")"
+			s += " (" + q(e.DNS.Reason) + ")"
 		}
 		return s
 	case e.Net != nil:
-		return fmt.Sprintf("%s %s:%d %s", e.Net.Op, e.Net.Addr, e.Net.Port, e.Net.Reason)
+		return fmt.Sprintf("%s %s:%d %s", q(e.Net.Op), q(e.Net.Addr), e.Net.Port, q(e.Net.Reason))
 	case e.Syscall != nil:
-		return fmt.Sprintf("syscall %s(%d)", e.Syscall.Name, e.Syscall.Nr)
+		return fmt.Sprintf("syscall %s(%d)", q(e.Syscall.Name), e.Syscall.Nr)
 	case e.Loss != nil:
-		return fmt.Sprintf("lost %d at %s", e.Loss.Count, e.Loss.Stage)
+		return fmt.Sprintf("lost %d at %s", e.Loss.Count, q(e.Loss.Stage))
 	case e.Workspace != nil, e.Limit != nil:
-		return e.Message
+		return q(e.Message)
 	case len(e.Process.Args) > 0:
-		return strings.Join(e.Process.Args, " ")
+		args := make([]string, len(e.Process.Args))
+		for i, a := range e.Process.Args {
+			args[i] = q(a)
+		}
+		return strings.Join(args, " ")
 	}
-	return e.Message
+	return q(e.Message)
 }

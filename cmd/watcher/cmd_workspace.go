@@ -24,6 +24,7 @@ import (
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/textesc"
 	"github.com/watcherhq/watcher/internal/workspace"
 	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 )
@@ -192,7 +193,7 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	msg += ipcNote
 	if !*asJSON {
 		for _, o := range ipcRemoved {
-			fmt.Fprintln(stdout, "removed", o)
+			fmt.Fprintln(stdout, "removed", textesc.String(o)) // the sandbox named it
 		}
 		fmt.Fprintln(stdout, msg)
 	}
@@ -283,6 +284,8 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// printChanges is the table of workspace changes; the sandbox named the
+// paths, so they are escaped for the terminal with textesc.String.
 func printChanges(w io.Writer, changes []workspace.Change) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHANGE\tSIZE\tPATH")
@@ -293,7 +296,7 @@ func printChanges(w io.Writer, changes []workspace.Change) {
 			p += "/"
 		}
 		count[c.Kind]++
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Kind, policy.FormatBytes(c.Size), p)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Kind, policy.FormatBytes(c.Size), textesc.String(p))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "%d added, %d changed, %d deleted\n", count[workspace.Added], count[workspace.Changed], count[workspace.Deleted])

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 // command is one `watcher` subcommand. Each lives in its own cmd_*.go file
@@ -58,7 +59,7 @@ func main() {
 			code = ee.Code
 		}
 		if !errors.Is(err, errHelpShown) {
-			fmt.Fprintln(os.Stderr, "watcher:", err)
+			fmt.Fprintln(os.Stderr, errorText(err))
 		} else {
 			code = 0
 		}
@@ -67,6 +68,14 @@ func main() {
 }
 
 var errHelpShown = errors.New("help shown")
+
+// errorText is how main prints an error: on one line, escaped for the
+// terminal, as it may quote a path or a name a sandbox chose (a cgroup
+// lacking hardening, a failed canary probe, a file a rollback could not
+// remove). The parts of a joined error show as \n.
+func errorText(err error) string {
+	return "watcher: " + textesc.String(err.Error())
+}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {

@@ -35,12 +35,14 @@ func (f *recordFilter) matchCall(e *audit.Event) bool {
 	return true
 }
 
-// toolText is the human form of a gateway record.
-func toolText(t *audit.ToolDetail) string {
+// toolText is the human form of a gateway record, with the unquoted
+// fields passed through q (textesc.String for the terminal; the quoted ones
+// are strconv.Quote'd, which escapes as much).
+func toolText(t *audit.ToolDetail, q func(string) string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, " call=%s session=%s seq=%d tool=%s %s", t.CallID, t.Session, t.Seq, t.Tool, t.Stage)
+	fmt.Fprintf(&b, " call=%s session=%s seq=%d tool=%s %s", q(t.CallID), q(t.Session), t.Seq, q(t.Tool), q(t.Stage))
 	if t.Decision != "" {
-		fmt.Fprintf(&b, "=%s", t.Decision)
+		fmt.Fprintf(&b, "=%s", q(t.Decision))
 	}
 	if t.By != "" {
 		fmt.Fprintf(&b, " by=%s", strconv.Quote(t.By))
@@ -49,13 +51,13 @@ func toolText(t *audit.ToolDetail) string {
 		fmt.Fprintf(&b, " reason=%s", strconv.Quote(t.Reason))
 	}
 	if t.Arguments != "" {
-		fmt.Fprintf(&b, " arguments=%s", t.Arguments)
+		fmt.Fprintf(&b, " arguments=%s", q(t.Arguments))
 	}
 	if t.Result != "" {
 		fmt.Fprintf(&b, " summary=%s", strconv.Quote(t.Result))
 	}
 	if t.SHA256 != "" {
-		fmt.Fprintf(&b, " sha256=%s", t.SHA256)
+		fmt.Fprintf(&b, " sha256=%s", q(t.SHA256))
 	}
 	return b.String()
 }

@@ -10,12 +10,16 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/posture"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 // printPosture prints one row per sandbox cgroup with the hardening the
 // kernel reports for its processes, and returns the rows lacking an item
-// their sandbox requires.
+// their sandbox requires. Cgroup paths, container ids and mount paths are
+// escaped for the terminal with textesc.String; the rows returned are not
+// (they end in an error, which main escapes).
 func printPosture(w io.Writer, st *control.Status) (lacking []string) {
+	q := textesc.String
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SANDBOX\tCGROUP\tPROCS\tCAP_EFF\tCAP_BND\tNO_NEW_PRIVS\tSECCOMP\tUSER_NS\tUID0\tROOT\t/TMP\tWORKSPACE\tMEMORY\tCPU\tPIDS\tMISSING")
 	var caps []string
@@ -23,7 +27,7 @@ func printPosture(w io.Writer, st *control.Status) (lacking []string) {
 		p := s.Posture
 		name := "/" + strings.TrimPrefix(strings.TrimPrefix(s.Path, st.Kernel.Cgroup2), "/")
 		if p == nil {
-			fmt.Fprintf(tw, "%s\t%s\t(not read yet)\n", s.Name, name)
+			fmt.Fprintf(tw, "%s\t%s\t(not read yet)\n", q(s.Name), q(name))
 			continue
 		}
 		if p.Container != "" {
@@ -35,25 +39,27 @@ func printPosture(w io.Writer, st *control.Status) (lacking []string) {
 		if len(p.Missing) > 0 {
 			missing = strings.Join(p.Missing, ",")
 			lacking = append(lacking, fmt.Sprintf("%s %s: %s", s.Name, name, missing))
+			missing = q(missing)
 		}
+		sbName, name := q(s.Name), q(name)
 		lim := fmt.Sprintf("%s\t%s\t%s", posture.Limit(float64(p.Limits.MemoryBytes), "bytes"),
 			posture.Limit(float64(p.Limits.CPUMillis), "millicores"), posture.Limit(float64(p.Limits.PIDs), "count"))
 		if p.Procs == 0 {
-			fmt.Fprintf(tw, "%s\t%s\t0\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\n", s.Name, name, lim, missing)
+			fmt.Fprintf(tw, "%s\t%s\t0\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\n", sbName, name, lim, missing)
 			continue
 		}
 		var ws []string
 		for _, m := range p.Workspace {
-			ws = append(ws, m.Path+"="+posture.MountFlags(m))
+			ws = append(ws, q(m.Path+"="+posture.MountFlags(m)))
 		}
 		if len(ws) == 0 {
 			ws = []string{"-"}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, name, p.Procs,
-			posture.Caps(p.CapEff), posture.Caps(p.CapBnd), yesNo(p.NoNewPrivs), p.Seccomp, yesNo(p.UserNS), yesNo(p.RootUser),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sbName, name, p.Procs,
+			posture.Caps(p.CapEff), posture.Caps(p.CapBnd), yesNo(p.NoNewPrivs), q(p.Seccomp), yesNo(p.UserNS), yesNo(p.RootUser),
 			posture.MountFlags(p.Root), posture.MountFlags(p.Tmp), strings.Join(ws, " "), lim, missing)
 		if c := posture.Caps(p.CapEff); c != "none" && c != "all" {
-			caps = append(caps, fmt.Sprintf("  %s %s: %s", s.Name, name, posture.CapList(p.CapEff)))
+			caps = append(caps, fmt.Sprintf("  %s %s: %s", sbName, name, posture.CapList(p.CapEff)))
 		}
 	}
 	tw.Flush()
