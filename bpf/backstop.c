@@ -151,8 +151,26 @@ struct path_rule {
 	__u32 action;
 	__u32 rule_id;
 	__u32 ops; /* OP_* */
-	__u32 pad;
+	__u32 generation; /* bs_inode_rules: the file's i_generation (GEN_ANY) */
 };
+
+/* Inode entries name a file, not a number: an inode number freed by a
+ * deleted file goes to the next file created (ext4, xfs: often at once),
+ * and an entry written for the deleted file must not judge that one. An
+ * entry holds the i_generation its file had when the agent wrote it
+ * (filesystems draw a new one whenever they hand a number out again);
+ * GEN_ANY where the agent could not read it (procfs, overlayfs, btrfs,
+ * network filesystems): the number alone decides there. 0 is a real
+ * generation (files written by mkfs, such as an image's /etc/shadow). See
+ * internal/enforce/fileident.go. The field was padding before: the
+ * programs of an older agent, attached until this agent's replace them,
+ * read the same layout and ignore it. */
+#define GEN_ANY 0xffffffffu
+
+static __always_inline bool same_generation(__u32 entry, struct inode *inode)
+{
+	return entry == GEN_ANY || entry == BPF_CORE_READ(inode, i_generation);
+}
 
 /* Exact file rules are also keyed by inode, so hard links (another name
  * for the same inode) match too. */
@@ -247,7 +265,7 @@ struct dir_rule {
 	__u32 kind; /* DIR_* (0 for the default entry) */
 	__u32 action;
 	__u32 rule_id;
-	__u32 pad;
+	__u32 generation; /* the place's i_generation (GEN_ANY); ino 0 entries: unused */
 };
 
 const struct dir_key *unused_dir_key __attribute__((unused));
@@ -1152,11 +1170,16 @@ static __always_inline struct path_rule *match_inode(struct inode *inode, __u32 
 		.dev = BPF_CORE_READ(inode, i_sb, s_dev),
 		.sandbox_id = sandbox_id,
 	};
+	/* An entry of another file with this number is no entry: the
+	 * sandbox's own first, then the every-sandbox one. */
 	struct path_rule *pr = bpf_map_lookup_elem(&bs_inode_rules, &k);
-	if (pr)
+	if (pr && same_generation(pr->generation, inode))
 		return pr;
 	k.sandbox_id = 0;
-	return bpf_map_lookup_elem(&bs_inode_rules, &k);
+	pr = bpf_map_lookup_elem(&bs_inode_rules, &k);
+	if (pr && same_generation(pr->generation, inode))
+		return pr;
+	return NULL;
 }
 
 /* file_ident is what a file event says of the file beside its path. */
@@ -1706,15 +1729,21 @@ static long dir_walk_step(__u64 i, void *arg)
 	struct dentry *d = w->d;
 	if (!d)
 		return 1;
+	struct inode *inode = BPF_CORE_READ(d, d_inode);
 	struct dir_key k = {
-		.ino = BPF_CORE_READ(d, d_inode, i_ino),
+		.ino = BPF_CORE_READ(inode, i_ino),
 		.dev = w->dev,
 		.sandbox_id = w->sandbox_id,
 	};
+	/* An entry of another file with this number is no entry. */
 	struct dir_rule *r = bpf_map_lookup_elem(&bs_dirs, &k);
+	if (r && !same_generation(r->generation, inode))
+		r = NULL;
 	if (!r) {
 		k.sandbox_id = 0; /* rules of every sandbox */
 		r = bpf_map_lookup_elem(&bs_dirs, &k);
+		if (r && !same_generation(r->generation, inode))
+			r = NULL;
 	}
 	if (r) {
 		w->found = *r;

@@ -161,14 +161,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lsm_exec_rules SEC(".maps");
 
+/* Inode entries name a file, not a number: an inode number freed by a
+ * deleted file goes to the next file created (ext4, xfs: often at once),
+ * and an entry written for the deleted file must not judge that one. An
+ * entry holds the i_generation its file had when the agent wrote it
+ * (filesystems draw a new one whenever they hand a number out again);
+ * GEN_ANY where the agent could not read it (procfs, overlayfs, btrfs,
+ * network filesystems): the number alone decides there. 0 is a real
+ * generation (files written by mkfs). See internal/enforce/fileident.go.
+ * (lsm_ino_rules, the table before, held no generation: a new name, so
+ * an older agent's pin is never adopted with the wrong layout.) */
+#define GEN_ANY 0xffffffffu
+
+struct ino_rule {
+	struct access_rule rule;
+	__u32 generation; /* i_generation of the file, or GEN_ANY */
+	__u32 pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct ino_key);
-	__type(value, struct access_rule);
+	__type(value, struct ino_rule);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lsm_ino_rules SEC(".maps");
+} lsm_inode_rules SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -278,6 +296,7 @@ const struct mount_event *unused_mount_event __attribute__((unused));
 const struct module_event *unused_module_event __attribute__((unused));
 const struct path_key *unused_path_key __attribute__((unused));
 const struct ino_key *unused_ino_key __attribute__((unused));
+const struct ino_rule *unused_ino_rule __attribute__((unused));
 const struct fs_key *unused_fs_key __attribute__((unused));
 const struct dev_key *unused_dev_key __attribute__((unused));
 const struct access_rule *unused_access_rule __attribute__((unused));
@@ -825,6 +844,7 @@ struct file_facts {
 	__u32 dev;   /* kernel dev_t of the filesystem */
 	__u32 rdev;  /* device nodes: the device's dev_t */
 	__u32 mode;  /* i_mode: type and permission bits */
+	__u32 generation; /* i_generation */
 };
 
 static __always_inline void facts_of(struct file_facts *f, struct inode *inode, struct super_block *s)
@@ -832,10 +852,12 @@ static __always_inline void facts_of(struct file_facts *f, struct inode *inode, 
 	f->ino = 0;
 	f->mode = 0;
 	f->rdev = 0;
+	f->generation = 0;
 	if (inode) {
 		f->ino = BPF_CORE_READ(inode, i_ino);
 		f->mode = BPF_CORE_READ(inode, i_mode);
 		f->rdev = BPF_CORE_READ(inode, i_rdev);
+		f->generation = BPF_CORE_READ(inode, i_generation);
 	}
 	f->dev = BPF_CORE_READ(s, s_dev);
 	f->magic = BPF_CORE_READ(s, s_magic);
@@ -846,7 +868,10 @@ static __always_inline void judge_file_tables(struct file_verdict *v, __u32 sid,
 					      const struct file_facts *f, bool write)
 {
 	struct ino_key ik = { .sandbox_id = sid, .dev = f->dev, .ino = f->ino };
-	consider(v, bpf_map_lookup_elem(&lsm_ino_rules, &ik), write, MATCH_INODE);
+	struct ino_rule *ir = bpf_map_lookup_elem(&lsm_inode_rules, &ik);
+	/* An entry of another file with this number is no match. */
+	if (ir && (ir->generation == GEN_ANY || ir->generation == f->generation))
+		consider(v, &ir->rule, write, MATCH_INODE);
 
 	struct fs_key fk = { .sandbox_id = sid, .magic = f->magic };
 	consider(v, bpf_map_lookup_elem(&lsm_fs_rules, &fk), write, MATCH_FS);

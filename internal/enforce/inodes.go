@@ -23,8 +23,17 @@ const MaxTreeInodes = 8192
 // Symlinks are skipped (opening one opens its target, judged on its own)
 // and never followed. It stops once budget entries were listed (budget is
 // decremented) and reports whether it did. A missing dir lists nothing.
-func TreeInodes(dir string, budget *int, fn func(path string, st *unix.Stat_t)) (capped bool, err error) {
+// Each file comes with its generation (IdentifyFile), so an entry made
+// from it never matches a later file that reuses the inode number.
+func TreeInodes(dir string, budget *int, fn func(path string, id *FileID)) (capped bool, err error) {
+	return treeWalk(dir, budget, true, fn)
+}
+
+// treeWalk is TreeInodes; without generations when gen is false (the
+// files' FileID then holds only their lstat, with GenerationAny).
+func treeWalk(dir string, budget *int, gen bool, fn func(path string, id *FileID)) (capped bool, err error) {
 	dir = filepath.Clean(dir)
+	var ident identifier
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, werr error) error {
 		if werr != nil {
 			if p == dir && errors.Is(werr, fs.ErrNotExist) {
@@ -39,12 +48,19 @@ func TreeInodes(dir string, budget *int, fn func(path string, st *unix.Stat_t)) 
 			capped = true
 			return fs.SkipAll
 		}
-		var st unix.Stat_t
-		if unix.Lstat(p, &st) != nil {
-			return nil
+		var id FileID
+		var ierr error
+		if gen {
+			id, ierr = ident.identify(p, false)
+		} else {
+			id.Generation = GenerationAny
+			ierr = unix.Lstat(p, &id.Stat_t)
+		}
+		if ierr != nil || id.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return nil // gone meanwhile, or replaced by a symlink
 		}
 		*budget--
-		fn(p, &st)
+		fn(p, &id)
 		return nil
 	})
 	if errors.Is(err, fs.SkipAll) {
@@ -67,8 +83,8 @@ func WatchDirs(exact, prefixes []string, max int) []string {
 	}
 	budget := MaxTreeInodes
 	for _, p := range prefixes {
-		TreeInodes(strings.TrimSuffix(p, "/"), &budget, func(path string, st *unix.Stat_t) {
-			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		treeWalk(strings.TrimSuffix(p, "/"), &budget, false, func(path string, id *FileID) {
+			if id.Mode&unix.S_IFMT == unix.S_IFDIR {
 				set[path] = true
 			}
 		})

@@ -52,11 +52,11 @@ type backstopDirKey struct {
 }
 
 type backstopDirRule struct {
-	_      structs.HostLayout
-	Kind   uint32
-	Action uint32
-	RuleId uint32
-	Pad    uint32
+	_          structs.HostLayout
+	Kind       uint32
+	Action     uint32
+	RuleId     uint32
+	Generation uint32
 }
 
 type backstopFileEvent struct {
@@ -111,11 +111,11 @@ type backstopPathKey struct {
 }
 
 type backstopPathRule struct {
-	_      structs.HostLayout
-	Action uint32
-	RuleId uint32
-	Ops    uint32
-	Pad    uint32
+	_          structs.HostLayout
+	Action     uint32
+	RuleId     uint32
+	Ops        uint32
+	Generation uint32
 }
 
 type backstopSandbox struct {

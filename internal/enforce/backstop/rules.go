@@ -67,7 +67,9 @@ type Rules struct {
 	Sandboxes map[uint32]SandboxRules
 	// Paths lists path rules. Exact rules on existing files also match the
 	// file's inode, so hard links match; call SetRules again when such a
-	// file is replaced (a new inode).
+	// file is replaced (a new inode). An inode entry matches the file it
+	// was written for, not a later file given the same inode number
+	// (enforce.FileID).
 	Paths []PathRule
 	// UnixPaths are the socket paths each sandbox whose egress restricts
 	// unix sockets may connect to ("/dir/" for everything below a
@@ -388,15 +390,17 @@ func (b *Backstop) setDirs(r Rules) error {
 			want[backstopDirKey{SandboxId: d.SandboxID}] = backstopDirRule{Action: d.Action, RuleId: d.ID}
 			continue
 		}
-		var st syscall.Stat_t
-		if err := syscall.Stat(d.Path, &st); err != nil {
+		id, err := enforce.IdentifyFile(d.Path, true)
+		if err != nil {
 			continue
 		}
-		k := backstopDirKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: d.SandboxID}
+		k := backstopDirKey{Ino: id.Ino, Dev: devOf(id.Dev), SandboxId: d.SandboxID}
 		if cur, ok := want[k]; ok && cur.Kind == uint32(DirProtected) {
 			continue // protection wins over an allowance on the same inode
 		}
-		want[k] = backstopDirRule{Kind: uint32(d.Kind), Action: d.Action, RuleId: d.ID}
+		// With the generation: a later file reusing the number is
+		// another place (enforce.FileID).
+		want[k] = backstopDirRule{Kind: uint32(d.Kind), Action: d.Action, RuleId: d.ID, Generation: id.Generation}
 	}
 	if len(want) > 0 {
 		devs, err := mountedDevs()
@@ -647,17 +651,20 @@ func (b *Backstop) setPaths(rules []PathRule) error {
 		if p.Prefix {
 			continue
 		}
-		var st syscall.Stat_t
-		if err := syscall.Stat(p.Path, &st); err != nil {
+		id, err := enforce.IdentifyFile(p.Path, true)
+		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				continue // nothing to hard-link to (yet)
 			}
 			return fmt.Errorf("backstop path rule %q: %w", p.Path, err)
 		}
-		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		if id.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			continue
 		}
-		wantInodes[backstopInodeKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: p.SandboxID}] = v
+		// The entry names this file (its generation), not whatever file
+		// gets the number once it is deleted.
+		v.Generation = id.Generation
+		wantInodes[backstopInodeKey{Ino: id.Ino, Dev: devOf(id.Dev), SandboxId: p.SandboxID}] = v
 	}
 	if err := treeInodes(rules, wantInodes); err != nil {
 		return err
@@ -681,13 +688,13 @@ func treeInodes(rules []PathRule, want map[backstopInodeKey]backstopPathRule) er
 		if !p.Prefix || p.Ops&OpRead == 0 || p.Action == 0 || p.Path == "/" {
 			continue
 		}
-		_, err := enforce.TreeInodes(strings.TrimSuffix(p.Path, "/"), &budget, func(path string, st *unix.Stat_t) {
-			r := longestRule(rules, p.SandboxID, path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
-			ik := backstopInodeKey{Ino: st.Ino, Dev: devOf(st.Dev), SandboxId: p.SandboxID}
+		_, err := enforce.TreeInodes(strings.TrimSuffix(p.Path, "/"), &budget, func(path string, id *enforce.FileID) {
+			r := longestRule(rules, p.SandboxID, path, id.Mode&unix.S_IFMT == unix.S_IFDIR)
+			ik := backstopInodeKey{Ino: id.Ino, Dev: devOf(id.Dev), SandboxId: p.SandboxID}
 			if _, exact := want[ik]; r == nil || r.Action == 0 || exact {
 				return
 			}
-			want[ik] = backstopPathRule{Action: r.Action, RuleId: r.ID, Ops: uint32(r.Ops)}
+			want[ik] = backstopPathRule{Action: r.Action, RuleId: r.ID, Ops: uint32(r.Ops), Generation: id.Generation}
 		})
 		if err != nil {
 			return fmt.Errorf("backstop inodes below %q: %w", p.Path, err)

@@ -86,6 +86,13 @@ type lsmInoKey struct {
 	Ino       uint64
 }
 
+type lsmInoRule struct {
+	_          structs.HostLayout
+	Rule       lsmAccessRule
+	Generation uint32
+	Pad        uint32
+}
+
 type lsmMembership struct {
 	_         structs.HostLayout
 	Gen       uint64
@@ -241,7 +248,7 @@ const (
 	lsmMapLsmDevRules                  = "lsm_dev_rules"
 	lsmMapLsmExecRules                 = "lsm_exec_rules"
 	lsmMapLsmFsRules                   = "lsm_fs_rules"
-	lsmMapLsmInoRules                  = "lsm_ino_rules"
+	lsmMapLsmInodeRules                = "lsm_inode_rules"
 	lsmMapLsmKeyScratch                = "lsm_key_scratch"
 	lsmMapLsmMmapMinAddr               = "lsm_mmap_min_addr"
 	lsmMapLsmOpRules                   = "lsm_op_rules"
@@ -356,6 +363,7 @@ const (
 	lsmVarUnusedFileEvent              = "unused_file_event"
 	lsmVarUnusedFsKey                  = "unused_fs_key"
 	lsmVarUnusedInoKey                 = "unused_ino_key"
+	lsmVarUnusedInoRule                = "unused_ino_rule"
 	lsmVarUnusedModuleEvent            = "unused_module_event"
 	lsmVarUnusedMountEvent             = "unused_mount_event"
 	lsmVarUnusedOpKey                  = "unused_op_key"
@@ -514,7 +522,7 @@ type lsmMapSpecs struct {
 	LsmDevRules      *ebpf.MapSpec `ebpf:"lsm_dev_rules"`
 	LsmExecRules     *ebpf.MapSpec `ebpf:"lsm_exec_rules"`
 	LsmFsRules       *ebpf.MapSpec `ebpf:"lsm_fs_rules"`
-	LsmInoRules      *ebpf.MapSpec `ebpf:"lsm_ino_rules"`
+	LsmInodeRules    *ebpf.MapSpec `ebpf:"lsm_inode_rules"`
 	LsmKeyScratch    *ebpf.MapSpec `ebpf:"lsm_key_scratch"`
 	LsmMmapMinAddr   *ebpf.MapSpec `ebpf:"lsm_mmap_min_addr"`
 	LsmOpRules       *ebpf.MapSpec `ebpf:"lsm_op_rules"`
@@ -542,6 +550,7 @@ type lsmVariableSpecs struct {
 	UnusedFileEvent       *ebpf.VariableSpec `ebpf:"unused_file_event"`
 	UnusedFsKey           *ebpf.VariableSpec `ebpf:"unused_fs_key"`
 	UnusedInoKey          *ebpf.VariableSpec `ebpf:"unused_ino_key"`
+	UnusedInoRule         *ebpf.VariableSpec `ebpf:"unused_ino_rule"`
 	UnusedModuleEvent     *ebpf.VariableSpec `ebpf:"unused_module_event"`
 	UnusedMountEvent      *ebpf.VariableSpec `ebpf:"unused_mount_event"`
 	UnusedOpKey           *ebpf.VariableSpec `ebpf:"unused_op_key"`
@@ -579,7 +588,7 @@ type lsmMaps struct {
 	LsmDevRules      *ebpf.Map `ebpf:"lsm_dev_rules"`
 	LsmExecRules     *ebpf.Map `ebpf:"lsm_exec_rules"`
 	LsmFsRules       *ebpf.Map `ebpf:"lsm_fs_rules"`
-	LsmInoRules      *ebpf.Map `ebpf:"lsm_ino_rules"`
+	LsmInodeRules    *ebpf.Map `ebpf:"lsm_inode_rules"`
 	LsmKeyScratch    *ebpf.Map `ebpf:"lsm_key_scratch"`
 	LsmMmapMinAddr   *ebpf.Map `ebpf:"lsm_mmap_min_addr"`
 	LsmOpRules       *ebpf.Map `ebpf:"lsm_op_rules"`
@@ -603,7 +612,7 @@ func (m *lsmMaps) Close() error {
 		m.LsmDevRules,
 		m.LsmExecRules,
 		m.LsmFsRules,
-		m.LsmInoRules,
+		m.LsmInodeRules,
 		m.LsmKeyScratch,
 		m.LsmMmapMinAddr,
 		m.LsmOpRules,
@@ -632,6 +641,7 @@ type lsmVariables struct {
 	UnusedFileEvent       *ebpf.Variable `ebpf:"unused_file_event"`
 	UnusedFsKey           *ebpf.Variable `ebpf:"unused_fs_key"`
 	UnusedInoKey          *ebpf.Variable `ebpf:"unused_ino_key"`
+	UnusedInoRule         *ebpf.Variable `ebpf:"unused_ino_rule"`
 	UnusedModuleEvent     *ebpf.Variable `ebpf:"unused_module_event"`
 	UnusedMountEvent      *ebpf.Variable `ebpf:"unused_mount_event"`
 	UnusedOpKey           *ebpf.Variable `ebpf:"unused_op_key"`

@@ -253,7 +253,8 @@ type PathRule struct {
 	// ("/etc/sudoers" covers /etc/sudoers.d/x). A Path ending in "/" also
 	// matches the directory itself. False: exactly Path; an exact rule
 	// also matches the file's inode (as it is when the rules are set), so
-	// hard links to it are judged the same.
+	// hard links to it are judged the same; that file only, not a later
+	// one given its inode number (enforce.FileID).
 	Prefix bool
 	// Access is what the rule judges; the other access inherits from the
 	// longest enclosing prefix rule. Zero means both.
@@ -449,10 +450,12 @@ func buildPaths(rules []PathRule) (map[string]*pathEntry, error) {
 // prefixInodes adds inode entries for the files below prefix rules that
 // judge reads, each with the rule its own path gets (the longest matching
 // entry: an allowed file below a protected directory stays allowed), as
-// the files are now. A file created, moved in or replaced later needs
-// another SetRules (the agent watches these directories). Exact rules'
-// entries win over these.
-func prefixInodes(sid uint32, entries map[string]*pathEntry, inodes map[lsmInoKey]lsmAccessRule) error {
+// the files are now (each entry with the file's generation: a file
+// deleted later does not lend its entry to the next file given the
+// number). A file created, moved in or replaced later needs another
+// SetRules (the agent watches these directories). Exact rules' entries
+// win over these.
+func prefixInodes(sid uint32, entries map[string]*pathEntry, inodes map[lsmInoKey]lsmInoRule) error {
 	var prefixes []string
 	for key, e := range entries {
 		if !strings.HasSuffix(key, "\x00") && e.rule.ReadAction != enforce.ActionAllow && key != "/" {
@@ -466,14 +469,14 @@ func prefixInodes(sid uint32, entries map[string]*pathEntry, inodes map[lsmInoKe
 		exact[k] = true
 	}
 	for _, pfx := range prefixes {
-		_, err := enforce.TreeInodes(strings.TrimSuffix(pfx, "/"), &budget, func(path string, st *unix.Stat_t) {
-			e := longestEntry(entries, path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+		_, err := enforce.TreeInodes(strings.TrimSuffix(pfx, "/"), &budget, func(path string, id *enforce.FileID) {
+			e := longestEntry(entries, path, id.Mode&unix.S_IFMT == unix.S_IFDIR)
 			if e == nil || (e.rule.ReadAction == enforce.ActionAllow && e.rule.WriteAction == enforce.ActionAllow) {
 				return
 			}
-			ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(st.Dev), Ino: st.Ino}
+			ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(id.Dev), Ino: id.Ino}
 			if !exact[ik] {
-				inodes[ik] = e.rule
+				inodes[ik] = lsmInoRule{Rule: e.rule, Generation: id.Generation}
 			}
 		})
 		if err != nil {
@@ -541,30 +544,32 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 		return err
 	}
 	paths := map[lsmPathKey]lsmAccessRule{}
-	inodes := map[lsmInoKey]lsmAccessRule{}
+	inodes := map[lsmInoKey]lsmInoRule{}
 	for key, e := range entries {
 		paths[pathKey(sid, key)] = e.rule
 		if !strings.HasSuffix(key, "\x00") {
 			continue
 		}
-		// Exact rules also match the file's identity (hard links).
-		var st unix.Stat_t
-		if err := unix.Stat(strings.TrimSuffix(key, "\x00"), &st); err != nil {
+		// Exact rules also match the file's identity (hard links): its
+		// inode number and generation, so the entry never judges a later
+		// file given the number (enforce.FileID).
+		id, err := enforce.IdentifyFile(strings.TrimSuffix(key, "\x00"), true)
+		if err != nil {
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EACCES) {
 				continue
 			}
-			return fmt.Errorf("stat %q: %w", strings.TrimSuffix(key, "\x00"), err)
+			return fmt.Errorf("identify %q: %w", strings.TrimSuffix(key, "\x00"), err)
 		}
-		ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(st.Dev), Ino: st.Ino}
+		ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(id.Dev), Ino: id.Ino}
 		if old, ok := inodes[ik]; ok {
 			// Two exact paths naming one file: keep the stricter per access.
 			set := AccessAll
-			merge(&old, &set, AccessRead, Decision{e.rule.ReadAction, e.rule.ReadRule})
-			merge(&old, &set, AccessWrite, Decision{e.rule.WriteAction, e.rule.WriteRule})
+			merge(&old.Rule, &set, AccessRead, Decision{e.rule.ReadAction, e.rule.ReadRule})
+			merge(&old.Rule, &set, AccessWrite, Decision{e.rule.WriteAction, e.rule.WriteRule})
 			inodes[ik] = old
 			continue
 		}
-		inodes[ik] = e.rule
+		inodes[ik] = lsmInoRule{Rule: e.rule, Generation: id.Generation}
 	}
 	if err := prefixInodes(sid, entries, inodes); err != nil {
 		return err
@@ -660,7 +665,7 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err := enforce.PutAll(m["lsm_exec_rules"], execs); err != nil {
 		return err
 	}
-	if err := enforce.PutAll(m["lsm_ino_rules"], inodes); err != nil {
+	if err := enforce.PutAll(m["lsm_inode_rules"], inodes); err != nil {
 		return err
 	}
 	if err := enforce.PutAll(m["lsm_fs_rules"], fs); err != nil {
@@ -692,7 +697,7 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err := enforce.PruneMap(m["lsm_exec_rules"], func(k lsmPathKey) bool { _, keep := execs[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
-	if err := enforce.PruneMap(m["lsm_ino_rules"], func(k lsmInoKey) bool { _, keep := inodes[k]; return k.SandboxId != sid || keep }); err != nil {
+	if err := enforce.PruneMap(m["lsm_inode_rules"], func(k lsmInoKey) bool { _, keep := inodes[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
 	if err := enforce.PruneMap(m["lsm_fs_rules"], func(k lsmFsKey) bool { _, keep := fs[k]; return k.SandboxId != sid || keep }); err != nil {
