@@ -283,11 +283,14 @@ type ToolDetail struct {
 	By string `json:"by,omitempty"`
 	// Reason says why (the approver's reason, the refusal, the error).
 	Reason string `json:"reason,omitempty"`
-	// Arguments are the call's arguments as JSON, cut at a few KiB.
+	// Arguments are the call's arguments as JSON (request records): the
+	// exact bytes the tool decodes, cut only past 256 KiB (Reason then
+	// says so; SHA256 is of them all).
 	Arguments string `json:"arguments,omitempty"`
 	// Result summarises the outcome (exit code, sizes, refusals).
 	Result string `json:"result,omitempty"`
-	// SHA256 is the hash of the content written or read, hex.
+	// SHA256 is the hash of the content written or read, hex; in a
+	// request record, of the exact argument bytes.
 	SHA256 string `json:"sha256,omitempty"`
 }
 

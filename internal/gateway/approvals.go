@@ -19,17 +19,24 @@ import (
 // Pending is a call waiting for a human.
 type Pending struct {
 	// ID is what `watcher approve ID` names: SANDBOX/CALL_ID.
-	ID        string    `json:"id"`
-	Sandbox   string    `json:"sandbox"`
-	Session   string    `json:"session"`
-	CallID    string    `json:"call_id"`
-	Tool      string    `json:"tool"`
-	Arguments string    `json:"arguments"`
-	Rule      string    `json:"rule"`
-	Why       string    `json:"why"`
-	Peer      string    `json:"peer,omitempty"`
-	Since     time.Time `json:"since"`
-	Deadline  time.Time `json:"deadline"`
+	ID      string `json:"id"`
+	Sandbox string `json:"sandbox"`
+	Session string `json:"session"`
+	CallID  string `json:"call_id"`
+	Tool    string `json:"tool"`
+	// Arguments are the call's arguments whole: the exact bytes the
+	// request record holds and the tool decodes (valid UTF-8, checked by
+	// checkArguments; at most MaxApprovalArgumentBytes).
+	Arguments string `json:"arguments"`
+	// ArgumentsBytes is their length, ArgumentsSHA256 their SHA-256 (hex,
+	// also in the request record); approvals.decide can be bound to it.
+	ArgumentsBytes  int       `json:"arguments_bytes"`
+	ArgumentsSHA256 string    `json:"arguments_sha256"`
+	Rule            string    `json:"rule"`
+	Why             string    `json:"why"`
+	Peer            string    `json:"peer,omitempty"`
+	Since           time.Time `json:"since"`
+	Deadline        time.Time `json:"deadline"`
 }
 
 type waiter struct {
@@ -94,8 +101,10 @@ func (a *approvals) list() []Pending {
 }
 
 // decide answers the pending call id (SANDBOX/CALL_ID, or a CALL_ID that
-// is pending in one sandbox only).
-func (a *approvals) decide(id string, ans toolproto.Answer) *toolproto.Error {
+// is pending in one sandbox only). With sum, only a call whose arguments
+// have that SHA-256 is answered: the approver decides on the bytes it was
+// shown, not on another call that took the id since.
+func (a *approvals) decide(id, sum string, ans toolproto.Answer) *toolproto.Error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	w := a.pending[id]
@@ -115,6 +124,10 @@ func (a *approvals) decide(id string, ans toolproto.Answer) *toolproto.Error {
 	}
 	if w == nil {
 		return rpcErr(toolproto.CodeInvalidParams, toolproto.TypeNotFound, "no pending call %q (it may have timed out; see watcher approvals)", id)
+	}
+	if sum != "" && !strings.EqualFold(sum, w.p.ArgumentsSHA256) {
+		return rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, "the arguments of pending call %s have SHA-256 %s, not %s: nothing decided (see watcher approvals --show %s)",
+			w.p.ID, w.p.ArgumentsSHA256, sum, w.p.ID)
 	}
 	delete(a.pending, w.p.ID)
 	w.ch <- ans
@@ -137,6 +150,8 @@ type decideParams struct {
 	// By is the name the approver claims (recorded beside the kernel's
 	// uid of the connecting process).
 	By string `json:"by"`
+	// ArgumentsSHA256, when set, must be the pending call's (see decide).
+	ArgumentsSHA256 string `json:"arguments_sha256,omitempty"`
 }
 
 // serveAdmin serves approvals.list and approvals.decide on the root-only
@@ -180,7 +195,7 @@ func (m *Manager) serveAdmin(ln net.Listener) {
 					if p.By != "" && !strings.Contains(who, "("+p.By+")") {
 						by += " as " + strconv.Quote(p.By)
 					}
-					if e := m.approvals.decide(p.ID, toolproto.Answer{Approved: p.Approve, By: by, Reason: p.Reason}); e != nil {
+					if e := m.approvals.decide(p.ID, p.ArgumentsSHA256, toolproto.Answer{Approved: p.Approve, By: by, Reason: p.Reason}); e != nil {
 						cn.reply(req.ID, nil, e)
 						continue
 					}
@@ -228,7 +243,13 @@ func (c AdminClient) List() ([]Pending, error) {
 
 // Decide approves or denies a pending call; by is the approver's name.
 func (c AdminClient) Decide(id string, approve bool, reason, by string) error {
-	return c.call("approvals.decide", decideParams{ID: id, Approve: approve, Reason: reason, By: by}, nil)
+	return c.DecideExact(id, "", approve, reason, by)
+}
+
+// DecideExact is Decide for the pending call only if its arguments have
+// the SHA-256 sum (hex; "" for any).
+func (c AdminClient) DecideExact(id, sum string, approve bool, reason, by string) error {
+	return c.call("approvals.decide", decideParams{ID: id, Approve: approve, Reason: reason, By: by, ArgumentsSHA256: sum}, nil)
 }
 
 func (c AdminClient) call(method string, params, out any) error {

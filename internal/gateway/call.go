@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -23,8 +24,6 @@ const (
 	defaultMaxArgument = 256 << 10
 	defaultMaxOutput   = 64 << 10
 	defaultAskTimeout  = 5 * time.Minute
-	// maxRecordedArgs caps the arguments copied into each ledger record.
-	maxRecordedArgs = 4 << 10
 )
 
 func withDefaults(sb *policy.Sandbox) *policy.Sandbox {
@@ -47,17 +46,22 @@ func withDefaults(sb *policy.Sandbox) *policy.Sandbox {
 
 // call is one tool call in progress.
 type call struct {
-	g       *sandboxGateway
-	sb      *policy.Sandbox
-	act     *sessionCall
-	peer    string
-	cred    *unix.Ucred // the caller's, from the kernel
-	argsRec string
+	g    *sandboxGateway
+	sb   *policy.Sandbox
+	act  *sessionCall
+	peer string
+	cred *unix.Ucred // the caller's, from the kernel
+	// args are the call's arguments, the exact bytes that are recorded,
+	// shown to an approver and decoded by the tool; argsSum their SHA-256.
+	args    json.RawMessage
+	argsSum string
 }
 
 func (g *sandboxGateway) toolRequest(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
 	var p toolproto.ToolParams
-	if e := decodeParams(raw, &p); e != nil {
+	// The arguments are checked by run, so that their refusal is recorded
+	// as the call's; the rest of the params here.
+	if e := decodeParamsSkipping(raw, &p, "arguments"); e != nil {
 		return nil, e
 	}
 	if p.Tool == "" {
@@ -101,7 +105,7 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolproto.ToolParams
 	if !idPattern.MatchString(p.Session) {
 		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"session" must be 1-64 of letters, digits, '_', '.', '-'`)
 	}
-	if len(p.Arguments) == 0 {
+	if len(p.Arguments) == 0 || string(p.Arguments) == "null" {
 		p.Arguments = json.RawMessage("{}")
 	}
 	// Over the rate: refused before anything is recorded per call (a flood
@@ -120,15 +124,23 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolproto.ToolParams
 		e.Data.CallID = p.CallID
 		return nil, e
 	}
-	cl := &call{g: g, sb: sb, act: act, peer: c.peer, cred: c.cred, argsRec: capString(string(p.Arguments), maxRecordedArgs)}
+	cl := &call{g: g, sb: sb, act: act, peer: c.peer, cred: c.cred, args: p.Arguments, argsSum: argsSHA256(p.Arguments)}
 	cl.emit("request", "", c.peer, "", "", "", audit.VerdictRecorded)
 	var out any
 	var rerr *toolproto.Error
-	switch {
-	case len(p.Arguments) > sb.Tools.MaxArgumentBytes:
+	if len(p.Arguments) > sb.Tools.MaxArgumentBytes {
 		rerr = cl.deny("limit:max_argument_bytes", fmt.Sprintf("arguments are %d bytes, over the limit of %d", len(p.Arguments), sb.Tools.MaxArgumentBytes))
 		rerr.Code, rerr.Data.Type, rerr.Data.Limit = toolproto.CodeTooLarge, toolproto.TypeTooLarge, int64(sb.Tools.MaxArgumentBytes)
-	default:
+	} else if err := checkArguments(p.Arguments); err != nil {
+		// What a decoder reads from them could differ from what the
+		// record and an approver show: refused, whatever the policy.
+		rule, typ, hint := "arguments:invalid", toolproto.TypeInvalidParams, ""
+		if errors.Is(err, ErrAmbiguousArguments) {
+			rule, typ, hint = "arguments:ambiguous", toolproto.TypeAmbiguousArguments, ": send each key once, in one spelling, as valid UTF-8"
+		}
+		rerr = cl.deny(rule, fmt.Sprintf("refused: %v%s", err, hint))
+		rerr.Code, rerr.Data.Type = toolproto.CodeInvalidParams, typ
+	} else {
 		out, rerr = body(cl)
 	}
 	if rerr != nil {
@@ -164,7 +176,13 @@ func (cl *call) emit(stage, decision, by, reason, result, sha string, v audit.Ve
 		Tool: &audit.ToolDetail{CallID: a.CallID, Session: a.session, Seq: a.Seq, Tool: a.Tool, Stage: stage,
 			Decision: decision, By: by, Reason: reason, Result: result, SHA256: sha}}
 	if stage == "request" {
-		ev.Tool.Arguments = cl.argsRec
+		// The exact arguments and their SHA-256 (cut only past
+		// maxRecordedArgs, which the reason then says).
+		ev.Tool.Arguments, ev.Tool.SHA256 = string(cl.args), cl.argsSum
+		if len(cl.args) > maxRecordedArgs {
+			ev.Tool.Arguments = string(cutUTF8(cl.args, maxRecordedArgs))
+			ev.Tool.Reason = fmt.Sprintf("arguments are %d bytes: the record keeps the first %d; sha256 is of them all", len(cl.args), len(ev.Tool.Arguments))
+		}
 	}
 	cl.g.m.cfg.Emit(ev)
 }
@@ -184,11 +202,18 @@ func (cl *call) deny(rule, why string) *toolproto.Error {
 
 // ask holds the call until an approver answers or the timeout denies it.
 func (cl *call) ask(ctx context.Context, rule, why string) *toolproto.Error {
+	if err := checkApprovable(cl.args); err != nil {
+		// An approver is shown the whole arguments or none: no cut.
+		e := cl.deny(rule, fmt.Sprintf("refused: %v", err))
+		e.Code, e.Data.Type, e.Data.Limit = toolproto.CodeTooLarge, toolproto.TypeTooLargeForApproval, MaxApprovalArgumentBytes
+		return e
+	}
 	cl.act.setDecision("ask", rule)
 	cl.emit("decision", "ask", "policy", why, "", "", audit.VerdictRecorded)
 	timeout := cl.sb.Tools.AskTimeout.Duration
 	ans := cl.g.m.approvals.wait(ctx, Pending{Sandbox: cl.sb.Name, Session: cl.act.session, CallID: cl.act.CallID,
-		Tool: cl.act.Tool, Arguments: cl.argsRec, Rule: rule, Why: why, Peer: cl.peer}, timeout)
+		Tool: cl.act.Tool, Arguments: string(cl.args), ArgumentsBytes: len(cl.args), ArgumentsSHA256: cl.argsSum,
+		Rule: rule, Why: why, Peer: cl.peer}, timeout)
 	cl.act.setApproval(ans)
 	switch {
 	case ans.Approved:
@@ -212,6 +237,19 @@ func orNone(s string) string {
 		return "no reason given"
 	}
 	return s
+}
+
+// cutUTF8 is the longest prefix of b of at most n bytes that does not end
+// inside a UTF-8 sequence.
+func cutUTF8(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
+	}
+	i := n
+	for i > 0 && i > n-utf8.UTFMax && !utf8.RuneStart(b[i]) {
+		i--
+	}
+	return b[:i]
 }
 
 func capString(s string, n int) string {

@@ -15,7 +15,14 @@
 //	exchange.get   {name, call_id, session}
 //
 // Methods on SOCKET_DIR/gateway.sock (root only): approvals.list,
-// approvals.decide {id, approve, reason, by}.
+// approvals.decide {id, approve, reason, by, arguments_sha256}.
+//
+// A call's arguments are checked before the policy is consulted: JSON that
+// two decoders could read differently (a key twice, invalid UTF-8, ...) is
+// refused (TypeAmbiguousArguments). What the request record holds, what an
+// approver is shown and what the tool decodes are the same bytes; a call
+// held for approval with more than MaxApprovalArgumentBytes is refused
+// (TypeTooLargeForApproval), never shown cut.
 package gateway
 
 import (

@@ -69,6 +69,10 @@ func decodeRequest(frame []byte) (*toolproto.Request, *toolproto.Error) {
 	if !json.Valid(trimmed) {
 		return nil, rpcErr(toolproto.CodeParseError, toolproto.TypeParse, "frame is not valid JSON")
 	}
+	// The params are checked by their method's decoder.
+	if err := checkJSON(trimmed, "params"); err != nil {
+		return nil, rpcErr(toolproto.CodeInvalidRequest, toolproto.TypeInvalidRequest, "not a JSON-RPC 2.0 request: %v", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	dec.DisallowUnknownFields()
 	var req toolproto.Request
@@ -100,10 +104,22 @@ func decodeRequest(frame []byte) (*toolproto.Request, *toolproto.Error) {
 	return &req, nil
 }
 
-// decodeParams decodes params strictly into v.
+// decodeParams decodes params strictly into v: no unknown member, and
+// nothing two decoders could read differently (checkJSON; refused as
+// TypeAmbiguousArguments). Every method's params and every tool's
+// arguments are decoded here.
 func decodeParams(raw json.RawMessage, v any) *toolproto.Error {
+	return decodeParamsSkipping(raw, v, "")
+}
+
+// decodeParamsSkipping is decodeParams leaving the value of the top-level
+// member skip unchecked (its own decoder checks it).
+func decodeParamsSkipping(raw json.RawMessage, v any, skip string) *toolproto.Error {
 	if len(raw) == 0 {
 		raw = []byte("{}")
+	}
+	if err := checkJSON(raw, skip); err != nil {
+		return rpcErr(toolproto.CodeInvalidParams, toolproto.TypeAmbiguousArguments, "refused: %v: send each key once, in one spelling, as valid UTF-8", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()

@@ -113,4 +113,11 @@ const (
 	TypeToolFailed      = "tool_failed"
 	TypeDuplicateCall   = "duplicate_call"
 	TypeExchangeRefused = "exchange_refused"
+	// TypeAmbiguousArguments: params or arguments decoders could read
+	// differently (a key twice, keys equal but for case, invalid UTF-8, a
+	// lone surrogate escape, data after the value, an out-of-range number).
+	TypeAmbiguousArguments = "ambiguous_arguments"
+	// TypeTooLargeForApproval: a call the policy holds for approval has
+	// more argument bytes than an approver is shown whole (Data.Limit).
+	TypeTooLargeForApproval = "too_large_for_approval"
 )
