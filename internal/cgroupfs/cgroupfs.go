@@ -171,23 +171,19 @@ func Freeze(path string, frozen bool) error {
 	return nil
 }
 
-// Kill sends SIGKILL to every task in the cgroup subtree. After a write to
-// cgroup.kill, tasks later started into the cgroup with CLONE_INTO_CGROUP
-// die at once (kernel quirk), so killed cgroups must not be reused.
-func Kill(path string) error {
-	if err := os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0); err != nil {
-		return fmt.Errorf("kill %s: %w", path, err)
-	}
-	return nil
-}
+// removeWait bounds how long Remove waits for the killed tasks to go.
+const removeWait = 5 * time.Second
 
-// Remove kills what is left in the cgroup subtree and removes it, deepest
-// first. It waits briefly for killed tasks to leave.
+// Remove kills what is left in the cgroup subtree (frozen or not: Kill)
+// and removes it, deepest first. It waits up to 5 s for the killed tasks
+// to leave, and fails saying which are left rather than wait longer.
 func Remove(path string) error {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	_ = Kill(path)
+	if err := KillWait(path, removeWait); err != nil {
+		return fmt.Errorf("remove cgroup: %w", err)
+	}
 	var dirs []string
 	err := filepath.WalkDir(path, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
