@@ -83,14 +83,21 @@ func decodeSpec(v string) (childSpec, error) {
 }
 
 // IsChild reports whether this process was started by the launcher to
-// apply restrictions (Init will not return).
-func IsChild() bool { return os.Getenv(envSpec) != "" }
+// apply restrictions, or to reap a leaf (Init will not return).
+func IsChild() bool { return os.Getenv(envSpec) != "" || os.Getenv(envReaper) != "" }
 
 // Init must be called first thing in main (and in TestMain of tests that
 // launch commands). In a process started by the launcher it applies
 // no_new_privs, the Landlock ruleset and the seccomp filters and execs the
 // target; it never returns there. Anywhere else it returns at once.
+//
+// In a leaf's reaper (startReaper) it waits for the launcher to go, cleans
+// up what it left, and exits.
 func Init() {
+	initCalled = true
+	if leaf := os.Getenv(envReaper); leaf != "" {
+		reap(leaf)
+	}
 	v := os.Getenv(envSpec)
 	if v == "" {
 		return

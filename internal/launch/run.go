@@ -198,7 +198,10 @@ func leafName(label string) string {
 // Run launches the command and waits for it. The error is nil when the
 // command ran, whatever its exit status or timeout (see the Verdict); it
 // is set when nothing ran (breaker open, bad config, restrictions failed)
-// or the leaf cgroup could not be cleaned up.
+// or the leaf cgroup could not be cleaned up. A frozen leaf (either
+// freezer) is killed like any other, and every wait for killed processes
+// is bounded; should this process itself be killed while the command
+// runs, the leaf's reaper (startReaper) kills and removes the leaf.
 func Run(ctx context.Context, cfg Config) (Verdict, error) {
 	v := Verdict{Sandbox: cfg.Sandbox, Label: cfg.Label, ExitCode: -1,
 		Command: strings.Join(append([]string{cfg.Path}, cfg.Args...), " ")}
@@ -246,6 +249,9 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 	}
 	v.Cgroup = leaf
 	v.CgroupID, _ = cgroupfs.ID(leaf)
+	// Should this process die before it removes the leaf, the reaper
+	// does.
+	stopReaper := startReaper(leaf)
 	runErr := run(ctx, cfg, self, spec, leaf, &v)
 	if cfg.Leaf != nil {
 		cfg.Leaf.Exit(leaf)
@@ -253,11 +259,23 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 	if err := cgroupfs.Remove(leaf); err != nil {
 		runErr = errors.Join(runErr, fmt.Errorf("launch: %w", err))
 	}
+	stopReaper()
 	if cfg.Breaker != nil && v.Outcome != OutcomeFailed && v.Outcome != OutcomeCanceled {
 		cfg.Breaker.Record(cfg.Sandbox, v.Outcome == OutcomeKilled)
 	}
 	return v, runErr
 }
+
+// killWait bounds each wait of the launcher for killed processes: for
+// the leaf to empty, for the command to be reaped. A frozen leaf is killed
+// too (cgroupfs.Kill); past the bound the run ends with an error rather
+// than hang.
+const killWait = 10 * time.Second
+
+// pipeGrace is how long the command's output may still be copied once the
+// leaf is empty: only a process outside the leaf (one the command handed
+// its pipe to) can still hold it, and it does not hold the run up.
+const pipeGrace = 2 * time.Second
 
 func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) error {
 	reportR, reportW, err := os.Pipe()
@@ -293,7 +311,7 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 	// the process can be reaped with Process.Wait while leftovers in the
 	// cgroup are killed; our own copiers end when the last holder dies.
 	var copiers sync.WaitGroup
-	var closeAfterStart []*os.File
+	var closeAfterStart, readEnds []*os.File
 	stdio := func(w io.Writer) (*os.File, error) {
 		if w == nil {
 			return nil, nil
@@ -306,6 +324,7 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 			return nil, err
 		}
 		closeAfterStart = append(closeAfterStart, wr)
+		readEnds = append(readEnds, r)
 		copiers.Add(1)
 		go func() {
 			defer copiers.Done()
@@ -370,8 +389,9 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 	goW.Close()
 	if applied.Error != "" {
 		cmd.Process.Kill()
+		cgroupfs.KillWait(leaf, killWait) // it may be in the leaf already
 		cmd.Process.Wait()
-		copiers.Wait()
+		waitCopies(&copiers, readEnds)
 		v.Applied = applied
 		v.Outcome = OutcomeFailed
 		return fmt.Errorf("launch: %w: %s", ErrNotApplied, applied.Error)
@@ -390,13 +410,19 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 		return time.After(d)
 	}
 	warnC, termC, killC := timer(cfg.Timeouts.Warn), timer(cfg.Timeouts.Term), timer(cfg.Timeouts.Kill)
+	var reapC <-chan time.Time
 	var st *os.ProcessState
+	var waitErr error
 	canceled := false
 wait:
 	for {
 		select {
 		case st = <-waitc:
 			break wait
+		case <-reapC:
+			// Killed with its leaf, yet not reaped: it left the leaf.
+			reapC = nil
+			cmd.Process.Kill()
 		case <-warnC:
 			warnC = nil
 			v.Warned = true
@@ -411,19 +437,25 @@ wait:
 			killC = nil
 			v.Killed = true
 			cgroupfs.Kill(leaf)
+			reapC = time.After(killWait)
 		case <-ctx.Done():
 			canceled = true
 			v.Killed = true
-			cgroupfs.Kill(leaf)
-			st = <-waitc
+			st, waitErr = killAndReap(leaf, cmd.Process, waitc)
 			break wait
 		}
 	}
 	v.Duration = time.Since(start)
-	// Whatever the command left behind in its cgroup goes with it.
-	cgroupfs.Kill(leaf)
-	copiers.Wait()
+	// Whatever the command left behind in its cgroup goes with it, frozen
+	// or not. What cannot be killed in time is Run's error (the leaf is
+	// not removed).
+	cgroupfs.KillWait(leaf, killWait)
+	waitCopies(&copiers, readEnds)
 	v.Applied = applied
+	if st == nil {
+		v.Outcome = OutcomeCanceled
+		return waitErr
+	}
 
 	ws, _ := st.Sys().(syscall.WaitStatus)
 	switch {
@@ -445,6 +477,45 @@ wait:
 		v.Outcome = OutcomeExited
 	}
 	return nil
+}
+
+// killAndReap kills the leaf, frozen or not, and reaps the command, each
+// within killWait; a command that is not in the leaf any more (it moved
+// itself out) is killed directly. It gives up with an error rather than
+// wait longer.
+func killAndReap(leaf string, p *os.Process, waitc <-chan *os.ProcessState) (*os.ProcessState, error) {
+	killErr := cgroupfs.KillWait(leaf, killWait)
+	select {
+	case st := <-waitc:
+		return st, nil
+	case <-time.After(killWait):
+	}
+	p.Kill()
+	select {
+	case st := <-waitc:
+		return st, nil
+	case <-time.After(killWait):
+	}
+	return nil, errors.Join(fmt.Errorf("launch: the command (pid %d) did not end within %v of its kill", p.Pid, 2*killWait), killErr)
+}
+
+// waitCopies waits for the output copiers; past pipeGrace it closes their
+// read ends, which ends them.
+func waitCopies(copiers *sync.WaitGroup, readEnds []*os.File) {
+	done := make(chan struct{})
+	go func() {
+		copiers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return
+	case <-time.After(pipeGrace):
+	}
+	for _, r := range readEnds {
+		r.Close()
+	}
+	<-done
 }
 
 // signalCgroup sends sig to every process in the cgroup subtree.
