@@ -36,9 +36,11 @@ func (w *Workspace) Isolation() launch.Isolation {
 }
 
 // Stop kills every process in the cgroups (absolute cgroup2 paths, each
-// with its subtree) and waits until they are gone, so nothing writes to the
-// workspace while it is committed or rolled back. Cgroups that do not exist
-// are skipped. It returns how many cgroups held processes.
+// with its subtree), frozen or not (by the cgroup2 freezer or the v1
+// one: cgroupfs.Kill), and waits up to timeout for each to empty, so
+// nothing writes to the workspace while it is committed or rolled back.
+// Cgroups that do not exist are skipped. It returns how many cgroups held
+// processes.
 func Stop(cgroups []string, timeout time.Duration) (int, error) {
 	stopped := 0
 	for _, cg := range cgroups {
@@ -50,22 +52,11 @@ func Stop(cgroups []string, timeout time.Duration) (int, error) {
 		}
 		stopped++
 		// Freeze first so nothing forks while the kill is delivered, then
-		// kill the subtree.
+		// kill the subtree; KillWait kills again now and then (a task
+		// that joined after the kill was frozen, not killed).
 		_ = cgroupfs.Freeze(cg, true)
-		if err := cgroupfs.Kill(cg); err != nil {
+		if err := cgroupfs.KillWait(cg, timeout); err != nil {
 			return stopped, fmt.Errorf("stop sandbox: %w", err)
-		}
-		deadline := time.Now().Add(timeout)
-		for i := 1; populated(cg); i++ {
-			if time.Now().After(deadline) {
-				return stopped, fmt.Errorf("stop sandbox: %s still has processes after %v", cg, timeout)
-			}
-			time.Sleep(10 * time.Millisecond)
-			// A task that joined after the kill (moved in while it was
-			// delivered) is frozen, not killed: kill again now and then.
-			if i%50 == 0 {
-				_ = cgroupfs.Kill(cg)
-			}
 		}
 		_ = cgroupfs.Freeze(cg, false)
 	}
