@@ -301,11 +301,7 @@ func TestEscapeFreezesOnlyTheLeaf(t *testing.T) {
 		`i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i >> "$0"; sleep 0.1; done; echo benign-done $i`, count)
 	var benignOut strings.Builder
 	benign.Stdout, benign.Stderr = &benignOut, &benignOut
-	if err := benign.Start(); err != nil {
-		t.Fatal(err)
-	}
-	benignDone := make(chan error, 1)
-	go func() { benignDone <- benign.Wait() }()
+	benignRun := startExec(t, benign, filepath.Join(tb.cgAbs, "exec-benign-*"))
 	time.Sleep(500 * time.Millisecond)
 
 	attack := exec.Command(tb.bin, "exec", "--socket", ctl, "--label", "attack", "--", "sh", "-c",
@@ -313,10 +309,9 @@ func TestEscapeFreezesOnlyTheLeaf(t *testing.T) {
 cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t 1 -m true; sleep 3`)
 	var attackOut strings.Builder
 	attack.Stdout, attack.Stderr = &attackOut, &attackOut
-	if err := attack.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { attack.Process.Kill(); attack.Wait() }()
+	// The attacker's leaf may be frozen when the test ends (again after
+	// watcher thaw): startExec's cleanup ends it all the same.
+	startExec(t, attack, filepath.Join(tb.cgAbs, "exec-attack-*"))
 
 	frozenLeaf := func(label string) string {
 		dirs, _ := filepath.Glob(filepath.Join(tb.cgAbs, "exec-"+label+"-*"))
@@ -345,8 +340,8 @@ cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t
 		t.Errorf("the benign run's leaf %s was frozen", l)
 	}
 	select {
-	case err := <-benignDone:
-		if err != nil || !strings.Contains(benignOut.String(), "benign-done 40") {
+	case <-benignRun.ended:
+		if err := benignRun.err; err != nil || !strings.Contains(benignOut.String(), "benign-done 40") {
 			t.Fatalf("benign run: %v\n%s", err, benignOut.String())
 		}
 	case <-time.After(60 * time.Second):
@@ -365,7 +360,6 @@ cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t
 	// a second escape record says so.
 	data, _ := os.ReadFile(filepath.Join(leaf, "cgroup.freeze"))
 	refrozen := strings.TrimSpace(string(data)) == "1"
-	t.Cleanup(func() { cgroupfs.Freeze(leaf, false) })
 	tb.stopAgent(syscall.SIGTERM)
 	out, _ := tb.watcher("ledger", "cat", "--json", "--kind", "escape", tb.ledger)
 	if !strings.Contains(out, "frozen: "+leaf) {
@@ -374,6 +368,84 @@ cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t
 	if refrozen && strings.Count(out, "frozen: "+leaf) < 2 {
 		t.Fatalf("leaf %s frozen after watcher thaw without a new escape alert:\n%s", leaf, out)
 	}
+}
+
+// execRun is a `watcher exec` process a test started (startExec): ended
+// is closed once Wait returned, with its error in err.
+type execRun struct {
+	ended chan struct{}
+	err   error
+}
+
+// Bounds of startExec's cleanup.
+const (
+	execTermWait = 30 * time.Second // watcher exec ends a run, frozen leaf or not, on SIGTERM
+	execKillWait = 15 * time.Second // after the leaf was killed and watcher exec SIGKILLed
+)
+
+// startExec starts a `watcher exec` run and waits for it in the
+// background. At cleanup a run still going is ended, whatever state its
+// leaf cgroups (leafGlob) are in, frozen by the escape watch included,
+// and never waited for without a bound:
+//   - SIGTERM, as an operator would: watcher exec kills the leaf (frozen
+//     or not) and exits. Not ending within execTermWait is a failure;
+//   - then the leaves are killed the way that works on a frozen cgroup
+//     (cgroupfs.KillWait: cgroup.kill, and v1-frozen tasks thawed to die)
+//     and watcher exec gets SIGKILL; WaitDelay bounds the wait for output
+//     pipes a leftover process could still hold.
+//
+// It must run before the testbed's own cleanups (it is registered after
+// them), while the leaves exist.
+func startExec(t *testing.T, cmd *exec.Cmd, leafGlob string) *execRun {
+	t.Helper()
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &execRun{ended: make(chan struct{})}
+	go func() {
+		r.err = cmd.Wait()
+		close(r.ended)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-r.ended:
+			return
+		default:
+		}
+		leafState := func() string {
+			leaves, _ := filepath.Glob(leafGlob)
+			var st []string
+			for _, l := range leaves {
+				frozen, _ := os.ReadFile(filepath.Join(l, "cgroup.freeze"))
+				pids, _ := cgroupfs.SubtreeProcs(l, nil)
+				st = append(st, fmt.Sprintf("%s (cgroup.freeze %s, pids %v)", l, strings.TrimSpace(string(frozen)), pids))
+			}
+			return strings.Join(st, ", ")
+		}
+		state := leafState()
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-r.ended:
+			return
+		case <-time.After(execTermWait):
+			t.Errorf("watcher exec %v (pid %d) did not end %v after SIGTERM; its leaves before: %s; now: %s",
+				cmd.Args[1:], cmd.Process.Pid, execTermWait, state, leafState())
+		}
+		leaves, _ := filepath.Glob(leafGlob)
+		for _, l := range leaves {
+			if err := cgroupfs.KillWait(l, execKillWait); err != nil {
+				t.Errorf("kill leaf: %v", err)
+			}
+		}
+		cmd.Process.Kill()
+		select {
+		case <-r.ended:
+		case <-time.After(execKillWait):
+			t.Errorf("watcher exec (pid %d) still not reaped %v after its leaves were killed and it got SIGKILL: giving up on it", cmd.Process.Pid, execKillWait)
+		}
+	})
+	return r
 }
 
 // TestBreakerStateProtected: the circuit breaker's state file lives under
