@@ -9,11 +9,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/cgroupfs/cgroupfstest"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/limits"
@@ -25,79 +25,6 @@ const frozenBound = 15 * time.Second
 
 // frozenCommand leaves two sleeps in the leaf, both holding its stdout.
 var frozenCommand = []string{"-c", "echo started; sleep 1000 & sleep 1000"}
-
-// freezers are the freezers a leaf can be frozen with here.
-var freezers = []string{"cgroup2", "v1"}
-
-// freezeLeaf freezes the leaf with the cgroup2 freezer or the v1 one
-// (whose cgroup of the leaf's relative path the tasks are moved into, as
-// the canary's v1 freeze does), and waits until it is frozen. It skips
-// where this host has no such freezer.
-func freezeLeaf(t *testing.T, freezer, leaf string) {
-	t.Helper()
-	switch freezer {
-	case "cgroup2":
-		if _, err := os.Stat(filepath.Join(leaf, "cgroup.freeze")); err != nil {
-			t.Skipf("no cgroup2 freezer (kernel before 5.2): %v", err)
-		}
-		if err := cgroupfs.Freeze(leaf, true); err != nil {
-			t.Fatal(err)
-		}
-		waitUntil(t, "the leaf frozen", func() bool {
-			data, _ := os.ReadFile(filepath.Join(leaf, "cgroup.events"))
-			return strings.Contains(string(data), "frozen 1")
-		})
-	case "v1":
-		h, err := limits.Detect()
-		if err != nil {
-			t.Fatal(err)
-		}
-		mnt, ok := h.V1["freezer"]
-		if !ok {
-			t.Skip("no v1 freezer hierarchy (a pure cgroup2 host): the v1 path is tested on hybrid hosts")
-		}
-		rel, _ := filepath.Rel(h.V2, leaf)
-		dir := filepath.Join(mnt, rel)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			// Only if the test failed is anything left to thaw and kill.
-			os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
-			for _, pid := range procsOf(dir) {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-			waitUntil(t, "the v1 freezer cgroup removed", func() bool {
-				err := syscall.Rmdir(dir)
-				return err == nil || errors.Is(err, syscall.ENOENT)
-			})
-		})
-		pids, _ := cgroupfs.SubtreeProcs(leaf, nil)
-		for _, pid := range pids {
-			if err := cgroupfs.MovePID(dir, pid); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("FROZEN"), 0); err != nil {
-			t.Fatal(err)
-		}
-		waitUntil(t, "the leaf frozen (v1)", func() bool {
-			data, _ := os.ReadFile(filepath.Join(dir, "freezer.state"))
-			return strings.TrimSpace(string(data)) == "FROZEN"
-		})
-	}
-}
-
-func procsOf(dir string) []int {
-	data, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-	var out []int
-	for _, f := range strings.Fields(string(data)) {
-		var pid int
-		fmt.Sscan(f, &pid)
-		out = append(out, pid)
-	}
-	return out
-}
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -219,7 +146,7 @@ func reapersOf(leaf string) []int {
 // killed, emptied and removed, its reaper exits, and a process beside the
 // sandbox keeps running.
 func TestCancelKillsFrozenLeaf(t *testing.T) {
-	for _, fr := range freezers {
+	for _, fr := range cgroupfstest.Freezers {
 		t.Run(fr, func(t *testing.T) {
 			sandbox := enforcetest.Cgroup(t, "frozen")
 			stillRuns := neighbour(t, sandbox)
@@ -238,7 +165,7 @@ func TestCancelKillsFrozenLeaf(t *testing.T) {
 				res <- result{v, err}
 			}()
 			leaf, pids := runningLeaf(t, sandbox)
-			freezeLeaf(t, fr, leaf)
+			cgroupfstest.Freeze(t, fr, leaf)
 			if len(reapersOf(leaf)) != 1 {
 				t.Errorf("reapers of %s: %v, want one", leaf, reapersOf(leaf))
 			}
@@ -285,7 +212,7 @@ func TestFrozenLauncherHelper(t *testing.T) {
 // within the bound instead of never; a process beside the sandbox keeps
 // running.
 func TestLauncherKilledFrozenLeaf(t *testing.T) {
-	for _, fr := range freezers {
+	for _, fr := range cgroupfstest.Freezers {
 		t.Run(fr, func(t *testing.T) {
 			sandbox := enforcetest.Cgroup(t, "frozen")
 			stillRuns := neighbour(t, sandbox)
@@ -307,7 +234,7 @@ func TestLauncherKilledFrozenLeaf(t *testing.T) {
 				}
 			})
 			leaf, pids := runningLeaf(t, sandbox)
-			freezeLeaf(t, fr, leaf)
+			cgroupfstest.Freeze(t, fr, leaf)
 			start := time.Now()
 			launcher.Process.Kill()
 			select {

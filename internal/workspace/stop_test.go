@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/limits"
+	"github.com/watcherhq/watcher/internal/cgroupfs/cgroupfstest"
 )
 
 // TestStopFrozen: Stop empties a sandbox cgroup whose processes are
@@ -21,7 +21,7 @@ import (
 // for a thaw), within its timeout, and leaves a process of another cgroup
 // running.
 func TestStopFrozen(t *testing.T) {
-	for _, freezer := range []string{"cgroup2", "v1"} {
+	for _, freezer := range cgroupfstest.Freezers {
 		t.Run(freezer, func(t *testing.T) {
 			needRoot(t)
 			mnt, err := cgroupfs.Mountpoint()
@@ -80,54 +80,7 @@ func TestStopFrozen(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 
-			switch freezer {
-			case "cgroup2":
-				if _, err := os.Stat(filepath.Join(sandbox, "cgroup.freeze")); err != nil {
-					t.Skipf("no cgroup2 freezer: %v", err)
-				}
-				if err := Freeze([]string{sandbox}, true); err != nil {
-					t.Fatal(err)
-				}
-			case "v1":
-				h, err := limits.Detect()
-				if err != nil {
-					t.Fatal(err)
-				}
-				fm, ok := h.V1["freezer"]
-				if !ok {
-					t.Skip("no v1 freezer hierarchy (a pure cgroup2 host): the v1 path is tested on hybrid hosts")
-				}
-				dir := filepath.Join(fm, rel, "sandbox")
-				if err := os.MkdirAll(dir, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
-					for try := 0; try < 500 && syscall.Rmdir(dir) != nil; try++ {
-						time.Sleep(10 * time.Millisecond)
-					}
-					syscall.Rmdir(filepath.Dir(dir))
-				})
-				pids, _ := cgroupfs.SubtreeProcs(sandbox, nil)
-				for _, pid := range pids {
-					if err := cgroupfs.MovePID(dir, pid); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("FROZEN"), 0); err != nil {
-					t.Fatal(err)
-				}
-				for try := 0; ; try++ {
-					data, _ := os.ReadFile(filepath.Join(dir, "freezer.state"))
-					if strings.TrimSpace(string(data)) == "FROZEN" {
-						break
-					}
-					if try == 500 {
-						t.Fatalf("v1 freezer state %q", data)
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-			}
+			cgroupfstest.Freeze(t, freezer, sandbox)
 
 			t0 := time.Now()
 			n, err := Stop([]string{sandbox, filepath.Join(root, "missing")}, 5*time.Second)
