@@ -326,8 +326,16 @@ git init -q . && git add . && git -c user.name=t -c user.email=t@e commit -qm in
 	escapeScript := `cat /etc/shadow; cat /proc/1/environ; mount -t tmpfs none /mnt; echo 1 > /proc/sys/kernel/core_pattern;
 cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t 1 -m true; sleep 5`
 	esc := inSandbox(t, tb.cgAbs, "esc", escapeScript)
+	esc.WaitDelay = 10 * time.Second // a frozen child holding the output pipe never hangs the test
 	esc.Start()
-	defer func() { cgroupfs.Freeze(tb.cgAbs, false); esc.Process.Kill(); esc.Wait() }()
+	defer func() {
+		// Killed frozen or not (the escape watch may freeze again after a thaw).
+		if err := cgroupfs.KillWait(tb.cgAbs, 10*time.Second); err != nil {
+			t.Errorf("empty the sandbox: %v", err)
+		}
+		esc.Process.Kill()
+		esc.Wait()
+	}()
 
 	deadline := time.Now().Add(15 * time.Second)
 	for {
