@@ -1,5 +1,6 @@
 # watcher build, test and code generation. Most targets need root (BPF).
 GO ?= go
+SHELL := /bin/bash
 BIN := bin/watcher
 
 .PHONY: all setup build generate generate-check test test-vm bench-vm check bench lint demo vmlinux clean
@@ -26,9 +27,11 @@ generate-check:
 vmlinux:
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/include/vmlinux.h
 
-# The host test suite (as root: loads BPF, creates cgroups).
+# The host test suite (as root: loads BPF, creates cgroups). testreport
+# prints each package's result, failed tests' output and, at the end, every
+# skipped test with its reason.
 test:
-	$(GO) test -count=1 -timeout 30m ./...
+	set -o pipefail; $(GO) test -count=1 -timeout 30m -json ./... | $(GO) run ./test/testreport
 
 # BPF LSM tests in a stock Debian kernel under qemu (this host refuses LSM
 # programs): every guest suite, in two lanes side by side (test/vm/lanes.sh
