@@ -57,6 +57,12 @@ they outlive them (a runtime-placed sandbox sharing the host's IPC namespace
 or /dev/shm), as the agent's kernel tracking recorded them; objects of other
 processes with the same keys or names stay.
 
+Commit never carries privilege into the real directory: device nodes,
+FIFOs and sockets are refused, setuid/setgid bits and extended attributes
+other than user.* and POSIX ACLs (security.capability, LSM labels) are
+stripped, and an owner the real directory would not give there becomes the
+replaced entry's or the directory's owner; each is listed as withheld.
+
 Commit, rollback and snapshot are recorded in the ledger (through the agent
 when it runs) with the changed paths and the SHA-256 tree hash of the result.`
 
@@ -182,10 +188,14 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		writeJSON(stdout, res)
 	} else {
 		printChanges(stdout, res.Changes)
+		printWithheld(stdout, res.Withheld)
 	}
 	msg := fmt.Sprintf("%s: %d paths, %s, %d cgroups stopped, result sha256:%s", op, len(res.Changes), policy.FormatBytes(res.Bytes), n, res.Hash)
 	if name != "" {
 		msg = fmt.Sprintf("rollback to %s: %d paths, %d cgroups stopped, result sha256:%s", name, len(res.Changes), n, res.Hash)
+	}
+	if len(res.Withheld) > 0 {
+		msg += fmt.Sprintf("; %d withheld from the real directory (special files, setuid/setgid, privileged xattrs, owners)", len(res.Withheld))
 	}
 	if len(ipcRemoved) > 0 {
 		msg += fmt.Sprintf("; %d IPC objects removed", len(ipcRemoved))
@@ -300,6 +310,23 @@ func printChanges(w io.Writer, changes []workspace.Change) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "%d added, %d changed, %d deleted\n", count[workspace.Added], count[workspace.Changed], count[workspace.Deleted])
+}
+
+// printWithheld is the table of what a commit did not carry into the real
+// directory (refused special files, stripped bits and extended
+// attributes, replaced owners). Paths and attribute names are the
+// sandbox's: escaped.
+func printWithheld(w io.Writer, notes []workspace.Note) {
+	if len(notes) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "withheld from the real directory (commit carries no privilege):")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTION\tPATH\tWHAT")
+	for _, n := range notes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", n.Action, textesc.String(n.Path), textesc.String(n.What))
+	}
+	tw.Flush()
 }
 
 // maxLedgerPaths bounds the paths one ledger record lists (a record has a

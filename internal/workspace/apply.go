@@ -1,11 +1,13 @@
 package workspace
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -23,10 +25,18 @@ type Result struct {
 	// Bytes is the size of the upper layers it applied, threw away or
 	// saved.
 	Bytes int64 `json:"bytes"`
+	// Withheld is what a commit did not carry into the real directories
+	// as the sandbox left it: special files refused, setuid and setgid
+	// bits and privileged extended attributes stripped, owners replaced
+	// (see Note).
+	Withheld []Note `json:"withheld,omitempty"`
 }
 
 // Commit merges every layer's changes into its real directory and empties
-// the upper layers. The sandbox's processes must be stopped: the overlays
+// the upper layers. It never carries privilege: special files, setuid and
+// setgid bits, privileged extended attributes and owners the real
+// directory would not give are withheld, and listed in Result.Withheld.
+// The sandbox's processes must be stopped: the overlays
 // are unmounted first (EBUSY while in use) and mounted again after. An
 // interrupted commit can be run again: what was applied is gone from the
 // upper layer.
@@ -46,7 +56,9 @@ func (w *Workspace) Commit() (Result, error) {
 	}
 	for i := range w.Layers {
 		l := &w.Layers[i]
-		if err := applyLayer(l); err != nil {
+		notes, err := applyLayer(l)
+		res.Withheld = append(res.Withheld, notes...)
+		if err != nil {
 			return res, fmt.Errorf("workspace %s: commit into %s: %w (run commit again to finish)", w.Sandbox, l.Lower, err)
 		}
 		if err := resetUpper(l); err != nil {
@@ -94,92 +106,488 @@ func (w *Workspace) lowerHash() (string, error) {
 	return hashDirs(dirs)
 }
 
-// applyLayer moves the upper layer's changes into the real directory.
-func applyLayer(l *Layer) error {
-	sameDev := false
-	if a, err := lstat(l.Upper); err == nil {
-		if b, err := lstat(l.Lower); err == nil {
-			sameDev = a.Dev == b.Dev
-		}
-	}
-	type dirAttr struct {
-		path string
-		st   *unix.Stat_t
-	}
-	var dirs []dirAttr
-	err := walkUpper(l, func(e *upperEntry) error {
-		up, real, ust, lst := e.up, e.real, e.ust, e.lst
-		inLower := lst != nil
-		switch {
-		case isWhiteout(ust):
-			return os.RemoveAll(real)
-		case isDir(ust):
-			if inLower && !isDir(lst) {
-				if err := os.Remove(real); err != nil {
-					return err
-				}
-				inLower = false
-			}
-			if e.opaque {
-				ents, err := os.ReadDir(real)
-				if err != nil {
-					return err
-				}
-				for _, e := range ents {
-					if _, err := lstat(filepath.Join(up, e.Name())); err != nil {
-						if err := os.RemoveAll(filepath.Join(real, e.Name())); err != nil {
-							return err
-						}
-					}
-				}
-			}
-			if !inLower {
-				if err := unix.Mkdir(real, 0o700); err != nil {
-					return fmt.Errorf("mkdir %s: %w", real, err)
-				}
-			}
-			dirs = append(dirs, dirAttr{real, ust})
-			return nil
-		default:
-			if inLower && isDir(lst) {
-				if err := os.RemoveAll(real); err != nil {
-					return err
-				}
-			}
-			return install(up, ust, real, sameDev)
-		}
-	})
+// applyLayer moves the upper layer's changes into the real directory and
+// returns what it did not carry (see Withheld).
+func applyLayer(l *Layer) ([]Note, error) {
+	root, err := unix.Open(l.Lower, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("open %s: %w", l.Lower, err)
+	}
+	defer unix.Close(root)
+	var rst unix.Stat_t
+	if err := unix.Fstat(root, &rst); err != nil {
+		return nil, fmt.Errorf("stat %s: %w", l.Lower, err)
+	}
+	c := &committer{l: l, root: root, rootOwner: owner{rst.Uid, rst.Gid}, owners: map[string]owner{".": {rst.Uid, rst.Gid}}}
+	if ust, err := lstat(l.Upper); err == nil {
+		c.sameDev = ust.Dev == rst.Dev
+	}
+	if err := walkUpper(l, c.entry); err != nil {
+		return c.notes, err
 	}
 	// Directory attributes last (children change their mtimes), deepest
 	// first.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := setAttrs(dirs[i].path, dirs[i].st); err != nil {
+	for i := len(c.dirs) - 1; i >= 0; i-- {
+		if err := c.fixDir(&c.dirs[i]); err != nil {
+			return c.notes, err
+		}
+	}
+	return c.notes, nil
+}
+
+// What commit carries into the real directory, and what it withholds:
+//
+//   - Regular files, directories and symlinks are carried. Device nodes,
+//     FIFOs and sockets are refused: a device node is access to hardware
+//     or kernel memory, a FIFO in a project hangs whatever reads the tree,
+//     and a socket file is a dead end once the sandbox stopped. The real
+//     directory keeps what it had at that path.
+//   - Files lose setuid and setgid (setgid without group execute, the old
+//     mandatory-locking mark, too). The sticky bit, which Linux ignores on
+//     files, stays. Directories keep their mode: Linux ignores setuid on a
+//     directory, setgid only makes new entries inherit the directory's
+//     group (which commit chose, below), sticky restricts deletion.
+//   - Extended attributes: user.* and POSIX ACLs (system.posix_acl_*,
+//     long-form permission bits) are carried; every other one is dropped:
+//     security.capability (file capabilities), other security.* (LSM
+//     labels, which decide the domain an executable runs in; integrity
+//     signatures) and trusted.* (overlayfs' own, trusted.overlay.*, go
+//     silently: bookkeeping, not the sandbox's).
+//   - Owners: an entry keeps the owner the sandbox left only when it is
+//     one the real tree already gives there: the owner of the entry it
+//     replaces, of the directory it lands in, or of the workspace root
+//     (and likewise for the group). Otherwise it gets the replaced
+//     entry's owner, or for a new entry the landing directory's. A
+//     sandbox running as root, or chowning to another user, gets its
+//     files owned by the workspace's user; an edit of a file keeps its
+//     owner, as editing does.
+//
+// Every refusal, stripped bit or attribute and replaced owner is a Note.
+
+// NoteAction says what commit did with something it would not carry.
+type NoteAction string
+
+// Note actions.
+const (
+	// Refused: the entry was not created; the real directory keeps what
+	// it had at the path.
+	Refused NoteAction = "refused"
+	// Stripped: a mode bit or extended attribute was removed.
+	Stripped NoteAction = "stripped"
+	// Reowned: the owner or group the sandbox set was replaced.
+	Reowned NoteAction = "owner"
+)
+
+// Note is one thing a commit did not carry into the real directory as
+// the sandbox left it.
+type Note struct {
+	Action NoteAction `json:"action"`
+	// Path is the absolute path in the real directory.
+	Path string `json:"path"`
+	// What says what and why: "setuid bit", "xattr security.capability",
+	// "character device 1:3", "owner 0:0, given 1000:1000". It can hold
+	// an attribute name the sandbox chose.
+	What string `json:"what"`
+}
+
+type owner struct{ uid, gid uint32 }
+
+func (o owner) String() string { return fmt.Sprintf("%d:%d", o.uid, o.gid) }
+
+// dirFix is a directory whose attributes commit sets at the end.
+type dirFix struct {
+	rel, up string
+	ust     *unix.Stat_t
+	own     owner
+	isNew   bool
+}
+
+// committer applies one layer.
+type committer struct {
+	l         *Layer
+	root      int // the real directory
+	rootOwner owner
+	sameDev   bool
+	// owners are the owners the real directories of the walk have (or
+	// will have once fixDir ran), by relative path.
+	owners map[string]owner
+	dirs   []dirFix
+	notes  []Note
+}
+
+// commitHook, when set (tests), runs before each upper entry is applied.
+var commitHook func(rel string)
+
+func (c *committer) note(a NoteAction, rel, what string) {
+	c.notes = append(c.notes, Note{Action: a, Path: filepath.Join(c.l.Lower, rel), What: what})
+}
+
+// openParent opens the real directory that holds rel.
+func (c *committer) openParent(rel string) (int, error) {
+	return openBeneath(c.root, filepath.Dir(rel))
+}
+
+func (c *committer) entry(e *upperEntry) error {
+	if commitHook != nil {
+		commitHook(e.rel)
+	}
+	ust, lst := e.ust, e.lst
+	inLower := lst != nil
+	name := filepath.Base(e.rel)
+	switch {
+	case isWhiteout(ust):
+		pfd, err := c.openParent(e.rel)
+		if errors.Is(err, unix.ENOENT) {
+			return nil // its directory is gone already
+		}
+		if err != nil {
 			return err
+		}
+		defer unix.Close(pfd)
+		return removeAllAt(pfd, name)
+	case isDir(ust):
+		pfd, err := c.openParent(e.rel)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(pfd)
+		if inLower && !isDir(lst) {
+			if err := unix.Unlinkat(pfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove %s: %w", e.real, err)
+			}
+		}
+		if e.opaque {
+			if err := c.clearOpaque(pfd, name, e); err != nil {
+				return err
+			}
+		}
+		isNew := !inLower || !isDir(lst)
+		if isNew {
+			// Root's and private until fixDir: nobody else gets into it
+			// while it fills.
+			if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
+				return fmt.Errorf("mkdir %s: %w", e.real, err)
+			}
+		}
+		own := c.owner(e)
+		c.owners[e.rel] = own
+		c.dirs = append(c.dirs, dirFix{rel: e.rel, up: e.up, ust: ust, own: own, isNew: isNew})
+		return nil
+	}
+	switch ust.Mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFLNK:
+	default:
+		c.note(Refused, e.rel, specialName(ust))
+		return nil
+	}
+	if inLower && !isDir(lst) {
+		same, err := c.unchanged(e)
+		if err != nil {
+			return err
+		}
+		if same {
+			// A copy-up without a change (opened for writing, say): the
+			// real file is left as it is, bits and capabilities included.
+			return nil
+		}
+	}
+	pfd, err := c.openParent(e.rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	if inLower && isDir(lst) {
+		if err := removeAllAt(pfd, name); err != nil {
+			return fmt.Errorf("replace %s: %w", e.real, err)
+		}
+	}
+	return c.install(e, pfd, name, c.owner(e))
+}
+
+// clearOpaque removes the entries of the real directory name (in pfd)
+// that the opaque upper directory of e does not hold again.
+func (c *committer) clearOpaque(pfd int, name string, e *upperEntry) error {
+	dfd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w: %w", e.real, errMoved, err)
+	}
+	defer unix.Close(dfd)
+	names, err := readNames(dfd)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if _, err := lstat(filepath.Join(e.up, n)); err != nil {
+			if err := removeAllAt(dfd, n); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-// install puts the upper entry at real, atomically (a temporary name in
-// the same directory, then rename).
-func install(up string, st *unix.Stat_t, real string, sameDev bool) error {
-	if st.Mode&unix.S_IFMT == unix.S_IFREG && sameDev {
-		if err := os.Rename(up, real); err != nil {
-			return err
+// owner decides the owner of an entry (see "What commit carries") and
+// says when it is not the one the sandbox left.
+func (c *committer) owner(e *upperEntry) owner {
+	landing := c.owners[filepath.Dir(e.rel)]
+	uids := []uint32{landing.uid, c.rootOwner.uid}
+	gids := []uint32{landing.gid, c.rootOwner.gid}
+	give := landing
+	if e.lst != nil {
+		uids = append(uids, e.lst.Uid)
+		gids = append(gids, e.lst.Gid)
+		give = owner{e.lst.Uid, e.lst.Gid}
+	}
+	left := owner{e.ust.Uid, e.ust.Gid}
+	got := left
+	if !slices.Contains(uids, left.uid) {
+		got.uid = give.uid
+	}
+	if !slices.Contains(gids, left.gid) {
+		got.gid = give.gid
+	}
+	if got != left {
+		c.note(Reowned, e.rel, fmt.Sprintf("owner %s, given %s", left, got))
+	}
+	return got
+}
+
+// unchanged reports an upper file that equals the real one, carried
+// extended attributes included.
+func (c *committer) unchanged(e *upperEntry) (bool, error) {
+	same, err := sameFile(e.up, e.ust, e.real, e.lst)
+	if err != nil || !same {
+		return false, err
+	}
+	a, b := carriedXattrs(e.up), carriedXattrs(e.real)
+	if len(a) != len(b) {
+		return false, nil
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !bytes.Equal(v, w) {
+			return false, nil
 		}
-		return stripOverlayXattrs(real)
 	}
-	tmp := filepath.Join(filepath.Dir(real), ".watcher-commit-"+filepath.Base(real))
-	os.Remove(tmp)
-	if err := copyEntry(up, st, tmp); err != nil {
-		os.Remove(tmp)
+	return true, nil
+}
+
+// specialName describes an entry commit refuses.
+func specialName(st *unix.Stat_t) string {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		return fmt.Sprintf("character device %d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	case unix.S_IFBLK:
+		return fmt.Sprintf("block device %d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	case unix.S_IFIFO:
+		return "fifo"
+	case unix.S_IFSOCK:
+		return "socket"
+	}
+	return fmt.Sprintf("file of type %#o", st.Mode&unix.S_IFMT)
+}
+
+// isCarriedXattr: user.* and POSIX ACLs.
+func isCarriedXattr(name string) bool {
+	return strings.HasPrefix(name, "user.") || name == "system.posix_acl_access" || name == "system.posix_acl_default"
+}
+
+// isBookkeepingXattr: overlayfs' own, dropped without a note.
+func isBookkeepingXattr(name string) bool { return strings.HasPrefix(name, "trusted.overlay.") }
+
+func carriedXattrs(p string) map[string][]byte {
+	out := map[string][]byte{}
+	for _, n := range listXattrs(p) {
+		if isCarriedXattr(n) {
+			if v, err := lgetxattr(p, n); err == nil {
+				out[n] = v
+			}
+		}
+	}
+	return out
+}
+
+// sortXattrs splits the extended attributes of the upper entry up into
+// those carried and those dropped, noting the dropped ones.
+func (c *committer) sortXattrs(rel, up string) (keep, drop []string) {
+	for _, n := range listXattrs(up) {
+		switch {
+		case isCarriedXattr(n):
+			keep = append(keep, n)
+		case isBookkeepingXattr(n):
+			drop = append(drop, n)
+		default:
+			drop = append(drop, n)
+			c.note(Stripped, rel, "xattr "+n)
+		}
+	}
+	return keep, drop
+}
+
+// fileMode is the mode a committed regular file gets, noting the bits
+// stripped.
+func (c *committer) fileMode(rel string, st *unix.Stat_t) uint32 {
+	mode := st.Mode & 0o7777
+	if mode&unix.S_ISUID != 0 {
+		c.note(Stripped, rel, "setuid bit")
+	}
+	if mode&unix.S_ISGID != 0 {
+		c.note(Stripped, rel, "setgid bit")
+	}
+	return mode &^ (unix.S_ISUID | unix.S_ISGID)
+}
+
+// install puts the upper entry (a regular file or symlink) at name in the
+// real directory pfd, atomically, with what commit carries of its
+// attributes. Nothing of what it withholds is ever visible in the real
+// directory: a file moved from the upper layer is made safe there first,
+// a copy is made under a temporary name, made safe, then renamed.
+func (c *committer) install(e *upperEntry, pfd int, name string, own owner) error {
+	keep, drop := c.sortXattrs(e.rel, e.up)
+	if e.ust.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return c.installSymlink(e, pfd, name, own)
+	}
+	mode := c.fileMode(e.rel, e.ust)
+	if c.sameDev {
+		// The upper layer is root's (the state directory): fix the file
+		// there, then move it.
+		for _, n := range drop {
+			if err := unix.Lremovexattr(e.up, n); err != nil && !errors.Is(err, unix.ENODATA) {
+				return fmt.Errorf("remove %s from %s: %w", n, e.up, err)
+			}
+		}
+		// chown before chmod: chown clears setuid and setgid itself.
+		if err := unix.Lchown(e.up, int(own.uid), int(own.gid)); err != nil {
+			return fmt.Errorf("chown %s: %w", e.up, err)
+		}
+		if err := unix.Fchmodat(unix.AT_FDCWD, e.up, mode, 0); err != nil {
+			return fmt.Errorf("chmod %s: %w", e.up, err)
+		}
+		if err := unix.Renameat(unix.AT_FDCWD, e.up, pfd, name); err != nil {
+			return fmt.Errorf("move %s to %s: %w", e.up, e.real, err)
+		}
+		return nil
+	}
+	in, err := os.OpenFile(e.up, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, real); err != nil {
-		os.Remove(tmp)
+	defer in.Close()
+	tmp, fd, err := createTemp(pfd)
+	if err != nil {
+		return fmt.Errorf("create in %s: %w", filepath.Dir(e.real), err)
+	}
+	out := os.NewFile(uintptr(fd), filepath.Join(filepath.Dir(e.real), tmp))
+	err = func() error {
+		if unix.IoctlFileClone(fd, int(in.Fd())) != nil {
+			if _, err := io.Copy(out, in); err != nil {
+				return fmt.Errorf("copy %s: %w", e.up, err)
+			}
+		}
+		for _, n := range keep {
+			v, err := lgetxattr(e.up, n)
+			if err != nil {
+				continue
+			}
+			if err := unix.Fsetxattr(fd, n, v, 0); err != nil {
+				return fmt.Errorf("set %s on %s: %w", n, e.real, err)
+			}
+		}
+		if err := unix.Fchown(fd, int(own.uid), int(own.gid)); err != nil {
+			return fmt.Errorf("chown %s: %w", e.real, err)
+		}
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return fmt.Errorf("chmod %s: %w", e.real, err)
+		}
+		if err := setTimesFd(fd, e.ust); err != nil {
+			return fmt.Errorf("set times of %s: %w", e.real, err)
+		}
+		return nil
+	}()
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		if err = unix.Renameat(pfd, tmp, pfd, name); err != nil {
+			err = fmt.Errorf("rename into %s: %w", e.real, err)
+		}
+	}
+	if err != nil {
+		unix.Unlinkat(pfd, tmp, 0)
+	}
+	return err
+}
+
+func (c *committer) installSymlink(e *upperEntry, pfd int, name string, own owner) error {
+	target, err := os.Readlink(e.up)
+	if err != nil {
 		return err
+	}
+	var tmp string
+	for {
+		tmp = tempName()
+		err = unix.Symlinkat(target, pfd, tmp)
+		if !errors.Is(err, unix.EEXIST) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("symlink %s: %w", e.real, err)
+	}
+	err = unix.Fchownat(pfd, tmp, int(own.uid), int(own.gid), unix.AT_SYMLINK_NOFOLLOW)
+	if err == nil {
+		err = unix.UtimesNanoAt(pfd, tmp, []unix.Timespec{e.ust.Atim, e.ust.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if err == nil {
+		err = unix.Renameat(pfd, tmp, pfd, name)
+	}
+	if err != nil {
+		unix.Unlinkat(pfd, tmp, 0)
+		return fmt.Errorf("symlink %s: %w", e.real, err)
+	}
+	return nil
+}
+
+// createTemp creates a new empty file under a temporary name in pfd.
+func createTemp(pfd int) (string, int, error) {
+	for {
+		name := tempName()
+		fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		return name, fd, err
+	}
+}
+
+// fixDir gives a real directory its owner, mode and times (and, when
+// commit made it, the carried extended attributes of the upper one).
+func (c *committer) fixDir(d *dirFix) error {
+	real := filepath.Join(c.l.Lower, d.rel)
+	fd, err := openBeneath(c.root, d.rel)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", real, err)
+	}
+	defer unix.Close(fd)
+	if d.isNew {
+		keep, _ := c.sortXattrs(d.rel, d.up)
+		for _, n := range keep {
+			v, err := lgetxattr(d.up, n)
+			if err != nil {
+				continue
+			}
+			if err := unix.Fsetxattr(fd, n, v, 0); err != nil {
+				return fmt.Errorf("set %s on %s: %w", n, real, err)
+			}
+		}
+	}
+	if err := unix.Fchown(fd, int(d.own.uid), int(d.own.gid)); err != nil {
+		return fmt.Errorf("chown %s: %w", real, err)
+	}
+	if err := unix.Fchmod(fd, d.ust.Mode&0o7777); err != nil {
+		return fmt.Errorf("chmod %s: %w", real, err)
+	}
+	if err := setTimesFd(fd, d.ust); err != nil {
+		return fmt.Errorf("set times of %s: %w", real, err)
 	}
 	return nil
 }
@@ -243,19 +651,6 @@ func setAttrs(p string, st *unix.Stat_t) error {
 	ts := []unix.Timespec{st.Atim, st.Mtim}
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("set times of %s: %w", p, err)
-	}
-	return nil
-}
-
-// stripOverlayXattrs removes overlayfs's bookkeeping (origin, ...) from a
-// file moved out of the upper layer.
-func stripOverlayXattrs(p string) error {
-	for _, name := range listXattrs(p) {
-		if strings.HasPrefix(name, "trusted.overlay.") {
-			if err := unix.Lremovexattr(p, name); err != nil && !errors.Is(err, unix.ENODATA) {
-				return fmt.Errorf("remove %s from %s: %w", name, p, err)
-			}
-		}
 	}
 	return nil
 }
