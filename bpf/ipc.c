@@ -26,6 +26,18 @@
  *   a file the open-family call created (FMODE_CREATED, set by the VFS,
  *   not the flags passed), when its path resolved by the kernel's dentries
  *   starts with /dev/shm/.
+ * - POSIX message queues: the IPC namespace's inode and the queue's inode
+ *   number in that namespace's mqueue filesystem. mq_open creates through
+ *   vfs_mkobj and opens with dentry_open, which set no FMODE_CREATED, so
+ *   creation is judged by order: a superblock keeps its inodes in a list
+ *   new ones join at the head (inode_sb_list_add), so mq_open(O_CREAT)
+ *   notes the newest inode at entry and the queue it returns counts only
+ *   when it comes before that mark at exit (do_mq_open looks up and
+ *   creates under the directory's lock). An opened queue, or a mark the
+ *   walk cannot reach (evicted meanwhile, more than MQ_WALK inodes made
+ *   in the call), records nothing. A queue made by open(O_CREAT) on a
+ *   mounted mqueue filesystem (/dev/mqueue) is FMODE_CREATED like any
+ *   file and is recorded the same way.
  *
  * Both 64-bit and 32-bit (int 0x80: ipc(2) and the direct calls) entries
  * are followed. The programs sit on raw syscall tracepoints (the kernel
@@ -53,7 +65,13 @@ enum ipc_kind {
 	IPC_KIND_MSG = 2,
 	IPC_KIND_SHM = 3,
 	IPC_KIND_SHM_FILE = 4, /* a file under /dev/shm */
+	IPC_KIND_MQUEUE = 5,   /* a POSIX message queue */
 };
+
+#define O_CREAT 0100
+#define MQUEUE_MAGIC 0x19800202
+/* Inodes mq_exit walks from the head of the superblock's list. */
+#define MQ_WALK 64
 
 /* ipc(2) calls (i386). */
 #define IPCCALL_SEMCTL 3
@@ -65,8 +83,8 @@ enum ipc_kind {
 
 struct ipc_obj_key {
 	__u32 kind;  /* enum ipc_kind */
-	__u32 ns;    /* System V: the IPC namespace's inode; file: kernel dev_t (MAJOR<<20|MINOR) */
-	__u64 obj;   /* System V: the id; file: the inode number */
+	__u32 ns;    /* System V, mqueue: the IPC namespace's inode; file: kernel dev_t (MAJOR<<20|MINOR) */
+	__u64 obj;   /* System V: the id; file, mqueue: the inode number */
 };
 
 struct ipc_obj {
@@ -77,7 +95,7 @@ struct ipc_obj {
 	__s32 key;        /* System V key */
 	__u32 uid;
 	__u8 comm[TASK_COMM_LEN];
-	char name[64];    /* file: path at creation, /dev/shm/... */
+	char name[64];    /* file: path at creation, /dev/shm/...; mqueue: /name */
 };
 
 struct ipc_config {
@@ -125,7 +143,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ipc_cfg SEC(".maps");
 
-/* A System V get in flight: entry state of the calling thread. */
+/* A System V get or an mq_open(O_CREAT) in flight: entry state of the
+ * calling thread. */
 struct ipc_pending {
 	__u64 sandbox_cg;
 	__u32 sandbox_id;
@@ -136,6 +155,8 @@ struct ipc_pending {
 	__s32 last0;
 	__s32 next0;
 	__u32 pad;
+	__u64 mq_sb;   /* mqueue: the namespace's mqueue superblock */
+	__u64 mq_mark; /* mqueue: the head of its inode list at entry */
 };
 
 /* Per thread (task storage: no capacity another thread could exhaust);
@@ -170,6 +191,7 @@ struct ipc_call {
 	bool get;    /* shmget/semget/msgget */
 	bool rmid;   /* *ctl(IPC_RMID) */
 	bool open;   /* open, openat, openat2, creat */
+	bool mq;     /* mq_open */
 	__s32 key;
 	__u32 flags;
 	__s32 id;    /* *ctl: the object */
@@ -201,6 +223,13 @@ static __always_inline void decode_call(struct pt_regs *regs, long nr, struct ip
 			return;
 		c->kind = IPC_KIND_SHM_FILE;
 		c->open = true;
+		return;
+	case 240: case 277: /* x86_64 mq_open, i386 mq_open */
+		if ((nr == 277) != compat_call())
+			return;
+		c->kind = IPC_KIND_MQUEUE;
+		c->mq = true;
+		c->flags = nr == 277 ? BPF_CORE_READ(regs, cx) : BPF_CORE_READ(regs, si);
 		return;
 	case 29: case 64: case 68: /* x86_64 shmget, semget, msgget */
 	case 31: case 66: case 71: /* x86_64 shmctl, semctl, msgctl */
@@ -294,11 +323,40 @@ static __always_inline void fill_obj(struct ipc_obj *o, __u64 root, struct sandb
 	bpf_get_current_comm(&o->comm, sizeof(o->comm));
 }
 
+/* mq_enter notes, for an mq_open(O_CREAT) of a sandbox process, the
+ * namespace's mqueue superblock and the newest inode on it. */
+static __always_inline int mq_enter(struct ipc_call *c)
+{
+	if (!(c->flags & O_CREAT))
+		return 0;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 0;
+	struct ipc_namespace *ns = current_ipc_ns();
+	struct vfsmount *mnt = BPF_CORE_READ(ns, mq_mnt);
+	if (!mnt)
+		return 0;
+	struct super_block *msb = BPF_CORE_READ(mnt, mnt_sb);
+	struct ipc_pending p = {
+		.sandbox_cg = root, .sandbox_id = sb->id, .kind = IPC_KIND_MQUEUE,
+		.ns = BPF_CORE_READ(ns, ns.inum), .mq_sb = (__u64)msb,
+		.mq_mark = (__u64)BPF_CORE_READ(msb, s_inodes.next),
+	};
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct ipc_pending *slot = bpf_task_storage_get(&ipc_pending_calls, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (slot)
+		*slot = p;
+	return 0;
+}
+
 SEC("tp_btf/sys_enter")
 int BPF_PROG(ipc_sys_enter, struct pt_regs *regs, long nr)
 {
 	struct ipc_call c = {};
 	decode_call(regs, nr, &c);
+	if (c.mq)
+		return mq_enter(&c);
 	if (!c.get || !(c.key == IPC_PRIVATE || (c.flags & IPC_CREAT)))
 		return 0; /* without IPC_CREAT a get never creates */
 	__u64 root = 0;
@@ -380,6 +438,69 @@ static __always_inline int sysv_exit(struct ipc_call *c, long ret)
 	return 0;
 }
 
+/* mq_inode_newer reports whether ino was added to sb's inode list after
+ * mark was its head: it comes first walking from the head now. */
+static __always_inline bool mq_inode_newer(struct super_block *sb, struct inode *ino, __u64 mark)
+{
+	__u64 head = (__u64)sb + bpf_core_field_offset(struct super_block, s_inodes);
+	__u64 ours = (__u64)ino + bpf_core_field_offset(struct inode, i_sb_list);
+	struct list_head *n = BPF_CORE_READ(sb, s_inodes.next);
+	bool seen = false;
+	for (int i = 0; i < MQ_WALK; i++) {
+		__u64 a = (__u64)n;
+		if (a == mark)
+			return seen;
+		if (a == ours)
+			seen = true;
+		if (a == head || !a)
+			return false;
+		n = BPF_CORE_READ(n, next);
+	}
+	return false;
+}
+
+/* record_mq records the queue open as f (an inode of the mqueue
+ * superblock msb), created by the current sandbox process. */
+static __always_inline void record_mq(struct file *f, struct super_block *msb, __u64 root, struct sandbox *sb)
+{
+	__u32 zero = 0;
+	struct ipc_scratch *s = bpf_map_lookup_elem(&ipc_scratch_buf, &zero);
+	if (!s)
+		return;
+	/* The superblock's key is its IPC namespace (mqueue_get_tree). */
+	struct ipc_namespace *ns = BPF_CORE_READ(msb, s_fs_info);
+	struct ipc_obj_key k = { .kind = IPC_KIND_MQUEUE, .ns = BPF_CORE_READ(ns, ns.inum), .obj = BPF_CORE_READ(f, f_inode, i_ino) };
+	__builtin_memset(&s->obj, 0, sizeof(s->obj));
+	fill_obj(&s->obj, root, sb);
+	s->obj.name[0] = '/';
+	const unsigned char *name = BPF_CORE_READ(f, f_path.dentry, d_name.name);
+	bpf_probe_read_kernel_str(&s->obj.name[1], sizeof(s->obj.name) - 1, name);
+	if (bpf_map_update_elem(&ipc_objects, &k, &s->obj, BPF_ANY))
+		count_overflow();
+}
+
+static __always_inline int mq_exit(long ret)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct ipc_pending *p = bpf_task_storage_get(&ipc_pending_calls, task, 0, 0);
+	if (!p || p->kind != IPC_KIND_MQUEUE)
+		return 0;
+	struct ipc_pending pc = *p;
+	p->kind = 0;
+	if (ret < 0)
+		return 0;
+	struct file *f = pw_fd_file(ret);
+	if (!f)
+		return 0;
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	struct super_block *msb = BPF_CORE_READ(ino, i_sb);
+	if ((__u64)msb != pc.mq_sb || !mq_inode_newer(msb, ino, pc.mq_mark))
+		return 0; /* an existing queue: opened, not created */
+	struct sandbox sb = { .id = pc.sandbox_id };
+	record_mq(f, msb, pc.sandbox_cg, &sb);
+	return 0;
+}
+
 static __always_inline int open_exit(long ret)
 {
 	if (ret < 0)
@@ -392,6 +513,11 @@ static __always_inline int open_exit(long ret)
 	struct file *f = pw_fd_file(ret);
 	if (!f || !(BPF_CORE_READ(f, f_mode) & FMODE_CREATED))
 		return 0;
+	struct super_block *fsb = BPF_CORE_READ(f, f_inode, i_sb);
+	if (BPF_CORE_READ(fsb, s_magic) == MQUEUE_MAGIC) {
+		record_mq(f, fsb, root, sb);
+		return 0;
+	}
 	__u32 zero = 0;
 	struct ipc_scratch *s = bpf_map_lookup_elem(&ipc_scratch_buf, &zero);
 	if (!s)
@@ -425,6 +551,8 @@ int BPF_PROG(ipc_sys_exit, struct pt_regs *regs, long ret)
 		return 0;
 	if (c.open)
 		return open_exit(ret);
+	if (c.mq)
+		return mq_exit(ret);
 	if (c.get || c.rmid)
 		return sysv_exit(&c, ret);
 	return 0;

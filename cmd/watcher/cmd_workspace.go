@@ -52,10 +52,11 @@ real directory is unchanged until commit.
                            container runtime to bind-mount them
 
 Rollback also removes the System V IPC objects (shared memory, semaphores,
-message queues) and /dev/shm files the sandbox's processes created where
-they outlive them (a runtime-placed sandbox sharing the host's IPC namespace
-or /dev/shm), as the agent's kernel tracking recorded them; objects of other
-processes with the same keys or names stay.
+message queues), POSIX message queues and /dev/shm files the sandbox's
+processes created where they outlive them (a runtime-placed sandbox
+sharing the host's IPC namespace or /dev/shm), as the agent's kernel
+tracking recorded them; objects of other processes with the same keys or
+names stay.
 
 Commit never carries privilege into the real directory: device nodes,
 FIFOs and sockets are refused, setuid/setgid bits and extended attributes
@@ -212,8 +213,8 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return env.record(d, msg)
 }
 
-// removeIPC removes the System V IPC objects and /dev/shm files that the
-// sandbox's processes created and the kernel recorded (bpf/ipc.c, loaded
+// removeIPC removes the System V IPC objects, POSIX message queues and
+// /dev/shm files that the sandbox's processes created and the kernel recorded (bpf/ipc.c, loaded
 // by the agent), once they are stopped. It returns what it removed and a
 // note for the record when the list may be incomplete.
 func (e *workspaceEnv) removeIPC() ([]string, string, error) {

@@ -48,6 +48,8 @@ type ipcIpcPending struct {
 	Last0     int32
 	Next0     int32
 	Pad       uint32
+	MqSb      uint64
+	MqMark    uint64
 }
 
 type ipcIpcRootName struct {

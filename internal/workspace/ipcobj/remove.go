@@ -31,11 +31,11 @@ type Outcome struct {
 }
 
 // Remove deletes the objects that are still the ones recorded. Run it
-// after the sandbox's processes are stopped. System V objects are
-// removed in their own IPC namespace (entered through a live process in
-// it when it is not this process's); a namespace no process holds is gone
-// with its objects. /dev/shm files are found by device and inode among
-// the mounts of this process's mount namespace.
+// after the sandbox's processes are stopped. System V objects and POSIX
+// message queues are removed in their own IPC namespace (entered through
+// a live process in it when it is not this process's); a namespace no
+// process holds is gone with its objects. /dev/shm files are found by
+// device and inode among the mounts of this process's mount namespace.
 func Remove(objs []Object) (Outcome, error) {
 	var out Outcome
 	var errs []error
@@ -54,7 +54,7 @@ func Remove(objs []Object) (Outcome, error) {
 	}
 	sort.Slice(nss, func(i, j int) bool { return nss[i] < nss[j] })
 	for _, ns := range nss {
-		removed, gone, err := removeSysVInNS(ns, byNS[ns])
+		removed, gone, err := removeInNS(ns, byNS[ns])
 		out.Removed = append(out.Removed, removed...)
 		out.Gone = append(out.Gone, gone...)
 		if err != nil {
@@ -108,14 +108,23 @@ func processInNS(ns uint32) int {
 	return 0
 }
 
-func removeSysVInNS(ns uint32, objs []Object) (removed, gone []Object, err error) {
-	own, err := nsInode("/proc/self/ns/ipc")
+// removeInNS removes System V objects and message queues of the IPC
+// namespace ns.
+func removeInNS(ns uint32, objs []Object) (removed, gone []Object, err error) {
+	// This thread's namespace (a goroutine that entered another and
+	// ended on the main thread leaves that thread there: /proc/self is
+	// not necessarily this thread's), kept while removing.
+	runtime.LockOSThread()
+	own, err := nsInode("/proc/thread-self/ns/ipc")
 	if err != nil {
+		runtime.UnlockOSThread()
 		return nil, nil, fmt.Errorf("own ipc namespace: %w", err)
 	}
 	if ns == own {
-		return removeSysV(objs)
+		defer runtime.UnlockOSThread()
+		return removeHere(objs)
 	}
+	runtime.UnlockOSThread()
 	pid := processInNS(ns)
 	if pid == 0 {
 		return nil, objs, nil // no process holds it: gone with its objects
@@ -144,11 +153,35 @@ func removeSysVInNS(ns uint32, objs []Object) (removed, gone []Object, err error
 			done <- result{gone: objs}
 			return
 		}
-		r, g, err := removeSysV(objs)
+		r, g, err := removeHere(objs)
 		done <- result{r, g, err}
 	}()
 	r := <-done
 	return r.removed, r.gone, r.err
+}
+
+// removeHere removes the objects in the current thread's IPC namespace.
+func removeHere(objs []Object) (removed, gone []Object, err error) {
+	var sysv, mq []Object
+	for _, o := range objs {
+		if o.Kind == KindMqueue {
+			mq = append(mq, o)
+		} else {
+			sysv = append(sysv, o)
+		}
+	}
+	var errs []error
+	if len(sysv) > 0 {
+		r, g, err := removeSysV(sysv)
+		removed, gone = append(removed, r...), append(gone, g...)
+		errs = append(errs, err)
+	}
+	if len(mq) > 0 {
+		r, g, err := removeMqueues(mq)
+		removed, gone = append(removed, r...), append(gone, g...)
+		errs = append(errs, err)
+	}
+	return removed, gone, errors.Join(errs...)
 }
 
 // sysvEntry is one line of /proc/sysvipc/{shm,sem,msg}.

@@ -20,6 +20,7 @@ const (
 	KindMsg     Kind = 2
 	KindShm     Kind = 3
 	KindShmFile Kind = 4
+	KindMqueue  Kind = 5
 )
 
 func (k Kind) String() string {
@@ -32,6 +33,8 @@ func (k Kind) String() string {
 		return "shm"
 	case KindShmFile:
 		return "shm_file"
+	case KindMqueue:
+		return "mqueue"
 	}
 	return fmt.Sprintf("kind%d", uint32(k))
 }
@@ -40,14 +43,17 @@ func (k Kind) String() string {
 type Object struct {
 	// Kind says which.
 	Kind Kind `json:"kind"`
-	// NS is the inode number of the IPC namespace (System V kinds).
+	// NS is the inode number of the IPC namespace (System V kinds,
+	// message queues).
 	NS uint32 `json:"ns,omitempty"`
 	// ID is the System V id the kernel returned to the creator.
 	ID int32 `json:"id,omitempty"`
 	// Key is the System V key it was created with (0: IPC_PRIVATE).
 	Key int32 `json:"key"`
 	// Dev (kernel encoding, MAJOR<<20|MINOR) and Ino identify a /dev/shm
-	// file; Path is where it was created, as the creator saw it.
+	// file; Path is where it was created, as the creator saw it. A POSIX
+	// message queue is NS and Ino (in the namespace's mqueue
+	// filesystem), Path its name (/name, at most 63 bytes kept).
 	Dev  uint32 `json:"dev,omitempty"`
 	Ino  uint64 `json:"ino,omitempty"`
 	Path string `json:"path,omitempty"`
@@ -62,8 +68,11 @@ type Object struct {
 
 // String is how a ledger record lists the object.
 func (o Object) String() string {
-	if o.Kind == KindShmFile {
+	switch o.Kind {
+	case KindShmFile:
 		return fmt.Sprintf("shm_file %s (dev %d:%d ino %d, pid %d %s)", o.Path, o.Dev>>20, o.Dev&(1<<20-1), o.Ino, o.PID, o.Comm)
+	case KindMqueue:
+		return fmt.Sprintf("mqueue %s ipc:[%d] (ino %d, pid %d %s)", o.Path, o.NS, o.Ino, o.PID, o.Comm)
 	}
 	return fmt.Sprintf("%s id %d key 0x%08x ipc:[%d] (pid %d %s)", o.Kind, o.ID, uint32(o.Key), o.NS, o.PID, o.Comm)
 }
@@ -136,9 +145,12 @@ func (t *Table) Sandbox(name string, roots []uint64) ([]Object, error) {
 			continue
 		}
 		o := Object{Kind: Kind(k.Kind), Key: v.Key, SandboxCgroup: v.SandboxCg, PID: v.Tgid, UID: v.Uid, Comm: cstr8(v.Comm[:])}
-		if o.Kind == KindShmFile {
+		switch o.Kind {
+		case KindShmFile:
 			o.Dev, o.Ino, o.Path = k.Ns, k.Obj, cstr(v.Name[:])
-		} else {
+		case KindMqueue:
+			o.NS, o.Ino, o.Path = k.Ns, k.Obj, cstr(v.Name[:])
+		default:
 			o.NS, o.ID = k.Ns, int32(uint32(k.Obj))
 		}
 		out = append(out, o)
@@ -174,8 +186,11 @@ func (t *Table) Overflow() (uint64, error) {
 }
 
 func (o Object) key() ipcIpcObjKey {
-	if o.Kind == KindShmFile {
+	switch o.Kind {
+	case KindShmFile:
 		return ipcIpcObjKey{Kind: uint32(o.Kind), Ns: o.Dev, Obj: o.Ino}
+	case KindMqueue:
+		return ipcIpcObjKey{Kind: uint32(o.Kind), Ns: o.NS, Obj: o.Ino}
 	}
 	return ipcIpcObjKey{Kind: uint32(o.Kind), Ns: o.NS, Obj: uint64(uint32(o.ID))}
 }
