@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/miekg/dns"
@@ -187,6 +188,64 @@ func sockaddr(target string) (unix.Sockaddr, error) {
 	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, nil
 }
 
+// probeTimeout bounds a network probe's wait for the other side.
+const probeTimeout = 3 * time.Second
+
+// Socket calls with a timeout (SO_RCVTIMEO, SO_SNDTIMEO) are never
+// restarted after a signal handler ran, whatever SA_RESTART says
+// (signal(7)): they fail with EINTR, and the Go runtime does signal its
+// threads. EINTR is no outcome of the probe, so the calls are made again
+// until the probe's deadline; it was seen on the DNS probe's read about
+// once in 10^4 queries, an "error (EINTR)" failure of a healthy layer.
+
+// connectRetry connects fd to sa, going on after EINTR: the kernel then
+// carries on with a stream connect in the background (EALREADY while in
+// progress, EISCONN once done).
+func connectRetry(fd int, sa unix.Sockaddr, deadline time.Time) error {
+	for {
+		err := unix.Connect(fd, sa)
+		switch {
+		case err == nil || errors.Is(err, unix.EISCONN):
+			return nil
+		case errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.EALREADY):
+			time.Sleep(5 * time.Millisecond)
+		default:
+			return err
+		}
+		if time.Now().After(deadline) {
+			return unix.ETIMEDOUT
+		}
+	}
+}
+
+// readRetry reads from fd, going on after EINTR until the deadline, with
+// the socket's receive timeout set to what is left of it.
+func readRetry(fd int, buf []byte, deadline time.Time) (int, error) {
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return 0, unix.EAGAIN
+		}
+		tv := unix.NsecToTimeval(left.Nanoseconds())
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		n, err := unix.Read(fd, buf)
+		if !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+	}
+}
+
+// writeRetry writes b to fd, going on after EINTR until the deadline.
+func writeRetry(fd int, b []byte, deadline time.Time) (int, error) {
+	for {
+		n, err := unix.Write(fd, b)
+		if !errors.Is(err, unix.EINTR) || time.Now().After(deadline) {
+			return n, err
+		}
+	}
+}
+
 func connect(target string) probeResult {
 	sa, err := sockaddr(target)
 	if err != nil {
@@ -197,9 +256,9 @@ func connect(target string) probeResult {
 		return refused(err)
 	}
 	defer unix.Close(fd)
-	tv := unix.Timeval{Sec: 3}
+	tv := unix.NsecToTimeval(probeTimeout.Nanoseconds())
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
-	if err := unix.Connect(fd, sa); err != nil {
+	if err := connectRetry(fd, sa, time.Now().Add(probeTimeout)); err != nil {
 		return refused(err)
 	}
 	return probeResult{Result: Allowed, Detail: "connected to " + target}
@@ -221,19 +280,18 @@ func query(name string) probeResult {
 		return refused(err)
 	}
 	defer unix.Close(fd)
-	tv := unix.Timeval{Sec: 3}
-	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	if err := unix.Connect(fd, sa); err != nil {
+	deadline := time.Now().Add(probeTimeout)
+	if err := connectRetry(fd, sa, deadline); err != nil {
 		return refused(err)
 	}
-	if _, err := unix.Write(fd, wire); err != nil {
+	if _, err := writeRetry(fd, wire, deadline); err != nil {
 		return refused(err)
 	}
 	buf := make([]byte, 1500)
-	n, err := unix.Read(fd, buf)
+	n, err := readRetry(fd, buf, deadline)
 	if err != nil {
 		if errors.Is(err, unix.EAGAIN) {
-			return probeResult{Result: "error", Detail: "no answer within 3s"}
+			return probeResult{Result: "error", Detail: "no answer within " + probeTimeout.String()}
 		}
 		return refused(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,6 +50,9 @@ type Target struct {
 	Exec         bool
 	// Reason says what started the run (start, reload, interval, check).
 	Reason string
+	// Checks, when set, limits the run to the checks of these names (the
+	// agent runs every check the plan has).
+	Checks []string
 }
 
 // Runner runs canaries. Its zero value is not usable: LedgerDir is
@@ -88,6 +92,13 @@ type pending struct {
 	dnsName string
 	mech    string // of the event that matched
 	seq     uint64 // of the event that matched
+	// beforeProxy says a DNS probe's query failed with an errno: it
+	// never reached the DNS proxy, so no DNS event will come. refusal
+	// describes the kernel's event of the refusal from the probe's leaf,
+	// once found (none when nothing refused it: no proxy listening).
+	beforeProxy bool
+	refusal     string
+	refusalMech string
 }
 
 // Run tests one sandbox and returns the report. An error means the run
@@ -113,6 +124,9 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 	defer os.RemoveAll(scratch)
 	suffix := randomHex(6)
 	checks := Plan(t.Policy, t.Sandbox, t.Layers, scratch, suffix)
+	if len(t.Checks) > 0 {
+		checks = slices.DeleteFunc(checks, func(c Check) bool { return !slices.Contains(t.Checks, c.Name) })
+	}
 	fx, err := prepare(self, checks, scratch, r.Fixture)
 	defer fx.cleanup()
 	if err != nil {
@@ -124,7 +138,7 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 		paths = append(paths, PathExec)
 	}
 	rep.Results = make([]control.CanaryResult, 0, len(paths)*len(checks))
-	var waits []*pending
+	var waits, probes []*pending
 	for _, path := range paths {
 		for _, c := range checks {
 			if ctx.Err() != nil {
@@ -141,21 +155,55 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 			}
 			p.res.Got, p.res.Detail, p.leaf = r.probe(ctx, self, t, c, path)
 			fx.afterProbe(c)
-			if c.NeedsEvent() {
-				p.res.Event = "no"
+			// A DNS check's refusal is the proxy's answer (NXDOMAIN with
+			// its RFC 8914 reason). An errno means the query never reached
+			// the proxy: the redirect to it is what failed, whatever the
+			// errno, and the run says which kernel layer refused.
+			p.beforeProxy = c.Op == opDNS && errnoOf(p.res.Got) != ""
+			probes = append(probes, p)
+			if c.NeedsEvent() || p.beforeProxy {
+				if c.NeedsEvent() {
+					p.res.Event = "no"
+				}
 				waits = append(waits, p)
 			}
 		}
 	}
 	r.awaitEvents(ctx, t.Sandbox.Name, from, waits)
-	for i := range rep.Results {
-		res := &rep.Results[i]
-		res.OK = outcomeOf(res.Got) == res.Expected && res.Event != "no"
+	for _, p := range probes {
+		res := p.res
+		res.OK = outcomeOf(res.Got) == res.Expected && res.Event != "no" && !p.beforeProxy
+		if p.beforeProxy {
+			res.Detail = p.beforeProxyDetail()
+			if p.refusalMech != "" {
+				res.Layer = p.refusalMech
+			}
+		}
 		if !res.OK {
 			rep.Failures++
 		}
 	}
 	return rep, nil
+}
+
+// errnoOf returns the errno of a probe outcome ("denied (EPERM)" gives
+// "EPERM"), "" when it has none.
+func errnoOf(got string) string {
+	_, rest, ok := strings.Cut(got, " (")
+	if !ok {
+		return ""
+	}
+	return strings.TrimSuffix(rest, ")")
+}
+
+// beforeProxyDetail says that a DNS probe's query failed before the DNS
+// proxy saw it, and what refused it when its event was found.
+func (p *pending) beforeProxyDetail() string {
+	msg := "the query failed with " + errnoOf(p.res.Got) + " before the DNS proxy saw it"
+	if p.refusal != "" {
+		return msg + ": refused by " + p.refusal
+	}
+	return msg + " (no refusal event from the probe's cgroup)"
 }
 
 func (r *Runner) mark(id uint64, name, check string) {
@@ -330,6 +378,11 @@ func (r *Runner) awaitEvents(ctx context.Context, sandbox string, from uint64, w
 	}
 }
 
+// done says the probe's wait is over: its event matched or, for a DNS
+// query the kernel refused, the refusal's event was found (the DNS
+// event cannot come: the proxy never saw the query).
+func (p *pending) done() bool { return p.mech != "" || p.refusal != "" }
+
 // scanLedger marks the pending probes whose event is in the ledger and
 // returns how many are still missing.
 func scanLedger(dir, sandbox string, from uint64, waits []*pending) int {
@@ -352,22 +405,74 @@ func scanLedger(dir, sandbox string, from uint64, waits []*pending) int {
 			used = used || (p.mech != "" && p.seq == rec.Seq)
 		}
 		for _, p := range waits {
-			if !used && p.mech == "" && matches(p, ev, sandbox) {
+			if !used && p.mech == "" && !p.beforeProxy && matches(p, ev, sandbox) {
 				// One event proves one probe.
 				p.mech, p.seq, used = ev.Mechanism, rec.Seq, true
 				if p.mech == "" {
 					p.mech = string(ev.Kind)
 				}
 			}
+			if p.beforeProxy && p.refusal == "" && refusalOf(p, ev) {
+				p.refusalMech = ev.Mechanism
+				p.refusal = describeRefusal(ev)
+			}
 		}
 	}
 	left := 0
 	for _, p := range waits {
-		if p.mech == "" {
+		if !p.done() {
 			left++
 		}
 	}
 	return left
+}
+
+// refusalOf says ev is the kernel's refusal of the DNS probe p's query:
+// a socket, connect or send refused in p's leaf (by the cgroup or LSM
+// socket hooks, or, under watcher exec, seccomp).
+func refusalOf(p *pending, ev *audit.Event) bool {
+	if p.leaf == 0 || ev.Process.CgroupID != p.leaf || (ev.Verdict != audit.VerdictDenied && ev.Verdict != audit.VerdictKilled) {
+		return false
+	}
+	switch ev.Kind {
+	case audit.KindNet, audit.KindSocket:
+		return true
+	case audit.KindSyscall:
+		if sc := ev.Syscall; sc != nil {
+			switch sc.Name {
+			case "socket", "connect", "write", "sendto", "sendmsg":
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// describeRefusal names the layer and reason of a refusal event.
+func describeRefusal(ev *audit.Event) string {
+	var parts []string
+	for _, s := range []string{ev.Mechanism, string(ev.Kind)} {
+		if s != "" {
+			parts = append(parts, s)
+		}
+	}
+	what := strings.Join(parts, " ")
+	if n := ev.Net; n != nil {
+		what += " " + n.Op
+		if n.Addr != "" {
+			what += fmt.Sprintf(" to %s:%d", n.Addr, n.Port)
+		}
+		if n.Reason != "" {
+			what += ": " + n.Reason
+		}
+	}
+	if sc := ev.Syscall; sc != nil && ev.Net == nil {
+		what += " " + sc.Name
+	}
+	if ev.Rule != "" {
+		what += " (rule " + ev.Rule + ")"
+	}
+	return what
 }
 
 // matches says ev is the event of probe p: from its leaf cgroup (or, for
