@@ -11,14 +11,16 @@ import (
 
 	"flag"
 	"fmt"
-	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/control"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/textesc"
 
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
@@ -90,7 +92,11 @@ ledger. Needs root. Leaves nothing behind (pins, cgroups, sockets).`); err != ni
 	}
 	// Whatever happens, leave no pins or cgroups behind.
 	defer enforce.Unpin(pol.Agent.PinDir)
-	defer cgroupfs.Remove(sbRoot)
+	defer func() {
+		if err := cgroupfs.Remove(sbRoot); err != nil {
+			fmt.Fprintln(os.Stderr, "watcher demo:", textesc.String(err.Error()))
+		}
+	}()
 
 	var mu sync.Mutex
 	var events []audit.Event

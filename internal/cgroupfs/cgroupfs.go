@@ -187,6 +187,9 @@ func Remove(path string) error {
 	var dirs []string
 	err := filepath.WalkDir(path, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
+			if p != path && errors.Is(err, os.ErrNotExist) {
+				return nil // a child removed meanwhile (a launcher's leaf)
+			}
 			return err
 		}
 		if d.IsDir() {
