@@ -3,7 +3,6 @@ package workspace
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,7 +46,7 @@ func Stop(cgroups []string, timeout time.Duration) (int, error) {
 		if _, err := os.Stat(filepath.Join(cg, "cgroup.procs")); err != nil {
 			continue
 		}
-		if !populated(cg) {
+		if cgroupfs.Empty(cg) {
 			continue
 		}
 		stopped++
@@ -91,24 +90,4 @@ func waitFrozen(cg string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// populated reports whether the cgroup's subtree has processes.
-func populated(cg string) bool {
-	data, err := os.ReadFile(filepath.Join(cg, "cgroup.events"))
-	if err != nil {
-		// No cgroup.events (not cgroup2): look at the procs files.
-		found := false
-		filepath.WalkDir(cg, func(p string, d fs.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				if pids, _ := cgroupfs.Procs(p); len(pids) > 0 {
-					found = true
-					return filepath.SkipAll
-				}
-			}
-			return nil
-		})
-		return found
-	}
-	return strings.Contains(string(data), "populated 1")
 }

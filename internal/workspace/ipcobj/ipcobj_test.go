@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -435,12 +436,7 @@ func TestRecordedKeyMismatchLeftAlone(t *testing.T) {
 // reported gone.
 func TestOtherNamespace(t *testing.T) {
 	f := setup(t)
-	holder := enforcetest.Command(t, "", "sleep", "60")
-	holder.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWIPC}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	holder := ipcHolder(t)
 	key := randKey()
 	out, err := enforcetest.SelfCommand(t, f.cg, "TestHelper", "join", fmt.Sprintf("IPC_KEY=%d", key),
 		fmt.Sprintf("IPC_NS_PID=%d", holder.Process.Pid)).CombinedOutput()
@@ -551,4 +547,17 @@ func TestAttachDetach(t *testing.T) {
 		t.Error("a pin survived detach")
 	}
 	_ = cgroupfs.Abs
+}
+
+// ipcHolder starts a process outside the sandbox holding an IPC namespace
+// of its own (ended at cleanup).
+func ipcHolder(t *testing.T) *exec.Cmd {
+	t.Helper()
+	holder := enforcetest.Command(t, "", "sleep", "60")
+	holder.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWIPC}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	return holder
 }

@@ -240,12 +240,7 @@ func TestMqueuesRemoved(t *testing.T) {
 // host's namespace has no queue of that name.
 func TestMqueueOtherNamespace(t *testing.T) {
 	f := setup(t)
-	holder := enforcetest.Command(t, "", "sleep", "60")
-	holder.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWIPC}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	holder := ipcHolder(t)
 	base := mqName()
 	out, err := enforcetest.SelfCommand(t, f.cg, "TestMqueueHelper", "mq-join", "MQ_NAME="+base,
 		fmt.Sprintf("IPC_NS_PID=%d", holder.Process.Pid)).CombinedOutput()
