@@ -20,6 +20,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/textesc"
 
 	"github.com/watcherhq/watcher/internal/agent"
@@ -93,7 +94,7 @@ ledger. Needs root. Leaves nothing behind (pins, cgroups, sockets).`); err != ni
 	// Whatever happens, leave no pins or cgroups behind.
 	defer enforce.Unpin(pol.Agent.PinDir)
 	defer func() {
-		if err := cgroupfs.Remove(sbRoot); err != nil {
+		if err := limits.RemoveTree(sbRoot); err != nil { // with the v1 twins limits made
 			fmt.Fprintln(os.Stderr, "watcher demo:", textesc.String(err.Error()))
 		}
 	}()

@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -97,16 +96,8 @@ func reap(leaf string) {
 	if err := cgroupfs.KillWait(leaf, reaperKillWait); err != nil {
 		code = 1
 	}
-	if err := cgroupfs.Remove(leaf); err != nil {
+	if err := limits.RemoveTree(leaf); err != nil { // with its v1 twins (hybrid hosts)
 		code = 1
-	}
-	// The v1 twins a LeafHook made for limits (hybrid hosts).
-	if h, err := limits.Detect(); err == nil && h.V2 != "" {
-		if rel, err := filepath.Rel(h.V2, leaf); err == nil && !strings.HasPrefix(rel, "..") && rel != "." {
-			if h.RemoveV1Tree(rel) != nil {
-				code = 1
-			}
-		}
 	}
 	os.Exit(code)
 }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -369,4 +370,23 @@ func (h *Host) RemoveV1Tree(rel string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveTree removes the cgroup2 tree at abs (an absolute path; its tasks
+// killed, frozen or not: cgroupfs.Remove) and then its v1 twins on hybrid
+// hosts (RemoveV1Tree): the one removal for whoever made a sandbox or
+// leaf cgroup that limits may have been applied to.
+func RemoveTree(abs string) error {
+	if err := cgroupfs.Remove(abs); err != nil {
+		return err
+	}
+	h, err := Detect()
+	if err != nil || len(h.V1) == 0 {
+		return nil // no v1 hierarchies: no twins
+	}
+	rel, err := filepath.Rel(h.V2, abs)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("limits: %s is not below the cgroup2 mount %s", abs, h.V2)
+	}
+	return h.RemoveV1Tree(rel)
 }
