@@ -67,7 +67,11 @@ enum lsm_op {
 	LSM_OP_UNIX_CONNECT = 23,    /* unix connect/send to a socket outside the sandbox's socket paths */
 	LSM_OP_EXEC_FILELESS = 24,   /* exec or PROT_EXEC mapping of a file with no name (memfd, deleted) */
 	LSM_OP_KERNEL_IFACE = 25,    /* the kernel group of the dangerous list (iopl, acct, reboot, personality...) */
-	LSM_OP_MAX = 26,
+	LSM_OP_OTHER_TASK = 26,      /* a process outside the sandbox's subtree: signals, limits, scheduling, ptrace-mode reads */
+	LSM_OP_OTHER_IPC = 27,       /* a System V IPC object or POSIX mqueue the sandbox did not create */
+	LSM_OP_TTY_INJECT = 28,      /* TIOCSTI / TIOCLINUX on any terminal */
+	LSM_OP_NOTIFY_MARK = 29,     /* a fanotify / inotify mark outside the workspaces */
+	LSM_OP_MAX = 30,
 };
 
 /* Which table decided a file_open. */

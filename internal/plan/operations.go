@@ -97,6 +97,38 @@ var operations = []operation{
 			{op: lsm.OpAgentSignal, hook: "file_send_sigiotask"},
 		},
 	},
+	{
+		// Own subtree only: the target of each hook is judged against the
+		// sandbox's cgroup subtree (issue 25). The kill backstop's parts
+		// and watcher exec's namespaces are named per part.
+		name:   "other-processes",
+		action: func(o *policy.Operations) policy.Action { return o.OtherProcesses },
+		parts: []opPart{
+			{op: lsm.OpOtherTask, hook: "task_kill"},
+			{op: lsm.OpOtherTask, hook: "file_send_sigiotask"},
+			{op: lsm.OpOtherTask, hook: "task_prlimit"},
+			{op: lsm.OpOtherTask, hook: "task_setnice"},
+			{op: lsm.OpOtherTask, hook: "task_setscheduler"},
+			{op: lsm.OpOtherTask, hook: "task_setioprio"},
+			{op: lsm.OpOtherTask, hook: "task_movememory"},
+			{op: lsm.OpOtherTask, hook: "ptrace_access_check"},
+		},
+	},
+	{
+		name:   "other-ipc",
+		action: func(o *policy.Operations) policy.Action { return o.OtherIPC },
+		parts:  []opPart{{op: lsm.OpOtherIPC, hook: "ipc_permission"}},
+	},
+	{
+		name:   "terminals",
+		action: func(o *policy.Operations) policy.Action { return o.Terminals },
+		parts:  []opPart{{op: lsm.OpTTYInject, hook: "file_ioctl"}},
+	},
+	{
+		name:   "notify-marks",
+		action: func(o *policy.Operations) policy.Action { return o.NotifyMarks },
+		parts:  []opPart{{op: lsm.OpNotifyMark, hook: "path_notify"}},
+	},
 }
 
 // OperationOfSyscall names the policy operation (its YAML key) whose rule
@@ -186,6 +218,10 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		switch {
 		case l.mech == MechLSM:
 			l.notes = append(l.notes, "lsm: "+strings.Join(dedupe(lsmOps), ", "))
+		case len(lsmOps) == 0 && len(killed) == 0 && len(op.always) == 0:
+			// No hook loads and the backstop has no part for it.
+			l.mech = MechNone
+			l.notes = append(l.notes, "nothing on this host enforces it (lsm hooks missing: "+strings.Join(dedupe(l.lsmMissing), ", ")+")")
 		case len(lsmOps) == 0:
 			l.notes = append(l.notes, "backstop: "+strings.Join(dedupe(killed), ", "))
 		default:

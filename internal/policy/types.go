@@ -383,6 +383,22 @@ type Operations struct {
 	// every 32-bit syscall is killed at entry, on every host (a sandbox with
 	// no use for 32-bit code). watcher exec refuses them whatever this says.
 	IA32Syscalls Action `yaml:"ia32_syscalls"`
+	// OtherProcesses covers every operation that reaches a process outside
+	// the sandbox's own cgroup subtree: signals by any route (the kill
+	// family, pidfd, SIGIO/SIGURG owners), prlimit, priority, scheduling,
+	// affinity and I/O priority, page migration, ptrace-mode reads of
+	// /proc/PID files (environ, maps, fd, ...; cmdline and stat stay
+	// readable), kcmp. Processes of the sandbox itself are never affected.
+	OtherProcesses Action `yaml:"other_processes"`
+	// OtherIPC covers System V IPC objects and POSIX message queues the
+	// sandbox did not create (attach, read, write, control).
+	OtherIPC Action `yaml:"other_ipc"`
+	// Terminals covers injecting input into a terminal (TIOCSTI,
+	// TIOCLINUX) on any tty, the sandbox's own included.
+	Terminals Action `yaml:"terminals"`
+	// NotifyMarks covers fanotify and inotify marks on files outside the
+	// sandbox's workspaces (watching what host processes open).
+	NotifyMarks Action `yaml:"notify_marks"`
 	// Capabilities rules the use of capabilities.
 	Capabilities Capabilities `yaml:"capabilities"`
 }

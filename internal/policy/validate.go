@@ -174,7 +174,8 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 		{"ptrace", o.Ptrace}, {"mount", o.Mount}, {"module", o.Module}, {"bpf", o.BPF},
 		{"kill_agent", o.KillAgent}, {"agent_files", o.AgentFiles}, {"cgroup_write", o.CgroupWrite},
 		{"io_uring", o.IOUring}, {"raw_sockets", o.RawSockets}, {"devices", o.Devices},
-		{"ia32_syscalls", o.IA32Syscalls},
+		{"ia32_syscalls", o.IA32Syscalls}, {"other_processes", o.OtherProcesses}, {"other_ipc", o.OtherIPC},
+		{"terminals", o.Terminals}, {"notify_marks", o.NotifyMarks},
 	} {
 		c.action(ops.key(f.name), f.a, false)
 	}

@@ -92,7 +92,21 @@ const (
 	// add_key, request_key use OpKeyring), or its entry point (fentry:
 	// personality, name_to_handle_at, killed at entry).
 	OpKernelIface Op = 25
-	opMax         Op = 26
+	// OpOtherTask: an operation on a process outside the sandbox's own
+	// subtree (policy operations.other_processes): signals by any route,
+	// prlimit, priority and scheduling, ioprio, page migration,
+	// ptrace-mode reads, kcmp.
+	OpOtherTask Op = 26
+	// OpOtherIPC: a System V IPC object or POSIX message queue the
+	// sandbox did not create (operations.other_ipc).
+	OpOtherIPC Op = 27
+	// OpTTYInject: TIOCSTI or TIOCLINUX on any terminal
+	// (operations.terminals).
+	OpTTYInject Op = 28
+	// OpNotifyMark: a fanotify or inotify mark on a file outside the
+	// workspaces (operations.notify_marks).
+	OpNotifyMark Op = 29
+	opMax        Op = 30
 )
 
 // PathOp is what a file_op event changed (enum path_op in bpf/lsm.c).
@@ -118,7 +132,8 @@ var opNames = map[Op]string{
 	OpCloneIntoCgroup: "clone_into_cgroup", OpPerfEvent: "perf_event_open", OpUserNS: "userns_create",
 	OpKeyring: "key_alloc", OpUserfaultfd: "userfaultfd", OpIOUring: "io_uring_setup",
 	OpCloneFiles: "clone_files", OpUnixConnect: "unix_connect", OpExecFileless: "exec_fileless",
-	OpKernelIface: "kernel_interface",
+	OpKernelIface: "kernel_interface", OpOtherTask: "other_process", OpOtherIPC: "other_ipc",
+	OpTTYInject: "tty_inject", OpNotifyMark: "notify_mark",
 }
 
 // Checks of lsm_syscall_checks (CHECK_* in bpf/lsm.c); capabilities are
