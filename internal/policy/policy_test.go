@@ -191,9 +191,16 @@ sandboxes:
 		t.Errorf("egress allow: ops %v dev %v", ops.Egress.Allow, dev.Egress.Allow)
 	}
 
-	// Audit depth: ops records everything, unsampled.
-	if ops.Audit.FileOpens != FileOpensAll || !ops.Audit.Syscalls || ops.Audit.SampleRate != 1 || ops.CapabilityAction(21) != ActionRecord {
-		t.Errorf("ops audit %+v, CAP_SYS_ADMIN %s", ops.Audit, ops.CapabilityAction(21))
+	// Audit depth: ops records everything, unsampled, including each use
+	// of the capabilities it holds; like every preset it holds no
+	// CAP_SYS_ADMIN (default-deny privilege).
+	if ops.Audit.FileOpens != FileOpensAll || !ops.Audit.Syscalls || ops.Audit.SampleRate != 1 || ops.CapabilityAction(0) != ActionRecord {
+		t.Errorf("ops audit %+v, CAP_CHOWN %s", ops.Audit, ops.CapabilityAction(0))
+	}
+	for _, sb := range []*Sandbox{ro, rw, dev, ops} {
+		if a := sb.CapabilityAction(21); a != ActionBlock {
+			t.Errorf("%s preset: CAP_SYS_ADMIN %s, want block", sb.Preset, a)
+		}
 	}
 	if ro.Audit.Syscalls || rw.Audit.Syscalls || dev.Audit.Syscalls || dev.Audit.SampleRate >= rw.Audit.SampleRate {
 		t.Errorf("audit depth: ro %+v rw %+v dev %+v", ro.Audit, rw.Audit, dev.Audit)
