@@ -101,7 +101,7 @@ func (c *refusalCollector) report(pol *policy.Policy, sb *policy.Sandbox, v laun
 	rep := &agent.RunReport{
 		Label: v.Label, Sandbox: sb.Name, Mode: string(sb.Mode), Command: strings.Join(argv, " "),
 		Outcome: string(v.Outcome), ExitCode: v.ExitCode,
-		Refusals:      agent.Refusals(pol, sb, mine, wd),
+		Refusals:      append(agent.Refusals(pol, sb, mine, wd), agent.MetadataRefusals(pol, sb, v.MetaRefused, v.MetaDropped)...),
 		LandlockNotes: v.Applied.LandlockNotes,
 	}
 	if rep.Mode == "" {

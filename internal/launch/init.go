@@ -147,6 +147,11 @@ func Init() {
 		os.Exit(ExitRestrictFailed) // the launcher gave up
 	}
 	unix.Close(goFD)
+	// The launcher holds its own copy of the metadata listener now: the
+	// command must not (it could answer its own calls).
+	if applied.MetaNotifyFD > 0 {
+		unix.Close(applied.MetaNotifyFD)
+	}
 	if spec.InProcess {
 		if inProcess == nil {
 			fmt.Fprintln(os.Stderr, "watcher launch: no in-process function in this binary")
@@ -187,6 +192,15 @@ func applyRestrictions(r Restrictions) (Applied, error) {
 	}
 	applied.SeccompDenied = denied
 	applied.ArchGuard = true
+	// Metadata changes Landlock has no right for go to the launcher's
+	// supervisor wherever Landlock confines writes (metanotify.go).
+	if r.Files != nil {
+		fd, names, err := installMetaNotify()
+		if err != nil {
+			return applied, err
+		}
+		applied.MetaNotify, applied.MetaNotifyFD = names, fd
+	}
 	return applied, nil
 }
 

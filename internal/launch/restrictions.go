@@ -165,6 +165,11 @@ type Applied struct {
 	// ArchGuard is true when syscalls of other ABIs (i386 int 0x80) are
 	// refused by a second filter.
 	ArchGuard bool `json:"arch_guard"`
+	// MetaNotify lists the metadata syscalls (chmod, chown, xattrs,
+	// times) the child hands to the launcher's supervisor; MetaNotifyFD
+	// is the listener's number in the child until it execs.
+	MetaNotify   []string `json:"meta_notify,omitempty"`
+	MetaNotifyFD int      `json:"meta_notify_fd,omitempty"`
 	// Error is set when the child could not apply the restrictions.
 	Error string `json:"error,omitempty"`
 }
@@ -175,7 +180,11 @@ func (a Applied) Summary() string {
 	if a.Landlock != "" {
 		ll = fmt.Sprintf("landlock=abi%d/%d-paths", a.LandlockABI, a.LandlockRules)
 	}
-	return fmt.Sprintf("seccomp=%d-syscalls %s nnp=%t", len(a.SeccompDenied), ll, a.NoNewPrivs)
+	meta := ""
+	if len(a.MetaNotify) > 0 {
+		meta = " metadata=supervised"
+	}
+	return fmt.Sprintf("seccomp=%d-syscalls %s%s nnp=%t", len(a.SeccompDenied), ll, meta, a.NoNewPrivs)
 }
 
 // absPaths cleans the rule paths; relative paths are relative to dir.

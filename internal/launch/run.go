@@ -126,6 +126,12 @@ type Verdict struct {
 	Duration time.Duration
 	// Applied is what the child put in force, as it reported it.
 	Applied Applied
+	// MetaRefused are the metadata changes (chmod, chown, xattrs, times)
+	// refused before they happened, at most maxMetaRefusals of them;
+	// MetaDropped counts the rest, MetaHandled every supervised call.
+	MetaRefused []MetaRefusal
+	MetaHandled int
+	MetaDropped int
 }
 
 // String is the one-line summary printed at the end of `watcher exec`.
@@ -376,6 +382,17 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 	var applied Applied
 	if err := json.NewDecoder(reportR).Decode(&applied); err != nil {
 		applied.Error = "no report from the child: " + err.Error()
+	}
+	var meta *metaSupervisor
+	if applied.Error == "" && applied.MetaNotifyFD > 0 {
+		if meta, err = superviseMeta(v.PID, applied.MetaNotifyFD, cfg.Restrictions.Files); err != nil {
+			applied.Error = err.Error()
+		}
+	}
+	if meta != nil {
+		defer func() {
+			v.MetaRefused, v.MetaHandled, v.MetaDropped = meta.stop()
+		}()
 	}
 	if applied.Error == "" {
 		if err := cgroupfs.MovePID(leaf, v.PID); err != nil {

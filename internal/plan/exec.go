@@ -41,6 +41,10 @@ func (c *compiler) launch(sb *policy.Sandbox) {
 		files, why := c.landlock(sb)
 		res.Files = files
 		notes = append(notes, why)
+		if files != nil {
+			notes = append(notes, "chmod, chown, user xattrs and times outside the writable paths refused before they happen "+
+				"(seccomp user notification: the launcher decides on the file the kernel resolves and makes allowed changes itself)")
+		}
 		var conflicts []string
 		for _, op := range operations {
 			if op.seccomp != "" && !blocking(orAllow(op.action(ops))) {
