@@ -414,6 +414,7 @@ func (a *Agent) startDNS() error {
 		Sandboxes: dnsproxy.SandboxResolverFunc(a.dnsSandbox),
 		Events:    sinkFunc(a.emitErr),
 		OnAnswer:  a.onAnswer,
+		OwnProbe:  a.canaryProbeQuery,
 	}
 	if a.dns, err = dnsproxy.New(cfg); err == nil {
 		err = a.dns.Start()

@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/watcherhq/watcher/internal/control"
+	"github.com/watcherhq/watcher/internal/dnsproxy"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -85,6 +86,11 @@ type Check struct {
 	// uniqueName says Target is a DNS name made up for the run, which
 	// the runner makes unique per path.
 	uniqueName bool
+	// Reason is, for a DNS check, the proxy's reason for the refusal the
+	// policy asks ("not on allowlist", "on denylist"): a refusal for
+	// another reason (a domain cut off for spent information budget)
+	// proves nothing about the allow and deny lists.
+	Reason string
 }
 
 // Expected is what the policy says happens to the check on a path.
@@ -175,7 +181,12 @@ func Plan(pol *policy.Policy, sb *policy.Sandbox, layers []control.Layer, scratc
 	dnsMech := mech("dns")
 	if dnsMech != "" && dnsMech != mechNone {
 		if name, made, ok := refusedName(&sb.DNS, suffix); ok {
-			add(Check{Name: "dns_unlisted", Op: opDNS, Target: name, Forbidden: true, Mechanism: "dnsproxy", uniqueName: made}, policy.ActionBlock)
+			reason := dnsproxy.ReasonNotAllowed
+			if dnsListed(sb.DNS.Deny, name) {
+				reason = dnsproxy.ReasonDenied
+			}
+			add(Check{Name: "dns_unlisted", Op: opDNS, Target: name, Forbidden: true, Mechanism: "dnsproxy",
+				uniqueName: made, Reason: reason}, policy.ActionBlock)
 		}
 		if name, ok := allowedName(&sb.DNS); ok {
 			out = append(out, Check{Name: "dns_allowed", Op: opDNS, Target: name, Mechanism: "dnsproxy"})

@@ -180,6 +180,13 @@ func refused(err error) probeResult {
 	return probeResult{Result: "error", Errno: unix.ErrnoName(en), Detail: en.Error()}
 }
 
+// refusedAt is refused with the failed call named in the detail.
+func refusedAt(call string, err error) probeResult {
+	res := refused(err)
+	res.Detail = call + ": " + res.Detail
+	return res
+}
+
 func sockaddr(target string) (unix.Sockaddr, error) {
 	ap, err := netip.ParseAddrPort(target)
 	if err != nil || !ap.Addr().Is4() {
@@ -275,17 +282,19 @@ func query(name string) probeResult {
 	if err != nil {
 		return probeResult{Result: "error", Detail: err.Error()}
 	}
+	// Each failure names its call: the egress hook refuses at connect,
+	// anything on the packet's way (a firewall) at write.
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return refused(err)
+		return refusedAt("socket", err)
 	}
 	defer unix.Close(fd)
 	deadline := time.Now().Add(probeTimeout)
 	if err := connectRetry(fd, sa, deadline); err != nil {
-		return refused(err)
+		return refusedAt("connect", err)
 	}
 	if _, err := writeRetry(fd, wire, deadline); err != nil {
-		return refused(err)
+		return refusedAt("write", err)
 	}
 	buf := make([]byte, 1500)
 	n, err := readRetry(fd, buf, deadline)
@@ -293,7 +302,7 @@ func query(name string) probeResult {
 		if errors.Is(err, unix.EAGAIN) {
 			return probeResult{Result: "error", Detail: "no answer within " + probeTimeout.String()}
 		}
-		return refused(err)
+		return refusedAt("read", err)
 	}
 	var resp dns.Msg
 	if err := resp.Unpack(buf[:n]); err != nil {

@@ -82,6 +82,12 @@ type Runner struct {
 	EventWait time.Duration
 	// ProbeTimeout bounds one probe (default 15s).
 	ProbeTimeout time.Duration
+	// PrepareExec, when set, is called before each probe through watcher
+	// exec, as `watcher exec` calls the agent before each command: the
+	// agent records seccomp and Landlock refusals only for a while after
+	// that call, and a run slowed down by a loaded host outlasted one
+	// call at its start (the exec probes' refusals went unrecorded).
+	PrepareExec func() error
 }
 
 // pending is a probe that ran and whose event is awaited.
@@ -99,6 +105,9 @@ type pending struct {
 	beforeProxy bool
 	refusal     string
 	refusalMech string
+	// otherReason says the DNS proxy refused the probe's query for
+	// another reason than the policy's (Check.Reason).
+	otherReason bool
 }
 
 // Run tests one sandbox and returns the report. An error means the run
@@ -155,6 +164,7 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 			}
 			p.res.Got, p.res.Detail, p.leaf = r.probe(ctx, self, t, c, path)
 			fx.afterProbe(c)
+			p.otherReason = c.Reason != "" && p.res.Got == Denied && !strings.HasSuffix(p.res.Detail, " "+c.Reason)
 			// A DNS check's refusal is the proxy's answer (NXDOMAIN with
 			// its RFC 8914 reason). An errno means the query never reached
 			// the proxy: the redirect to it is what failed, whatever the
@@ -172,7 +182,10 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 	r.awaitEvents(ctx, t.Sandbox.Name, from, waits)
 	for _, p := range probes {
 		res := p.res
-		res.OK = outcomeOf(res.Got) == res.Expected && res.Event != "no" && !p.beforeProxy
+		res.OK = outcomeOf(res.Got) == res.Expected && res.Event != "no" && !p.beforeProxy && !p.otherReason
+		if p.otherReason {
+			res.Detail += "; the proxy refused it, but not as " + strconv.Quote(p.check.Reason) + ": the check proves nothing"
+		}
 		if p.beforeProxy {
 			res.Detail = p.beforeProxyDetail()
 			if p.refusalMech != "" {
@@ -199,7 +212,7 @@ func errnoOf(got string) string {
 // beforeProxyDetail says that a DNS probe's query failed before the DNS
 // proxy saw it, and what refused it when its event was found.
 func (p *pending) beforeProxyDetail() string {
-	msg := "the query failed with " + errnoOf(p.res.Got) + " before the DNS proxy saw it"
+	msg := "the query failed with " + errnoOf(p.res.Got) + " (" + p.res.Detail + ") before the DNS proxy saw it"
 	if p.refusal != "" {
 		return msg + ": refused by " + p.refusal
 	}
@@ -232,6 +245,11 @@ func (r *Runner) probe(ctx context.Context, self string, t Target, c Check, path
 	var killed bool
 	var exitErr error
 	if path == PathExec {
+		if r.PrepareExec != nil {
+			if err := r.PrepareExec(); err != nil {
+				return "error", "prepare watcher exec: " + err.Error(), 0
+			}
+		}
 		hook := &markHook{mark: func(id uint64) { leafID = id; r.mark(id, "", c.Name) }}
 		v, err := launch.Run(ctx, launch.Config{Path: self, Env: env, Stdout: &out, Stderr: &errOut,
 			Sandbox: t.Sandbox.Name, CgroupParent: t.ExecParent, Label: "canary-" + c.Name,
@@ -492,7 +510,8 @@ func matches(p *pending, ev *audit.Event, sandbox string) bool {
 	}
 	if p.dnsName != "" {
 		return ev.Kind == audit.KindDNS && ev.DNS != nil && ev.Sandbox.Name == sandbox &&
-			strings.TrimSuffix(strings.ToLower(ev.DNS.Name), ".") == p.dnsName
+			strings.TrimSuffix(strings.ToLower(ev.DNS.Name), ".") == p.dnsName &&
+			(p.check.Reason == "" || ev.DNS.Reason == p.check.Reason)
 	}
 	return p.leaf != 0 && ev.Process.CgroupID == p.leaf
 }

@@ -30,6 +30,8 @@ type request struct {
 
 	info       nameInfo
 	notAllowed bool
+	// probe is the agent's own canary probe (Config.OwnProbe).
+	probe bool
 
 	// Outcome, set by the stage that answers.
 	resp     []byte
@@ -318,11 +320,14 @@ func sandboxStage(s *Server, r *request) bool {
 		return s.reply(r, dns.RcodeRefused, ReasonNoSandbox)
 	}
 	r.state = s.sandboxState(r.sandbox.name)
+	if s.cfg.OwnProbe != nil {
+		r.probe = s.cfg.OwnProbe(r.src, strings.ToLower(strings.TrimSuffix(r.q.Name, ".")))
+	}
 	return false
 }
 
 func rateLimitStage(s *Server, r *request) bool {
-	if !r.state.allow(r.sandbox.rate, r.now) {
+	if !r.probe && !r.state.allow(r.sandbox.rate, r.now) {
 		s.stats.rateLimited.Add(1)
 		return s.reply(r, dns.RcodeRefused, ReasonRateLimited)
 	}
@@ -333,7 +338,7 @@ func rateLimitStage(s *Server, r *request) bool {
 // that would be answered (after policy and detection, so refused names
 // cost nothing and say why they were refused).
 func rareStage(s *Server, r *request) bool {
-	if rareType(r.q.Qtype) && !r.state.allowRare(r.sandbox.rare, r.now) {
+	if rareType(r.q.Qtype) && !r.probe && !r.state.allowRare(r.sandbox.rare, r.now) {
 		s.stats.rateLimited.Add(1)
 		return s.reply(r, dns.RcodeRefused, ReasonRareType)
 	}
@@ -353,7 +358,7 @@ func nameStage(s *Server, r *request) bool {
 		// miekg/dns writes dots inside labels, non-ASCII and other bytes as
 		// escapes, so any other byte means the name is not a hostname.
 		r.info = analyzeInvalidName(name)
-		if r.sandbox.mode != "off" {
+		if r.sandbox.mode != "off" && !r.probe {
 			if cut, _ := r.state.observe(r.sandbox, &r.info, r.q.Qtype, r.now); cut {
 				s.stats.domainsCut.Add(1)
 			}
@@ -415,7 +420,8 @@ func (s *Server) wouldRefuse(r *request, reason string, sev audit.Severity) {
 
 func detectStage(s *Server, r *request) bool {
 	sb := r.sandbox
-	if sb.mode == "off" {
+	if sb.mode == "off" || r.probe {
+		// The canary's probe tests the policy alone (Config.OwnProbe).
 		if r.notAllowed {
 			return s.block(r, ReasonNotAllowed, audit.SeverityRoutine)
 		}
@@ -474,7 +480,7 @@ func forwardStage(s *Server, r *request) bool {
 		return s.servfail(r, ReasonUpstream)
 	}
 	s.cache.put(cacheKey{strings.ToLower(r.q.Name), r.q.Qtype}, t)
-	if m.Rcode == dns.RcodeSuccess || m.Rcode == dns.RcodeNameError {
+	if (m.Rcode == dns.RcodeSuccess || m.Rcode == dns.RcodeNameError) && !r.probe {
 		r.state.observeAnswer(r.sandbox, r.info.domain, m.Rcode, r.now)
 	}
 	s.answerFromTemplate(r, t)

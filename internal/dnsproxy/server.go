@@ -68,6 +68,14 @@ type Config struct {
 	// egress allowlist can admit the addresses before the client connects.
 	// It runs on the query path and must be fast.
 	OnAnswer func(Answer)
+	// OwnProbe, when set, reports whether a query (its source and its
+	// name, lower case without the trailing dot) is the agent's own
+	// canary probe. A probe is judged by the policy like any query but
+	// takes no rate-limit token and feeds no detection state (information
+	// budget, stream counters), so the canary never changes what it
+	// measures and a sandbox's spent budget never stands in for the
+	// policy's verdict. It runs on every query and must be fast.
+	OwnProbe func(src QuerySource, name string) bool
 	// UpstreamTimeout bounds one exchange with one upstream. Default 2s.
 	UpstreamTimeout time.Duration
 	// CacheEntries bounds the answer cache. Default 10000.
