@@ -23,6 +23,9 @@ import (
 // performs it) and watcher exec's launcher child (launch.Init), so the
 // same static binary runs in the qemu guest.
 func TestMain(m *testing.M) {
+	if os.Getenv(envConnects) != "" {
+		os.Exit(connectsMain())
+	}
 	if os.Getenv(envSpend) != "" {
 		os.Exit(spendMain())
 	}

@@ -1,0 +1,145 @@
+package canary_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/agent"
+	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/e2etest"
+)
+
+// envConnects makes the test binary connectsMain.
+const envConnects = "WATCHER_CANARY_TEST_CONNECTS"
+
+// connectsMain says "ready", waits for a byte on stdin (it is moved into
+// the sandbox meanwhile), then connects UDP sockets to 127.0.0.1:53 (what
+// the DNS probe does first) for the duration in the environment and prints
+// how many it made and each failure's errno.
+func connectsMain() int {
+	d, _ := time.ParseDuration(os.Getenv(envConnects))
+	fmt.Println("ready")
+	var b [1]byte
+	if n, _ := os.Stdin.Read(b[:]); n != 1 {
+		return 2
+	}
+	failed := map[string]int{}
+	n := 0
+	for end := time.Now().Add(d); time.Now().Before(end); n++ {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Connect(fd, &unix.SockaddrInet4{Port: 53, Addr: [4]byte{127, 0, 0, 1}})
+			unix.Close(fd)
+		}
+		if err != nil {
+			failed[err.Error()]++
+		}
+	}
+	fmt.Println(n, len(failed), failed)
+	return 0
+}
+
+// TestDNSRedirectAcrossReloads: the kernel's DNS redirect never refuses a
+// query while the policy is reloaded (every layer rewritten, the egress
+// programs attached anew) and probes come and go in fresh leaf cgroups.
+// A spurious EPERM of the canary's dns_unlisted probe was suspected to be
+// a window at a reload; this is the canary's first step (connect to
+// 127.0.0.1:53 from a leaf of the sandbox) hammered for 10 s through
+// reloads every 20 ms and a move to a new leaf every 20 ms.
+func TestDNSRedirectAcrossReloads(t *testing.T) {
+	w := e2etest.New(t, "canary-reload")
+	w.DNSUpstreams = []string{`"` + upstream(t) + `"`}
+	pf := filepath.Join(w.Base, "policy.yaml")
+	policyN := func(i int) []byte {
+		return []byte(w.PolicyHead("") + fmt.Sprintf(`  - name: agents
+    select: {cgroups: [%s]}
+    preset: restricted
+    escape: {enabled: false}
+    canary: {enabled: false}
+    dns: {allow: [x.example.com, y%d.example.com]}
+`, w.Cgroup, i))
+	}
+	if err := os.WriteFile(pf, policyN(0), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, err := agent.Start(ctx, agent.Options{PolicyPath: pf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop()
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := filepath.Join(w.CgAbs, fmt.Sprintf("connects-%d-0", os.Getpid()))
+	if err := os.Mkdir(leaf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self)
+	cmd.Env = []string{envConnects + "=10s"}
+	in, _ := cmd.StdinPipe()
+	outPipe, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	out := bufio.NewScanner(outPipe)
+	if !out.Scan() || out.Text() != "ready" {
+		t.Fatalf("connecting process did not start: %q", out.Text())
+	}
+	if err := cgroupfs.MovePID(leaf, cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	in.Write([]byte{1})
+
+	var stop atomic.Bool
+	done := make(chan struct{})
+	var reloads, moves int
+	go func() {
+		defer close(done)
+		for i := 1; !stop.Load(); i++ {
+			if err := os.WriteFile(pf, policyN(i), 0o644); err == nil && a.Reload() == nil {
+				reloads++
+			}
+			next := filepath.Join(w.CgAbs, fmt.Sprintf("connects-%d-%d", os.Getpid(), i))
+			if os.Mkdir(next, 0o755) == nil {
+				if cgroupfs.MovePID(next, cmd.Process.Pid) == nil {
+					moves++
+				}
+				cgroupfs.Remove(leaf)
+				leaf = next
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	ok := out.Scan()
+	stop.Store(true)
+	<-done
+	defer cgroupfs.Remove(leaf)
+	if !ok {
+		t.Fatalf("connecting process said nothing: %v", out.Err())
+	}
+	var n, kinds int
+	fmt.Sscan(out.Text(), &n, &kinds)
+	t.Logf("%d connects to 127.0.0.1:53 through %d reloads and %d moves to a fresh leaf: %s", n, reloads, moves, out.Text())
+	if kinds != 0 || n == 0 || !strings.HasSuffix(out.Text(), "map[]") {
+		t.Errorf("the DNS redirect refused connects: %s", out.Text())
+	}
+	if reloads < 10 || moves < 10 {
+		t.Errorf("only %d reloads and %d moves in 10 s: the test proves little", reloads, moves)
+	}
+}
