@@ -84,7 +84,7 @@ func TestPlanRestricted(t *testing.T) {
 	if c := checks["connect_unanswered"]; c.Expected(PathRuntime) != Denied || !c.NeedsEvent() {
 		t.Errorf("connect check %+v expects %s", c, c.Expected(PathRuntime))
 	}
-	if c := checks["dns_unlisted"]; !c.uniqueName || !strings.HasSuffix(c.Target, ".invalid") {
+	if c := checks["dns_unlisted"]; !c.uniqueName || !strings.HasSuffix(c.Target, ".invalid") || c.Reason != "not on allowlist" {
 		t.Errorf("dns check %+v", c)
 	}
 	if c := checks["file_read_allowed"]; c.Expected(PathRuntime) != Allowed || c.NeedsEvent() {
@@ -150,7 +150,7 @@ func TestPlanBaselineAndAllowances(t *testing.T) {
 	// allowed query; a loopback allowance drops the connect check.
 	pol, sb = load(t, "    dns: {deny: [\"*.evil.example\"], allow: [pypi.org]}\n    egress: {allow: [{cidr: 127.0.0.0/8}]}\n")
 	checks = byName(Plan(pol, sb, layersFor(pol, sb, "kill"), t.TempDir(), "abc"))
-	if c := checks["dns_unlisted"]; c.Target != "cabc.evil.example" || !c.uniqueName {
+	if c := checks["dns_unlisted"]; c.Target != "cabc.evil.example" || !c.uniqueName || c.Reason != "on denylist" {
 		t.Errorf("refused name %+v", c)
 	}
 	if c := checks["dns_allowed"]; c.Target != "pypi.org" || c.Forbidden {
