@@ -72,36 +72,46 @@ func spendMain() int {
 	return 0
 }
 
-// spend runs spendMain in a fresh leaf below the cgroup parent and
-// returns how many names it took to spend the budget.
-func spend(t *testing.T, parent string) int {
+// inSandbox starts this test binary with env, moves it into the leaf
+// cgroup once it said "ready" (its initialisers call bpf(), which the
+// sandbox kills for) and lets it go on; its stdout is returned. The process
+// is killed and reaped at the test's end.
+func inSandbox(t *testing.T, leaf, env string) *bufio.Scanner {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf := filepath.Join(parent, fmt.Sprintf("spend-%d-%d", os.Getpid(), time.Now().UnixNano()))
-	if err := os.Mkdir(leaf, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	defer cgroupfs.Remove(leaf)
 	cmd := exec.Command(self)
-	cmd.Env = []string{envSpend + "=1"}
+	cmd.Env = []string{env}
 	in, _ := cmd.StdinPipe()
 	outPipe, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	out := bufio.NewScanner(outPipe)
 	if !out.Scan() || out.Text() != "ready" {
-		t.Fatalf("spender did not start: %q", out.Text())
+		t.Fatalf("%s: did not start: %q", env, out.Text())
 	}
 	if err := cgroupfs.MovePID(leaf, cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
 	in.Write([]byte{1})
+	return out
+}
+
+// spend runs spendMain in a fresh leaf below the cgroup parent and
+// returns how many names it took to spend the budget.
+func spend(t *testing.T, parent string) int {
+	t.Helper()
+	leaf := filepath.Join(parent, fmt.Sprintf("spend-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	if err := os.Mkdir(leaf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer cgroupfs.Remove(leaf)
+	out := inSandbox(t, leaf, envSpend+"=1")
 	if !out.Scan() {
 		t.Fatalf("spender said nothing: %v", out.Err())
 	}

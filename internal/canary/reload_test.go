@@ -1,11 +1,9 @@
 package canary_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -80,31 +78,18 @@ func TestDNSRedirectAcrossReloads(t *testing.T) {
 	}
 	defer a.Stop()
 
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	leaf := filepath.Join(w.CgAbs, fmt.Sprintf("connects-%d-0", os.Getpid()))
 	if err := os.Mkdir(leaf, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(self)
-	cmd.Env = []string{envConnects + "=10s"}
-	in, _ := cmd.StdinPipe()
-	outPipe, _ := cmd.StdoutPipe()
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	defer func() { cgroupfs.Remove(leaf) }()
+	out := inSandbox(t, leaf, envConnects+"=10s")
+	pid := 0
+	if procs, err := cgroupfs.Procs(leaf); err == nil && len(procs) == 1 {
+		pid = procs[0]
+	} else {
+		t.Fatalf("connecting process in %s: %v %v", leaf, procs, err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	out := bufio.NewScanner(outPipe)
-	if !out.Scan() || out.Text() != "ready" {
-		t.Fatalf("connecting process did not start: %q", out.Text())
-	}
-	if err := cgroupfs.MovePID(leaf, cmd.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	in.Write([]byte{1})
 
 	var stop atomic.Bool
 	done := make(chan struct{})
@@ -117,7 +102,7 @@ func TestDNSRedirectAcrossReloads(t *testing.T) {
 			}
 			next := filepath.Join(w.CgAbs, fmt.Sprintf("connects-%d-%d", os.Getpid(), i))
 			if os.Mkdir(next, 0o755) == nil {
-				if cgroupfs.MovePID(next, cmd.Process.Pid) == nil {
+				if cgroupfs.MovePID(next, pid) == nil {
 					moves++
 				}
 				cgroupfs.Remove(leaf)
@@ -129,7 +114,6 @@ func TestDNSRedirectAcrossReloads(t *testing.T) {
 	ok := out.Scan()
 	stop.Store(true)
 	<-done
-	defer cgroupfs.Remove(leaf)
 	if !ok {
 		t.Fatalf("connecting process said nothing: %v", out.Err())
 	}
