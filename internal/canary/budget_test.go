@@ -3,6 +3,7 @@ package canary_test
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,9 +75,9 @@ func spendMain() int {
 
 // inSandbox starts this test binary with env, moves it into the leaf
 // cgroup once it said "ready" (its initialisers call bpf(), which the
-// sandbox kills for) and lets it go on; its stdout is returned. The process
-// is killed and reaped at the test's end.
-func inSandbox(t *testing.T, leaf, env string) *bufio.Scanner {
+// sandbox kills for) and lets it go on; its stdout and stdin are returned.
+// The process is killed and reaped at the test's end.
+func inSandbox(t *testing.T, leaf, env string) (*bufio.Scanner, io.WriteCloser) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -99,7 +100,7 @@ func inSandbox(t *testing.T, leaf, env string) *bufio.Scanner {
 		t.Fatal(err)
 	}
 	in.Write([]byte{1})
-	return out
+	return out, in
 }
 
 // spend runs spendMain in a fresh leaf below the cgroup parent and
@@ -111,7 +112,7 @@ func spend(t *testing.T, parent string) int {
 		t.Fatal(err)
 	}
 	defer cgroupfs.Remove(leaf)
-	out := inSandbox(t, leaf, envSpend+"=1")
+	out, _ := inSandbox(t, leaf, envSpend+"=1")
 	if !out.Scan() {
 		t.Fatalf("spender said nothing: %v", out.Err())
 	}
