@@ -1,7 +1,9 @@
 //go:build ignore
 
-/* cgroup BPF hooks: device access, sysctl access and socket creation from
- * sandbox cgroups, refused with a real EPERM before the operation.
+/* cgroup BPF hooks: device access, sysctl access, socket creation and
+ * inbound listeners from sandbox cgroups, refused with a real EPERM before
+ * the operation (listeners: see "listeners" below for the one case judged
+ * after listen(2) returns).
  *
  * Unlike the global hooks these programs attach to each sandbox root cgroup
  * (BPF_F_ALLOW_MULTI, so descendants inherit them and other programs on the
@@ -14,6 +16,7 @@
  * matching rule, most specific first, decides; no match allows.
  */
 #include "common.h"
+#include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -320,4 +323,342 @@ int watcher_cg_sock_create(struct bpf_sock *ctx)
 		submit_event(e, true);
 	}
 	return verdict == VERDICT_DENIED ? 0 : 1;
+}
+
+/* ---- listeners ----
+ *
+ * A sandbox may bind a loopback address (127.0.0.0/8, ::1, v4-mapped
+ * 127/8) on any port; any other address, the wildcards 0.0.0.0 and ::
+ * included, only on a listed port. cgroup/bind4 and bind6 refuse the rest
+ * with EPERM. Port 0 (the kernel picks one) is a client's bind and passes,
+ * as does UDP autobind on sendto: those are not servers.
+ *
+ * listen(2) on an unbound TCP socket (or one bound to port 0) gets an
+ * ephemeral port on the wildcard address and runs no bind hook
+ * (inet_autobind). No cgroup hook can refuse listen(2) itself: sockops'
+ * TCP_LISTEN_CB runs right after the socket enters LISTEN and records it,
+ * and the cgroup_skb ingress program drops every packet from another host
+ * to a sandbox listener the policy does not allow, so such a listener
+ * never sees a connection from outside (its SYNs go unanswered). Packets
+ * addressed to a loopback destination still reach it: the kernel drops
+ * 127/8 and ::1 destinations arriving from other interfaces (martians;
+ * route_localnet is a sysctl the sandbox cannot write).
+ *
+ * A sandbox socket bound to an address and port where a socket the
+ * sandbox does not own already listens (TCP) or is bound (UDP) is refused
+ * too: with SO_REUSEPORT under the same uid the kernel would share the
+ * host service's connections or datagrams with it (systemd-resolved on
+ * 127.0.0.53:53, a local database). Without SO_REUSEPORT the bind would
+ * fail with EADDRINUSE anyway. The owner is the socket storage mark set
+ * below on every socket the sandbox binds or listens on.
+ */
+
+#define AF_INET 2
+#define AF_INET6 10
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define MAX_LISTEN_RANGES 16
+
+enum listen_op {
+	LISTEN_OP_BIND = 1,     /* bind to a non-loopback address, port not listed */
+	LISTEN_OP_LISTEN = 2,   /* listen(2) on such an address and port (autobind) */
+	LISTEN_OP_TAKEOVER = 3, /* bind onto a port another's socket holds */
+};
+
+struct listen_range {
+	__u16 lo, hi; /* inclusive, host order */
+};
+
+/* Per sandbox id; a sandbox without an entry may listen anywhere. */
+struct listen_cfg {
+	__u32 action;  /* enum action for a refused bind or listener */
+	__u32 rule_id;
+	__u32 n;       /* ranges used */
+	__u32 pad;
+	struct listen_range ranges[MAX_LISTEN_RANGES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32);
+	__type(value, struct listen_cfg);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cg_listen_rules SEC(".maps");
+
+/* Mark on every socket a sandbox bound to a port or listens on. Pinned,
+ * so a restarted agent's programs still know the sandbox's sockets. */
+struct listen_mark {
+	__u64 sandbox_cg; /* sandbox root cgroup (its flags, its id) */
+	__u32 sandbox_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct listen_mark);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cg_listen_socks SEC(".maps");
+
+struct listen_event {
+	struct event_hdr hdr;
+	__u32 family;
+	__u32 type;
+	__u32 protocol;
+	__u16 port; /* host order */
+	__u8 op;    /* enum listen_op */
+	__u8 pad;
+	__u32 addr[4]; /* network order; IPv4 in addr[0] */
+};
+
+const struct listen_cfg *unused_listen_cfg __attribute__((unused));
+const struct listen_event *unused_listen_event __attribute__((unused));
+
+static __always_inline bool v4_loopback(__u32 a)
+{
+	return (bpf_ntohl(a) >> 24) == 127;
+}
+
+static __always_inline bool v4_mapped(const __u32 a[4])
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline bool v6_loopback(const __u32 a[4])
+{
+	if (v4_mapped(a))
+		return v4_loopback(a[3]);
+	return a[0] == 0 && a[1] == 0 && a[2] == 0 && a[3] == bpf_htonl(1);
+}
+
+static __always_inline bool port_listed(const struct listen_cfg *c, __u16 port)
+{
+	for (int i = 0; i < MAX_LISTEN_RANGES; i++) {
+		if (i >= c->n)
+			break;
+		if (port >= c->ranges[i].lo && port <= c->ranges[i].hi)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline void mark_own(void *sk, __u64 root, struct sandbox *sb)
+{
+	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (m) {
+		m->sandbox_cg = root;
+		m->sandbox_id = sb->id;
+	}
+}
+
+static __always_inline void listen_report(__u8 op, __u32 verdict, const struct listen_cfg *c,
+					  __u64 root, struct sandbox *sb, __u32 family, __u32 type,
+					  __u32 protocol, __u16 port, const __u32 addr[4])
+{
+	struct listen_event *e = reserve_event(sizeof(*e), true);
+	if (!e)
+		return;
+	cg_fill_hdr(&e->hdr, EV_LISTEN, verdict, c->rule_id, root, sb);
+	e->family = family;
+	e->type = type;
+	e->protocol = protocol;
+	e->port = port;
+	e->op = op;
+	e->pad = 0;
+	e->addr[0] = addr[0];
+	e->addr[1] = addr[1];
+	e->addr[2] = addr[2];
+	e->addr[3] = addr[3];
+	submit_event(e, true);
+}
+
+/* held_by_another reports whether a socket the sandbox does not own
+ * already receives what a socket bound to addr:port would: a TCP listener
+ * or a bound UDP socket. A wildcard bind is checked at the loopback
+ * address, where a host service listening on the wildcard is found too. */
+static __always_inline bool held_by_another(struct bpf_sock_addr *ctx, __u32 family,
+					    const __u32 addr[4], __u16 port, __u32 sandbox_id)
+{
+	struct bpf_sock_tuple t = {};
+	__u32 size;
+	if (family == AF_INET || v4_mapped(addr)) {
+		__u32 a = family == AF_INET ? addr[0] : addr[3];
+		t.ipv4.daddr = a ? a : bpf_htonl(0x7f000001);
+		t.ipv4.dport = bpf_htons(port);
+		size = sizeof(t.ipv4);
+	} else {
+		bool any = !(addr[0] | addr[1] | addr[2] | addr[3]);
+		t.ipv6.daddr[0] = addr[0];
+		t.ipv6.daddr[1] = addr[1];
+		t.ipv6.daddr[2] = addr[2];
+		t.ipv6.daddr[3] = any ? bpf_htonl(1) : addr[3];
+		t.ipv6.dport = bpf_htons(port);
+		size = sizeof(t.ipv6);
+	}
+	struct bpf_sock *sk;
+	if (ctx->type == SOCK_STREAM)
+		sk = bpf_sk_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	else if (ctx->type == SOCK_DGRAM)
+		sk = bpf_sk_lookup_udp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	else
+		return false;
+	if (!sk)
+		return false;
+	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, 0);
+	bool own = m && m->sandbox_id == sandbox_id;
+	bpf_sk_release(sk);
+	return !own;
+}
+
+static __always_inline int judge_bind(struct bpf_sock_addr *ctx, __u32 family, const __u32 addr[4],
+				      bool loopback)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 1;
+	struct listen_cfg *c = bpf_map_lookup_elem(&cg_listen_rules, &sb->id);
+	if (!c)
+		return 1;
+	__u16 port = bpf_ntohs((__u16)ctx->user_port);
+	if (port == 0)
+		return 1; /* the kernel picks one: judged at listen (sockops) */
+
+	__u8 op = 0;
+	if (!loopback && !port_listed(c, port))
+		op = LISTEN_OP_BIND;
+	else if (held_by_another(ctx, family, addr, port, sb->id))
+		op = LISTEN_OP_TAKEOVER;
+	if (!op) {
+		mark_own(ctx->sk, root, sb);
+		return 1;
+	}
+	__u32 action = c->action == ACTION_KILL ? ACTION_BLOCK : c->action;
+	__u32 verdict = effective_verdict(sb, action);
+	if (verdict == VERDICT_ALLOWED) {
+		mark_own(ctx->sk, root, sb);
+		return 1;
+	}
+	listen_report(op, verdict, c, root, sb, family, ctx->type, ctx->protocol, port, addr);
+	if (verdict == VERDICT_DENIED)
+		return 0;
+	mark_own(ctx->sk, root, sb);
+	return 1;
+}
+
+SEC("cgroup/bind4")
+int watcher_cg_bind4(struct bpf_sock_addr *ctx)
+{
+	__u32 a[4] = { ctx->user_ip4, 0, 0, 0 };
+	return judge_bind(ctx, AF_INET, a, v4_loopback(a[0]));
+}
+
+SEC("cgroup/bind6")
+int watcher_cg_bind6(struct bpf_sock_addr *ctx)
+{
+	__u32 a[4] = { ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3] };
+	return judge_bind(ctx, AF_INET6, a, v6_loopback(a));
+}
+
+/* listener_allowed judges a listening socket's local address and port. */
+static __always_inline bool listener_allowed(const struct listen_cfg *c, __u32 family,
+					     const __u32 addr[4], __u16 port)
+{
+	bool loopback = family == AF_INET ? v4_loopback(addr[0]) : v6_loopback(addr);
+	return loopback || port_listed(c, port);
+}
+
+/* TCP_LISTEN_CB runs in listen(2), after the socket entered LISTEN; its
+ * return value is ignored, so this records and marks the socket, and the
+ * ingress program below keeps other hosts' connections from it. */
+SEC("sockops")
+int watcher_cg_sockops(struct bpf_sock_ops *ops)
+{
+	if (ops->op != BPF_SOCK_OPS_TCP_LISTEN_CB)
+		return 1;
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb)
+		return 1;
+	struct listen_cfg *c = bpf_map_lookup_elem(&cg_listen_rules, &sb->id);
+	if (!c)
+		return 1;
+	struct bpf_sock *sk = ops->sk;
+	if (!sk)
+		return 1;
+	mark_own(sk, root, sb);
+
+	__u32 family = ops->family;
+	__u32 a[4] = {};
+	if (family == AF_INET) {
+		a[0] = ops->local_ip4;
+	} else {
+		a[0] = ops->local_ip6[0];
+		a[1] = ops->local_ip6[1];
+		a[2] = ops->local_ip6[2];
+		a[3] = ops->local_ip6[3];
+	}
+	__u16 port = (__u16)ops->local_port;
+	if (listener_allowed(c, family, a, port))
+		return 1;
+	__u32 action = c->action == ACTION_KILL ? ACTION_BLOCK : c->action;
+	__u32 verdict = effective_verdict(sb, action);
+	if (verdict != VERDICT_ALLOWED)
+		listen_report(LISTEN_OP_LISTEN, verdict, c, root, sb, family, SOCK_STREAM,
+			      IPPROTO_TCP, port, a);
+	return 1;
+}
+
+/* Drops packets from other hosts to a sandbox listener the policy does not
+ * allow (judged now, so a reload that lists the port lets them in). Runs
+ * for every packet delivered to a sandbox socket; everything but a
+ * listener returns at the state check. */
+SEC("cgroup_skb/ingress")
+int watcher_cg_listen_ingress(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return 1;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk || sk->state != BPF_TCP_LISTEN)
+		return 1;
+	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, 0);
+	if (!m)
+		return 1;
+	struct listen_cfg *c = bpf_map_lookup_elem(&cg_listen_rules, &m->sandbox_id);
+	if (!c)
+		return 1;
+	struct sandbox *sb = bpf_map_lookup_elem(&sandboxes, &m->sandbox_cg);
+	if (!sb || sb->id != m->sandbox_id)
+		return 1; /* the sandbox is gone or its id was reused */
+
+	__u32 family = sk->family;
+	__u32 a[4] = {};
+	if (family == AF_INET) {
+		a[0] = sk->src_ip4;
+	} else {
+		a[0] = sk->src_ip6[0];
+		a[1] = sk->src_ip6[1];
+		a[2] = sk->src_ip6[2];
+		a[3] = sk->src_ip6[3];
+	}
+	if (listener_allowed(c, family, a, (__u16)sk->src_port))
+		return 1;
+	__u32 action = c->action == ACTION_KILL ? ACTION_BLOCK : c->action;
+	if (effective_verdict(sb, action) != VERDICT_DENIED)
+		return 1;
+
+	/* A loopback destination comes from this host (see above). */
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		__u32 daddr;
+		if (bpf_skb_load_bytes(skb, 16, &daddr, sizeof(daddr)) == 0 && v4_loopback(daddr))
+			return 1;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		__u32 d[4];
+		if (bpf_skb_load_bytes(skb, 24, d, sizeof(d)) == 0 && v6_loopback(d))
+			return 1;
+	}
+	return 0;
 }
