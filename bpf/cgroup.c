@@ -17,6 +17,7 @@
  */
 #include "common.h"
 #include <bpf/bpf_endian.h>
+#include "listen.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -353,8 +354,6 @@ int watcher_cg_sock_create(struct bpf_sock *ctx)
  * below on every socket the sandbox binds or listens on.
  */
 
-#define AF_INET 2
-#define AF_INET6 10
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
 #define MAX_LISTEN_RANGES 16
@@ -386,22 +385,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } cg_listen_rules SEC(".maps");
 
-/* Mark on every socket a sandbox bound to a port or listens on. Pinned,
- * so a restarted agent's programs still know the sandbox's sockets. */
-struct listen_mark {
-	__u64 sandbox_cg; /* sandbox root cgroup (its flags, its id) */
-	__u32 sandbox_id;
-	__u32 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct listen_mark);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cg_listen_socks SEC(".maps");
-
 struct listen_event {
 	struct event_hdr hdr;
 	__u32 family;
@@ -415,23 +398,6 @@ struct listen_event {
 
 const struct listen_cfg *unused_listen_cfg __attribute__((unused));
 const struct listen_event *unused_listen_event __attribute__((unused));
-
-static __always_inline bool v4_loopback(__u32 a)
-{
-	return (bpf_ntohl(a) >> 24) == 127;
-}
-
-static __always_inline bool v4_mapped(const __u32 a[4])
-{
-	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
-}
-
-static __always_inline bool v6_loopback(const __u32 a[4])
-{
-	if (v4_mapped(a))
-		return v4_loopback(a[3]);
-	return a[0] == 0 && a[1] == 0 && a[2] == 0 && a[3] == bpf_htonl(1);
-}
 
 static __always_inline bool port_listed(const struct listen_cfg *c, __u16 port)
 {
@@ -481,35 +447,19 @@ static __always_inline void listen_report(__u8 op, __u32 verdict, const struct l
 static __always_inline bool held_by_another(struct bpf_sock_addr *ctx, __u32 family,
 					    const __u32 addr[4], __u16 port, __u32 sandbox_id)
 {
-	struct bpf_sock_tuple t = {};
-	__u32 size;
-	if (family == AF_INET || v4_mapped(addr)) {
-		__u32 a = family == AF_INET ? addr[0] : addr[3];
-		t.ipv4.daddr = a ? a : bpf_htonl(0x7f000001);
-		t.ipv4.dport = bpf_htons(port);
-		size = sizeof(t.ipv4);
-	} else {
-		bool any = !(addr[0] | addr[1] | addr[2] | addr[3]);
-		t.ipv6.daddr[0] = addr[0];
-		t.ipv6.daddr[1] = addr[1];
-		t.ipv6.daddr[2] = addr[2];
-		t.ipv6.daddr[3] = any ? bpf_htonl(1) : addr[3];
-		t.ipv6.dport = bpf_htons(port);
-		size = sizeof(t.ipv6);
+	__u32 a[4] = { addr[0], addr[1], addr[2], addr[3] };
+	if (family == AF_INET) {
+		if (!a[0])
+			a[0] = bpf_htonl(0x7f000001);
+	} else if (!(a[0] | a[1] | a[2] | a[3])) {
+		a[3] = bpf_htonl(1);
+	} else if (v4_mapped(a) && !a[3]) {
+		a[3] = bpf_htonl(0x7f000001);
 	}
-	struct bpf_sock *sk;
-	if (ctx->type == SOCK_STREAM)
-		sk = bpf_sk_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
-	else if (ctx->type == SOCK_DGRAM)
-		sk = bpf_sk_lookup_udp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
-	else
+	__u32 owner = 0;
+	if (!listen_holder(ctx, family, a, port, &owner))
 		return false;
-	if (!sk)
-		return false;
-	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, 0);
-	bool own = m && m->sandbox_id == sandbox_id;
-	bpf_sk_release(sk);
-	return !own;
+	return owner != sandbox_id;
 }
 
 static __always_inline int judge_bind(struct bpf_sock_addr *ctx, __u32 family, const __u32 addr[4],
@@ -523,8 +473,14 @@ static __always_inline int judge_bind(struct bpf_sock_addr *ctx, __u32 family, c
 	if (!c)
 		return 1;
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);
-	if (port == 0)
-		return 1; /* the kernel picks one: judged at listen (sockops) */
+	if (port == 0) {
+		/* The kernel picks one: a client, or a server judged at
+		 * listen (sockops). A loopback one is marked the sandbox's
+		 * own, so its own clients reach it (egress.c). */
+		if (loopback)
+			mark_own(ctx->sk, root, sb);
+		return 1;
+	}
 
 	__u8 op = 0;
 	if (!loopback && !port_listed(c, port))

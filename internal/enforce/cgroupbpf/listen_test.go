@@ -303,7 +303,7 @@ func TestListen(t *testing.T) {
 	n := newListenNet(t)
 	const allowed, denied = 18080, 18081
 	if err := f.hooks.SetListenRules([]cgroupbpf.ListenRule{{Sandbox: sandboxID,
-		Ports: []cgroupbpf.PortRange{{Lo: allowed, Hi: allowed}, {Lo: 19000, Hi: 19100}},
+		Ports:  []cgroupbpf.PortRange{{Lo: allowed, Hi: allowed}, {Lo: 19000, Hi: 19100}},
 		Action: enforce.ActionBlock, RuleID: ruleListen}}); err != nil {
 		t.Fatal(err)
 	}
