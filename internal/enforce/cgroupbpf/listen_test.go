@@ -394,3 +394,65 @@ func TestListen(t *testing.T) {
 		}
 	})
 }
+
+// TestListenRecordAndReload: a record-only sandbox binds and is recorded;
+// an autobound listener's peers are judged at each SYN, so a reload that
+// lists its port lets the next peer in without a new listen.
+func TestListenRecordAndReload(t *testing.T) {
+	f := setup(t)
+	n := newListenNet(t)
+	rules := func(ports ...cgroupbpf.PortRange) {
+		t.Helper()
+		if err := f.hooks.SetListenRules([]cgroupbpf.ListenRule{{Sandbox: sandboxID, Ports: ports,
+			Action: enforce.ActionBlock, RuleID: ruleListen}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules()
+	if err := f.eng.AddSandboxID(f.sbCg, sandboxID, enforce.SandboxRecordOnly); err != nil {
+		t.Fatal(err)
+	}
+	if err := listenOp(t, f.child, n.srv, "bind|tcp|0.0.0.0|18082"); err != nil {
+		t.Errorf("record-only sandbox bind: %v, want allowed", err)
+	}
+	if ev := f.expectEvent(t, "recorded bind", func(ev audit.Event) bool {
+		return ev.Kind == audit.KindNet && ev.Net != nil && ev.Net.Op == "bind" && ev.Net.Port == 18082
+	}); ev.Verdict != audit.VerdictRecorded {
+		t.Errorf("record-only bind verdict %q, want recorded", ev.Verdict)
+	}
+	if err := f.eng.AddSandboxID(f.sbCg, sandboxID, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	s := startServer(t, f.child, n.srv, "serve|tcp|unbound|0")
+	if err := listenOp(t, "", n.peer, fmt.Sprintf("connect|198.18.0.1|%d", s.port)); err != unix.ETIMEDOUT {
+		t.Fatalf("peer before the reload: %v, want ETIMEDOUT", err)
+	}
+	rules(cgroupbpf.PortRange{Lo: uint16(s.port), Hi: uint16(s.port)})
+	if err := listenOp(t, "", n.peer, fmt.Sprintf("connect|198.18.0.1|%d", s.port)); err != nil {
+		t.Errorf("peer after the reload listed the port: %v", err)
+	}
+	if err := s.result(t); err != nil {
+		t.Errorf("accept after the reload: %v", err)
+	}
+}
+
+func TestListenRuleValidation(t *testing.T) {
+	f := setup(t)
+	many := make([]cgroupbpf.PortRange, cgroupbpf.MaxListenRanges+1)
+	for i := range many {
+		many[i] = cgroupbpf.PortRange{Lo: uint16(1000 + i), Hi: uint16(1000 + i)}
+	}
+	for i, rs := range [][]cgroupbpf.ListenRule{
+		{{Sandbox: 0}},
+		{{Sandbox: 1, Action: 9}},
+		{{Sandbox: 1, Ports: many}},
+		{{Sandbox: 1, Ports: []cgroupbpf.PortRange{{Lo: 0, Hi: 5}}}},
+		{{Sandbox: 1, Ports: []cgroupbpf.PortRange{{Lo: 9, Hi: 5}}}},
+		{{Sandbox: 1}, {Sandbox: 1}},
+	} {
+		if err := f.hooks.SetListenRules(rs); err == nil {
+			t.Errorf("bad listen rule set %d accepted", i)
+		}
+	}
+}
