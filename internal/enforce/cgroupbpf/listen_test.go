@@ -31,6 +31,7 @@ const ruleListen = 104
 //
 //	bind|tcp|0.0.0.0|8080[|reuseport]   bind, close
 //	serve|tcp|127.0.0.1|0[|reuseport]   bind ("unbound": none), listen, accept one
+//	                                    (proto tcp, udp or mptcp)
 //	connect|198.18.0.1|8080             TCP connect, 2 s timeout
 func TestListenHelper(t *testing.T) {
 	mode := os.Getenv("WATCHER_LISTEN_HELPER")
@@ -80,11 +81,14 @@ func bindServe(serve bool, proto, addr string, port int, reuseport bool) error {
 			return err
 		}
 	}
-	typ := unix.SOCK_STREAM
-	if proto == "udp" {
+	typ, ipproto := unix.SOCK_STREAM, 0
+	switch proto {
+	case "udp":
 		typ = unix.SOCK_DGRAM
+	case "mptcp":
+		ipproto = unix.IPPROTO_MPTCP
 	}
-	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC, ipproto)
 	if err != nil {
 		return err
 	}
@@ -310,7 +314,7 @@ func TestListen(t *testing.T) {
 
 	for _, op := range []string{
 		"bind|tcp|0.0.0.0|%d", "bind|tcp|198.18.0.1|%d", "bind|tcp|::|%d",
-		"bind|tcp|::ffff:0.0.0.0|%d", "bind|udp|0.0.0.0|%d", "bind|udp|::|%d",
+		"bind|tcp|::ffff:0.0.0.0|%d", "bind|udp|0.0.0.0|%d", "bind|udp|::|%d", "bind|mptcp|0.0.0.0|%d",
 	} {
 		op = fmt.Sprintf(op, denied)
 		if err := listenOp(t, f.child, n.srv, op); err != syscall.EPERM {
@@ -355,6 +359,21 @@ func TestListen(t *testing.T) {
 		}
 		if err := s.result(t); err != nil {
 			t.Errorf("accept of the loopback client: %v", err)
+		}
+		// MPTCP listens through a kernel subflow socket that carries the
+		// caller's cgroup: the same hooks judge it.
+		if err := listenOp(t, f.child, n.srv, "bind|mptcp|0.0.0.0|0"); err == unix.EPROTONOSUPPORT || err == unix.ENOPROTOOPT {
+			t.Logf("MPTCP unavailable here (%v): not tried", err)
+		} else {
+			m := startServer(t, f.child, n.srv, "serve|mptcp|unbound|0")
+			expectListenEvent(t, f, "listen", m.port)
+			if err := listenOp(t, "", n.peer, fmt.Sprintf("connect|198.18.0.1|%d", m.port)); err != unix.ETIMEDOUT {
+				t.Errorf("peer connect to an autobound MPTCP listener: %v, want ETIMEDOUT", err)
+			}
+			o := startServer(t, f.outside, n.srv, "serve|mptcp|unbound|0")
+			if err := listenOp(t, "", n.peer, fmt.Sprintf("connect|198.18.0.1|%d", o.port)); err != nil {
+				t.Errorf("peer connect to an MPTCP listener outside the sandbox: %v", err)
+			}
 		}
 		// Outside the sandbox, the same listener is served to the peer.
 		o := startServer(t, f.outside, n.srv, "serve|tcp|unbound|0")
