@@ -518,6 +518,23 @@ int watcher_cg_bind6(struct bpf_sock_addr *ctx)
 	return judge_bind(ctx, AF_INET6, a, v6_loopback(a));
 }
 
+/* sock_local reads a socket's local address and port (host order) and
+ * returns its family. */
+static __always_inline __u32 sock_local(struct bpf_sock *sk, __u32 a[4], __u16 *port)
+{
+	__u32 family = sk->family;
+	if (family == AF_INET) {
+		a[0] = sk->src_ip4;
+	} else {
+		a[0] = sk->src_ip6[0];
+		a[1] = sk->src_ip6[1];
+		a[2] = sk->src_ip6[2];
+		a[3] = sk->src_ip6[3];
+	}
+	*port = (__u16)sk->src_port;
+	return family;
+}
+
 /* listener_allowed judges a listening socket's local address and port. */
 static __always_inline bool listener_allowed(const struct listen_cfg *c, __u32 family,
 					     const __u32 addr[4], __u16 port)
@@ -546,17 +563,9 @@ int watcher_cg_sockops(struct bpf_sock_ops *ops)
 		return 1;
 	mark_own(sk, root, sb);
 
-	__u32 family = ops->family;
 	__u32 a[4] = {};
-	if (family == AF_INET) {
-		a[0] = ops->local_ip4;
-	} else {
-		a[0] = ops->local_ip6[0];
-		a[1] = ops->local_ip6[1];
-		a[2] = ops->local_ip6[2];
-		a[3] = ops->local_ip6[3];
-	}
-	__u16 port = (__u16)ops->local_port;
+	__u16 port;
+	__u32 family = sock_local(sk, a, &port);
 	if (listener_allowed(c, family, a, port))
 		return 1;
 	__u32 action = c->action == ACTION_KILL ? ACTION_BLOCK : c->action;
@@ -590,17 +599,10 @@ int watcher_cg_listen_ingress(struct __sk_buff *skb)
 	if (!sb || sb->id != m->sandbox_id)
 		return 1; /* the sandbox is gone or its id was reused */
 
-	__u32 family = sk->family;
 	__u32 a[4] = {};
-	if (family == AF_INET) {
-		a[0] = sk->src_ip4;
-	} else {
-		a[0] = sk->src_ip6[0];
-		a[1] = sk->src_ip6[1];
-		a[2] = sk->src_ip6[2];
-		a[3] = sk->src_ip6[3];
-	}
-	if (listener_allowed(c, family, a, (__u16)sk->src_port))
+	__u16 port;
+	__u32 family = sock_local(sk, a, &port);
+	if (listener_allowed(c, family, a, port))
 		return 1;
 	__u32 action = c->action == ACTION_KILL ? ACTION_BLOCK : c->action;
 	if (effective_verdict(sb, action) != VERDICT_DENIED)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -50,16 +49,7 @@ func TestListenHelper(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
-	var errno syscall.Errno
-	switch {
-	case err == nil:
-		fmt.Println("result=ok")
-	case errors.As(err, &errno):
-		fmt.Printf("result=%d\n", int(errno))
-	default:
-		fmt.Printf("result=error %v\n", err)
-	}
-	os.Exit(0)
+	printResult(err)
 }
 
 func sockaddr(addr string, port int) (int, unix.Sockaddr, error) {
