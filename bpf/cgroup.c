@@ -159,6 +159,24 @@ static __always_inline __u32 verdict_of(struct sandbox *sb, struct rule *r)
 	return effective_verdict(sb, action);
 }
 
+/* mark_own marks sk (a socket, or the cgroup/sock_create context) as the
+ * current task's, of sandbox sb. Only where the task helpers run
+ * (sock_create, bind). */
+static __always_inline void mark_own(void *sk, __u64 root, struct sandbox *sb)
+{
+	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!m)
+		return;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	m->sandbox_cg = root;
+	m->sandbox_id = sb->id;
+	m->cgroup_id = bpf_get_current_cgroup_id();
+	m->pid = (__u32)pid_tgid;
+	m->tgid = pid_tgid >> 32;
+	m->uid = (__u32)bpf_get_current_uid_gid();
+	bpf_get_current_comm(&m->comm, sizeof(m->comm));
+}
+
 /* ---- devices ---- */
 
 static __always_inline struct rule *dev_lookup(__u32 sandbox_id, __u32 type, __u32 major,
@@ -302,6 +320,8 @@ int watcher_cg_sock_create(struct bpf_sock *ctx)
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
 		return 1;
+	/* The sandbox's own socket (listeners below, egress.c). */
+	mark_own(ctx, root, sb);
 
 	__u32 family = ctx->family, type = ctx->type, protocol = ctx->protocol;
 	struct rule *r = sock_lookup(sb->id, family, type, protocol);
@@ -410,23 +430,39 @@ static __always_inline bool port_listed(const struct listen_cfg *c, __u16 port)
 	return false;
 }
 
-static __always_inline void mark_own(void *sk, __u64 root, struct sandbox *sb)
+/* mark_fill_hdr is cg_fill_hdr for sockops, which has no task helpers on
+ * older kernels (6.1): the process is the one the mark names. */
+static __always_inline void mark_fill_hdr(struct event_hdr *h, __u32 kind, __u32 verdict,
+					  __u32 rule_id, const struct listen_mark *m)
 {
-	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (m) {
-		m->sandbox_cg = root;
-		m->sandbox_id = sb->id;
-	}
+	h->ts_ns = bpf_ktime_get_boot_ns();
+	h->cgroup_id = m->cgroup_id;
+	h->sandbox_cg = m->sandbox_cg;
+	h->pid = m->pid;
+	h->tgid = m->tgid;
+	h->ppid = 0;
+	h->uid = m->uid;
+	h->kind = kind;
+	h->verdict = verdict;
+	h->rule_id = rule_id;
+	h->sandbox_id = m->sandbox_id;
+	__builtin_memcpy(h->comm, m->comm, sizeof(h->comm));
 }
 
+/* listen_report sends a listen_event; the process is the current task,
+ * or with mark set (sockops) the one the mark names. */
 static __always_inline void listen_report(__u8 op, __u32 verdict, const struct listen_cfg *c,
-					  __u64 root, struct sandbox *sb, __u32 family, __u32 type,
-					  __u32 protocol, __u16 port, const __u32 addr[4])
+					  __u64 root, struct sandbox *sb, const struct listen_mark *mark,
+					  __u32 family, __u32 type, __u32 protocol, __u16 port,
+					  const __u32 addr[4])
 {
 	struct listen_event *e = reserve_event(sizeof(*e), true);
 	if (!e)
 		return;
-	cg_fill_hdr(&e->hdr, EV_LISTEN, verdict, c->rule_id, root, sb);
+	if (mark)
+		mark_fill_hdr(&e->hdr, EV_LISTEN, verdict, c->rule_id, mark);
+	else
+		cg_fill_hdr(&e->hdr, EV_LISTEN, verdict, c->rule_id, root, sb);
 	e->family = family;
 	e->type = type;
 	e->protocol = protocol;
@@ -497,7 +533,7 @@ static __always_inline int judge_bind(struct bpf_sock_addr *ctx, __u32 family, c
 		mark_own(ctx->sk, root, sb);
 		return 1;
 	}
-	listen_report(op, verdict, c, root, sb, family, ctx->type, ctx->protocol, port, addr);
+	listen_report(op, verdict, c, root, sb, NULL, family, ctx->type, ctx->protocol, port, addr);
 	if (verdict == VERDICT_DENIED)
 		return 0;
 	mark_own(ctx->sk, root, sb);
@@ -516,6 +552,19 @@ int watcher_cg_bind6(struct bpf_sock_addr *ctx)
 {
 	__u32 a[4] = { ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3] };
 	return judge_bind(ctx, AF_INET6, a, v6_loopback(a));
+}
+
+/* sock_mark returns a socket's mark; an MPTCP subflow (a kernel socket,
+ * no sock_create hook) has its connection's, the socket the sandbox made. */
+static __always_inline struct listen_mark *sock_mark(struct bpf_sock *sk)
+{
+	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, 0);
+	if (m)
+		return m;
+	struct mptcp_sock *msk = bpf_skc_to_mptcp_sock(sk);
+	if (!msk)
+		return NULL;
+	return bpf_sk_storage_get(&cg_listen_socks, msk, 0, 0);
 }
 
 /* sock_local reads a socket's local address and port (host order) and
@@ -544,24 +593,27 @@ static __always_inline bool listener_allowed(const struct listen_cfg *c, __u32 f
 }
 
 /* TCP_LISTEN_CB runs in listen(2), after the socket entered LISTEN; its
- * return value is ignored, so this records and marks the socket, and the
- * ingress program below keeps other hosts' connections from it. */
+ * return value is ignored, so this records the listener, and the ingress
+ * program below keeps other hosts' connections from it. The sandbox is
+ * the socket's (its mark from sock_create or bind): sockops on older
+ * kernels (6.1) has no current-task or cgroup helpers. */
 SEC("sockops")
 int watcher_cg_sockops(struct bpf_sock_ops *ops)
 {
 	if (ops->op != BPF_SOCK_OPS_TCP_LISTEN_CB)
 		return 1;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 1;
-	struct listen_cfg *c = bpf_map_lookup_elem(&cg_listen_rules, &sb->id);
-	if (!c)
-		return 1;
 	struct bpf_sock *sk = ops->sk;
 	if (!sk)
 		return 1;
-	mark_own(sk, root, sb);
+	struct listen_mark *m = sock_mark(sk);
+	if (!m)
+		return 1;
+	struct sandbox *sb = bpf_map_lookup_elem(&sandboxes, &m->sandbox_cg);
+	if (!sb || sb->id != m->sandbox_id)
+		return 1;
+	struct listen_cfg *c = bpf_map_lookup_elem(&cg_listen_rules, &m->sandbox_id);
+	if (!c)
+		return 1;
 
 	__u32 a[4] = {};
 	__u16 port;
@@ -571,8 +623,8 @@ int watcher_cg_sockops(struct bpf_sock_ops *ops)
 	__u32 action = c->action == ACTION_KILL ? ACTION_BLOCK : c->action;
 	__u32 verdict = effective_verdict(sb, action);
 	if (verdict != VERDICT_ALLOWED)
-		listen_report(LISTEN_OP_LISTEN, verdict, c, root, sb, family, SOCK_STREAM,
-			      IPPROTO_TCP, port, a);
+		listen_report(LISTEN_OP_LISTEN, verdict, c, m->sandbox_cg, sb, m, family,
+			      SOCK_STREAM, IPPROTO_TCP, port, a);
 	return 1;
 }
 
@@ -589,7 +641,7 @@ int watcher_cg_listen_ingress(struct __sk_buff *skb)
 	sk = bpf_sk_fullsock(sk);
 	if (!sk || sk->state != BPF_TCP_LISTEN)
 		return 1;
-	struct listen_mark *m = bpf_sk_storage_get(&cg_listen_socks, sk, 0, 0);
+	struct listen_mark *m = sock_mark(sk);
 	if (!m)
 		return 1;
 	struct listen_cfg *c = bpf_map_lookup_elem(&cg_listen_rules, &m->sandbox_id);

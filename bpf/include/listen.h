@@ -1,10 +1,9 @@
 /* The sandbox's own sockets, shared by cgroup.c (listen rules) and
  * egress.c (a sandbox's clients reach its own loopback servers).
  *
- * cgroup.c marks every socket a sandbox binds to a port, binds on
- * loopback, or listens on; the mark is socket storage, freed with the
- * socket, and the map is pinned by name so both objects (and a restarted
- * agent's) share it.
+ * cgroup.c marks every inet socket a sandbox creates (cgroup/sock_create)
+ * or binds; the mark is socket storage, freed with the socket, and the map
+ * is pinned by name so both objects (and a restarted agent's) share it.
  */
 #pragma once
 
@@ -18,10 +17,14 @@
 #define AF_INET6 10
 #endif
 
+/* The task that created (or last bound) the socket: sockops runs without
+ * the task helpers on older kernels, so its events name this one. */
 struct listen_mark {
 	__u64 sandbox_cg; /* sandbox root cgroup (its flags, its id) */
+	__u64 cgroup_id;  /* the task's own cgroup */
 	__u32 sandbox_id;
-	__u32 pad;
+	__u32 pid, tgid, uid;
+	__u8 comm[TASK_COMM_LEN];
 };
 
 struct {

@@ -86,8 +86,12 @@ type cgroupListenEvent struct {
 type cgroupListenMark struct {
 	_         structs.HostLayout
 	SandboxCg uint64
+	CgroupId  uint64
 	SandboxId uint32
-	Pad       uint32
+	Pid       uint32
+	Tgid      uint32
+	Uid       uint32
+	Comm      [16]uint8
 }
 
 type cgroupMembership struct {
