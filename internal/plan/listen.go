@@ -52,7 +52,7 @@ func (c *compiler) listen(sb *policy.Sandbox, sid uint32) error {
 		"cgroup/bind4 and bind6, EPERM before the bind: non-loopback addresses (0.0.0.0, ::, v4-mapped included) only on " + ports +
 			"; loopback on any port; TCP and UDP; port 0 and UDP autobind (clients) pass",
 		"a bind onto an address and port a socket outside the sandbox listens or is bound on is refused (SO_REUSEPORT takeover of host services)",
-		"listen(2) on an unbound socket (kernel autobind, no bind hook): not refused, recorded by sockops after the fact; cgroup_skb ingress drops every packet from another host to it, so it never gets a connection from outside (loopback clients still connect)",
+		"listen(2) on an unbound socket (kernel autobind, no bind hook; TCP and MPTCP): not refused, recorded by sockops after the fact; cgroup_skb ingress drops every packet from another host to it, so it never gets a connection from outside (loopback clients still connect)",
 		"judged on sockets created in the sandbox: a socket passed in from outside (SCM_RIGHTS, inherited) is not judged"}})
 	return nil
 }
