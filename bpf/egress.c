@@ -21,6 +21,7 @@
  */
 #include "common.h"
 #include <bpf/bpf_endian.h>
+#include "listen.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -454,6 +455,29 @@ static __always_inline void note_client(struct bpf_sock_addr *ctx, struct sock_i
 	bpf_map_update_elem(&egress_dns_orig, &cookie, &o, BPF_ANY);
 }
 
+/* own_loopback_server: the destination is a loopback address where a
+ * socket of the same sandbox listens (TCP) or is bound (UDP), judged on
+ * the socket the kernel would deliver to (listen.h): the sandbox's own
+ * local server is not egress. */
+static __always_inline bool own_loopback_server(struct bpf_sock_addr *ctx, const struct dest *d,
+						__u32 sandbox_id)
+{
+	__u32 a[4] = { d->addr[0], d->addr[1], d->addr[2], d->addr[3] };
+	__u32 family = AF_INET6;
+	if (d->family == AF_INET) {
+		if (!v4_loopback(a[3]))
+			return false;
+		if (ctx->user_family == AF_INET) {
+			family = AF_INET;
+			a[0] = a[3];
+		}
+	} else if (!v6_loopback(a)) {
+		return false;
+	}
+	__u32 owner = 0;
+	return listen_holder(ctx, family, a, d->port, &owner) && owner == sandbox_id;
+}
+
 /* handle is the common body of connect4/6 and sendmsg4/6. v6 says the
  * context's address is user_ip6 (it may still be IPv4-mapped). */
 static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
@@ -544,6 +568,8 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 		return refuse(ctx, sb, root, cfg, &d, op, NET_R_RESOLVER_PORT, cfg->dns_rule_id);
 	}
 	if (allowed(sb->id, &d, proto, &reason, &rule_id))
+		return 1;
+	if (dns_proto && own_loopback_server(ctx, &d, sb->id))
 		return 1;
 	return refuse(ctx, sb, root, cfg, &d, op, reason, 0);
 }

@@ -69,6 +69,7 @@ enum event_kind {
 	EV_OPERATION = 17, /* LSM operations judged as a whole (perf_event_open...): struct task_event */
 	EV_LSM_SOCKET = 18, /* LSM socket_create: struct sock_event of lsm.c */
 	EV_LSM_UNIX = 19,   /* LSM unix_stream_connect, unix_may_send: struct sock_event of lsm.c */
+	EV_LISTEN = 23,     /* cgroup bind4/bind6 and sockops listen: struct listen_event of cgroup.c */
 	/* 64 and up: EV_FMOD_RET + an LSM kind (bpf/include/lsm_hook.h) */
 };
 

@@ -570,6 +570,9 @@ func (a *Agent) applyPlan() error {
 	if err := a.cgroups.SetSocketRules(p.Sockets); err != nil {
 		return fmt.Errorf("socket rules: %w", err)
 	}
+	if err := a.cgroups.SetListenRules(p.Listen); err != nil {
+		return fmt.Errorf("listen rules: %w", err)
+	}
 	for name, id := range p.SandboxIDs {
 		a.dirs.Set(name, id)
 		if cfg, ok := p.Egress[id]; ok {

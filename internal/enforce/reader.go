@@ -46,6 +46,7 @@ const (
 	EvOperation  uint32 = 17 // LSM operations judged as a whole (perf_event_open...)
 	EvLSMSocket  uint32 = 18 // LSM socket_create
 	EvLSMUnix    uint32 = 19 // LSM unix_stream_connect and unix_may_send
+	EvListen     uint32 = 23 // cgroup bind4/bind6 and sockops listen (cgroupbpf)
 )
 
 // Actions of policy rules (enum action in common.h).

@@ -107,6 +107,9 @@ type Plan struct {
 	Devices []cgroupbpf.DeviceRule
 	Sysctl  []cgroupbpf.SysctlRule
 	Sockets []cgroupbpf.SocketRule
+	// Listen are the cgroup BPF listener rules, one per sandbox whose
+	// listen action is not allow.
+	Listen []cgroupbpf.ListenRule
 	// Egress is the egress configuration per sandbox id.
 	Egress map[uint32]egress.SandboxConfig
 	// ResolvedEgress lists, by sandbox name, the sandboxes whose egress
@@ -222,6 +225,9 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	c.devices(sb, sid, &lr)
 	c.rawSockets(sb, sid, &lr)
 	if err := c.network(sb, sid); err != nil {
+		return err
+	}
+	if err := c.listen(sb, sid); err != nil {
 		return err
 	}
 	c.launch(sb)

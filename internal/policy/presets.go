@@ -134,6 +134,7 @@ func cloneSandbox(sb Sandbox) Sandbox {
 	out.Tools.Exchange.Types = slices.Clone(sb.Tools.Exchange.Types)
 	out.Tools.Exchange.Patterns = slices.Clone(sb.Tools.Exchange.Patterns)
 	out.Egress.Unix = slices.Clone(sb.Egress.Unix)
+	out.Listen.Ports = slices.Clone(sb.Listen.Ports)
 	return out
 }
 

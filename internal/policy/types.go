@@ -170,6 +170,9 @@ type Sandbox struct {
 	DNS DNS `yaml:"dns"`
 	// Egress rules the connections the sandbox may make.
 	Egress Egress `yaml:"egress"`
+	// Listen rules the ports the sandbox may accept connections on from
+	// other hosts (see Listen).
+	Listen Listen `yaml:"listen"`
 	// Audit sets how much routine activity is recorded.
 	Audit Audit `yaml:"audit"`
 	// Escape configures the escape watch.
@@ -526,6 +529,38 @@ type Egress struct {
 	// and abstract ones are refused, judged on the path as passed.
 	Unix []string `yaml:"unix"`
 }
+
+// Listen rules inbound servers: where a sandboxed process may bind and
+// listen. A bind to a loopback address (127.0.0.0/8, ::1 and v4-mapped
+// ::ffff:127.0.0.0/104) is allowed on any port, so the sandbox's own
+// local servers and clients keep working; a bind to any other address,
+// the wildcards 0.0.0.0 and :: (dual-stack) included, only on a listed
+// port. TCP and UDP alike; binds to port 0 (the kernel picks a port) and
+// UDP sockets bound implicitly by sendto are clients and pass. A TCP
+// socket that listens without a bind (the kernel binds it to an
+// ephemeral port on the wildcard address) gets no connection from
+// another host unless its port is listed. A bind onto an address and
+// port a socket outside the sandbox already holds is refused as well
+// (SO_REUSEPORT would share that service's connections).
+//
+//	listen:
+//	  ports: ["8080", "9000-9100"]   # at most 16 entries
+//	  action: block                  # or record; allow lifts the rule
+//
+// Every preset lists no ports and blocks.
+type Listen struct {
+	// Ports are ports ("8080") or inclusive ranges ("9000-9100"), 1-65535,
+	// the sandbox may bind on non-loopback addresses.
+	Ports []PortRange `yaml:"ports"`
+	// Action for a bind or listener outside Ports: block (refused with
+	// EPERM, recorded), record (allowed, recorded) or allow (no rule).
+	// Empty means block.
+	Action Action `yaml:"action"`
+}
+
+// MaxListenPorts is how many entries listen.ports may hold (the kernel
+// map's room per sandbox).
+const MaxListenPorts = 16
 
 // Protocol names a transport protocol.
 type Protocol string

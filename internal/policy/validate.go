@@ -264,6 +264,7 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 			c.add(eg.key("unix").idx(i), "%q: want an absolute socket path (at most 107 bytes)", u)
 		}
 	}
+	c.listen(at.key("listen"), &sb.Listen)
 	au := at.key("audit")
 	if r := sb.Audit.SampleRate; r < 0 || r > 1 {
 		c.add(au.key("sample_rate"), "%v out of range [0, 1] (0 = agent default)", r)
@@ -348,6 +349,25 @@ func (c *checker) sandboxRequired(at path, sb *Sandbox) {
 		}
 		if sb.Escape.Action == "" {
 			c.add(es.key("action"), "required when the escape watch is enabled (freeze or alert)")
+		}
+	}
+}
+
+// listen checks a sandbox's listen section.
+func (c *checker) listen(at path, l *Listen) {
+	switch l.Action {
+	case "", ActionBlock, ActionRecord, ActionAllow:
+	case ActionKill:
+		c.add(at.key("action"), "kill: the bind hooks refuse, they cannot kill; want block, record or allow")
+	default:
+		c.add(at.key("action"), "%q: want block, record or allow", l.Action)
+	}
+	if len(l.Ports) > MaxListenPorts {
+		c.add(at.key("ports"), "%d entries, at most %d (use ranges: \"9000-9100\")", len(l.Ports), MaxListenPorts)
+	}
+	for i, pr := range l.Ports {
+		if _, _, err := pr.Bounds(); err != nil {
+			c.add(at.key("ports").idx(i), "%v", err)
 		}
 	}
 }

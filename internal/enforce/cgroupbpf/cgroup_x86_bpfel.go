@@ -44,6 +44,56 @@ type cgroupDevKey struct {
 	Minor     uint32
 }
 
+type cgroupListenCfg struct {
+	_      structs.HostLayout
+	Action uint32
+	RuleId uint32
+	N      uint32
+	Pad    uint32
+	Ranges [16]struct {
+		_  structs.HostLayout
+		Lo uint16
+		Hi uint16
+	}
+}
+
+type cgroupListenEvent struct {
+	_   structs.HostLayout
+	Hdr struct {
+		_         structs.HostLayout
+		TsNs      uint64
+		CgroupId  uint64
+		SandboxCg uint64
+		Pid       uint32
+		Tgid      uint32
+		Ppid      uint32
+		Uid       uint32
+		Kind      uint32
+		Verdict   uint32
+		RuleId    uint32
+		SandboxId uint32
+		Comm      [16]uint8
+	}
+	Family   uint32
+	Type     uint32
+	Protocol uint32
+	Port     uint16
+	Op       uint8
+	Pad      uint8
+	Addr     [4]uint32
+}
+
+type cgroupListenMark struct {
+	_         structs.HostLayout
+	SandboxCg uint64
+	CgroupId  uint64
+	SandboxId uint32
+	Pid       uint32
+	Tgid      uint32
+	Uid       uint32
+	Comm      [16]uint8
+}
+
 type cgroupMembership struct {
 	_         structs.HostLayout
 	Gen       uint64
@@ -129,29 +179,37 @@ type cgroupSysctlKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	cgroupMapAgentTgid            = "agent_tgid"
-	cgroupMapAlertEvents          = "alert_events"
-	cgroupMapCgDevRules           = "cg_dev_rules"
-	cgroupMapCgSockRules          = "cg_sock_rules"
-	cgroupMapCgSysctlRules        = "cg_sysctl_rules"
-	cgroupMapCgSysctlScratch      = "cg_sysctl_scratch"
-	cgroupMapMembershipCache      = "membership_cache"
-	cgroupMapRingbufDrops         = "ringbuf_drops"
-	cgroupMapRoutineEvents        = "routine_events"
-	cgroupMapSandboxGen           = "sandbox_gen"
-	cgroupMapSandboxes            = "sandboxes"
-	cgroupProgWatcherCgDev        = "watcher_cg_dev"
-	cgroupProgWatcherCgSockCreate = "watcher_cg_sock_create"
-	cgroupProgWatcherCgSysctl     = "watcher_cg_sysctl"
-	cgroupVarUnusedDevEvent       = "unused_dev_event"
-	cgroupVarUnusedDevKey         = "unused_dev_key"
-	cgroupVarUnusedEventHdr       = "unused_event_hdr"
-	cgroupVarUnusedRule           = "unused_rule"
-	cgroupVarUnusedSandbox        = "unused_sandbox"
-	cgroupVarUnusedSockEvent      = "unused_sock_event"
-	cgroupVarUnusedSockKey        = "unused_sock_key"
-	cgroupVarUnusedSysctlEvent    = "unused_sysctl_event"
-	cgroupVarUnusedSysctlKey      = "unused_sysctl_key"
+	cgroupMapAgentTgid               = "agent_tgid"
+	cgroupMapAlertEvents             = "alert_events"
+	cgroupMapCgDevRules              = "cg_dev_rules"
+	cgroupMapCgListenRules           = "cg_listen_rules"
+	cgroupMapCgListenSocks           = "cg_listen_socks"
+	cgroupMapCgSockRules             = "cg_sock_rules"
+	cgroupMapCgSysctlRules           = "cg_sysctl_rules"
+	cgroupMapCgSysctlScratch         = "cg_sysctl_scratch"
+	cgroupMapMembershipCache         = "membership_cache"
+	cgroupMapRingbufDrops            = "ringbuf_drops"
+	cgroupMapRoutineEvents           = "routine_events"
+	cgroupMapSandboxGen              = "sandbox_gen"
+	cgroupMapSandboxes               = "sandboxes"
+	cgroupProgWatcherCgBind4         = "watcher_cg_bind4"
+	cgroupProgWatcherCgBind6         = "watcher_cg_bind6"
+	cgroupProgWatcherCgDev           = "watcher_cg_dev"
+	cgroupProgWatcherCgListenIngress = "watcher_cg_listen_ingress"
+	cgroupProgWatcherCgSockCreate    = "watcher_cg_sock_create"
+	cgroupProgWatcherCgSockops       = "watcher_cg_sockops"
+	cgroupProgWatcherCgSysctl        = "watcher_cg_sysctl"
+	cgroupVarUnusedDevEvent          = "unused_dev_event"
+	cgroupVarUnusedDevKey            = "unused_dev_key"
+	cgroupVarUnusedEventHdr          = "unused_event_hdr"
+	cgroupVarUnusedListenCfg         = "unused_listen_cfg"
+	cgroupVarUnusedListenEvent       = "unused_listen_event"
+	cgroupVarUnusedRule              = "unused_rule"
+	cgroupVarUnusedSandbox           = "unused_sandbox"
+	cgroupVarUnusedSockEvent         = "unused_sock_event"
+	cgroupVarUnusedSockKey           = "unused_sock_key"
+	cgroupVarUnusedSysctlEvent       = "unused_sysctl_event"
+	cgroupVarUnusedSysctlKey         = "unused_sysctl_key"
 )
 
 // loadCgroup returns the embedded CollectionSpec for cgroup.
@@ -196,9 +254,13 @@ type cgroupSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cgroupProgramSpecs struct {
-	WatcherCgDev        *ebpf.ProgramSpec `ebpf:"watcher_cg_dev"`
-	WatcherCgSockCreate *ebpf.ProgramSpec `ebpf:"watcher_cg_sock_create"`
-	WatcherCgSysctl     *ebpf.ProgramSpec `ebpf:"watcher_cg_sysctl"`
+	WatcherCgBind4         *ebpf.ProgramSpec `ebpf:"watcher_cg_bind4"`
+	WatcherCgBind6         *ebpf.ProgramSpec `ebpf:"watcher_cg_bind6"`
+	WatcherCgDev           *ebpf.ProgramSpec `ebpf:"watcher_cg_dev"`
+	WatcherCgListenIngress *ebpf.ProgramSpec `ebpf:"watcher_cg_listen_ingress"`
+	WatcherCgSockCreate    *ebpf.ProgramSpec `ebpf:"watcher_cg_sock_create"`
+	WatcherCgSockops       *ebpf.ProgramSpec `ebpf:"watcher_cg_sockops"`
+	WatcherCgSysctl        *ebpf.ProgramSpec `ebpf:"watcher_cg_sysctl"`
 }
 
 // cgroupMapSpecs contains maps before they are loaded into the kernel.
@@ -208,6 +270,8 @@ type cgroupMapSpecs struct {
 	AgentTgid       *ebpf.MapSpec `ebpf:"agent_tgid"`
 	AlertEvents     *ebpf.MapSpec `ebpf:"alert_events"`
 	CgDevRules      *ebpf.MapSpec `ebpf:"cg_dev_rules"`
+	CgListenRules   *ebpf.MapSpec `ebpf:"cg_listen_rules"`
+	CgListenSocks   *ebpf.MapSpec `ebpf:"cg_listen_socks"`
 	CgSockRules     *ebpf.MapSpec `ebpf:"cg_sock_rules"`
 	CgSysctlRules   *ebpf.MapSpec `ebpf:"cg_sysctl_rules"`
 	CgSysctlScratch *ebpf.MapSpec `ebpf:"cg_sysctl_scratch"`
@@ -225,6 +289,8 @@ type cgroupVariableSpecs struct {
 	UnusedDevEvent    *ebpf.VariableSpec `ebpf:"unused_dev_event"`
 	UnusedDevKey      *ebpf.VariableSpec `ebpf:"unused_dev_key"`
 	UnusedEventHdr    *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedListenCfg   *ebpf.VariableSpec `ebpf:"unused_listen_cfg"`
+	UnusedListenEvent *ebpf.VariableSpec `ebpf:"unused_listen_event"`
 	UnusedRule        *ebpf.VariableSpec `ebpf:"unused_rule"`
 	UnusedSandbox     *ebpf.VariableSpec `ebpf:"unused_sandbox"`
 	UnusedSockEvent   *ebpf.VariableSpec `ebpf:"unused_sock_event"`
@@ -256,6 +322,8 @@ type cgroupMaps struct {
 	AgentTgid       *ebpf.Map `ebpf:"agent_tgid"`
 	AlertEvents     *ebpf.Map `ebpf:"alert_events"`
 	CgDevRules      *ebpf.Map `ebpf:"cg_dev_rules"`
+	CgListenRules   *ebpf.Map `ebpf:"cg_listen_rules"`
+	CgListenSocks   *ebpf.Map `ebpf:"cg_listen_socks"`
 	CgSockRules     *ebpf.Map `ebpf:"cg_sock_rules"`
 	CgSysctlRules   *ebpf.Map `ebpf:"cg_sysctl_rules"`
 	CgSysctlScratch *ebpf.Map `ebpf:"cg_sysctl_scratch"`
@@ -271,6 +339,8 @@ func (m *cgroupMaps) Close() error {
 		m.AgentTgid,
 		m.AlertEvents,
 		m.CgDevRules,
+		m.CgListenRules,
+		m.CgListenSocks,
 		m.CgSockRules,
 		m.CgSysctlRules,
 		m.CgSysctlScratch,
@@ -289,6 +359,8 @@ type cgroupVariables struct {
 	UnusedDevEvent    *ebpf.Variable `ebpf:"unused_dev_event"`
 	UnusedDevKey      *ebpf.Variable `ebpf:"unused_dev_key"`
 	UnusedEventHdr    *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedListenCfg   *ebpf.Variable `ebpf:"unused_listen_cfg"`
+	UnusedListenEvent *ebpf.Variable `ebpf:"unused_listen_event"`
 	UnusedRule        *ebpf.Variable `ebpf:"unused_rule"`
 	UnusedSandbox     *ebpf.Variable `ebpf:"unused_sandbox"`
 	UnusedSockEvent   *ebpf.Variable `ebpf:"unused_sock_event"`
@@ -301,15 +373,23 @@ type cgroupVariables struct {
 //
 // It can be passed to loadCgroupObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cgroupPrograms struct {
-	WatcherCgDev        *ebpf.Program `ebpf:"watcher_cg_dev"`
-	WatcherCgSockCreate *ebpf.Program `ebpf:"watcher_cg_sock_create"`
-	WatcherCgSysctl     *ebpf.Program `ebpf:"watcher_cg_sysctl"`
+	WatcherCgBind4         *ebpf.Program `ebpf:"watcher_cg_bind4"`
+	WatcherCgBind6         *ebpf.Program `ebpf:"watcher_cg_bind6"`
+	WatcherCgDev           *ebpf.Program `ebpf:"watcher_cg_dev"`
+	WatcherCgListenIngress *ebpf.Program `ebpf:"watcher_cg_listen_ingress"`
+	WatcherCgSockCreate    *ebpf.Program `ebpf:"watcher_cg_sock_create"`
+	WatcherCgSockops       *ebpf.Program `ebpf:"watcher_cg_sockops"`
+	WatcherCgSysctl        *ebpf.Program `ebpf:"watcher_cg_sysctl"`
 }
 
 func (p *cgroupPrograms) Close() error {
 	return _CgroupClose(
+		p.WatcherCgBind4,
+		p.WatcherCgBind6,
 		p.WatcherCgDev,
+		p.WatcherCgListenIngress,
 		p.WatcherCgSockCreate,
+		p.WatcherCgSockops,
 		p.WatcherCgSysctl,
 	)
 }

@@ -1,9 +1,11 @@
-// Package cgroupbpf enforces device, sysctl and socket-creation rules on
-// sandbox cgroups with cgroup BPF programs (bpf/cgroup.c): cgroup/dev,
-// cgroup/sysctl and cgroup/sock_create. They refuse the operation with a
-// real EPERM on every kernel with cgroup v2 BPF, including hosts where BPF
-// LSM programs cannot load. cgroup/sock_create sees only AF_INET and
-// AF_INET6 sockets (see DefaultSocketRules).
+// Package cgroupbpf enforces device, sysctl, socket-creation and listener
+// rules on sandbox cgroups with cgroup BPF programs (bpf/cgroup.c):
+// cgroup/dev, cgroup/sysctl, cgroup/sock_create, cgroup/bind4 and bind6,
+// sockops and cgroup_skb/ingress. They refuse the operation with a real
+// EPERM on every kernel with cgroup v2 BPF, including hosts where BPF LSM
+// programs cannot load. cgroup/sock_create sees only AF_INET and AF_INET6
+// sockets (see DefaultSocketRules); listen(2) itself has no cgroup hook
+// (see ListenRule).
 //
 // The programs attach to each sandbox root cgroup (descendants inherit
 // them; other programs on the same cgroup keep running) and their links are
@@ -49,9 +51,14 @@ var hooks = []hook{
 	{"dev", ebpf.AttachCGroupDevice, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgDev }},
 	{"sysctl", ebpf.AttachCGroupSysctl, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgSysctl }},
 	{"sock_create", ebpf.AttachCGroupInetSockCreate, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgSockCreate }},
+	{"bind4", ebpf.AttachCGroupInet4Bind, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgBind4 }},
+	{"bind6", ebpf.AttachCGroupInet6Bind, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgBind6 }},
+	{"sockops", ebpf.AttachCGroupSockOps, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgSockops }},
+	{"listen_ingress", ebpf.AttachCGroupInetIngress, func(o *cgroupObjects) *ebpf.Program { return o.WatcherCgListenIngress }},
 }
 
-// Programs is the loaded cgroup program group (device, sysctl, socket creation).
+// Programs is the loaded cgroup program group (device, sysctl, socket
+// creation, listeners).
 type Programs struct {
 	pinDir string
 	objs   cgroupObjects
@@ -77,7 +84,7 @@ func (h *Programs) sandboxPinDir(cg uint64) string {
 	return filepath.Join(enforce.LinkPinDir(h.pinDir, Group), strconv.FormatUint(cg, 10))
 }
 
-// Attach attaches the device, sysctl and socket programs to the sandbox root
+// Attach attaches the group's programs (hooks) to the sandbox root
 // cgroup at path (absolute or relative to the cgroup2 mount) and pins the
 // links. When links for that cgroup are already pinned (an earlier agent),
 // their programs are replaced in place, without a gap. It returns the
@@ -187,7 +194,7 @@ func (h *Programs) Attached() ([]uint64, error) {
 }
 
 // Probe reports, per program of the group ("dev", "sysctl",
-// "sock_create"), whether the kernel loads it: nil, or the error. It loads
+// "sock_create", "bind4", "bind6", "sockops", "listen_ingress"), whether the kernel loads it: nil, or the error. It loads
 // private, unpinned copies of the maps and touches nothing shared.
 func Probe() map[string]error {
 	out := map[string]error{}
@@ -206,6 +213,8 @@ func Probe() map[string]error {
 	}
 	progNames := map[string]string{
 		"dev": "watcher_cg_dev", "sysctl": "watcher_cg_sysctl", "sock_create": "watcher_cg_sock_create",
+		"bind4": "watcher_cg_bind4", "bind6": "watcher_cg_bind6", "sockops": "watcher_cg_sockops",
+		"listen_ingress": "watcher_cg_listen_ingress",
 	}
 	loaded := enforce.ProbeEach(spec, ebpf.CollectionOptions{})
 	for _, hk := range hooks {

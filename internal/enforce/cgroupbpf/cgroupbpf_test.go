@@ -76,6 +76,11 @@ func TestHelper(t *testing.T) {
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
+	printResult(err)
+}
+
+// printResult ends a helper process: "result=ok", the errno, or the error.
+func printResult(err error) {
 	var errno syscall.Errno
 	switch {
 	case err == nil:

@@ -28,6 +28,7 @@ func Register(r *enforce.Reader) {
 	r.Register(enforce.EvDevice, audit.KindDevice, Mechanism, decodeDevice)
 	r.Register(enforce.EvSysctl, audit.KindSysctl, Mechanism, decodeSysctl)
 	r.Register(enforce.EvSocket, audit.KindSocket, Mechanism, decodeSocket)
+	r.Register(enforce.EvListen, audit.KindNet, Mechanism, decodeListen)
 }
 
 // fillPPID completes the header: these programs cannot read task_struct

@@ -64,6 +64,17 @@ type egressDnsOrig struct {
 	Family uint16
 }
 
+type egressListenMark struct {
+	_         structs.HostLayout
+	SandboxCg uint64
+	CgroupId  uint64
+	SandboxId uint32
+	Pid       uint32
+	Tgid      uint32
+	Uid       uint32
+	Comm      [16]uint8
+}
+
 type egressMembership struct {
 	_         structs.HostLayout
 	Gen       uint64
@@ -148,6 +159,7 @@ type egressUnixKey struct {
 const (
 	egressMapAgentTgid           = "agent_tgid"
 	egressMapAlertEvents         = "alert_events"
+	egressMapCgListenSocks       = "cg_listen_socks"
 	egressMapEgressAllow         = "egress_allow"
 	egressMapEgressCidr          = "egress_cidr"
 	egressMapEgressConfigs       = "egress_configs"
@@ -247,6 +259,7 @@ type egressProgramSpecs struct {
 type egressMapSpecs struct {
 	AgentTgid        *ebpf.MapSpec `ebpf:"agent_tgid"`
 	AlertEvents      *ebpf.MapSpec `ebpf:"alert_events"`
+	CgListenSocks    *ebpf.MapSpec `ebpf:"cg_listen_socks"`
 	EgressAllow      *ebpf.MapSpec `ebpf:"egress_allow"`
 	EgressCidr       *ebpf.MapSpec `ebpf:"egress_cidr"`
 	EgressConfigs    *ebpf.MapSpec `ebpf:"egress_configs"`
@@ -304,6 +317,7 @@ func (o *egressObjects) Close() error {
 type egressMaps struct {
 	AgentTgid        *ebpf.Map `ebpf:"agent_tgid"`
 	AlertEvents      *ebpf.Map `ebpf:"alert_events"`
+	CgListenSocks    *ebpf.Map `ebpf:"cg_listen_socks"`
 	EgressAllow      *ebpf.Map `ebpf:"egress_allow"`
 	EgressCidr       *ebpf.Map `ebpf:"egress_cidr"`
 	EgressConfigs    *ebpf.Map `ebpf:"egress_configs"`
@@ -323,6 +337,7 @@ func (m *egressMaps) Close() error {
 	return _EgressClose(
 		m.AgentTgid,
 		m.AlertEvents,
+		m.CgListenSocks,
 		m.EgressAllow,
 		m.EgressCidr,
 		m.EgressConfigs,
