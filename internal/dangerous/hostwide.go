@@ -96,5 +96,5 @@ var CapsJudgedOnUse = map[int]string{
 	CapSysTime: "any check (settimeofday, clock_settime, adjtimex and clock_adjtime with modes set, RTC_SET_TIME)",
 	// inet_diag probes CAP_NET_ADMIN for `ss`, sockets for SO_MARK and
 	// SO_PRIORITY: only netlink configuration sends count.
-	CapNetAdmin: "checks in a send on a route, xfrm or netfilter netlink socket (rtnetlink RTM_NEW*/RTM_DEL*, nftables)",
+	CapNetAdmin: "a send on a route, xfrm or netfilter netlink socket (rtnetlink RTM_NEW*/RTM_DEL*, nftables)",
 }

@@ -26,9 +26,9 @@ var hostStateCategory = map[dangerous.Check]func(*backstop.SandboxRules) *backst
 
 // hostStateNote says which calls of an entry the backstop kills.
 var hostStateNote = map[dangerous.Check]string{
-	dangerous.CheckAll:            "",
-	dangerous.CheckClockModes:     " with modes set (read from user memory at entry: another thread may set them after)",
-	dangerous.CheckNamespaces:     " (setns to a namespace it is not in or a pidfd outside its subtree; unshare and clone with CLONE_NEW* other than NEWUSER; clone3's flags are in user memory and not judged)",
+	dangerous.CheckAll:            " (every call)",
+	dangerous.CheckClockModes:     " with modes set (read from user memory at entry: another thread may set them after the check)",
+	dangerous.CheckNamespaces:     " (setns to a namespace it is not in, or by a pidfd outside its subtree; unshare and clone with CLONE_NEW* other than NEWUSER; clone3's flags are in user memory and not judged)",
 	dangerous.CheckSyslogAction:   " (clear, console on/off/level; reads allowed)",
 	dangerous.CheckQuotaCmd:       " (every command but Q_SYNC and the gets)",
 	dangerous.CheckNetConfigIoctl: " SIOCS*, SIOCADDRT/DELRT, ARP, bridge, bond, VLAN and wireless set requests (reads such as SIOCGIFCONF allowed; SIOCETHTOOL not judged)",
@@ -58,7 +58,9 @@ func (c *compiler) hostState(sb *policy.Sandbox) {
 			c.add(sb, rule, a, layer{mech: MechLSM, notes: []string{"lsm capable refuses " + name + " before the change"}})
 			continue
 		}
-		var calls []string
+		var groups []string
+		byCheck := map[dangerous.Check][]string{}
+		var checks []dangerous.Check
 		for _, o := range byCap[n] {
 			if o.NR64 == dangerous.None {
 				continue // i386 only: the compat rule or its number
@@ -68,9 +70,15 @@ func (c *compiler) hostState(sb *policy.Sandbox) {
 			} else {
 				c.bsSyscall(o.Name, backstopAction(a), id)
 			}
-			calls = append(calls, o.Name+hostStateNote[o.Check])
+			if _, seen := byCheck[o.Check]; !seen {
+				checks = append(checks, o.Check)
+			}
+			byCheck[o.Check] = append(byCheck[o.Check], o.Name)
 		}
-		notes := []string{"backstop: " + strings.Join(calls, ", ") + atEntry}
+		for _, ch := range checks {
+			groups = append(groups, strings.Join(byCheck[ch], ", ")+hostStateNote[ch])
+		}
+		notes := []string{"backstop, judged at entry (the call itself completes before the process dies): " + strings.Join(groups, "; ")}
 		if where, ok := dangerous.CapsJudgedOnUse[n]; ok {
 			if c.bs.CapUse == nil {
 				c.bs.CapUse = map[int]backstop.Rule{}
@@ -78,7 +86,7 @@ func (c *compiler) hostState(sb *policy.Sandbox) {
 			if cur := c.bs.CapUse[n]; backstopAction(a) > cur.Action {
 				c.bs.CapUse[n] = backstop.Rule{Action: backstopAction(a), ID: id}
 			}
-			notes = append(notes, "backstop cap_capable (Linux >= 6.14): "+name+" granted, "+where+": the caller killed after the fact (the change is made)")
+			notes = append(notes, "backstop cap_capable (Linux >= 6.14): "+name+" granted in "+where+": the caller killed after the fact (the change is made)")
 		}
 		if n == dangerous.CapNetAdmin {
 			if _, ok := dangerous.CapsJudgedOnUse[n]; !ok {

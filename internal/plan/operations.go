@@ -32,13 +32,11 @@ type opPart struct {
 }
 
 // otherTask and ttyInject select the backstop categories of the own-subtree
-// operations; atEntry is what every refusal at sys_enter is worth.
+// operations.
 var (
 	otherTask = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherTask }
 	ttyInject = func(r *backstop.SandboxRules) *backstop.Rule { return &r.TTYInject }
 )
-
-const atEntry = " killed at entry (the call itself completes before the process dies)"
 
 // operation is one entry of policy.Operations.
 type operation struct {
@@ -116,17 +114,18 @@ var operations = []operation{
 		name:   "other-processes",
 		action: func(o *policy.Operations) policy.Action { return o.OtherProcesses },
 		parts: []opPart{
-			{op: lsm.OpOtherTask, hook: "task_kill", category: otherTask, bsNote: "kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal (pidfd or /proc/PID fd) and pidfd_open of a process outside the subtree, and kill(-1)," + atEntry +
-				"; process-group signals: the sender killed after the fact when the kernel queues one for a process outside (signal_generate; signal 0 to a group unjudged)"},
-			{op: lsm.OpOtherTask, hook: "file_send_sigiotask", category: otherTask, bsNote: "SIGIO/SIGURG owners outside the subtree, and every process-group owner: fcntl F_SETOWN (a register), F_SETOWN_EX, ioctl FIOSETOWN and SIOCSPGRP (owner read from user memory at entry: another thread may change it after)," + atEntry +
-				"; F_SETSIG and owners set before the process entered the sandbox not judged"},
-			{op: lsm.OpOtherTask, hook: "task_prlimit", category: otherTask, bsNote: "prlimit64 setting a limit of a process outside" + atEntry},
-			{op: lsm.OpOtherTask, hook: "task_setnice", category: otherTask, bsNote: "setpriority of a process outside, and every PRIO_PGRP and PRIO_USER call," + atEntry},
-			{op: lsm.OpOtherTask, hook: "task_setscheduler", category: otherTask, bsNote: "sched_setscheduler, sched_setparam, sched_setattr, sched_setaffinity of a task outside" + atEntry},
-			{op: lsm.OpOtherTask, hook: "task_setioprio", category: otherTask, bsNote: "ioprio_set of a process outside, and every IOPRIO_WHO_PGRP and IOPRIO_WHO_USER call," + atEntry},
-			{op: lsm.OpOtherTask, hook: "task_movememory", category: otherTask, bsNote: "migrate_pages, move_pages, process_madvise of a process outside" + atEntry},
-			{op: lsm.OpOtherTask, hook: "ptrace_access_check", category: otherTask, bsNote: "kcmp naming a process outside" + atEntry +
-				"; process_vm_readv/writev and pidfd_getfd are the ptrace rule's; ptrace-mode reads of /proc/PID files (environ, maps, fd...) not judged by the backstop"},
+			{op: lsm.OpOtherTask, hook: "task_kill", category: otherTask, bsNote: "judged at entry on the target's cgroup (the call itself completes before the process dies): " +
+				"kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal (pidfd or /proc/PID descriptor), pidfd_open of a process outside the subtree, kill(-1); " +
+				"process-group signals judged after the fact, per member the kernel signals (signal_generate; signal 0 to a group unjudged)"},
+			{op: lsm.OpOtherTask, hook: "file_send_sigiotask", category: otherTask, bsNote: "SIGIO/SIGURG owners outside the subtree and every process-group owner, at entry: fcntl F_SETOWN (a register), " +
+				"F_SETOWN_EX, ioctl FIOSETOWN, SIOCSPGRP (owner read from user memory: another thread may change it after the check); F_SETSIG and owners set before the sandbox not judged"},
+			{op: lsm.OpOtherTask, hook: "task_prlimit", category: otherTask, bsNote: "prlimit64 setting a limit of a process outside"},
+			{op: lsm.OpOtherTask, hook: "task_setnice", category: otherTask, bsNote: "setpriority of a process outside, every PRIO_PGRP and PRIO_USER call"},
+			{op: lsm.OpOtherTask, hook: "task_setscheduler", category: otherTask, bsNote: "sched_setscheduler, sched_setparam, sched_setattr, sched_setaffinity of a task outside"},
+			{op: lsm.OpOtherTask, hook: "task_setioprio", category: otherTask, bsNote: "ioprio_set of a process outside, every IOPRIO_WHO_PGRP and IOPRIO_WHO_USER call"},
+			{op: lsm.OpOtherTask, hook: "task_movememory", category: otherTask, bsNote: "migrate_pages, move_pages, process_madvise of a process outside"},
+			{op: lsm.OpOtherTask, hook: "ptrace_access_check", category: otherTask, bsNote: "kcmp naming a process outside; " +
+				"process_vm_readv/writev and pidfd_getfd are the ptrace rule's; ptrace-mode reads of /proc/PID files (environ, maps, fd...) not judged by the backstop"},
 		},
 	},
 	{
@@ -138,7 +137,7 @@ var operations = []operation{
 		name:   "terminals",
 		action: func(o *policy.Operations) policy.Action { return o.Terminals },
 		parts: []opPart{{op: lsm.OpTTYInject, hook: "file_ioctl", category: ttyInject,
-			bsNote: "ioctl TIOCSTI and TIOCLINUX on any terminal" + atEntry}},
+			bsNote: "ioctl TIOCSTI and TIOCLINUX on any terminal, at entry (the call itself completes before the process dies)"}},
 	},
 	{
 		name:   "notify-marks",
