@@ -113,6 +113,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NR_pidfd_open 434
 #define NR_process_madvise 440
 #define NR_quotactl_fd 443
+#define NR_settimeofday 164
+#define NR_clock_settime 227
+#define NR_sethostname 170
+#define NR_setdomainname 171
 
 /* Argument-checked categories (index of bs_categories). */
 enum bs_category {
@@ -650,6 +654,39 @@ static __always_inline __u32 entry_category(__u32 cat, long nr, struct pt_regs *
 	}
 	}
 	return cat;
+}
+
+/* host_cap_held: the caller holds capability cap over the initial user
+ * namespace (its credentials are in it and cap is effective): only then can
+ * a host-state call change the host. A caller without it gets the kernel's
+ * EPERM (watcher exec drops them); one in a user namespace of its own
+ * changes only its own namespaces. */
+static __always_inline bool host_cap_held(int cap)
+{
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task_btf();
+	const struct cred *cred = BPF_CORE_READ(t, cred);
+	if (BPF_CORE_READ(cred, user_ns, level) != 0)
+		return false;
+	__u64 eff = 0;
+	bpf_probe_read_kernel(&eff, sizeof(eff), &cred->cap_effective);
+	return (eff >> cap) & 1;
+}
+
+/* host_cap_of is the capability a host-state call needs (-1: none of
+ * them; internal/dangerous HostState). */
+static __always_inline int host_cap_of(long nr, __u32 cat)
+{
+	switch (cat) {
+	case CAT_NET_CONFIG: return 12;
+	case CAT_CLOCK_ADJUST: return 25;
+	case CAT_NAMESPACES: case CAT_QUOTA: return 21;
+	case CAT_SYSLOG: return 34;
+	}
+	switch (nr) {
+	case NR_settimeofday: case NR_clock_settime: return 25;
+	case NR_sethostname: case NR_setdomainname: return 21;
+	}
+	return -1;
 }
 
 /* pidfd_or_proc_pid is the pid (initial namespace) behind a descriptor
@@ -1307,6 +1344,9 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 				return 0;
 			break;
 		}
+		int cap = host_cap_of(id, cat);
+		if (cap >= 0 && !host_cap_held(cap))
+			return 0;
 	} else if (cat) {
 		action = sandbox_rule(sb->id, SBR_CATEGORY | cat, &rule_id);
 		if (!action)
@@ -1315,6 +1355,9 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 			return 0;
 	} else {
 		action = sandbox_rule(sb->id, SBR_SYSCALL | nr, &rule_id);
+		int cap = host_cap_of(id, CAT_NONE);
+		if (action && cap >= 0 && !host_cap_held(cap))
+			return 0;
 	}
 	if (action == ACTION_ALLOW)
 		return 0;
@@ -2330,6 +2373,10 @@ int BPF_PROG(backstop_cap_capable, const struct cred *cred, struct user_namespac
 	     const struct user_namespace *capable_ns, int cap, int ret)
 {
 	if (ret != 0 || cap < 0 || cap > 63 || !any_category(CAT_CAP_USE))
+		return 0;
+	/* A capability over a user namespace below the initial one changes
+	 * only namespaces of its own (a netns, a timens). */
+	if (BPF_CORE_READ(target_ns, level) != 0)
 		return 0;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);

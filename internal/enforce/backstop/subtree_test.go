@@ -113,6 +113,23 @@ func TestOwnSubtree(t *testing.T) {
 		{"syslog_size", "syslog", []string{"10"}},
 		{"siocgifconf", "siocgifconf", nil},
 	}
+	// Without the capability the kernel refuses (EPERM): nothing to kill.
+	for _, c := range []struct{ name, op string }{{"settimeofday", "settimeofday"}, {"sethostname", "sethostname_long"},
+		{"adjtimex", "adjtimex"}, {"siocsifflags", "siocsifflags_missing"}, {"syslog", "syslog"}} {
+		t.Run("nocap_"+c.name, func(t *testing.T) {
+			args := []string{c.op}
+			switch c.op {
+			case "adjtimex":
+				args = append(args, "16")
+			case "syslog":
+				args = append(args, "7")
+			}
+			r := f.run(t, f.sandbox, "nocap", args...)
+			if r.killed || !strings.Contains(r.out, "operation not permitted") {
+				t.Fatalf("killed=%v err=%v, want EPERM from the kernel, output:\n%s", r.killed, r.err, r.out)
+			}
+		})
+	}
 	for _, c := range benign {
 		t.Run(c.name, func(t *testing.T) {
 			r := f.run(t, f.sandbox, c.op, c.args...)

@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/watcherhq/watcher/internal/syscallbench"
 )
 
 // subtreeOp performs one own-subtree or host-state operation (issue 25),
@@ -181,6 +183,21 @@ func subtreeOp(op string, args []string) (handled bool, err error) {
 		ifr, _ := unix.NewIfreq("wtnoexist0")
 		ifr.SetUint16(unix.IFF_UP)
 		return true, unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr)
+	case "nocap": // nocap OP ARGS: OP with no effective capability (as watcher exec leaves it)
+		runtime.LockOSThread()
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			return true, err
+		}
+		data[0].Effective, data[1].Effective = 0, 0
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			return true, err
+		}
+		_, err := subtreeOp(args[0], args[1:])
+		return true, err
+	case "hotloop": // hotloop ITERS
+		return true, hotLoop(n(0))
 	case "rtm_newaddr_missing": // RTM_NEWADDR on no interface: ENODEV after CAP_NET_ADMIN
 		return true, rtmNewaddrMissing()
 	}
@@ -252,4 +269,29 @@ func rtmNewaddrMissing() error {
 		}
 	}
 	return nil
+}
+
+// hotLoop measures the calls the own-subtree checks put on sys_enter's
+// path (each judged on registers before any lookup, or by the target's
+// cgroup): tgkill of its own thread and kill of itself with signal 0 (the
+// Go runtime's preemption route), ioctl FIONREAD, fcntl F_GETFL; getpid as
+// the control no category touches.
+func hotLoop(iters int) error {
+	var p [2]int
+	if err := unix.Pipe(p[:]); err != nil {
+		return err
+	}
+	runtime.LockOSThread()
+	pid, tid := uintptr(unix.Getpid()), uintptr(unix.Gettid())
+	var n int32
+	res := syscallbench.Result{}
+	run := func(name string, f func()) { res[name] = syscallbench.NsPerOp(iters, f) }
+	run("tgkill-own", func() { unix.RawSyscall(unix.SYS_TGKILL, pid, tid, 0) })
+	run("kill-self", func() { unix.RawSyscall(unix.SYS_KILL, pid, 0, 0) })
+	run("ioctl", func() {
+		unix.RawSyscall(unix.SYS_IOCTL, uintptr(p[0]), 0x541B /* FIONREAD */, uintptr(unsafe.Pointer(&n)))
+	})
+	run("fcntl", func() { unix.RawSyscall(unix.SYS_FCNTL, uintptr(p[0]), unix.F_GETFL, 0) })
+	run("getpid", func() { unix.RawSyscall(unix.SYS_GETPID, 0, 0, 0) })
+	return syscallbench.Write(os.Stdout, res)
 }
