@@ -78,7 +78,8 @@ func (c *compiler) hostState(sb *policy.Sandbox) {
 		for _, ch := range checks {
 			groups = append(groups, strings.Join(byCheck[ch], ", ")+hostStateNote[ch])
 		}
-		notes := []string{"backstop, judged at entry (the call itself completes before the process dies): " + strings.Join(groups, "; ")}
+		notes := []string{"backstop, judged at entry when the caller holds " + name + " over the initial user namespace (without it the kernel refuses with EPERM) " +
+			"(the call itself completes before the process dies): " + strings.Join(groups, "; ")}
 		if where, ok := dangerous.CapsJudgedOnUse[n]; ok {
 			if c.bs.CapUse == nil {
 				c.bs.CapUse = map[int]backstop.Rule{}
