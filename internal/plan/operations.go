@@ -26,7 +26,17 @@ type opPart struct {
 	hook     string
 	syscalls []string
 	category func(*backstop.SandboxRules) *backstop.Rule
+	// bsNote says what the backstop's category does for the part (""
+	// for the agent's signals).
+	bsNote string
 }
+
+// otherTask and ttyInject select the backstop categories of the own-subtree
+// operations.
+var (
+	otherTask = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherTask }
+	ttyInject = func(r *backstop.SandboxRules) *backstop.Rule { return &r.TTYInject }
+)
 
 // operation is one entry of policy.Operations.
 type operation struct {
@@ -104,14 +114,18 @@ var operations = []operation{
 		name:   "other-processes",
 		action: func(o *policy.Operations) policy.Action { return o.OtherProcesses },
 		parts: []opPart{
-			{op: lsm.OpOtherTask, hook: "task_kill"},
-			{op: lsm.OpOtherTask, hook: "file_send_sigiotask"},
-			{op: lsm.OpOtherTask, hook: "task_prlimit"},
-			{op: lsm.OpOtherTask, hook: "task_setnice"},
-			{op: lsm.OpOtherTask, hook: "task_setscheduler"},
-			{op: lsm.OpOtherTask, hook: "task_setioprio"},
-			{op: lsm.OpOtherTask, hook: "task_movememory"},
-			{op: lsm.OpOtherTask, hook: "ptrace_access_check"},
+			{op: lsm.OpOtherTask, hook: "task_kill", category: otherTask, bsNote: "judged at entry on the target's cgroup (the call itself completes before the process dies): " +
+				"kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal (pidfd or /proc/PID descriptor), pidfd_open of a process outside the subtree, kill(-1); " +
+				"process-group signals judged after the fact, per member the kernel signals (signal_generate; signal 0 to a group unjudged)"},
+			{op: lsm.OpOtherTask, hook: "file_send_sigiotask", category: otherTask, bsNote: "SIGIO/SIGURG owners outside the subtree and every process-group owner, at entry: fcntl F_SETOWN (a register), " +
+				"F_SETOWN_EX, ioctl FIOSETOWN, SIOCSPGRP (owner read from user memory: another thread may change it after the check); F_SETSIG and owners set before the sandbox not judged"},
+			{op: lsm.OpOtherTask, hook: "task_prlimit", category: otherTask, bsNote: "prlimit64 setting a limit of a process outside"},
+			{op: lsm.OpOtherTask, hook: "task_setnice", category: otherTask, bsNote: "setpriority of a process outside, every PRIO_PGRP and PRIO_USER call"},
+			{op: lsm.OpOtherTask, hook: "task_setscheduler", category: otherTask, bsNote: "sched_setscheduler, sched_setparam, sched_setattr, sched_setaffinity of a task outside"},
+			{op: lsm.OpOtherTask, hook: "task_setioprio", category: otherTask, bsNote: "ioprio_set of a process outside, every IOPRIO_WHO_PGRP and IOPRIO_WHO_USER call"},
+			{op: lsm.OpOtherTask, hook: "task_movememory", category: otherTask, bsNote: "migrate_pages, move_pages, process_madvise of a process outside"},
+			{op: lsm.OpOtherTask, hook: "ptrace_access_check", category: otherTask, bsNote: "kcmp naming a process outside; " +
+				"process_vm_readv/writev and pidfd_getfd are the ptrace rule's; ptrace-mode reads of /proc/PID files (environ, maps, fd...) not judged by the backstop"},
 		},
 	},
 	{
@@ -122,7 +136,8 @@ var operations = []operation{
 	{
 		name:   "terminals",
 		action: func(o *policy.Operations) policy.Action { return o.Terminals },
-		parts:  []opPart{{op: lsm.OpTTYInject, hook: "file_ioctl"}},
+		parts: []opPart{{op: lsm.OpTTYInject, hook: "file_ioctl", category: ttyInject,
+			bsNote: "ioctl TIOCSTI and TIOCLINUX on any terminal, at entry (the call itself completes before the process dies)"}},
 	},
 	{
 		name:   "notify-marks",
@@ -207,7 +222,11 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			}
 			if part.category != nil {
 				c.bsCategory(part.category, backstopAction(a), id)
-				killed = append(killed, "kill-family syscalls aimed at the agent (the signal is still delivered)")
+				note := part.bsNote
+				if note == "" {
+					note = "kill-family syscalls aimed at the agent (the signal is still delivered)"
+				}
+				killed = append(killed, note)
 			}
 		}
 		var always []string
@@ -560,7 +579,10 @@ func (c *compiler) ia32Line(sb *policy.Sandbox, sid uint32) {
 		what string
 	}{{b.CgroupWrite, "cgroup_write opens"}, {b.ProcMem, "/proc/PID/mem opens"}, {b.CloneFiles, "CLONE_FILES clones"},
 		{b.IOUringOpen, "io_uring opens"}, {b.SignalAgent, "kill-family syscalls to the agent"},
-		{b.PacketSocket, "socket(AF_PACKET)"}, {b.UnixPeer, "unix connects"}} {
+		{b.PacketSocket, "socket(AF_PACKET)"}, {b.UnixPeer, "unix connects"},
+		{b.OtherTask, "calls reaching other processes"}, {b.TTYInject, "terminal injection"},
+		{b.NetConfig, "network configuration ioctls"}, {b.ClockAdjust, "clock adjustments"},
+		{b.Namespaces, "namespace changes"}, {b.Syslog, "syslog actions"}, {b.Quota, "quotactl"}} {
 		if cat.r.Action != enforce.ActionAllow {
 			why = append(why, cat.what+" checked by the backstop")
 		}

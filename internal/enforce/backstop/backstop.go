@@ -57,6 +57,7 @@ const (
 	ProgCtimeXchg     = "backstop_ctime_xchg"
 	ProgCtimeSkip     = "backstop_ctime_skip"
 	ProgSignal        = "backstop_signal"
+	ProgCapCapable    = "backstop_cap_capable"
 )
 
 // optionalPrograms need tracepoints that older kernels lack (6.1 has
@@ -69,6 +70,8 @@ var optionalPrograms = map[string]string{
 	ProgCtimeSet:  "inode_set_ctime_to_ts",
 	ProgCtimeXchg: "ctime_ns_xchg",
 	ProgCtimeSkip: "ctime_xchg_skip",
+	// Capabilities used (Linux >= 6.14): CapUse rules, after the fact.
+	ProgCapCapable: "cap_capable",
 }
 
 // syscallPrograms are the programs on the raw syscall tracepoints. Any

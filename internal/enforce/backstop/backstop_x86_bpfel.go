@@ -252,6 +252,7 @@ const (
 	backstopMapRoutineEvents          = "routine_events"
 	backstopMapSandboxGen             = "sandbox_gen"
 	backstopMapSandboxes              = "sandboxes"
+	backstopProgBackstopCapCapable    = "backstop_cap_capable"
 	backstopProgBackstopCgroupAttach  = "backstop_cgroup_attach"
 	backstopProgBackstopCtimeSet      = "backstop_ctime_set"
 	backstopProgBackstopCtimeSkip     = "backstop_ctime_skip"
@@ -322,6 +323,7 @@ type backstopSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type backstopProgramSpecs struct {
+	BackstopCapCapable    *ebpf.ProgramSpec `ebpf:"backstop_cap_capable"`
 	BackstopCgroupAttach  *ebpf.ProgramSpec `ebpf:"backstop_cgroup_attach"`
 	BackstopCtimeSet      *ebpf.ProgramSpec `ebpf:"backstop_ctime_set"`
 	BackstopCtimeSkip     *ebpf.ProgramSpec `ebpf:"backstop_ctime_skip"`
@@ -495,6 +497,7 @@ type backstopVariables struct {
 //
 // It can be passed to loadBackstopObjects or ebpf.CollectionSpec.LoadAndAssign.
 type backstopPrograms struct {
+	BackstopCapCapable    *ebpf.Program `ebpf:"backstop_cap_capable"`
 	BackstopCgroupAttach  *ebpf.Program `ebpf:"backstop_cgroup_attach"`
 	BackstopCtimeSet      *ebpf.Program `ebpf:"backstop_ctime_set"`
 	BackstopCtimeSkip     *ebpf.Program `ebpf:"backstop_ctime_skip"`
@@ -510,6 +513,7 @@ type backstopPrograms struct {
 
 func (p *backstopPrograms) Close() error {
 	return _BackstopClose(
+		p.BackstopCapCapable,
 		p.BackstopCgroupAttach,
 		p.BackstopCtimeSet,
 		p.BackstopCtimeSkip,

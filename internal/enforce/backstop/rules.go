@@ -147,6 +147,40 @@ type SandboxRules struct {
 	// kill lands; another thread of the process could use it in between),
 	// before the exec'd program runs.
 	LowMapping Rule
+	// OtherTask applies to calls reaching a process outside the
+	// sandbox's cgroup subtree (issue 25), judged at sys_enter on the
+	// target the registers and kernel state name: the kill family and
+	// pidfd_send_signal (the agent keeps SignalAgent), pidfd_open,
+	// prlimit64 setting a limit, setpriority and ioprio_set (process
+	// groups and users always), sched_set*, migrate_pages, move_pages,
+	// process_madvise, kcmp, SIGIO/SIGURG owners (fcntl F_SETOWN,
+	// F_SETOWN_EX, ioctl FIOSETOWN, SIOCSPGRP: group owners always); and
+	// at signal_generate every signal a sandboxed process queues for a
+	// task outside (process groups, kill(-1)). The call runs before the
+	// kill lands.
+	OtherTask Rule
+	// TTYInject applies to ioctl TIOCSTI and TIOCLINUX on any terminal.
+	TTYInject Rule
+	// NetConfig applies to the socket ioctls that set interfaces,
+	// addresses, routes, ARP (CAP_NET_ADMIN; reads stay allowed).
+	NetConfig Rule
+	// ClockAdjust applies to adjtimex and clock_adjtime with modes set
+	// (read from user memory at entry).
+	ClockAdjust Rule
+	// Namespaces applies to setns to a namespace the caller is not in (or
+	// a pidfd outside the subtree), and unshare/clone of namespaces that
+	// ask for CAP_SYS_ADMIN.
+	Namespaces Rule
+	// Syslog applies to syslog actions other than reading.
+	Syslog Rule
+	// Quota applies to quotactl and quotactl_fd commands other than reads.
+	Quota Rule
+	// CapUse are capabilities whose successful check kills, by number
+	// (cap_capable tracepoint, after the check and before the process
+	// returns: the change is made). Only capabilities the kernel checks
+	// right before a change belong here (dangerous.CapsJudgedOnUse):
+	// CAP_NET_ADMIN is judged in netlink sends only.
+	CapUse map[int]Rule
 	// NoI386 says the kernel runs no 32-bit system calls (ia32.Available
 	// failed): Compat is not needed and no rule is keyed by i386 number,
 	// so the syscall tracepoints are not attached for them.
@@ -196,7 +230,15 @@ const (
 	catPacketSocket = 13
 	catUnixPeer     = 14
 	catLowMapping   = 15
-	catMax          = 16
+	catOtherTask    = 16
+	catTTYInject    = 17
+	catNetConfig    = 18
+	catClockAdjust  = 19
+	catNamespaces   = 20
+	catSyslog       = 21
+	catQuota        = 22
+	catCapUse       = 23
+	catMax          = 24
 )
 
 var categoryNames = map[uint32]string{
@@ -205,6 +247,9 @@ var categoryNames = map[uint32]string{
 	catCgroupEscape: "cgroup_escape", catPath: "path", catCompat: "compat_syscall",
 	catModify: "modified_outside_writable", catExecFileless: "exec_fileless", catMmapExec: "mmap_exec",
 	catPacketSocket: "packet_socket", catUnixPeer: "unix_peer", catLowMapping: "low_mapping",
+	catOtherTask: "other_process", catTTYInject: "tty_inject", catNetConfig: "net_config",
+	catClockAdjust: "clock_adjust", catNamespaces: "namespaces", catSyslog: "syslog",
+	catQuota: "quota", catCapUse: "capability_used",
 }
 
 // compatNRBase: events carry i386 syscall n as compatNRBase+n.
@@ -225,11 +270,21 @@ var Syscalls = map[string]int{
 	"request_key": 249, "setns": 308, "unshare": 272, "reboot": 169, "mmap": 9, "socket": 41,
 	"mprotect": 10, "pkey_mprotect": 329,
 	"mremap": 25, "shmat": 30, "execveat": 322,
+	"ioctl": 16, "fcntl": 72, "syslog": 103, "setpriority": 141, "sched_setparam": 142,
+	"sched_setscheduler": 144, "adjtimex": 159, "quotactl": 179, "sched_setaffinity": 203,
+	"ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302,
+	"clock_adjtime": 305, "kcmp": 312, "sched_setattr": 314, "pidfd_open": 434,
+	"process_madvise": 440, "quotactl_fd": 443,
 }
 
 // The one list of dangerous syscalls names every entry rules may use.
 func init() {
 	for _, o := range dangerous.Ops {
+		if o.NR64 != dangerous.None {
+			Syscalls[o.Name] = o.NR64
+		}
+	}
+	for _, o := range dangerous.HostState {
 		if o.NR64 != dangerous.None {
 			Syscalls[o.Name] = o.NR64
 		}
@@ -246,13 +301,24 @@ func SyscallName(nr int64) string {
 	return ""
 }
 
-// categorySyscalls are checked by argument; their action is the category's.
-var categorySyscalls = map[string]uint32{
-	"clone": catCloneFiles, "clone3": catCloneFiles, "io_uring_setup": catIOUring,
-	"kill": catSignalAgent, "tkill": catSignalAgent, "tgkill": catSignalAgent,
-	"rt_sigqueueinfo": catSignalAgent, "rt_tgsigqueueinfo": catSignalAgent,
-	"pidfd_send_signal": catSignalAgent, "mmap": catMmapExec, "socket": catPacketSocket,
-	"mprotect": catMmapExec, "pkey_mprotect": catMmapExec,
+// categorySyscalls are checked by argument; their action is the
+// category's. A syscall judged for several categories (bpf/backstop.c
+// entry_category picks one by its arguments) is on the slow path when any
+// of them has a rule.
+var categorySyscalls = map[string][]uint32{
+	"clone": {catCloneFiles, catNamespaces}, "clone3": {catCloneFiles}, "io_uring_setup": {catIOUring},
+	"kill": {catOtherTask, catSignalAgent}, "tkill": {catOtherTask, catSignalAgent}, "tgkill": {catOtherTask, catSignalAgent},
+	"rt_sigqueueinfo": {catOtherTask, catSignalAgent}, "rt_tgsigqueueinfo": {catOtherTask, catSignalAgent},
+	"pidfd_send_signal": {catOtherTask, catSignalAgent}, "mmap": {catMmapExec}, "socket": {catPacketSocket},
+	"mprotect": {catMmapExec}, "pkey_mprotect": {catMmapExec},
+	"ioctl": {catTTYInject, catNetConfig, catOtherTask}, "fcntl": {catOtherTask},
+	"pidfd_open": {catOtherTask}, "prlimit64": {catOtherTask}, "setpriority": {catOtherTask},
+	"ioprio_set": {catOtherTask}, "sched_setparam": {catOtherTask}, "sched_setscheduler": {catOtherTask},
+	"sched_setaffinity": {catOtherTask}, "sched_setattr": {catOtherTask}, "migrate_pages": {catOtherTask},
+	"move_pages": {catOtherTask}, "process_madvise": {catOtherTask}, "kcmp": {catOtherTask},
+	"adjtimex": {catClockAdjust}, "clock_adjtime": {catClockAdjust},
+	"setns": {catNamespaces}, "unshare": {catNamespaces},
+	"syslog": {catSyslog}, "quotactl": {catQuota}, "quotactl_fd": {catQuota},
 }
 
 // DefaultRules is the backstop for the dangerous operations watcher refuses
@@ -318,7 +384,8 @@ func (r Rules) NeedsSyscallTracepoints() bool {
 
 func (r SandboxRules) needsSyscallTracepoints() bool {
 	for _, c := range []Rule{r.CgroupWrite, r.ProcMem, r.CloneFiles, r.IOUring, r.SignalAgent, r.Compat,
-		r.MmapExec, r.PacketSocket, r.UnixPeer, r.LowMapping} {
+		r.MmapExec, r.PacketSocket, r.UnixPeer, r.LowMapping, r.OtherTask, r.TTYInject, r.NetConfig,
+		r.ClockAdjust, r.Namespaces, r.Syslog, r.Quota} {
 		if c.Action != enforce.ActionAllow {
 			return true
 		}
@@ -447,6 +514,7 @@ const (
 	sbrSyscall   = 0x00000 // x86_64 syscall number
 	sbrSyscall32 = 0x10000 // i386 syscall number
 	sbrCategory  = 0x20000 // category
+	sbrCap       = 0x40000 // capability refused when used (cap_capable)
 )
 
 // sandboxTable is one sandbox's syscall and category rules by bs_sb_rules
@@ -483,6 +551,19 @@ func (r SandboxRules) table() (sandboxTable, error) {
 			}
 		}
 	}
+	for c, rule := range r.CapUse {
+		if c < 0 || c > 63 {
+			return nil, fmt.Errorf("backstop capability rule: capability %d out of range", c)
+		}
+		if err := checkAction(rule.Action); err != nil {
+			return nil, fmt.Errorf("backstop capability %d rule: %w", c, err)
+		}
+		set(sbrCap|uint32(c), rule)
+		// The gate of the cap_capable program.
+		if rule.Action != enforce.ActionAllow && rule.Action > t[sbrCategory|catCapUse].Action {
+			t[sbrCategory|catCapUse] = rule
+		}
+	}
 	cats := r.categories()
 	for cat, rule := range cats {
 		if err := checkAction(rule.Action); err != nil {
@@ -505,6 +586,8 @@ func (r SandboxRules) categories() map[uint32]Rule {
 		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
 		catCgroupEscape: r.CgroupEscape, catCompat: r.Compat, catExecFileless: r.ExecFileless, catMmapExec: r.MmapExec,
 		catPacketSocket: r.PacketSocket, catUnixPeer: r.UnixPeer, catLowMapping: r.LowMapping,
+		catOtherTask: r.OtherTask, catTTYInject: r.TTYInject, catNetConfig: r.NetConfig,
+		catClockAdjust: r.ClockAdjust, catNamespaces: r.Namespaces, catSyslog: r.Syslog, catQuota: r.Quota,
 	}
 }
 
@@ -558,6 +641,9 @@ func (b *Backstop) setSyscalls(r Rules) error {
 	table32 := make([]backstopSyscallRule, maxSyscalls)
 	catTable := make([]backstopCategoryRule, catMax)
 	for what, rule := range gate {
+		if what&sbrCap != 0 {
+			continue // per sandbox only, behind the capability-used category
+		}
 		n := what &^ (sbrSyscall32 | sbrCategory)
 		// The strictest rule's id too: what an agent from before the
 		// per-sandbox rules decided by (see adoptHostWide).
@@ -571,9 +657,11 @@ func (b *Backstop) setSyscalls(r Rules) error {
 			catTable[n] = backstopCategoryRule{Action: rule.Action, RuleId: rule.ID}
 		}
 	}
-	for name, cat := range categorySyscalls {
-		if catTable[cat].Action != enforce.ActionAllow {
-			table[Syscalls[name]].Category = cat
+	for name, cats := range categorySyscalls {
+		for _, cat := range cats {
+			if catTable[cat].Action != enforce.ActionAllow {
+				table[Syscalls[name]].Category = cats[0]
+			}
 		}
 	}
 	// Categories first: a syscall entry pointing at a category must find

@@ -268,8 +268,11 @@ func main() {
 	case "sleep":
 		select {}
 	default:
-		fmt.Fprintf(os.Stderr, "unknown helper op %q\n", op)
-		os.Exit(2)
+		var handled bool
+		if handled, err = subtreeOp(op, os.Args[2:]); !handled {
+			fmt.Fprintf(os.Stderr, "unknown helper op %q\n", op)
+			os.Exit(2)
+		}
 	}
 	fmt.Printf("result: %v\n", err)
 	os.Exit(0)
