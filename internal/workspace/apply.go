@@ -135,8 +135,9 @@ func (w *Workspace) Rollback(ctx context.Context) (res Result, err error) {
 	res = Result{Changes: list.changes, Unlisted: list.unlisted}
 	if err != nil {
 		res.ListError = err.Error()
+	} else {
+		res.Bytes, _ = w.upperSize(m)
 	}
-	res.Bytes, _ = w.upperSize(m)
 	if err := w.unmountLocked(); err != nil {
 		return res, err
 	}

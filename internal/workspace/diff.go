@@ -127,8 +127,9 @@ func lstat(p string) (*unix.Stat_t, error) {
 func isDir(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
 
 // treeSize is the total size of the regular files at and below p
-// (apparent sizes: a sparse file counts its length). Errors below p are
-// skipped: the size is informative.
+// (apparent sizes: a sparse file counts its length). A walk that cannot
+// go on (a path beyond PATH_MAX) is an error: a diff that hides part of a
+// tree would let a commit stop halfway.
 func treeSize(m *meter, p string) (int64, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(p, &st); err != nil || !isDir(&st) {
@@ -144,10 +145,7 @@ func treeSize(m *meter, p string) (int64, error) {
 		}
 		return true, false, nil
 	}, nil)
-	if err != nil && m.ctx.Err() != nil {
-		return n, err
-	}
-	return n, nil
+	return n, err
 }
 
 // upperEntry is one entry of an upper layer beside the lower entry of the
