@@ -86,7 +86,7 @@ var ErrNotFrozen = errors.New("sandbox did not freeze")
 // frozen by it.
 func FreezeSandbox(ctx context.Context, cgroups []string, bound time.Duration) (thaw func() error, err error) {
 	var froze []string
-	thaw = func() error {
+	undo := func() error {
 		var errs []error
 		for _, cg := range froze {
 			if err := cgroupfs.Freeze(cg, false); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -98,7 +98,7 @@ func FreezeSandbox(ctx context.Context, cgroups []string, bound time.Duration) (
 	}
 	defer func() {
 		if err != nil {
-			thaw()
+			undo()
 		}
 	}()
 	for _, cg := range cgroups {
@@ -131,7 +131,7 @@ func FreezeSandbox(ctx context.Context, cgroups []string, bound time.Duration) (
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	return thaw, nil
+	return undo, nil
 }
 
 // frozen reports whether nothing in the cgroup subtree can run: the
