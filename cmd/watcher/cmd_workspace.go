@@ -45,8 +45,9 @@ real directory is unchanged until commit.
   rollback SANDBOX [NAME]  stop the sandbox, throw the changes away (or go
                            back to snapshot NAME)
   snapshot SANDBOX NAME    save the current changes under NAME (the sandbox
-                           is frozen meanwhile); old snapshots are pruned by
-                           max_snapshots and max_snapshot_bytes
+                           is frozen meanwhile: one that does not freeze
+                           within 5 s gets no snapshot); old snapshots are
+                           pruned by max_snapshots and max_snapshot_bytes
   snapshots SANDBOX        list the snapshots with their sizes
   prepare SANDBOX          mount the overlays and print where, for a
                            container runtime to bind-mount them
@@ -63,6 +64,15 @@ FIFOs and sockets are refused, setuid/setgid bits and extended attributes
 other than user.* and POSIX ACLs (security.capability, LSM labels) are
 stripped, and an owner the real directory would not give there becomes the
 replaced entry's or the directory's owner; each is listed as withheld.
+
+Whatever the sandbox wrote, the work is bounded: files are read by their
+data extents (a sparse file's holes are skipped and stay holes), trees are
+walked without recursion, at most 100000 changes are listed (the count of
+the rest is given). Long work shows progress on stderr. SIGINT or SIGTERM
+stops it between entries: an interrupted commit says how many entries it
+applied to the real directories (the rest stay in the overlay, which
+shows the same tree; run commit again to finish) and is recorded as
+incomplete.
 
 Commit, rollback and snapshot are recorded in the ledger (through the agent
 when it runs) with the changed paths and the SHA-256 tree hash of the result.`
@@ -96,17 +106,14 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	prog := newProgressPrinter(stderr)
+	env.ws.Progress = prog.report
+	defer prog.done()
 	switch sub {
 	case "diff":
-		changes, err := env.ws.Diff()
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return writeJSON(stdout, changes)
-		}
-		printChanges(stdout, changes)
-		return nil
+		err := listChanges(ctx, env.ws, stdout, *asJSON)
+		prog.done()
+		return err
 	case "snapshots":
 		snaps, err := env.ws.Snapshots()
 		if err != nil {
@@ -134,18 +141,20 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		return env.record(audit.WorkspaceDetail{Op: "prepare"}, fmt.Sprintf("overlay of %d workspace directories mounted for the runtime", len(env.ws.Layers)))
 	case "snapshot":
-		cgs := env.cgroups()
-		if err := workspace.Freeze(cgs, true); err != nil {
-			return err
-		}
-		snap, pruned, err := env.ws.Snapshot(pos[1], workspace.SnapshotLimits{Keep: env.sb.WorkspaceOptions.MaxSnapshots, MaxBytes: env.sb.WorkspaceOptions.MaxSnapshotBytes.Bytes})
-		if terr := workspace.Freeze(cgs, false); err == nil {
-			err = terr
-		}
+		// Snapshot freezes the sandbox's cgroups itself, and refuses to
+		// copy a tree it could not freeze.
+		snap, pruned, err := env.ws.Snapshot(ctx, pos[1], workspace.SnapshotLimits{Keep: env.sb.WorkspaceOptions.MaxSnapshots, MaxBytes: env.sb.WorkspaceOptions.MaxSnapshotBytes.Bytes}, env.cgroups())
+		prog.done()
 		if err != nil {
 			return err
 		}
-		changes, _ := env.ws.Diff()
+		var changes []workspace.Change
+		env.ws.EachChange(ctx, func(c workspace.Change) error {
+			if len(changes) < maxLedgerPaths {
+				changes = append(changes, c)
+			}
+			return nil
+		})
 		msg := fmt.Sprintf("snapshot %s: %d changes, %s", snap.Name, snap.Changes, policy.FormatBytes(snap.Bytes))
 		if len(pruned) > 0 {
 			msg += "; pruned " + strings.Join(pruned, ", ")
@@ -174,26 +183,42 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	switch {
 	case sub == "commit":
 		op = "commit"
-		res, err = env.ws.Commit()
+		res, err = env.ws.Commit(ctx)
 	case len(pos) == 2:
 		op, name = "rollback", pos[1]
-		res, err = env.ws.RollbackTo(name)
+		res, err = env.ws.RollbackTo(ctx, name)
 	default:
 		op = "rollback"
-		res, err = env.ws.Rollback()
+		res, err = env.ws.Rollback(ctx)
 	}
-	if err != nil {
-		return err
+	prog.done()
+	if err != nil && !res.Done && res.Applied == 0 && res.Hash == "" && len(res.Changes) == 0 {
+		return err // stopped before it changed anything
 	}
 	if *asJSON {
 		writeJSON(stdout, res)
 	} else {
 		printChanges(stdout, res.Changes)
+		if res.Unlisted > 0 {
+			fmt.Fprintf(stdout, "and %d more changes not listed (more than %d)\n", res.Unlisted, workspace.MaxListedChanges)
+		}
+		if res.ListError != "" {
+			fmt.Fprintf(stdout, "the changes could not all be listed: %s\n", textesc.String(res.ListError))
+		}
 		printWithheld(stdout, res.Withheld)
 	}
-	msg := fmt.Sprintf("%s: %d paths, %s, %d cgroups stopped, result sha256:%s", op, len(res.Changes), policy.FormatBytes(res.Bytes), n, res.Hash)
+	total := len(res.Changes) + res.Unlisted
+	msg := fmt.Sprintf("%s: %d paths, %s, %d cgroups stopped, result sha256:%s", op, total, policy.FormatBytes(res.Bytes), n, res.Hash)
 	if name != "" {
-		msg = fmt.Sprintf("rollback to %s: %d paths, %d cgroups stopped, result sha256:%s", name, len(res.Changes), n, res.Hash)
+		msg = fmt.Sprintf("rollback to %s: %d paths, %d cgroups stopped, result sha256:%s", name, total, n, res.Hash)
+	}
+	if err != nil {
+		// Stopped midway (interrupted, or failed) after it began to
+		// change things: the record says what was done and what not.
+		msg = fmt.Sprintf("%s INCOMPLETE: %v; %s", op, err, msg)
+		if op == "commit" {
+			msg += fmt.Sprintf("; %d upper-layer entries applied", res.Applied)
+		}
 	}
 	if len(res.Withheld) > 0 {
 		msg += fmt.Sprintf("; %d withheld from the real directory (special files, setuid/setgid, privileged xattrs, owners)", len(res.Withheld))
@@ -210,7 +235,44 @@ func runWorkspace(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	d := detailOf(op, name, res)
 	d.IPC = ipcRemoved
-	return env.record(d, msg)
+	if rerr := env.record(d, msg); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	return err
+}
+
+// listChanges prints the changes sorted by path, the first
+// workspace.MaxListedChanges of them (so a sandbox that wrote millions of
+// entries costs bounded memory here), and says how many more there are.
+func listChanges(ctx context.Context, ws *workspace.Workspace, w io.Writer, asJSON bool) error {
+	var changes []workspace.Change
+	unlisted := 0
+	err := ws.EachChange(ctx, func(c workspace.Change) error {
+		if len(changes) < workspace.MaxListedChanges {
+			changes = append(changes, c)
+		} else {
+			unlisted++
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	sort.Slice(changes, func(i, j int) bool { return changes[i].Path < changes[j].Path })
+	if asJSON {
+		if changes == nil {
+			changes = []workspace.Change{}
+		}
+		if err := writeJSON(w, changes); err != nil {
+			return err
+		}
+	} else {
+		printChanges(w, changes)
+	}
+	if unlisted > 0 {
+		return fmt.Errorf("diff lists the first %d changes (sorted by path) of %d", len(changes), len(changes)+unlisted)
+	}
+	return nil
 }
 
 // removeIPC removes the System V IPC objects, POSIX message queues and

@@ -2,9 +2,9 @@ package workspace
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,16 +15,32 @@ import (
 
 // Result is what a commit, rollback or snapshot did.
 type Result struct {
-	// Changes are the paths it applied or threw away.
+	// Changes are the paths it applied or threw away (the first
+	// MaxListedChanges, sorted by path).
 	Changes []Change `json:"changes"`
+	// Unlisted counts the changes beyond MaxListedChanges.
+	Unlisted int `json:"unlisted,omitempty"`
+	// ListError says why the changes a rollback threw away could not all
+	// be listed (a path beyond PATH_MAX, say); the rollback went on.
+	ListError string `json:"list_error,omitempty"`
 	// Hash is the tree hash (TreeHash) of the result: the real
 	// directories after a commit or rollback, the saved layers of a
 	// snapshot. With several workspace directories it hashes their hashes
-	// in order.
+	// in order. Empty when the operation stopped before hashing.
 	Hash string `json:"hash"`
 	// Bytes is the size of the upper layers it applied, threw away or
 	// saved.
 	Bytes int64 `json:"bytes"`
+	// Applied counts the upper-layer entries a commit carried into the
+	// real directories (applied, refused or withheld in part). When a
+	// commit stops early, these are done and the rest are still in the
+	// upper layers: what the overlay shows is unchanged, and commit can
+	// be run again to finish.
+	Applied int64 `json:"applied"`
+	// Done is true when the operation finished, hash included.
+	Done bool `json:"done"`
+	// Progress is the work it did.
+	Progress Progress `json:"progress"`
 	// Withheld is what a commit did not carry into the real directories
 	// as the sandbox left it: special files refused, setuid and setgid
 	// bits and privileged extended attributes stripped, owners replaced
@@ -36,54 +52,92 @@ type Result struct {
 // the upper layers. It never carries privilege: special files, setuid and
 // setgid bits, privileged extended attributes and owners the real
 // directory would not give are withheld, and listed in Result.Withheld.
-// The sandbox's processes must be stopped: the overlays
-// are unmounted first (EBUSY while in use) and mounted again after. An
-// interrupted commit can be run again: what was applied is gone from the
-// upper layer.
-func (w *Workspace) Commit() (Result, error) {
+// The sandbox's processes must be stopped: the overlays are unmounted
+// first (EBUSY while in use) and mounted again after.
+//
+// Cancelling ctx stops it between entries. Before the first entry is
+// applied nothing has changed; after, Result.Applied says how many
+// upper entries are in the real directories (each whole: files land by
+// rename, directories that were created get their final owner and mode),
+// the rest stay in the upper layers, the overlays are mounted again and
+// the error says so. Commit can be run again to finish: what was applied
+// is gone from the upper layer or equal to the real file.
+func (w *Workspace) Commit(ctx context.Context) (res Result, err error) {
 	unlock, err := w.lock()
 	if err != nil {
 		return Result{}, err
 	}
 	defer unlock()
-	changes, err := w.diffLocked()
+	m := w.meter(ctx, "commit")
+	defer func() { res.Progress = m.p }()
+	list, err := w.listLocked(m)
 	if err != nil {
-		return Result{}, err
+		return Result{}, w.stopped(m, "commit (nothing applied)", err)
 	}
-	res := Result{Changes: changes, Bytes: w.UpperSize()}
+	res = Result{Changes: list.changes, Unlisted: list.unlisted}
+	if res.Bytes, err = w.upperSize(m); err != nil {
+		return res, w.stopped(m, "commit (nothing applied)", err)
+	}
 	if err := w.unmountLocked(); err != nil {
 		return res, err
 	}
 	for i := range w.Layers {
 		l := &w.Layers[i]
-		notes, err := applyLayer(l)
+		applied, notes, err := applyLayer(m, l)
+		res.Applied += applied
 		res.Withheld = append(res.Withheld, notes...)
 		if err != nil {
-			return res, fmt.Errorf("workspace %s: commit into %s: %w (run commit again to finish)", w.Sandbox, l.Lower, err)
+			left := fmt.Sprintf("%d upper-layer entries applied to the real directories, the rest of %s", res.Applied, l.Lower)
+			if i+1 < len(w.Layers) {
+				left += fmt.Sprintf(" and %d more workspace directories", len(w.Layers)-i-1)
+			}
+			left += " left in the upper layer; run commit again to finish"
+			if merr := w.mountLocked(); merr != nil {
+				left += fmt.Sprintf("; remounting the overlay failed: %v", merr)
+			}
+			if m.ctx.Err() != nil && errors.Is(err, m.ctx.Err()) {
+				return res, fmt.Errorf("workspace %s: commit interrupted after %s: %s: %w", w.Sandbox, m.p, left, err)
+			}
+			return res, fmt.Errorf("workspace %s: commit into %s: %w (%s)", w.Sandbox, l.Lower, err, left)
 		}
 		if err := resetUpper(l); err != nil {
 			return res, fmt.Errorf("workspace %s: %w", w.Sandbox, err)
 		}
 	}
-	if res.Hash, err = w.lowerHash(); err != nil {
+	if err := w.mountLocked(); err != nil {
 		return res, err
 	}
-	return res, w.mountLocked()
+	if res.Hash, err = w.lowerHash(m); err != nil {
+		return res, w.stopped(m, "commit finished, hashing the result", err)
+	}
+	res.Done = true
+	return res, nil
 }
 
 // Rollback throws every layer's changes away. Like Commit it needs the
-// sandbox's processes stopped.
-func (w *Workspace) Rollback() (Result, error) {
+// sandbox's processes stopped. A listing of the changes that fails (a
+// tree too deep for PATH_MAX) does not stop it: Result.ListError says
+// so. Cancelling ctx while the changes are listed stops it with nothing
+// thrown away; the removal itself reads no file data and is not
+// cancelled; hashing the result after is.
+func (w *Workspace) Rollback(ctx context.Context) (res Result, err error) {
 	unlock, err := w.lock()
 	if err != nil {
 		return Result{}, err
 	}
 	defer unlock()
-	changes, err := w.diffLocked()
-	if err != nil {
-		return Result{}, err
+	m := w.meter(ctx, "rollback")
+	defer func() { res.Progress = m.p }()
+	list, err := w.listLocked(m)
+	if m.ctx.Err() != nil {
+		return Result{}, w.stopped(m, "rollback (nothing thrown away)", err)
 	}
-	res := Result{Changes: changes, Bytes: w.UpperSize()}
+	res = Result{Changes: list.changes, Unlisted: list.unlisted}
+	if err != nil {
+		res.ListError = err.Error()
+	} else {
+		res.Bytes, _ = w.upperSize(m)
+	}
 	if err := w.unmountLocked(); err != nil {
 		return res, err
 	}
@@ -92,47 +146,45 @@ func (w *Workspace) Rollback() (Result, error) {
 			return res, fmt.Errorf("workspace %s: rollback: %w", w.Sandbox, err)
 		}
 	}
-	if res.Hash, err = w.lowerHash(); err != nil {
+	if err := w.mountLocked(); err != nil {
 		return res, err
 	}
-	return res, w.mountLocked()
+	if res.Hash, err = w.lowerHash(m); err != nil {
+		return res, w.stopped(m, "rollback finished, hashing the result", err)
+	}
+	res.Done = true
+	return res, nil
 }
 
-func (w *Workspace) lowerHash() (string, error) {
+func (w *Workspace) lowerHash(m *meter) (string, error) {
 	var dirs []string
 	for _, l := range w.Layers {
 		dirs = append(dirs, l.Lower)
 	}
-	return hashDirs(dirs)
+	return hashDirs(m, dirs)
 }
 
 // applyLayer moves the upper layer's changes into the real directory and
-// returns what it did not carry (see Withheld).
-func applyLayer(l *Layer) ([]Note, error) {
+// returns how many entries it applied and what it did not carry (see
+// Withheld).
+func applyLayer(m *meter, l *Layer) (int64, []Note, error) {
 	root, err := unix.Open(l.Lower, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", l.Lower, err)
+		return 0, nil, fmt.Errorf("open %s: %w", l.Lower, err)
 	}
 	defer unix.Close(root)
 	var rst unix.Stat_t
 	if err := unix.Fstat(root, &rst); err != nil {
-		return nil, fmt.Errorf("stat %s: %w", l.Lower, err)
+		return 0, nil, fmt.Errorf("stat %s: %w", l.Lower, err)
 	}
-	c := &committer{l: l, root: root, rootOwner: owner{rst.Uid, rst.Gid}, owners: map[string]owner{".": {rst.Uid, rst.Gid}}}
+	c := &committer{m: m, l: l, root: root, rootOwner: owner{rst.Uid, rst.Gid}, dirs: map[string]*dirFix{".": {own: owner{rst.Uid, rst.Gid}}}}
 	if ust, err := lstat(l.Upper); err == nil {
 		c.sameDev = ust.Dev == rst.Dev
 	}
-	if err := walkUpper(l, c.entry); err != nil {
-		return c.notes, err
-	}
-	// Directory attributes last (children change their mtimes), deepest
-	// first.
-	for i := len(c.dirs) - 1; i >= 0; i-- {
-		if err := c.fixDir(&c.dirs[i]); err != nil {
-			return c.notes, err
-		}
-	}
-	return c.notes, nil
+	// Directory attributes are set when the walk leaves the directory
+	// (its children change its mtime), also when it stops early.
+	err = walkUpper(m, l, c.entry, c.leave)
+	return c.applied, c.notes, err
 }
 
 // What commit carries into the real directory, and what it withholds:
@@ -194,7 +246,8 @@ type owner struct{ uid, gid uint32 }
 
 func (o owner) String() string { return fmt.Sprintf("%d:%d", o.uid, o.gid) }
 
-// dirFix is a directory whose attributes commit sets at the end.
+// dirFix is a directory whose attributes commit sets when the walk
+// leaves it.
 type dirFix struct {
 	rel, up string
 	ust     *unix.Stat_t
@@ -204,15 +257,27 @@ type dirFix struct {
 
 // committer applies one layer.
 type committer struct {
+	m         *meter
 	l         *Layer
 	root      int // the real directory
 	rootOwner owner
 	sameDev   bool
-	// owners are the owners the real directories of the walk have (or
-	// will have once fixDir ran), by relative path.
-	owners map[string]owner
-	dirs   []dirFix
-	notes  []Note
+	// dirs are the directories the walk has entered and not left, by
+	// relative path, with the owner their real directory has (or will
+	// have once fixDir ran).
+	dirs    map[string]*dirFix
+	applied int64
+	notes   []Note
+}
+
+// leave sets the directory's final attributes once its subtree is done.
+func (c *committer) leave(rel string) error {
+	d := c.dirs[rel]
+	delete(c.dirs, rel)
+	if d == nil {
+		return nil
+	}
+	return c.fixDir(d)
 }
 
 // commitHook, when set (tests), runs before each upper entry is applied.
@@ -231,6 +296,10 @@ func (c *committer) entry(e *upperEntry) error {
 	if commitHook != nil {
 		commitHook(e.rel)
 	}
+	if err := c.m.ctx.Err(); err != nil {
+		return err
+	}
+	c.applied++
 	ust, lst := e.ust, e.lst
 	inLower := lst != nil
 	name := filepath.Base(e.rel)
@@ -269,9 +338,7 @@ func (c *committer) entry(e *upperEntry) error {
 				return fmt.Errorf("mkdir %s: %w", e.real, err)
 			}
 		}
-		own := c.owner(e)
-		c.owners[e.rel] = own
-		c.dirs = append(c.dirs, dirFix{rel: e.rel, up: e.up, ust: ust, own: own, isNew: isNew})
+		c.dirs[e.rel] = &dirFix{rel: e.rel, up: e.up, ust: ust, own: c.owner(e), isNew: isNew}
 		return nil
 	}
 	switch ust.Mode & unix.S_IFMT {
@@ -317,6 +384,9 @@ func (c *committer) clearOpaque(pfd int, name string, e *upperEntry) error {
 		return err
 	}
 	for _, n := range names {
+		if err := c.m.entry(); err != nil {
+			return err
+		}
 		if _, err := lstat(filepath.Join(e.up, n)); err != nil {
 			if err := removeAllAt(dfd, n); err != nil {
 				return err
@@ -329,7 +399,10 @@ func (c *committer) clearOpaque(pfd int, name string, e *upperEntry) error {
 // owner decides the owner of an entry (see "What commit carries") and
 // says when it is not the one the sandbox left.
 func (c *committer) owner(e *upperEntry) owner {
-	landing := c.owners[filepath.Dir(e.rel)]
+	landing := c.rootOwner
+	if d := c.dirs[filepath.Dir(e.rel)]; d != nil {
+		landing = d.own
+	}
 	uids := []uint32{landing.uid, c.rootOwner.uid}
 	gids := []uint32{landing.gid, c.rootOwner.gid}
 	give := landing
@@ -355,7 +428,7 @@ func (c *committer) owner(e *upperEntry) owner {
 // unchanged reports an upper file that equals the real one, carried
 // extended attributes included.
 func (c *committer) unchanged(e *upperEntry) (bool, error) {
-	same, err := sameFile(e.up, e.ust, e.real, e.lst)
+	same, err := sameFile(c.m, e.up, e.ust, e.real, e.lst)
 	if err != nil || !same {
 		return false, err
 	}
@@ -467,19 +540,19 @@ func (c *committer) install(e *upperEntry, pfd int, name string, own owner) erro
 		}
 		return nil
 	}
-	in, err := os.OpenFile(e.up, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	in, err := openRegular(e.up)
 	if err != nil {
 		return err
 	}
-	defer in.Close()
+	defer unix.Close(in)
 	tmp, fd, err := createTemp(pfd)
 	if err != nil {
 		return fmt.Errorf("create in %s: %w", filepath.Dir(e.real), err)
 	}
 	out := os.NewFile(uintptr(fd), filepath.Join(filepath.Dir(e.real), tmp))
 	err = func() error {
-		if unix.IoctlFileClone(fd, int(in.Fd())) != nil {
-			if _, err := io.Copy(out, in); err != nil {
+		if unix.IoctlFileClone(fd, in) != nil {
+			if err := copyData(c.m, in, fd, e.ust.Size); err != nil {
 				return fmt.Errorf("copy %s: %w", e.up, err)
 			}
 		}
@@ -518,7 +591,7 @@ func (c *committer) install(e *upperEntry, pfd int, name string, own owner) erro
 }
 
 func (c *committer) installSymlink(e *upperEntry, pfd int, name string, own owner) error {
-	target, err := os.Readlink(e.up)
+	target, err := readlink(e.up)
 	if err != nil {
 		return err
 	}
@@ -594,14 +667,14 @@ func (c *committer) fixDir(d *dirFix) error {
 
 // copyEntry copies one non-directory entry with its attributes
 // (whiteouts stay whiteouts).
-func copyEntry(src string, st *unix.Stat_t, dst string) error {
+func copyEntry(m *meter, src string, st *unix.Stat_t, dst string) error {
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		if err := copyFile(src, dst); err != nil {
+		if err := copyFile(m, src, dst); err != nil {
 			return err
 		}
 	case unix.S_IFLNK:
-		target, err := os.Readlink(src)
+		target, err := readlink(src)
 		if err != nil {
 			return err
 		}
@@ -617,24 +690,28 @@ func copyEntry(src string, st *unix.Stat_t, dst string) error {
 }
 
 // copyFile copies contents, sharing extents (FICLONE) where the filesystem
-// can.
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
+// can, else copying the data extents and recreating the holes.
+func copyFile(m *meter, src, dst string) error {
+	in, err := openRegular(src)
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
+	defer unix.Close(in)
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil {
 		return err
 	}
-	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
-		if _, err := io.Copy(out, in); err != nil {
-			out.Close()
+	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", dst, err)
+	}
+	if unix.IoctlFileClone(out, in) != nil {
+		if err := copyData(m, in, out, st.Size); err != nil {
+			unix.Close(out)
 			return fmt.Errorf("copy %s: %w", src, err)
 		}
 	}
-	return out.Close()
+	return unix.Close(out)
 }
 
 // setAttrs gives p the owner, mode and times of st (symlinks: owner and

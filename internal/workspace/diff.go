@@ -1,15 +1,11 @@
 package workspace
 
 import (
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,27 +36,72 @@ type Change struct {
 
 // Diff lists the changes of every layer, sorted by path. A directory that
 // is added or deleted is one change (its contents are not listed).
-// Directories that merely hold changed files are not changes.
-func (w *Workspace) Diff() ([]Change, error) {
-	unlock, err := w.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	return w.diffLocked()
-}
-
-func (w *Workspace) diffLocked() ([]Change, error) {
+// Directories that merely hold changed files are not changes. The list
+// is whole: its memory grows with the changes; EachChange streams them.
+func (w *Workspace) Diff(ctx context.Context) ([]Change, error) {
 	var out []Change
-	for i := range w.Layers {
-		ch, err := diffLayer(&w.Layers[i])
-		if err != nil {
-			return nil, fmt.Errorf("workspace %s: diff %s: %w", w.Sandbox, w.Layers[i].Lower, err)
-		}
-		out = append(out, ch...)
+	if err := w.EachChange(ctx, func(c Change) error { out = append(out, c); return nil }); err != nil {
+		return nil, err
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
+}
+
+// EachChange calls fn for each change of every layer, in walk order (not
+// sorted), holding none of them.
+func (w *Workspace) EachChange(ctx context.Context, fn func(Change) error) error {
+	unlock, err := w.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	m := w.meter(ctx, "diff")
+	if err := w.eachChangeLocked(m, fn); err != nil {
+		return w.stopped(m, "diff", err)
+	}
+	return nil
+}
+
+func (w *Workspace) eachChangeLocked(m *meter, fn func(Change) error) error {
+	for i := range w.Layers {
+		if err := diffLayer(m, &w.Layers[i], fn); err != nil {
+			return fmt.Errorf("diff %s: %w", w.Layers[i].Lower, err)
+		}
+	}
+	return nil
+}
+
+// MaxListedChanges is the most changes a Result lists (about 200 bytes
+// each); Result.Unlisted counts the rest.
+const MaxListedChanges = 100_000
+
+// changeList collects the changes of a Result, the first
+// MaxListedChanges of them.
+type changeList struct {
+	changes  []Change
+	unlisted int
+}
+
+func (c *changeList) add(ch Change) error {
+	if len(c.changes) < MaxListedChanges {
+		c.changes = append(c.changes, ch)
+	} else {
+		c.unlisted++
+	}
+	return nil
+}
+
+func (c *changeList) sorted() []Change {
+	sort.Slice(c.changes, func(i, j int) bool { return c.changes[i].Path < c.changes[j].Path })
+	return c.changes
+}
+
+// listLocked lists the changes for a Result.
+func (w *Workspace) listLocked(m *meter) (changeList, error) {
+	var c changeList
+	err := w.eachChangeLocked(m, c.add)
+	c.sorted()
+	return c, err
 }
 
 // isWhiteout reports an overlayfs whiteout: a character device 0:0.
@@ -85,18 +126,26 @@ func lstat(p string) (*unix.Stat_t, error) {
 
 func isDir(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
 
-// treeSize is the total size of the regular files at and below p.
-func treeSize(p string) int64 {
-	var n int64
-	filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
+// treeSize is the total size of the regular files at and below p
+// (apparent sizes: a sparse file counts its length). A walk that cannot
+// go on (a path beyond PATH_MAX) is an error: a diff that hides part of a
+// tree would let a commit stop halfway.
+func treeSize(m *meter, p string) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil || !isDir(&st) {
+		if err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			return st.Size, nil
 		}
-		return nil
-	})
-	return n
+		return 0, nil
+	}
+	var n int64
+	err := walkTree(m, p, false, func(_ string, st *unix.Stat_t, _ bool) (bool, bool, error) {
+		if st.Mode&unix.S_IFMT == unix.S_IFREG {
+			n += st.Size
+		}
+		return true, false, nil
+	}, nil)
+	return n, err
 }
 
 // upperEntry is one entry of an upper layer beside the lower entry of the
@@ -112,171 +161,168 @@ type upperEntry struct {
 }
 
 // walkUpper visits every entry of the upper layer, parents first, with its
-// lower counterpart; visit's filepath.SkipDir skips a directory.
-func walkUpper(l *Layer, visit func(e *upperEntry) error) error {
-	var opaque []string
-	underOpaque := func(rel string) bool {
-		for _, o := range opaque {
-			if strings.HasPrefix(rel, o+"/") {
-				return true
-			}
-		}
-		return false
-	}
-	return filepath.WalkDir(l.Upper, func(up string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(l.Upper, up)
-		if rel == "." {
-			return nil
-		}
-		e := &upperEntry{up: up, rel: rel, real: filepath.Join(l.Lower, rel)}
-		if e.ust, err = lstat(up); err != nil {
-			return err
-		}
+// lower counterpart; visit's filepath.SkipDir skips a directory. leave
+// (when not nil) is called for each directory entered once its subtree
+// is done (see walkTree).
+func walkUpper(m *meter, l *Layer, visit func(e *upperEntry) error, leave func(rel string) error) error {
+	return walkTree(m, l.Upper, false, func(rel string, st *unix.Stat_t, underOpaque bool) (bool, bool, error) {
+		e := &upperEntry{up: filepath.Join(l.Upper, rel), rel: rel, real: filepath.Join(l.Lower, rel), ust: st}
 		lst, lerr := lstat(e.real)
 		if lerr != nil && !errors.Is(lerr, unix.ENOENT) {
-			return lerr
+			return false, false, lerr
 		}
 		if lerr == nil {
 			e.lst = lst
 		}
-		if isDir(e.ust) && e.lst != nil && isDir(e.lst) && (isOpaque(up) || underOpaque(rel)) {
+		if isDir(e.ust) && e.lst != nil && isDir(e.lst) && (underOpaque || isOpaque(e.up)) {
 			e.opaque = true
-			opaque = append(opaque, rel)
 		}
-		return visit(e)
-	})
+		err := visit(e)
+		if err == filepath.SkipDir {
+			return false, false, nil
+		}
+		return err == nil, underOpaque || e.opaque, err
+	}, leave)
 }
 
-func diffLayer(l *Layer) ([]Change, error) {
-	var out []Change
-	err := walkUpper(l, func(e *upperEntry) error {
+func diffLayer(m *meter, l *Layer, emit func(Change) error) error {
+	return walkUpper(m, l, func(e *upperEntry) error {
 		up, real, ust, lst := e.up, e.real, e.ust, e.lst
 		inLower := lst != nil
 		switch {
 		case isWhiteout(ust):
 			if inLower {
-				out = append(out, Change{Kind: Deleted, Path: real, Dir: isDir(lst), Size: treeSize(real)})
+				size, err := treeSize(m, real)
+				if err != nil {
+					return err
+				}
+				return emit(Change{Kind: Deleted, Path: real, Dir: isDir(lst), Size: size})
 			}
 		case isDir(ust):
 			switch {
-			case !inLower:
-				out = append(out, Change{Kind: Added, Path: real, Dir: true, Size: treeSize(up)})
-				return filepath.SkipDir
-			case !isDir(lst):
-				// A directory replaced a file.
-				out = append(out, Change{Kind: Changed, Path: real, Dir: true, Size: treeSize(up)})
+			case !inLower, !isDir(lst):
+				// Added, or a directory replaced a file.
+				size, err := treeSize(m, up)
+				if err != nil {
+					return err
+				}
+				kind := Added
+				if inLower {
+					kind = Changed
+				}
+				if err := emit(Change{Kind: kind, Path: real, Dir: true, Size: size}); err != nil {
+					return err
+				}
 				return filepath.SkipDir
 			case e.opaque:
 				// Everything of the lower directory that the upper one
 				// does not hold again is gone.
-				gone, err := opaqueDeletions(real, up)
-				if err != nil {
-					return err
-				}
-				out = append(out, gone...)
+				return opaqueDeletions(m, real, up, emit)
 			}
 		default:
 			switch {
 			case !inLower:
-				out = append(out, Change{Kind: Added, Path: real, Size: ust.Size})
+				return emit(Change{Kind: Added, Path: real, Size: ust.Size})
 			case isDir(lst):
-				out = append(out, Change{Kind: Changed, Path: real, Size: ust.Size})
+				return emit(Change{Kind: Changed, Path: real, Size: ust.Size})
 			default:
-				same, err := sameFile(up, ust, real, lst)
+				same, err := sameFile(m, up, ust, real, lst)
 				if err != nil {
 					return err
 				}
 				if !same {
-					out = append(out, Change{Kind: Changed, Path: real, Size: ust.Size})
+					return emit(Change{Kind: Changed, Path: real, Size: ust.Size})
 				}
 			}
 		}
 		return nil
-	})
-	return out, err
+	}, nil)
 }
 
-// opaqueDeletions lists the entries of the lower directory lowerDir that
+// opaqueDeletions emits the entries of the lower directory lowerDir that
 // the opaque upper directory upDir does not hold.
-func opaqueDeletions(lowerDir, upDir string) ([]Change, error) {
-	ents, err := os.ReadDir(lowerDir)
-	if err != nil {
-		return nil, err
-	}
-	var out []Change
-	for _, e := range ents {
-		p := filepath.Join(lowerDir, e.Name())
-		if _, err := lstat(filepath.Join(upDir, e.Name())); err == nil {
-			continue // listed (changed or not) when the walk reaches it
+func opaqueDeletions(m *meter, lowerDir, upDir string, emit func(Change) error) error {
+	return listDir(lowerDir, false, func(name string) error {
+		if err := m.entry(); err != nil {
+			return err
 		}
-		out = append(out, Change{Kind: Deleted, Path: p, Dir: e.IsDir(), Size: treeSize(p)})
-	}
-	return out, nil
+		if _, err := lstat(filepath.Join(upDir, name)); err == nil {
+			return nil // listed (changed or not) when the walk reaches it
+		}
+		p := filepath.Join(lowerDir, name)
+		st, err := lstat(p)
+		if err != nil {
+			return nil // gone meanwhile
+		}
+		size, err := treeSize(m, p)
+		if err != nil {
+			return err
+		}
+		return emit(Change{Kind: Deleted, Path: p, Dir: isDir(st), Size: size})
+	})
 }
 
 // sameFile reports whether a copied-up file equals the real one (a
 // copy-up without a change, e.g. after open for writing without a write).
-func sameFile(up string, ust *unix.Stat_t, real string, lst *unix.Stat_t) (bool, error) {
+func sameFile(m *meter, up string, ust *unix.Stat_t, real string, lst *unix.Stat_t) (bool, error) {
 	if ust.Mode != lst.Mode || ust.Uid != lst.Uid || ust.Gid != lst.Gid || ust.Size != lst.Size {
 		return false, nil
 	}
 	switch ust.Mode & unix.S_IFMT {
 	case unix.S_IFLNK:
-		a, err := os.Readlink(up)
+		a, err := readlink(up)
 		if err != nil {
 			return false, err
 		}
-		b, err := os.Readlink(real)
+		b, err := readlink(real)
 		return err == nil && a == b, err
 	case unix.S_IFREG:
-		return sameContent(up, real)
+		return sameContent(m, up, real, ust.Size)
 	default:
 		return ust.Rdev == lst.Rdev, nil
 	}
 }
 
-func sameContent(a, b string) (bool, error) {
-	fa, err := os.Open(a)
+// sameContent compares two regular files of equal size by their data
+// extents (sameData), never opening anything else.
+func sameContent(m *meter, a, b string, size int64) (bool, error) {
+	fa, err := openRegular(a)
 	if err != nil {
 		return false, err
 	}
-	defer fa.Close()
-	fb, err := os.Open(b)
+	defer unix.Close(fa)
+	fb, err := openRegular(b)
 	if err != nil {
 		return false, err
 	}
-	defer fb.Close()
-	ba, bb := make([]byte, 64<<10), make([]byte, 64<<10)
-	for {
-		na, ea := io.ReadFull(fa, ba)
-		nb, eb := io.ReadFull(fb, bb)
-		if na != nb || !bytes.Equal(ba[:na], bb[:nb]) {
-			return false, nil
-		}
-		if ea != nil || eb != nil {
-			if (ea == io.EOF || ea == io.ErrUnexpectedEOF) && (eb == io.EOF || eb == io.ErrUnexpectedEOF) {
-				return true, nil
-			}
-			return false, errors.Join(ignoreEOF(ea), ignoreEOF(eb))
-		}
-	}
+	defer unix.Close(fb)
+	return sameData(m, fa, fb, size)
 }
 
-func ignoreEOF(err error) error {
-	if err == io.EOF || err == io.ErrUnexpectedEOF {
-		return nil
+// openRegular opens p for reading if it is a regular file, following no
+// symlink and never blocking on a FIFO swapped in since it was listed.
+func openRegular(p string) (int, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", p, err)
 	}
-	return err
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return -1, fmt.Errorf("open %s: not a regular file: %w", p, errMoved)
+	}
+	return fd, nil
 }
 
-// UpperSize is the bytes the upper layers hold (what a snapshot costs).
-func (w *Workspace) UpperSize() int64 {
+// upperSize is the bytes the upper layers hold (apparent sizes).
+func (w *Workspace) upperSize(m *meter) (int64, error) {
 	var n int64
 	for _, l := range w.Layers {
-		n += treeSize(l.Upper)
+		k, err := treeSize(m, l.Upper)
+		if err != nil {
+			return n, err
+		}
+		n += k
 	}
-	return n
+	return n, nil
 }

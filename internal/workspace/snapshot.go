@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"regexp"
 	"sort"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Snapshot describes a saved point of a sandbox's workspaces.
@@ -43,9 +46,12 @@ func (w *Workspace) snapDir(name string) string { return filepath.Join(w.Dir, "s
 
 // Snapshot saves the upper layers under name (replacing a snapshot of the
 // same name) and prunes old snapshots to the limits; it returns the
-// snapshot and the names pruned. The overlays stay mounted: freeze the
-// sandbox around it so the copy is consistent.
-func (w *Workspace) Snapshot(name string, lim SnapshotLimits) (Snapshot, []string, error) {
+// snapshot and the names pruned. The overlays stay mounted, so the
+// sandbox is frozen for the copy: cgroups are its cgroup2 directories
+// (FreezeSandbox), frozen within FreezeBound or no snapshot is taken,
+// and thawed after. Cancelling ctx stops the copy and leaves no
+// snapshot.
+func (w *Workspace) Snapshot(ctx context.Context, name string, lim SnapshotLimits, cgroups []string) (Snapshot, []string, error) {
 	if !snapshotName.MatchString(name) {
 		return Snapshot{}, nil, fmt.Errorf("snapshot name %q: use letters, digits, '.', '_' and '-' (at most 63)", name)
 	}
@@ -54,46 +60,64 @@ func (w *Workspace) Snapshot(name string, lim SnapshotLimits) (Snapshot, []strin
 		return Snapshot{}, nil, err
 	}
 	defer unlock()
-	size := w.UpperSize()
-	if lim.MaxBytes > 0 && size > lim.MaxBytes {
-		return Snapshot{}, nil, fmt.Errorf("workspace %s: snapshot %s would cost %d bytes, above the limit of %d (max_snapshot_bytes)", w.Sandbox, name, size, lim.MaxBytes)
-	}
-	changes, err := w.diffLocked()
+	thaw, err := FreezeSandbox(ctx, cgroups, FreezeBound)
 	if err != nil {
-		return Snapshot{}, nil, err
+		return Snapshot{}, nil, fmt.Errorf("workspace %s: snapshot %s: %w", w.Sandbox, name, err)
+	}
+	s, err := w.snapshotLocked(w.meter(ctx, "snapshot"), name, lim)
+	if terr := thaw(); terr != nil {
+		err = errors.Join(err, fmt.Errorf("workspace %s: thaw after snapshot: %w", w.Sandbox, terr))
+	}
+	if err != nil {
+		return s, nil, err
+	}
+	pruned, err := w.pruneLocked(lim, name)
+	return s, pruned, err
+}
+
+func (w *Workspace) snapshotLocked(m *meter, name string, lim SnapshotLimits) (Snapshot, error) {
+	size, err := w.upperSize(m)
+	if err != nil {
+		return Snapshot{}, w.stopped(m, "snapshot "+name, err)
+	}
+	if lim.MaxBytes > 0 && size > lim.MaxBytes {
+		return Snapshot{}, fmt.Errorf("workspace %s: snapshot %s would cost %d bytes, above the limit of %d (max_snapshot_bytes)", w.Sandbox, name, size, lim.MaxBytes)
+	}
+	changes := 0
+	if err := w.eachChangeLocked(m, func(Change) error { changes++; return nil }); err != nil {
+		return Snapshot{}, w.stopped(m, "snapshot "+name, err)
 	}
 	final := w.snapDir(name)
 	tmp := filepath.Join(w.Dir, "snapshots", ".tmp-"+name)
 	os.RemoveAll(tmp)
+	fail := func(err error) (Snapshot, error) {
+		os.RemoveAll(tmp)
+		return Snapshot{}, w.stopped(m, "snapshot "+name+" (none taken)", err)
+	}
 	var dirs []string
 	for _, l := range w.Layers {
 		dst := filepath.Join(tmp, l.ID)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return Snapshot{}, nil, fmt.Errorf("workspace %s: snapshot: %w", w.Sandbox, err)
+			return fail(err)
 		}
-		if err := copyTree(l.Upper, dst); err != nil {
-			os.RemoveAll(tmp)
-			return Snapshot{}, nil, fmt.Errorf("workspace %s: snapshot %s: %w", w.Sandbox, name, err)
+		if err := copyTree(m, l.Upper, dst); err != nil {
+			return fail(err)
 		}
 		dirs = append(dirs, dst)
 	}
-	s := Snapshot{Name: name, Created: time.Now().UTC(), Bytes: size, Changes: len(changes)}
-	if s.Hash, err = hashDirs(dirs); err != nil {
-		os.RemoveAll(tmp)
-		return Snapshot{}, nil, err
+	s := Snapshot{Name: name, Created: time.Now().UTC(), Bytes: size, Changes: changes}
+	if s.Hash, err = hashDirs(m, dirs); err != nil {
+		return fail(err)
 	}
 	meta, _ := json.MarshalIndent(s, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, "meta.json"), meta, 0o600); err != nil {
-		os.RemoveAll(tmp)
-		return Snapshot{}, nil, fmt.Errorf("workspace %s: snapshot: %w", w.Sandbox, err)
+		return fail(err)
 	}
 	os.RemoveAll(final)
 	if err := os.Rename(tmp, final); err != nil {
-		os.RemoveAll(tmp)
-		return Snapshot{}, nil, fmt.Errorf("workspace %s: snapshot: %w", w.Sandbox, err)
+		return fail(err)
 	}
-	pruned, err := w.pruneLocked(lim, name)
-	return s, pruned, err
+	return s, nil
 }
 
 // Snapshots lists the sandbox's snapshots, oldest first.
@@ -154,13 +178,18 @@ func (w *Workspace) pruneLocked(lim SnapshotLimits, keep string) ([]string, erro
 
 // RollbackTo restores the upper layers saved in snapshot name: the
 // workspace looks as it did when the snapshot was taken. Like Rollback it
-// needs the sandbox's processes stopped.
-func (w *Workspace) RollbackTo(name string) (Result, error) {
+// needs the sandbox's processes stopped. Cancelling ctx before the
+// layers are replaced leaves them as they were; while a layer is copied
+// back, the layers not yet restored are empty (the workspace shows the
+// real directory there) and the error says which.
+func (w *Workspace) RollbackTo(ctx context.Context, name string) (res Result, err error) {
 	unlock, err := w.lock()
 	if err != nil {
 		return Result{}, err
 	}
 	defer unlock()
+	m := w.meter(ctx, "rollback")
+	defer func() { res.Progress = m.p }()
 	dir := w.snapDir(name)
 	if !snapshotName.MatchString(name) {
 		return Result{}, fmt.Errorf("workspace %s: snapshot %q: %w", w.Sandbox, name, ErrNoSnapshot)
@@ -173,11 +202,13 @@ func (w *Workspace) RollbackTo(name string) (Result, error) {
 			return Result{}, fmt.Errorf("workspace %s: snapshot %q has no layer for %s (taken with other workspace directories)", w.Sandbox, name, l.Lower)
 		}
 	}
-	before, err := w.diffLocked()
+	before, err := w.listLocked(m)
 	if err != nil {
-		return Result{}, err
+		return Result{}, w.stopped(m, "rollback to "+name+" (nothing changed)", err)
 	}
-	res := Result{Bytes: w.UpperSize()}
+	if res.Bytes, err = w.upperSize(m); err != nil {
+		return res, w.stopped(m, "rollback to "+name+" (nothing changed)", err)
+	}
 	if err := w.unmountLocked(); err != nil {
 		return res, err
 	}
@@ -189,23 +220,37 @@ func (w *Workspace) RollbackTo(name string) (Result, error) {
 		if err := os.Remove(l.Upper); err != nil {
 			return res, fmt.Errorf("workspace %s: %w", w.Sandbox, err)
 		}
-		if err := copyTree(filepath.Join(dir, l.ID), l.Upper); err != nil {
-			return res, fmt.Errorf("workspace %s: restore snapshot %s: %w", w.Sandbox, name, err)
+		if err := copyTree(m, filepath.Join(dir, l.ID), l.Upper); err != nil {
+			// Leave an empty upper layer rather than a part of the
+			// snapshot, and the later layers as they are.
+			os.RemoveAll(l.Upper)
+			rerr := resetUpper(l)
+			if merr := w.mountLocked(); merr != nil {
+				rerr = errors.Join(rerr, merr)
+			}
+			msg := fmt.Sprintf("layers of %d workspace directories restored, %s emptied (shows the real directory), %d left as they were", i, l.Lower, len(w.Layers)-i-1)
+			return res, errors.Join(w.stopped(m, "rollback to "+name+": "+msg, err), rerr)
 		}
 	}
-	after, err := w.diffLocked()
+	after, err := w.listLocked(m)
 	if err != nil {
+		w.mountLocked()
+		return res, w.stopped(m, "rollback to "+name+" finished, listing the result", err)
+	}
+	res.Changes = changedBetween(before.changes, after.changes)
+	res.Unlisted = before.unlisted + after.unlisted
+	if err := w.mountLocked(); err != nil {
 		return res, err
 	}
-	res.Changes = changedBetween(before, after)
 	var dirs []string
 	for _, l := range w.Layers {
 		dirs = append(dirs, filepath.Join(dir, l.ID))
 	}
-	if res.Hash, err = hashDirs(dirs); err != nil {
-		return res, err
+	if res.Hash, err = hashDirs(m, dirs); err != nil {
+		return res, w.stopped(m, "rollback to "+name+" finished, hashing the result", err)
 	}
-	return res, w.mountLocked()
+	res.Done = true
+	return res, nil
 }
 
 // changedBetween lists the paths whose change differs between two diffs
@@ -234,46 +279,40 @@ func changedBetween(before, after []Change) []Change {
 }
 
 // copyTree copies src to dst (which must not exist) with owners, modes,
-// times, whiteouts and overlay xattrs (opaque directories).
-func copyTree(src, dst string) error {
-	type dirAttr struct {
-		path string
-		src  string
+// times, whiteouts and overlay xattrs (opaque directories); sparse files
+// stay sparse. A directory gets its attributes once its subtree is copied.
+func copyTree(m *meter, src, dst string) error {
+	st, err := lstat(src)
+	if err != nil {
+		return err
 	}
-	var dirs []dirAttr
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		target := filepath.Join(dst, rel)
-		st, err := lstat(p)
-		if err != nil {
-			return err
-		}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	if err := copyXattrs(src, dst); err != nil {
+		return err
+	}
+	err = walkTree(m, src, false, func(rel string, st *unix.Stat_t, _ bool) (bool, bool, error) {
+		p, target := filepath.Join(src, rel), filepath.Join(dst, rel)
 		if isDir(st) {
 			if err := os.Mkdir(target, 0o700); err != nil {
-				return err
+				return false, false, err
 			}
-			dirs = append(dirs, dirAttr{target, p})
-		} else if err := copyEntry(p, st, target); err != nil {
+		} else if err := copyEntry(m, p, st, target); err != nil {
+			return false, false, err
+		}
+		return true, false, copyXattrs(p, target)
+	}, func(rel string) error {
+		st, err := lstat(filepath.Join(src, rel))
+		if err != nil {
 			return err
 		}
-		return copyXattrs(p, target)
+		return setAttrs(filepath.Join(dst, rel), st)
 	})
 	if err != nil {
 		return err
 	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		st, err := lstat(dirs[i].src)
-		if err != nil {
-			return err
-		}
-		if err := setAttrs(dirs[i].path, st); err != nil {
-			return err
-		}
-	}
-	return nil
+	return setAttrs(dst, st)
 }
 
 func copyXattrs(src, dst string) error {

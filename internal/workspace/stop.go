@@ -1,10 +1,12 @@
 package workspace
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,32 +64,163 @@ func Stop(cgroups []string, timeout time.Duration) (int, error) {
 	return stopped, nil
 }
 
-// Freeze freezes (or thaws) the cgroups that exist, for a consistent
-// snapshot.
-func Freeze(cgroups []string, frozen bool) error {
-	var errs []error
+// FreezeBound is how long a snapshot waits for the sandbox to freeze.
+const FreezeBound = 5 * time.Second
+
+// ErrNotFrozen is returned when a sandbox's processes do not all freeze
+// within the bound: the snapshot is not taken (a live sandbox could swap
+// a directory for a symlink while the copy runs).
+var ErrNotFrozen = errors.New("sandbox did not freeze")
+
+// FreezeSandbox freezes the cgroups (absolute cgroup2 paths, each with
+// its subtree) with the cgroup2 freezer and waits up to bound until the
+// kernel says each is frozen. A cgroup that does not exist holds no
+// process and is skipped; one with processes that cannot be frozen (no
+// cgroup.freeze: the root) or that is not frozen in time fails with
+// ErrNotFrozen, naming the tasks left running. A task the v1 freezer
+// froze never reaches the cgroup2 freezer's trap (cgroup.events keeps
+// saying frozen 0), so such a task counts as frozen: every thread not
+// trapped by the cgroup2 freezer must sit in a FROZEN v1 freezer cgroup.
+// thaw undoes what FreezeSandbox froze, and only that: a cgroup frozen
+// before (the escape watch's) stays frozen. On error nothing is left
+// frozen by it.
+func FreezeSandbox(ctx context.Context, cgroups []string, bound time.Duration) (thaw func() error, err error) {
+	var froze []string
+	undo := func() error {
+		var errs []error
+		for _, cg := range froze {
+			if err := cgroupfs.Freeze(cg, false); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+		froze = nil
+		return errors.Join(errs...)
+	}
+	defer func() {
+		if err != nil {
+			undo()
+		}
+	}()
 	for _, cg := range cgroups {
-		if _, err := os.Stat(filepath.Join(cg, "cgroup.freeze")); err != nil {
+		if _, err := os.Stat(filepath.Join(cg, "cgroup.procs")); err != nil {
 			continue
 		}
-		if err := cgroupfs.Freeze(cg, frozen); err != nil {
-			errs = append(errs, err)
-			continue
+		state, err := os.ReadFile(filepath.Join(cg, "cgroup.freeze"))
+		if err != nil {
+			if cgroupfs.Empty(cg) {
+				continue
+			}
+			return nil, fmt.Errorf("%w: %s cannot be frozen (%v) and holds processes", ErrNotFrozen, cg, err)
 		}
-		if frozen {
-			waitFrozen(cg)
+		if strings.TrimSpace(string(state)) != "1" {
+			if err := cgroupfs.Freeze(cg, true); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrNotFrozen, err)
+			}
+			froze = append(froze, cg)
 		}
 	}
-	return errors.Join(errs...)
+	deadline := time.Now().Add(bound)
+	for _, cg := range cgroups {
+		for !frozen(cg) {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("%w within %v: %s still runs %s; no snapshot taken", ErrNotFrozen, bound, cg, running(cg))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return undo, nil
 }
 
-func waitFrozen(cg string) {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		data, err := os.ReadFile(filepath.Join(cg, "cgroup.events"))
-		if err != nil || strings.Contains(string(data), "frozen 1") {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
+// frozen reports whether nothing in the cgroup subtree can run: the
+// cgroup2 freezer says frozen (or nothing is there), or every thread
+// that is not trapped by it is frozen by the v1 freezer.
+func frozen(cg string) bool {
+	data, err := os.ReadFile(filepath.Join(cg, "cgroup.events"))
+	if errors.Is(err, os.ErrNotExist) {
+		return cgroupfs.Empty(cg)
 	}
+	if err == nil && (strings.Contains(string(data), "frozen 1") || strings.Contains(string(data), "populated 0")) {
+		return true
+	}
+	return running(cg) == ""
+}
+
+// running lists (up to five of) the threads of the cgroup subtree that
+// neither freezer holds, "" when there are none.
+func running(cg string) string {
+	pids, err := cgroupfs.SubtreeProcs(cg, nil)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/task", pid)
+		tids, err := os.ReadDir(dir)
+		if err != nil {
+			continue // gone
+		}
+		for _, t := range tids {
+			if threadFrozen(filepath.Join(dir, t.Name())) {
+				continue
+			}
+			if len(out) == 5 {
+				return strings.Join(out, ", ") + " and more"
+			}
+			out = append(out, fmt.Sprintf("pid %d thread %s", pid, t.Name()))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// threadFrozen: the thread waits in the cgroup2 freezer's trap, or in the
+// v1 freezer's refrigerator with its v1 cgroup FROZEN.
+func threadFrozen(task string) bool {
+	wchan, _ := os.ReadFile(filepath.Join(task, "wchan"))
+	switch string(wchan) {
+	case "do_freezer_trap":
+		return true
+	case "__refrigerator":
+		return v1FreezerState(filepath.Join(task, "cgroup")) == "FROZEN"
+	}
+	return false
+}
+
+// v1FreezerState is the freezer.state of the thread's v1 freezer cgroup
+// (from its /proc cgroup file), "" when there is none.
+func v1FreezerState(cgroupFile string) string {
+	data, err := os.ReadFile(cgroupFile)
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !slices.Contains(strings.Split(parts[1], ","), "freezer") {
+			continue
+		}
+		mnt := v1FreezerMount()
+		if mnt == "" || parts[2] == "/" {
+			return ""
+		}
+		st, _ := os.ReadFile(filepath.Join(mnt, filepath.Clean("/"+parts[2]), "freezer.state"))
+		return strings.TrimSpace(string(st))
+	}
+	return ""
+}
+
+// v1FreezerMount is where the v1 freezer hierarchy is mounted, "" when
+// it is not.
+func v1FreezerMount() string {
+	mounts, err := cgroupfs.ReadMountinfo("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	for _, m := range mounts {
+		if m.FSType == "cgroup" && m.Root == "/" && slices.Contains(strings.Split(m.SuperOptions, ","), "freezer") {
+			return m.Point
+		}
+	}
+	return ""
 }

@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -159,7 +160,7 @@ func TestCommitWithholdsPrivilege(t *testing.T) {
 		must(t, err)
 		f.Close()
 
-		res, err := w.Commit()
+		res, err := w.Commit(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,11 +221,11 @@ func TestCommitWithholdsPrivilege(t *testing.T) {
 			t.Errorf("rootfile: %q", b)
 		}
 		noTemporaries(t, real)
-		if res.Hash != treeHash(t, real) {
+		if res.Hash != hashOf(t, real) {
 			t.Error("result hash is not the real directory's")
 		}
 		// The overlay, mounted again, shows the committed tree.
-		if d, err := w.Diff(); err != nil || len(d) != 0 {
+		if d, err := w.Diff(context.Background()); err != nil || len(d) != 0 {
 			t.Errorf("diff after commit: %+v, %v", d, err)
 		}
 	})
@@ -256,15 +257,15 @@ func TestCommitBenignExactly(t *testing.T) {
 			must(t, unix.Setxattr(filepath.Join(m, "run.sh"), "user.origin", []byte("sandbox"), 0))
 		}
 		must(t, os.Chtimes(filepath.Join(m, "bin", "tool"), time1, time1))
-		seen := treeHash(t, m)
-		res, err := w.Commit()
+		seen := hashOf(t, m)
+		res, err := w.Commit(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(res.Withheld) != 0 {
 			t.Errorf("withheld from a benign change: %+v", res.Withheld)
 		}
-		if h := treeHash(t, real); h != seen || res.Hash != seen {
+		if h := hashOf(t, real); h != seen || res.Hash != seen {
 			t.Error("the real directory differs from what the overlay showed")
 		}
 		for p, want := range map[string]string{"src/main.go": "package main\n\nfunc main() {}\n", "run.sh": "#!/bin/sh\necho new\n",
@@ -311,7 +312,7 @@ func TestCommitFollowsNoSymlinkIntoTheRealTree(t *testing.T) {
 			}
 		}
 		defer func() { commitHook = nil }()
-		_, err := w.Commit()
+		_, err := w.Commit(context.Background())
 		if !errors.Is(err, errMoved) {
 			t.Fatalf("commit through a swapped directory: %v", err)
 		}

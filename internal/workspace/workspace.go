@@ -24,6 +24,7 @@ package workspace
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -49,6 +50,25 @@ type Workspace struct {
 	// Layers are the overlays, one per workspace directory, in the
 	// policy's order.
 	Layers []Layer
+	// Progress, when set, is called now and then (at most every 250 ms)
+	// while a long operation runs.
+	Progress func(Progress)
+}
+
+func (w *Workspace) meter(ctx context.Context, op string) *meter {
+	return newMeter(ctx, op, w.Progress)
+}
+
+// stopped wraps the error that stopped op; a cancellation says how far
+// it got (errors.Is(err, context.Canceled) holds).
+func (w *Workspace) stopped(m *meter, op string, err error) error {
+	if cerr := m.ctx.Err(); cerr != nil {
+		if err == nil || !errors.Is(err, cerr) {
+			err = errors.Join(cerr, err)
+		}
+		return fmt.Errorf("workspace %s: %s interrupted after %s: %w", w.Sandbox, op, m.p, err)
+	}
+	return fmt.Errorf("workspace %s: %s: %w", w.Sandbox, op, err)
 }
 
 // Layer is the overlay of one workspace directory.

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ func write(t *testing.T, p, s string) {
 	}
 }
 
-func treeHash(t *testing.T, dir string) string {
+func hashOf(t *testing.T, dir string) string {
 	t.Helper()
 	h, err := TreeHash(dir)
 	if err != nil {
@@ -108,33 +109,33 @@ func wantChanges(real string) []Change {
 
 func TestDiffListsExactlyTheChangesAndRollbackRestores(t *testing.T) {
 	real, w := fixture(t)
-	before := treeHash(t, real)
+	before := hashOf(t, real)
 	merged := w.Layers[0].Merged
 	change(t, merged)
-	if h := treeHash(t, real); h != before {
+	if h := hashOf(t, real); h != before {
 		t.Fatal("the real directory changed before commit")
 	}
-	got, err := w.Diff()
+	got, err := w.Diff(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := wantChanges(real); !reflect.DeepEqual(got, want) {
 		t.Fatalf("diff:\n got %+v\nwant %+v", got, want)
 	}
-	res, err := w.Rollback()
+	res, err := w.Rollback(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Changes) != 6 || res.Hash != before {
 		t.Errorf("rollback result: %d changes, hash %s (want 6, %s)", len(res.Changes), res.Hash, before)
 	}
-	if h := treeHash(t, real); h != before {
+	if h := hashOf(t, real); h != before {
 		t.Error("real directory changed by rollback")
 	}
-	if h := treeHash(t, merged); h != before {
+	if h := hashOf(t, merged); h != before {
 		t.Error("after rollback the overlay does not show the real directory")
 	}
-	if d, _ := w.Diff(); len(d) != 0 {
+	if d, _ := w.Diff(context.Background()); len(d) != 0 {
 		t.Errorf("diff after rollback: %+v", d)
 	}
 }
@@ -143,15 +144,15 @@ func TestCommitAppliesTheChanges(t *testing.T) {
 	real, w := fixture(t)
 	merged := w.Layers[0].Merged
 	change(t, merged)
-	seen := treeHash(t, merged)
-	res, err := w.Commit()
+	seen := hashOf(t, merged)
+	res, err := w.Commit(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(res.Changes, wantChanges(real)) {
 		t.Errorf("commit changes: %+v", res.Changes)
 	}
-	if h := treeHash(t, real); h != seen || res.Hash != seen {
+	if h := hashOf(t, real); h != seen || res.Hash != seen {
 		t.Errorf("real dir after commit %s, result %s; the overlay showed %s", h, res.Hash, seen)
 	}
 	for p, want := range map[string]string{"new.txt": "hello world\n", "edit.txt": "new content\n", "sub/a.txt": "a\n", "newdir/n.txt": "nn\n"} {
@@ -173,10 +174,10 @@ func TestCommitAppliesTheChanges(t *testing.T) {
 		}
 		return nil
 	})
-	if d, _ := w.Diff(); len(d) != 0 {
+	if d, _ := w.Diff(context.Background()); len(d) != 0 {
 		t.Errorf("diff after commit: %+v", d)
 	}
-	if h := treeHash(t, merged); h != seen {
+	if h := hashOf(t, merged); h != seen {
 		t.Error("overlay after commit differs from the committed tree")
 	}
 }
@@ -186,8 +187,8 @@ func TestSnapshotAndRollbackToName(t *testing.T) {
 	merged := w.Layers[0].Merged
 	write(t, filepath.Join(merged, "step1.txt"), "one\n")
 	os.Remove(filepath.Join(merged, "gone.txt"))
-	at1 := treeHash(t, merged)
-	s1, pruned, err := w.Snapshot("one", SnapshotLimits{Keep: 2})
+	at1 := hashOf(t, merged)
+	s1, pruned, err := w.Snapshot(context.Background(), "one", SnapshotLimits{Keep: 2}, nil)
 	if err != nil || len(pruned) != 0 {
 		t.Fatal(err, pruned)
 	}
@@ -196,14 +197,14 @@ func TestSnapshotAndRollbackToName(t *testing.T) {
 	}
 	write(t, filepath.Join(merged, "step2.txt"), "two two\n")
 	write(t, filepath.Join(merged, "step1.txt"), "changed\n")
-	if _, _, err := w.Snapshot("two", SnapshotLimits{Keep: 2}); err != nil {
+	if _, _, err := w.Snapshot(context.Background(), "two", SnapshotLimits{Keep: 2}, nil); err != nil {
 		t.Fatal(err)
 	}
-	res, err := w.RollbackTo("one")
+	res, err := w.RollbackTo(context.Background(), "one")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := treeHash(t, merged); h != at1 {
+	if h := hashOf(t, merged); h != at1 {
 		t.Error("rollback to 'one' does not show the tree as it was")
 	}
 	var paths []string
@@ -218,21 +219,21 @@ func TestSnapshotAndRollbackToName(t *testing.T) {
 		t.Error("whiteout lost in the snapshot")
 	}
 	// Pruning keeps the newest two.
-	if _, pruned, err := w.Snapshot("three", SnapshotLimits{Keep: 2}); err != nil || !reflect.DeepEqual(pruned, []string{"one"}) {
+	if _, pruned, err := w.Snapshot(context.Background(), "three", SnapshotLimits{Keep: 2}, nil); err != nil || !reflect.DeepEqual(pruned, []string{"one"}) {
 		t.Errorf("pruned %v, %v; want [one]", pruned, err)
 	}
 	snaps, _ := w.Snapshots()
 	if len(snaps) != 2 || snaps[0].Name != "two" || snaps[1].Name != "three" {
 		t.Errorf("snapshots: %+v", snaps)
 	}
-	if _, err := w.RollbackTo("one"); !errors.Is(err, ErrNoSnapshot) {
+	if _, err := w.RollbackTo(context.Background(), "one"); !errors.Is(err, ErrNoSnapshot) {
 		t.Errorf("rollback to a pruned snapshot: %v", err)
 	}
 	// A byte budget refuses a snapshot bigger than itself.
-	if _, _, err := w.Snapshot("big", SnapshotLimits{MaxBytes: 3}); err == nil || !strings.Contains(err.Error(), "above the limit") {
+	if _, _, err := w.Snapshot(context.Background(), "big", SnapshotLimits{MaxBytes: 3}, nil); err == nil || !strings.Contains(err.Error(), "above the limit") {
 		t.Errorf("over-budget snapshot: %v", err)
 	}
-	if h := treeHash(t, real); h == at1 {
+	if h := hashOf(t, real); h == at1 {
 		t.Error("snapshots changed the real directory")
 	}
 }
@@ -302,12 +303,12 @@ func TestCommitAcrossFilesystems(t *testing.T) {
 	if err := os.Chmod(filepath.Join(merged, "edit.txt"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	seen := treeHash(t, merged)
-	res, err := w.Commit()
+	seen := hashOf(t, merged)
+	res, err := w.Commit(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := treeHash(t, real); h != seen || res.Hash != seen {
+	if h := hashOf(t, real); h != seen || res.Hash != seen {
 		t.Errorf("after a cross-filesystem commit the real tree differs from what the overlay showed")
 	}
 	if fi, err := os.Lstat(filepath.Join(real, "link")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
