@@ -180,6 +180,8 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	if err != nil {
 		return &exitError{Code: 126, Err: err}
 	}
+	iso.Namespaces |= launch.SubtreeNamespaces
+	res := execRestrictions(execPlan.Launch[sb.Name], sb)
 	lim, err := newExecLimits(sb, agent.ExecParents(pol, sb)[0], *label)
 	if err != nil {
 		return &exitError{Code: 126, Err: err}
@@ -190,7 +192,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		Path: argv[0], Args: argv[1:], Env: os.Environ(),
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
 		Sandbox: sb.Name, CgroupParent: agent.ExecParents(pol, sb)[0], Label: *label,
-		Restrictions: execPlan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
+		Restrictions: res, Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
 	})
 	saveBreaker()
 	if err := lim.Finish(stderr, func(e audit.Event) error {
@@ -239,6 +241,20 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		return &exitError{Code: v.ExitCode, Err: fmt.Errorf("command exited with %d", v.ExitCode)}
 	}
 	return nil
+}
+
+// execRestrictions adds to the plan's restrictions what watcher exec holds
+// for every command: only the capabilities the sandbox grants, and
+// Landlock's IPC scope, except in record mode (nothing is refused there).
+func execRestrictions(res launch.Restrictions, sb *policy.Sandbox) launch.Restrictions {
+	if res.Capabilities == nil {
+		granted := launch.GrantedCapabilities(sb)
+		res.Capabilities = &granted
+	}
+	if sb.Mode == policy.ModeRecord {
+		res.NoIPCScope = true
+	}
+	return res
 }
 
 func pickSandbox(pol *policy.Policy, name string) (*policy.Sandbox, error) {
