@@ -181,7 +181,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		return &exitError{Code: 126, Err: err}
 	}
 	iso.Namespaces |= launch.SubtreeNamespaces
-	res := execRestrictions(execPlan.Launch[sb.Name], sb)
+	res := launch.ExecRestrictions(execPlan.Launch[sb.Name], sb)
 	lim, err := newExecLimits(sb, agent.ExecParents(pol, sb)[0], *label)
 	if err != nil {
 		return &exitError{Code: 126, Err: err}
@@ -241,20 +241,6 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		return &exitError{Code: v.ExitCode, Err: fmt.Errorf("command exited with %d", v.ExitCode)}
 	}
 	return nil
-}
-
-// execRestrictions adds to the plan's restrictions what watcher exec holds
-// for every command: only the capabilities the sandbox grants, and
-// Landlock's IPC scope, except in record mode (nothing is refused there).
-func execRestrictions(res launch.Restrictions, sb *policy.Sandbox) launch.Restrictions {
-	if res.Capabilities == nil {
-		granted := launch.GrantedCapabilities(sb)
-		res.Capabilities = &granted
-	}
-	if sb.Mode == policy.ModeRecord {
-		res.NoIPCScope = true
-	}
-	return res
 }
 
 func pickSandbox(pol *policy.Policy, name string) (*policy.Sandbox, error) {

@@ -39,6 +39,22 @@ func GrantedCapabilities(sb *policy.Sandbox) CapSet {
 	return s
 }
 
+// ExecRestrictions adds to a plan's restrictions what `watcher exec` holds
+// every command to: only the capabilities the sandbox grants (unless the
+// plan set them), and Landlock's IPC scope, except in record mode, where
+// nothing is refused. Run the command with Isolation.Namespaces including
+// SubtreeNamespaces.
+func ExecRestrictions(res Restrictions, sb *policy.Sandbox) Restrictions {
+	if res.Capabilities == nil {
+		granted := GrantedCapabilities(sb)
+		res.Capabilities = &granted
+	}
+	if sb.Mode == policy.ModeRecord {
+		res.NoIPCScope = true
+	}
+	return res
+}
+
 // Names lists the set's capabilities (CAP_CHOWN, ...), "none" when empty.
 func (s CapSet) Names() []string {
 	if s == 0 {
