@@ -236,7 +236,7 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 		}
 	}
 	spec, err := encodeSpec(childSpec{Path: target, Args: append([]string{cfg.Path}, cfg.Args...), Restrictions: cfg.Restrictions,
-		Mounts: append(append([]Mount{}, cfg.Isolation.Mounts...), subtreeMounts(cfg.Isolation.Namespaces)...),
+		Mounts:    append(append([]Mount{}, cfg.Isolation.Mounts...), subtreeMounts(cfg.Isolation.Namespaces)...),
 		InProcess: cfg.InProcess, Namespaces: cfg.Isolation.Namespaces})
 	if err != nil {
 		return v, fmt.Errorf("launch: %w", err)
