@@ -333,7 +333,9 @@ func TestInitPassesStatusAndSignals(t *testing.T) {
 	}
 	cfg = e.config("sleep-ignore-term")
 	cfg.Isolation = sub
-	cfg.Timeouts = launch.Timeouts{Term: 300 * time.Millisecond, Kill: 700 * time.Millisecond}
+	// Term late enough for the helper to ignore SIGTERM first, on a
+	// loaded machine too.
+	cfg.Timeouts = launch.Timeouts{Term: 2 * time.Second, Kill: 3 * time.Second}
 	v, err = launch.Run(context.Background(), cfg)
 	if err != nil || v.Outcome != launch.OutcomeKilled || v.Signal != syscall.SIGKILL {
 		t.Errorf("kill: verdict %s err %v", v, err)
