@@ -50,6 +50,16 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer) error
 Runs CMD in a fresh leaf cgroup of a sandbox, with a seccomp filter and a
 Landlock ruleset from the sandbox's policy applied before exec (inherited by
 every descendant, impossible to lift), under the kernel hooks of the agent.
+Before exec CMD also loses every capability the sandbox's policy does not
+grant (allow or record in operations.capabilities; bounding, permitted,
+effective and inheritable sets, ambient cleared, no_new_privs), and gets
+namespaces of its own: PID (with its own /proc: host processes are not
+visible; a small init is PID 1, forwards signals and reaps), UTS (starting
+with the host's names), IPC and mount. seccomp refuses TIOCSTI and TIOCLINUX
+on every terminal; Landlock's IPC scope (kernels with Landlock ABI 6) refuses
+signals and abstract unix socket connections to processes outside the
+command's domain. The verdict line says what was in force: seccomp, landlock,
+scope, caps (how many held), ns, nnp.
 When an agent is running, its policy applies; otherwise (or with --policy or
 --preset) a private agent runs for the duration of the command.
 Graded timeouts: a warning at --warn, SIGTERM at --term, cgroup.kill at
@@ -180,6 +190,8 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	if err != nil {
 		return &exitError{Code: 126, Err: err}
 	}
+	iso.Namespaces |= launch.SubtreeNamespaces
+	res := launch.ExecRestrictions(execPlan.Launch[sb.Name], sb)
 	lim, err := newExecLimits(sb, agent.ExecParents(pol, sb)[0], *label)
 	if err != nil {
 		return &exitError{Code: 126, Err: err}
@@ -190,7 +202,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 		Path: argv[0], Args: argv[1:], Env: os.Environ(),
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
 		Sandbox: sb.Name, CgroupParent: agent.ExecParents(pol, sb)[0], Label: *label,
-		Restrictions: execPlan.Launch[sb.Name], Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
+		Restrictions: res, Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
 	})
 	saveBreaker()
 	if err := lim.Finish(stderr, func(e audit.Event) error {

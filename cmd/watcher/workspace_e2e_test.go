@@ -243,28 +243,31 @@ func TestWorkspaceOverlay(t *testing.T) {
 		t.Errorf("commit record: %+v (want hash %s)", r, committed)
 	}
 
-	// The control: without an overlay workspace, IPC objects a command
-	// makes do outlive it on the host (removed here).
-	out, code = tb.watcher("exec", "--preset", "dev", "--workspace", ws, "--", "ipcmk", "-M", "4096")
+	// Without an overlay workspace too, a command's IPC objects are its
+	// own: every watcher exec runs in an IPC namespace of its own (issue
+	// 25), so none outlives it on the host.
+	out, code = tb.watcher("exec", "--preset", "dev", "--workspace", ws, "--", "sh", "-c", "ipcmk -M 4096 >/dev/null && ipcs -m")
 	if code != 0 {
 		t.Fatalf("direct exec: %d\n%s", code, out)
 	}
-	id := ""
-	if _, after, ok := strings.Cut(out, "Shared memory id: "); ok {
-		id = strings.Fields(after)[0]
-	}
-	data, _ := os.ReadFile("/proc/sysvipc/shm")
-	found := false
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[1] == id {
-			found = true
+	// The namespace's only segment: its key, as ipcs prints it (hex).
+	var key int64 = -1
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "0x") {
+			key, _ = strconv.ParseInt(f[0], 0, 64)
 		}
 	}
-	if id != "" {
-		exec.Command("ipcrm", "-m", id).Run()
+	if key <= 0 {
+		t.Fatalf("direct exec: no segment listed inside\n%s", out)
 	}
-	if !found {
-		t.Errorf("control run: the shm segment of a direct-mode command is not on the host, so the overlay check above proves nothing:\n%s", out)
+	data, _ := os.ReadFile("/proc/sysvipc/shm")
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == strconv.FormatInt(int64(int32(key)), 10) {
+			t.Errorf("direct exec: its segment (key %#x) is on the host: %s\n%s", key, line, out)
+		}
+	}
+	if !strings.Contains(out, "ns=mnt,pid,uts,ipc") {
+		t.Errorf("direct exec: the verdict does not name the IPC namespace:\n%s", out)
 	}
 }
 

@@ -48,6 +48,10 @@ type childSpec struct {
 	// InProcess runs the function set with SetInProcess instead of
 	// exec'ing Path (Config.InProcess).
 	InProcess bool `json:"in_process,omitempty"`
+	// Namespaces are the child's own namespaces (Isolation.Namespaces);
+	// with CLONE_NEWPID the child is PID 1 and starts the command as
+	// PID 2 (runAsInit).
+	Namespaces uintptr `json:"namespaces,omitempty"`
 }
 
 // inProcess is what a child with InProcess runs in place of the exec.
@@ -130,14 +134,27 @@ func Init() {
 	if err := applyMounts(spec.Mounts); err != nil {
 		fail(ExitRestrictFailed, Applied{}, err)
 	}
+	asInit := spec.Namespaces&unix.CLONE_NEWPID != 0 && !spec.InProcess
+	if asInit && spec.Restrictions.Files != nil {
+		// The command is this process's child: /proc/self of this
+		// process would not be its own. The fresh /proc shows only the
+		// namespace's processes.
+		spec.Restrictions.Files.ReadOnly = procSelfToProc(spec.Restrictions.Files.ReadOnly)
+	}
 	applied, err := applyRestrictions(spec.Restrictions)
 	if err != nil {
 		fail(ExitRestrictFailed, applied, err)
 	}
+	applied.Namespaces = nsNames(spec.Namespaces)
 	if err := json.NewEncoder(report).Encode(applied); err != nil {
 		fail(ExitRestrictFailed, applied, fmt.Errorf("report: %w", err))
 	}
-	unix.Close(reportFD)
+	if asInit {
+		// Kept for the command's status; the command does not get it.
+		unix.CloseOnExec(reportFD)
+	} else {
+		unix.Close(reportFD)
+	}
 	// Wait until the launcher has moved this process into the sandbox's
 	// leaf cgroup. This binary's package initialisers ran before Init
 	// (cilium/ebpf probes bpf(), for one); they must not run inside the
@@ -159,6 +176,9 @@ func Init() {
 		}
 		os.Exit(inProcess())
 	}
+	if asInit {
+		runAsInit(spec.Path, spec.Args, os.Environ(), report)
+	}
 	err = syscall.Exec(spec.Path, spec.Args, os.Environ())
 	// The report already went out; say why on stderr and exit.
 	fmt.Fprintf(os.Stderr, "watcher launch: exec %s: %v\n", spec.Path, err)
@@ -177,12 +197,17 @@ func applyRestrictions(r Restrictions) (Applied, error) {
 		return applied, fmt.Errorf("set no_new_privs: %w", err)
 	}
 	applied.NoNewPrivs = true
-	if r.Files != nil {
-		if err := restrictLandlock(r.Files, &applied); err != nil {
+	if err := restrictLandlock(r.Files, !r.NoIPCScope, &applied); err != nil {
+		return applied, err
+	}
+	// After Landlock, whose setup opens the paths it grants (with
+	// CAP_DAC_* still held), and before seccomp.
+	if r.Capabilities != nil {
+		held, err := dropCapabilities(*r.Capabilities)
+		if err != nil {
 			return applied, err
 		}
-	} else {
-		applied.LandlockABI = LandlockABI()
+		applied.CapsReduced, applied.Capabilities = true, held
 	}
 	// seccomp last: the filter refuses nothing Landlock setup needs, but
 	// keeping it last means a failure above leaves no half-applied filter
@@ -202,6 +227,18 @@ func applyRestrictions(r Restrictions) (Applied, error) {
 		applied.MetaNotify, applied.MetaNotifyFD = names, fd
 	}
 	return applied, nil
+}
+
+// procSelfToProc replaces a /proc/self rule by /proc.
+func procSelfToProc(paths []string) []string {
+	out := make([]string, 0, len(paths))
+	for _, p := range paths {
+		if p == "/proc/self" {
+			p = "/proc"
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // specEnv returns env without any launcher variable, plus the spec.

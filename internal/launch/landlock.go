@@ -82,16 +82,45 @@ func landlockRules(r *FileRules) ([]landlock.Rule, int, error) {
 	return rules, n, nil
 }
 
+// scopeNames lists a ruleset's IPC scopes, for the verdict.
+func scopeNames(cfg landlock.Config) []string {
+	var out []string
+	if cfg.Scoped&llsyscall.ScopeSignal != 0 {
+		out = append(out, "signal")
+	}
+	if cfg.Scoped&llsyscall.ScopeAbstractUnixSocket != 0 {
+		out = append(out, "abstract-unix")
+	}
+	return out
+}
+
 // restrictLandlock creates the ruleset and enforces it on the calling
 // thread, which must be locked and must exec next. no_new_privs must be
-// set already.
-func restrictLandlock(r *FileRules, applied *Applied) error {
+// set already. With r nil the ruleset handles no file access: only the
+// IPC scopes (when scope is set and the kernel has them).
+func restrictLandlock(r *FileRules, scope bool, applied *Applied) error {
 	abi := LandlockABI()
 	applied.LandlockABI = abi
+	if r == nil {
+		if !scope || abi < 6 {
+			return nil
+		}
+		cfg := landlock.Config{Scoped: landlockConfig(abi, true).Scoped}
+		fd, flags, err := cfg.NewRulesetFD()
+		if err != nil {
+			return fmt.Errorf("landlock scope ruleset: %w", err)
+		}
+		defer unix.Close(fd)
+		if err := llsyscall.LandlockRestrictSelf(fd, flags); err != nil {
+			return fmt.Errorf("landlock restrict: %w", err)
+		}
+		applied.Scoped = scopeNames(cfg)
+		return nil
+	}
 	if abi == 0 {
 		return errors.New("landlock: not available on this kernel")
 	}
-	cfg := landlockConfig(abi, r.ScopeIPC)
+	cfg := landlockConfig(abi, scope)
 	rules, n, err := landlockRules(r)
 	if err != nil {
 		return err
@@ -126,5 +155,6 @@ func restrictLandlock(r *FileRules, applied *Applied) error {
 	}
 	applied.Landlock = cfg.String()
 	applied.LandlockRules = n
+	applied.Scoped = scopeNames(cfg)
 	return nil
 }

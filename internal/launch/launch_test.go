@@ -104,6 +104,9 @@ func helper(mode string) int {
 		n, _ := strconv.Atoi(arg)
 		return n
 	default:
+		if code, ok := subtreeHelper(op, arg); ok {
+			return code
+		}
 		fmt.Printf("unknown helper mode %q\n", mode)
 		return 2
 	}

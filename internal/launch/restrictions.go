@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -31,8 +33,19 @@ type Restrictions struct {
 	// Seccomp selects the syscalls refused with EPERM.
 	Seccomp SeccompPolicy `json:"seccomp"`
 	// Files is the Landlock file access policy; nil applies no Landlock
-	// ruleset.
+	// file ruleset.
 	Files *FileRules `json:"files,omitempty"`
+	// Capabilities, when set, are the only capabilities the command
+	// holds, in every set (bounding, permitted, effective, inheritable;
+	// ambient is cleared): GrantedCapabilities of its sandbox. Nil leaves
+	// the launcher's own.
+	Capabilities *CapSet `json:"capabilities,omitempty"`
+	// NoIPCScope turns off Landlock's IPC scoping (ABI 6), which is on
+	// by default where the kernel has it, with or without Files: signals
+	// to, and abstract unix socket connections with, processes outside
+	// the command's Landlock domain are refused. Record mode turns it
+	// off (nothing is refused there).
+	NoIPCScope bool `json:"no_ipc_scope,omitempty"`
 }
 
 // SeccompPolicy selects the syscalls the filter refuses. The fixed part is
@@ -98,8 +111,8 @@ type FileRules struct {
 	// IgnoreMissing skips listed paths that do not exist instead of
 	// failing (for defaults meant for many hosts).
 	IgnoreMissing bool `json:"ignore_missing,omitempty"`
-	// ScopeIPC also refuses signals to, and abstract unix socket
-	// connections with, processes outside the sandbox (Landlock ABI 6).
+	// ScopeIPC is kept for callers that set it; the scoping is on unless
+	// Restrictions.NoIPCScope.
 	ScopeIPC bool `json:"scope_ipc,omitempty"`
 
 	// Derive plans the ruleset from the policy's rules below (PlanFiles):
@@ -170,6 +183,15 @@ type Applied struct {
 	// is the listener's number in the child until it execs.
 	MetaNotify   []string `json:"meta_notify,omitempty"`
 	MetaNotifyFD int      `json:"meta_notify_fd,omitempty"`
+	// Scoped lists the Landlock IPC scopes in force (signal,
+	// abstract_unix_socket); empty when none.
+	Scoped []string `json:"scoped,omitempty"`
+	// CapsReduced is true when the capability sets were reduced;
+	// Capabilities is then what the command holds.
+	CapsReduced  bool   `json:"caps_reduced"`
+	Capabilities CapSet `json:"capabilities"`
+	// Namespaces are the command's own namespaces (mnt, pid, uts, ipc).
+	Namespaces []string `json:"namespaces,omitempty"`
 	// Error is set when the child could not apply the restrictions.
 	Error string `json:"error,omitempty"`
 }
@@ -180,11 +202,23 @@ func (a Applied) Summary() string {
 	if a.Landlock != "" {
 		ll = fmt.Sprintf("landlock=abi%d/%d-paths", a.LandlockABI, a.LandlockRules)
 	}
+	scope := "off"
+	if len(a.Scoped) > 0 {
+		scope = strings.Join(a.Scoped, ",")
+	}
+	caps := "kept"
+	if a.CapsReduced {
+		caps = strconv.Itoa(a.Capabilities.Count())
+	}
+	ns := "none"
+	if len(a.Namespaces) > 0 {
+		ns = strings.Join(a.Namespaces, ",")
+	}
 	meta := ""
 	if len(a.MetaNotify) > 0 {
 		meta = " metadata=supervised"
 	}
-	return fmt.Sprintf("seccomp=%d-syscalls %s%s nnp=%t", len(a.SeccompDenied), ll, meta, a.NoNewPrivs)
+	return fmt.Sprintf("seccomp=%d-syscalls %s%s scope=%s caps=%s ns=%s nnp=%t", len(a.SeccompDenied), ll, meta, scope, caps, ns, a.NoNewPrivs)
 }
 
 // absPaths cleans the rule paths; relative paths are relative to dir.

@@ -235,7 +235,9 @@ func Run(ctx context.Context, cfg Config) (Verdict, error) {
 			return v, fmt.Errorf("launch: find own binary: %w", err)
 		}
 	}
-	spec, err := encodeSpec(childSpec{Path: target, Args: append([]string{cfg.Path}, cfg.Args...), Restrictions: cfg.Restrictions, Mounts: cfg.Isolation.Mounts, InProcess: cfg.InProcess})
+	spec, err := encodeSpec(childSpec{Path: target, Args: append([]string{cfg.Path}, cfg.Args...), Restrictions: cfg.Restrictions,
+		Mounts:    append(append([]Mount{}, cfg.Isolation.Mounts...), subtreeMounts(cfg.Isolation.Namespaces)...),
+		InProcess: cfg.InProcess, Namespaces: cfg.Isolation.Namespaces})
 	if err != nil {
 		return v, fmt.Errorf("launch: %w", err)
 	}
@@ -380,7 +382,8 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 	// The restrictions must be in force before the child enters the
 	// sandbox and execs.
 	var applied Applied
-	if err := json.NewDecoder(reportR).Decode(&applied); err != nil {
+	report := json.NewDecoder(reportR)
+	if err := report.Decode(&applied); err != nil {
 		applied.Error = "no report from the child: " + err.Error()
 	}
 	var meta *metaSupervisor
@@ -414,6 +417,10 @@ func run(ctx context.Context, cfg Config, self, spec, leaf string, v *Verdict) e
 		return fmt.Errorf("launch: %w: %s", ErrNotApplied, applied.Error)
 	}
 	start = time.Now()
+	initPID := 0 // the child stays PID 1 of the command's namespace
+	if cfg.Isolation.Namespaces&unix.CLONE_NEWPID != 0 && !cfg.InProcess {
+		initPID = v.PID
+	}
 	waitc := make(chan *os.ProcessState, 1)
 	go func() {
 		st, _ := cmd.Process.Wait()
@@ -449,7 +456,9 @@ wait:
 		case <-termC:
 			termC = nil
 			v.Termed = true
-			signalCgroup(leaf, syscall.SIGTERM)
+			// Not to PID 1 of the command's namespace: it would forward
+			// the signal, and the command would get it twice.
+			signalCgroup(leaf, syscall.SIGTERM, initPID)
 		case <-killC:
 			killC = nil
 			v.Killed = true
@@ -475,8 +484,19 @@ wait:
 	}
 
 	ws, _ := st.Sys().(syscall.WaitStatus)
+	signaled := ws.Signaled()
+	var cs commandStatus
 	switch {
-	case ws.Signaled():
+	case initPID != 0 && !signaled && report.Decode(&cs) == nil:
+		// PID 1 reported how the command ended (it cannot die of the
+		// command's signal itself).
+		signaled = !cs.Exited
+		if signaled {
+			v.Signal = syscall.Signal(cs.Signal)
+		} else {
+			v.ExitCode = cs.ExitCode
+		}
+	case signaled:
 		v.Signal = ws.Signal()
 	default:
 		v.ExitCode = ws.ExitStatus()
@@ -488,7 +508,7 @@ wait:
 		v.Outcome = OutcomeKilled
 	case v.Termed:
 		v.Outcome = OutcomeTermed
-	case ws.Signaled():
+	case signaled:
 		v.Outcome = OutcomeSignaled
 	default:
 		v.Outcome = OutcomeExited
@@ -535,14 +555,18 @@ func waitCopies(copiers *sync.WaitGroup, readEnds []*os.File) {
 	<-done
 }
 
-// signalCgroup sends sig to every process in the cgroup subtree.
-func signalCgroup(path string, sig syscall.Signal) {
+// signalCgroup sends sig to every process in the cgroup subtree but
+// skip (0: none).
+func signalCgroup(path string, sig syscall.Signal, skip int) {
 	filepath.WalkDir(path, func(p string, d os.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil
 		}
 		pids, _ := cgroupfs.Procs(p)
 		for _, pid := range pids {
+			if pid == skip {
+				continue
+			}
 			syscall.Kill(pid, sig)
 		}
 		return nil

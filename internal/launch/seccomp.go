@@ -71,6 +71,15 @@ func seccompFilters(p SeccompPolicy) ([]seccomp.Filter, []string, error) {
 		denied = append(denied, "clone(CLONE_NEW*)", "unshare(CLONE_NEW*)", "setns", "clone3(ENOSYS)")
 	}
 
+	// Terminal input injection, on every fd: TIOCSTI pushes a command
+	// into a terminal's input (a host shell runs it), TIOCLINUX's paste
+	// selection does the same on a virtual console.
+	groups = append(groups, seccomp.SyscallGroup{NamesWithCondtions: []seccomp.NameWithConditions{
+		{Name: "ioctl", Conditions: low32Equal(1, unix.TIOCSTI)},
+		{Name: "ioctl", Conditions: low32Equal(1, unix.TIOCLINUX)},
+	}, Action: seccomp.ActionErrno})
+	denied = append(denied, "ioctl(TIOCSTI)", "ioctl(TIOCLINUX)")
+
 	var sock []seccomp.NameWithConditions
 	for _, fam := range p.DeniedSocketFamilies {
 		sock = append(sock, seccomp.NameWithConditions{Name: "socket", Conditions: []seccomp.Condition{
@@ -124,6 +133,21 @@ func seccompFilters(p SeccompPolicy) ([]seccomp.Filter, []string, error) {
 		return nil, nil, fmt.Errorf("seccomp arch guard: %w", err)
 	}
 	return []seccomp.Filter{guard, policy}, denied, nil
+}
+
+// low32Equal matches an argument whose low 32 bits equal v, whatever the
+// high bits: the kernel truncates ioctl's cmd to unsigned int, so an
+// exact 64-bit comparison would let v|1<<32 through. The library's
+// BitsSet means "any of", hence one condition per set bit (all ANDed)
+// and BitsNotSet for the other low bits.
+func low32Equal(arg uint32, v uint32) []seccomp.Condition {
+	var cs []seccomp.Condition
+	for b := 0; b < 32; b++ {
+		if v&(1<<b) != 0 {
+			cs = append(cs, seccomp.Condition{Argument: arg, Operation: seccomp.BitsSet, Value: 1 << b})
+		}
+	}
+	return append(cs, seccomp.Condition{Argument: arg, Operation: seccomp.BitsNotSet, Value: uint64(^v)})
 }
 
 // lowMappings are the conditions refusing a mapping placed below
