@@ -58,6 +58,12 @@ func (c *compiler) launch(sb *policy.Sandbox) {
 	notes = append([]string{fmt.Sprintf("seccomp: fixed list, namespaces, io_uring %s, AF_PACKET %s, mappings below vm.mmap_min_addr %s",
 		allowedWord(res.Seccomp.AllowIOUring), allowedWord(!slices.Contains(res.Seccomp.DeniedSocketFamilies, unix.AF_PACKET)),
 		allowedWord(!res.Seccomp.DenyLowMappings))}, notes...)
+	// Only the granted capabilities, and Landlock's IPC scope outside
+	// record mode: what every watcher exec command is held to.
+	res = launch.ExecRestrictions(res, sb)
+	notes = append(notes, "capabilities: only "+strings.Join(res.Capabilities.Names(), ", ")+
+		" (bounding, permitted, effective, inheritable cleared of the rest; ambient empty)",
+		"own subtree: mount, PID, UTS and IPC namespaces (host processes not visible), Landlock signal and abstract-socket scope, TIOCSTI/TIOCLINUX refused")
 	c.plan.Launch[sb.Name] = res
 	c.add(sb, "watcher exec", policy.ActionBlock, layer{mech: MechLaunch, notes: append(notes, "only commands started by watcher exec")})
 }

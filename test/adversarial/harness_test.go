@@ -447,7 +447,8 @@ func (b *bed) viaExec(tech, arg string) outcome {
 	v, runErr := launch.Run(ctx, launch.Config{
 		Path: b.self, Args: []string{"-test.run=^$"}, Env: b.attackEnv(tech, arg), Dir: b.ws,
 		Stdout: &out, Stderr: &out, Sandbox: sb.Name, CgroupParent: agent.ExecParents(b.pol, sb)[0],
-		Label: o.label, Restrictions: execPlan.Launch[sb.Name], Executable: b.self,
+		Label: o.label, Restrictions: launch.ExecRestrictions(execPlan.Launch[sb.Name], sb), Executable: b.self,
+		Isolation: launch.Isolation{Namespaces: launch.SubtreeNamespaces},
 		Timeouts: launch.Timeouts{Kill: 60 * time.Second},
 	})
 	o.out = out.String()
