@@ -196,6 +196,28 @@ func OperationOfSyscall(name string) string {
 	return ""
 }
 
+// OperationOfSubtreeEvent names the policy operation (its YAML key) of
+// an own-subtree LSM event (other processes, IPC objects, terminals,
+// notify marks) from the event's message, which opens with the LSM op's
+// name ("other_process: signal 9 to pid 42 ..."); "" for other events.
+func OperationOfSubtreeEvent(message string) string {
+	name, _, ok := strings.Cut(message, ":")
+	if !ok {
+		return ""
+	}
+	for _, op := range operations {
+		for _, part := range op.parts {
+			switch part.op {
+			case lsm.OpOtherTask, lsm.OpOtherIPC, lsm.OpTTYInject, lsm.OpNotifyMark:
+				if part.op.String() == name {
+					return strings.ReplaceAll(op.name, "-", "_")
+				}
+			}
+		}
+	}
+	return ""
+}
+
 // fixedOperations are refused by watcher exec's seccomp filter whatever
 // the policy says; where their LSM hook runs, enforce-mode sandboxes get
 // the same refusal on the kernel-hook path (record mode records). Without

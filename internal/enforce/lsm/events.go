@@ -54,7 +54,15 @@ func cstr(b []int8) string {
 
 // File match tables (enum file_match).
 var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec", "fileless exec",
-	"other_ipc (a message queue the sandbox did not create)", "notify_mark (outside the workspaces)"}
+	"other_ipc", "notify_mark"}
+
+// Own-subtree matches (MATCH_OTHER_IPC, MATCH_NOTIFY in bpf/lsm.c); a
+// notify event's flags are the mark's object type.
+const (
+	matchOtherIPC = 8
+	matchNotify   = 9
+	fsnotifyObjSB = 2
+)
 
 const (
 	sIFMT  = 0o170000
@@ -84,7 +92,16 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 		match = matchNames[e.Match]
 	}
 	ev.Message = "matched by " + match + " rule"
-	if e.Op != 0 {
+	switch e.Match {
+	case matchOtherIPC:
+		ev.Message = OpOtherIPC.String() + ": a POSIX message queue created outside the sandbox"
+	case matchNotify:
+		ev.Message = OpNotifyMark.String() + ": a mark outside the sandbox's workspaces"
+		if e.Flags == fsnotifyObjSB {
+			ev.Message = OpNotifyMark.String() + ": a filesystem-wide mark"
+		}
+	}
+	if e.Op != 0 && e.Match != matchNotify {
 		d.Op = PathOp(e.Op).String()
 		ev.Message = d.Op + ": " + ev.Message
 	}
