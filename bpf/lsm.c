@@ -2070,3 +2070,28 @@ static __always_inline int decide_path_notify(__u32 mech, const struct path *pat
 }
 WATCHER_HOOK(path_notify, security_path_notify, decide_path_notify(mech, path, obj_type, ret),
 	     const struct path *path, __u64 mask, unsigned int obj_type, int ret)
+
+/* mq_unlink(2) removes a queue by name without opening it (vfs_unlink:
+ * inode_unlink, no path_unlink): a queue the caller's sandbox did not
+ * create is judged by the other-IPC rule. */
+static __always_inline int decide_inode_unlink(__u32 mech, struct inode *dir, struct dentry *dentry, int ret)
+{
+	if (ret || BPF_CORE_READ(dir, i_sb, s_magic) != MQUEUE_MAGIC)
+		return ret;
+	struct file_ctx c;
+	if (!file_begin(&c))
+		return 0;
+	struct decision d = op_decision(c.sb->id, LSM_OP_OTHER_IPC, ACTION_ALLOW);
+	if (d.action == ACTION_ALLOW)
+		return 0;
+	struct file_facts f;
+	facts_of(&f, BPF_CORE_READ(dentry, d_inode), BPF_CORE_READ(dir, i_sb));
+	struct mq_key k = { .dev = f.dev, .ino = f.ino };
+	struct ipc_owner *own = bpf_map_lookup_elem(&lsm_mq_owner, &k);
+	if (own && own->sandbox_cg == c.root)
+		return 0;
+	bpf_probe_read_kernel_str(c.key->path, sizeof(c.key->path), BPF_CORE_READ(dentry, d_name.name));
+	return emit_file(EV_FILE_OP + mech, &c, d.action, d.rule_id, &f, 0, 0, MATCH_OTHER_IPC, 0, PATH_OP_UNLINK);
+}
+WATCHER_HOOK(inode_unlink, security_inode_unlink, decide_inode_unlink(mech, dir, dentry, ret),
+	     struct inode *dir, struct dentry *dentry, int ret)

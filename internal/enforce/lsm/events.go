@@ -101,7 +101,7 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 			ev.Message = OpNotifyMark.String() + ": a filesystem-wide mark"
 		}
 	}
-	if e.Op != 0 && e.Match != matchNotify {
+	if e.Op != 0 && e.Match != matchNotify && e.Match != matchOtherIPC {
 		d.Op = PathOp(e.Op).String()
 		ev.Message = d.Op + ": " + ev.Message
 	}

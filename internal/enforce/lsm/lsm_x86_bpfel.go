@@ -305,6 +305,7 @@ const (
 	lsmProgFmodInodeRemovexattr        = "fmod_inode_removexattr"
 	lsmProgFmodInodeSetattr            = "fmod_inode_setattr"
 	lsmProgFmodInodeSetxattr           = "fmod_inode_setxattr"
+	lsmProgFmodInodeUnlink             = "fmod_inode_unlink"
 	lsmProgFmodIpcPermission           = "fmod_ipc_permission"
 	lsmProgFmodKernelLoadData          = "fmod_kernel_load_data"
 	lsmProgFmodKernelReadFile          = "fmod_kernel_read_file"
@@ -363,6 +364,7 @@ const (
 	lsmProgLsmInodeRemovexattr         = "lsm_inode_removexattr"
 	lsmProgLsmInodeSetattr             = "lsm_inode_setattr"
 	lsmProgLsmInodeSetxattr            = "lsm_inode_setxattr"
+	lsmProgLsmInodeUnlink              = "lsm_inode_unlink"
 	lsmProgLsmIpcPermission            = "lsm_ipc_permission"
 	lsmProgLsmKernelLoadData           = "lsm_kernel_load_data"
 	lsmProgLsmKernelReadFile           = "lsm_kernel_read_file"
@@ -497,6 +499,7 @@ type lsmProgramSpecs struct {
 	FmodInodeRemovexattr        *ebpf.ProgramSpec `ebpf:"fmod_inode_removexattr"`
 	FmodInodeSetattr            *ebpf.ProgramSpec `ebpf:"fmod_inode_setattr"`
 	FmodInodeSetxattr           *ebpf.ProgramSpec `ebpf:"fmod_inode_setxattr"`
+	FmodInodeUnlink             *ebpf.ProgramSpec `ebpf:"fmod_inode_unlink"`
 	FmodIpcPermission           *ebpf.ProgramSpec `ebpf:"fmod_ipc_permission"`
 	FmodKernelLoadData          *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile          *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
@@ -555,6 +558,7 @@ type lsmProgramSpecs struct {
 	LsmInodeRemovexattr         *ebpf.ProgramSpec `ebpf:"lsm_inode_removexattr"`
 	LsmInodeSetattr             *ebpf.ProgramSpec `ebpf:"lsm_inode_setattr"`
 	LsmInodeSetxattr            *ebpf.ProgramSpec `ebpf:"lsm_inode_setxattr"`
+	LsmInodeUnlink              *ebpf.ProgramSpec `ebpf:"lsm_inode_unlink"`
 	LsmIpcPermission            *ebpf.ProgramSpec `ebpf:"lsm_ipc_permission"`
 	LsmKernelLoadData           *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile           *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
@@ -788,6 +792,7 @@ type lsmPrograms struct {
 	FmodInodeRemovexattr        *ebpf.Program `ebpf:"fmod_inode_removexattr"`
 	FmodInodeSetattr            *ebpf.Program `ebpf:"fmod_inode_setattr"`
 	FmodInodeSetxattr           *ebpf.Program `ebpf:"fmod_inode_setxattr"`
+	FmodInodeUnlink             *ebpf.Program `ebpf:"fmod_inode_unlink"`
 	FmodIpcPermission           *ebpf.Program `ebpf:"fmod_ipc_permission"`
 	FmodKernelLoadData          *ebpf.Program `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile          *ebpf.Program `ebpf:"fmod_kernel_read_file"`
@@ -846,6 +851,7 @@ type lsmPrograms struct {
 	LsmInodeRemovexattr         *ebpf.Program `ebpf:"lsm_inode_removexattr"`
 	LsmInodeSetattr             *ebpf.Program `ebpf:"lsm_inode_setattr"`
 	LsmInodeSetxattr            *ebpf.Program `ebpf:"lsm_inode_setxattr"`
+	LsmInodeUnlink              *ebpf.Program `ebpf:"lsm_inode_unlink"`
 	LsmIpcPermission            *ebpf.Program `ebpf:"lsm_ipc_permission"`
 	LsmKernelLoadData           *ebpf.Program `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile           *ebpf.Program `ebpf:"lsm_kernel_read_file"`
@@ -920,6 +926,7 @@ func (p *lsmPrograms) Close() error {
 		p.FmodInodeRemovexattr,
 		p.FmodInodeSetattr,
 		p.FmodInodeSetxattr,
+		p.FmodInodeUnlink,
 		p.FmodIpcPermission,
 		p.FmodKernelLoadData,
 		p.FmodKernelReadFile,
@@ -978,6 +985,7 @@ func (p *lsmPrograms) Close() error {
 		p.LsmInodeRemovexattr,
 		p.LsmInodeSetattr,
 		p.LsmInodeSetxattr,
+		p.LsmInodeUnlink,
 		p.LsmIpcPermission,
 		p.LsmKernelLoadData,
 		p.LsmKernelReadFile,

@@ -101,6 +101,11 @@ func doSubtreeOp(op opSpec) (string, bool) {
 		var ds unix.SysvShmDesc
 		_, err := unix.SysvShmCtl(int(op.Num), unix.IPC_STAT, &ds)
 		return errnoResult(err), true
+	case "shm_rmid":
+		_, err := unix.SysvShmCtl(int(op.Num), unix.IPC_RMID, nil)
+		return errnoResult(err), true
+	case "mq_unlink":
+		return errnoResult(mqUnlink(op.Path)), true
 	case "shm_own":
 		// A segment of its own, attached by this process and a child.
 		id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)

@@ -109,6 +109,9 @@ func TestOwnSubtreeOnly(t *testing.T) {
 		{op: opSpec{Name: "shmat_host", Kind: "shmat", Num: uint64(shmID)}, want: "EACCES", kind: audit.KindOperation, rule: ruleIPC, outsideOK: true, msg: "other_ipc"},
 		{op: opSpec{Name: "shmstat_host", Kind: "shm_stat", Num: uint64(shmID)}, want: "EACCES", kind: audit.KindOperation, rule: ruleIPC, outsideOK: true, msg: "other_ipc"},
 		{op: opSpec{Name: "mq_host", Kind: "mq_open", Path: mqName}, kind: audit.KindFileOpen, rule: ruleIPC, outsideOK: true, msg: "other_ipc"},
+		// Last: outside every sandbox these remove the host's objects.
+		{op: opSpec{Name: "shm_rmid_host", Kind: "shm_rmid", Num: uint64(shmID)}, kind: audit.KindOperation, rule: ruleIPC, outsideOK: true, msg: "ctl command 0"},
+		{op: opSpec{Name: "mq_unlink_host", Kind: "mq_unlink", Path: mqName}, kind: audit.KindFileOp, rule: ruleIPC, outsideOK: true, msg: "other_ipc"},
 	}
 	// The benign neighbours: its own processes, objects, terminal reads,
 	// workspace marks; ps and top's reads of a host process.
