@@ -2043,6 +2043,16 @@ struct {
 
 #define FSNOTIFY_OBJ_SB 2
 
+/* file_op_begin fills c and op's decision d for a file judged as a whole
+ * by an op rule; false when there is nothing to judge. */
+static __always_inline bool file_op_begin(struct file_ctx *c, __u32 op, struct decision *d)
+{
+	if (!file_begin(c))
+		return false;
+	*d = op_decision(c->sb->id, op, ACTION_ALLOW);
+	return d->action != ACTION_ALLOW;
+}
+
 /* A mark sees what other processes do to the file (fanotify's permission
  * events even hold their opens): on a file outside the workspaces it reads
  * a host process's secrets as they are opened. A filesystem-wide mark
@@ -2053,10 +2063,8 @@ static __always_inline int decide_path_notify(__u32 mech, const struct path *pat
 	if (ret)
 		return ret;
 	struct file_ctx c;
-	if (!file_begin(&c))
-		return 0;
-	struct decision d = op_decision(c.sb->id, LSM_OP_NOTIFY_MARK, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
+	struct decision d;
+	if (!file_op_begin(&c, LSM_OP_NOTIFY_MARK, &d))
 		return 0;
 	struct path p = { .mnt = BPF_CORE_READ(path, mnt), .dentry = BPF_CORE_READ(path, dentry) };
 	bool truncated = key_from_walk(c.key, c.pw, &p);
@@ -2079,10 +2087,8 @@ static __always_inline int decide_inode_unlink(__u32 mech, struct inode *dir, st
 	if (ret || BPF_CORE_READ(dir, i_sb, s_magic) != MQUEUE_MAGIC)
 		return ret;
 	struct file_ctx c;
-	if (!file_begin(&c))
-		return 0;
-	struct decision d = op_decision(c.sb->id, LSM_OP_OTHER_IPC, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
+	struct decision d;
+	if (!file_op_begin(&c, LSM_OP_OTHER_IPC, &d))
 		return 0;
 	struct file_facts f;
 	facts_of(&f, BPF_CORE_READ(dentry, d_inode), BPF_CORE_READ(dir, i_sb));
