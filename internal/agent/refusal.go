@@ -88,6 +88,23 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 	if e.Syscall != nil && e.Syscall.Ret < 0 {
 		r.Errno = errnoName(-e.Syscall.Ret)
 	}
+	if op := plan.OperationOfSubtreeEvent(e.Message); op != "" {
+		// A process, IPC object, terminal or file outside the sandbox's
+		// own subtree: the target and the rule, whatever the event kind.
+		r.Operation = op
+		if e.Target != nil && e.Target.PID != 0 {
+			r.Address = fmt.Sprintf("%s[%d]", e.Target.Comm, e.Target.PID)
+		}
+		if e.File != nil {
+			r.Path = e.File.Path
+		}
+		r.Note = e.Message
+		r.Allow = []string{fmt.Sprintf("operations: {%s: allow}", op)}
+		if r.Layer == "" {
+			r.Layer = "-"
+		}
+		return r, true
+	}
 	switch {
 	case e.Kind == audit.KindFileOpen && e.File != nil:
 		r.Path = e.File.Path

@@ -117,3 +117,48 @@ func parse(t *testing.T, src string) *policy.Policy {
 	}
 	return p
 }
+
+func TestRefusalsNameSubtreeTargetAndRule(t *testing.T) {
+	p := parse(t, `version: 1
+sandboxes:
+  - {name: r, select: {cgroups: [/r]}, preset: restricted}
+`)
+	sb := p.Sandbox("r")
+	ev := func(kind audit.Kind, msg string, target *audit.TargetDetail, file *audit.FileDetail) audit.Event {
+		return audit.Event{Kind: kind, Verdict: audit.VerdictDenied, Mechanism: "lsm", Rule: "rule-x", Sandbox: audit.Sandbox{Name: "r"},
+			Process: audit.Process{Comm: "sh", TGID: 7}, Message: msg, Target: target, File: file}
+	}
+	events := []audit.Event{
+		ev(audit.KindSignal, "other_process: signal 9 to pid 42 (sshd), outside the sandbox", &audit.TargetDetail{PID: 42, Comm: "sshd"}, nil),
+		ev(audit.KindPtrace, "other_process: ptrace-mode read (/proc/PID/environ, maps, fd, ns...) of pid 42 (sshd), outside the sandbox", &audit.TargetDetail{PID: 42, Comm: "sshd", Mode: 0x11}, nil),
+		ev(audit.KindFileOpen, "other_ipc: a POSIX message queue created outside the sandbox", nil, &audit.FileDetail{Path: "/q"}),
+		ev(audit.KindOperation, "tty_inject: ioctl 0x5412 (TIOCSTI/TIOCLINUX)", &audit.TargetDetail{}, nil),
+		ev(audit.KindFileOp, "notify_mark: a mark outside the sandbox's workspaces", nil, &audit.FileDetail{Path: "/root/.aws/credentials", Op: "notify_mark"}),
+		// Not an own-subtree event: its own branch.
+		ev(audit.KindOperation, "perf_event_open", &audit.TargetDetail{}, nil),
+	}
+	got := Refusals(p, sb, events, "")
+	want := map[string]string{
+		"other_processes sshd[42]":            "operations: {other_processes: allow}",
+		"other_ipc /q":                        "operations: {other_ipc: allow}",
+		"terminals ":                          "operations: {terminals: allow}",
+		"notify_marks /root/.aws/credentials": "operations: {notify_marks: allow}",
+	}
+	seen := map[string]bool{}
+	for _, r := range got {
+		key := r.Operation + " " + r.Path + r.Address
+		if w, ok := want[key]; ok {
+			seen[key] = true
+			if len(r.Allow) != 1 || r.Allow[0] != w || r.Rule != "rule-x" || r.Result != "refused" {
+				t.Errorf("%s: %+v, want allow %q and rule rule-x", key, r, w)
+			}
+		} else if r.Operation == "other_processes" || strings.HasPrefix(r.Note, "perf_event_open") && len(r.Allow) == 1 && strings.Contains(r.Allow[0], "other") {
+			t.Errorf("unexpected refusal %+v", r)
+		}
+	}
+	for k := range want {
+		if !seen[k] {
+			t.Errorf("no refusal %q in %+v", k, got)
+		}
+	}
+}

@@ -119,7 +119,9 @@ var operations = []operation{
 				"process-group signals judged after the fact, per member the kernel signals (signal_generate; signal 0 to a group unjudged)"},
 			{op: lsm.OpOtherTask, hook: "file_send_sigiotask", category: otherTask, bsNote: "SIGIO/SIGURG owners outside the subtree and every process-group owner, at entry: fcntl F_SETOWN (a register), " +
 				"F_SETOWN_EX, ioctl FIOSETOWN, SIOCSPGRP (owner read from user memory: another thread may change it after the check); F_SETSIG and owners set before the sandbox not judged"},
-			{op: lsm.OpOtherTask, hook: "task_prlimit", category: otherTask, bsNote: "prlimit64 setting a limit of a process outside"},
+			// setrlimit and prlimit with new limits (task_prlimit has
+			// only credentials on 6.1).
+			{op: lsm.OpOtherTask, hook: "task_setrlimit", category: otherTask, bsNote: "prlimit64 setting a limit of a process outside"},
 			{op: lsm.OpOtherTask, hook: "task_setnice", category: otherTask, bsNote: "setpriority of a process outside, every PRIO_PGRP and PRIO_USER call"},
 			{op: lsm.OpOtherTask, hook: "task_setscheduler", category: otherTask, bsNote: "sched_setscheduler, sched_setparam, sched_setattr, sched_setaffinity of a task outside"},
 			{op: lsm.OpOtherTask, hook: "task_setioprio", category: otherTask, bsNote: "ioprio_set of a process outside, every IOPRIO_WHO_PGRP and IOPRIO_WHO_USER call"},
@@ -131,7 +133,19 @@ var operations = []operation{
 	{
 		name:   "other-ipc",
 		action: func(o *policy.Operations) policy.Action { return o.OtherIPC },
-		parts:  []opPart{{op: lsm.OpOtherIPC, hook: "ipc_permission"}},
+		// System V objects by their creator (the alloc hooks), POSIX
+		// message queues at open (mq_open creates through inode_create).
+		parts: []opPart{
+			{op: lsm.OpOtherIPC, hook: "ipc_permission"},
+			{op: lsm.OpOtherIPC, hook: "shm_shmctl"},
+			{op: lsm.OpOtherIPC, hook: "sem_semctl"},
+			{op: lsm.OpOtherIPC, hook: "msg_queue_msgctl"},
+			{op: lsm.OpOtherIPC, hook: "shm_alloc_security"},
+			{op: lsm.OpOtherIPC, hook: "sem_alloc_security"},
+			{op: lsm.OpOtherIPC, hook: "msg_queue_alloc_security"},
+			{op: lsm.OpOtherIPC, hook: "inode_create"},
+			{op: lsm.OpOtherIPC, hook: "file_open"},
+		},
 	},
 	{
 		name:   "terminals",
@@ -144,6 +158,23 @@ var operations = []operation{
 		action: func(o *policy.Operations) policy.Action { return o.NotifyMarks },
 		parts:  []opPart{{op: lsm.OpNotifyMark, hook: "path_notify"}},
 	},
+}
+
+// notifyPaths allows inotify and fanotify marks in the sandbox's
+// workspaces (a file watcher there is everyday work) where the notify
+// marks rule refuses them elsewhere.
+func notifyPaths(sb *policy.Sandbox, lr *lsm.Rules) {
+	if d, ok := lr.Ops[lsm.OpNotifyMark]; !ok || d.Action == enforce.ActionAllow {
+		return
+	}
+	for _, w := range sb.Workspace {
+		w = strings.TrimSuffix(w, "/")
+		if w == "" {
+			lr.NotifyPaths = append(lr.NotifyPaths, "/")
+			continue
+		}
+		lr.NotifyPaths = append(lr.NotifyPaths, w, w+"/")
+	}
 }
 
 // OperationOfSyscall names the policy operation (its YAML key) whose rule
@@ -160,6 +191,28 @@ func OperationOfSyscall(name string) string {
 		}
 		if slices.Contains(op.always, name) {
 			return strings.ReplaceAll(op.name, "-", "_")
+		}
+	}
+	return ""
+}
+
+// OperationOfSubtreeEvent names the policy operation (its YAML key) of
+// an own-subtree LSM event (other processes, IPC objects, terminals,
+// notify marks) from the event's message, which opens with the LSM op's
+// name ("other_process: signal 9 to pid 42 ..."); "" for other events.
+func OperationOfSubtreeEvent(message string) string {
+	name, _, ok := strings.Cut(message, ":")
+	if !ok {
+		return ""
+	}
+	for _, op := range operations {
+		for _, part := range op.parts {
+			switch part.op {
+			case lsm.OpOtherTask, lsm.OpOtherIPC, lsm.OpTTYInject, lsm.OpNotifyMark:
+				if part.op.String() == name {
+					return strings.ReplaceAll(op.name, "-", "_")
+				}
+			}
 		}
 	}
 	return ""

@@ -217,6 +217,7 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	c.bs = &backstop.SandboxRules{}
 
 	c.operations(sb, &lr)
+	notifyPaths(sb, &lr)
 	c.fixed(sb, &lr)
 	if err := c.files(sb, sid, &lr); err != nil {
 		return err

@@ -918,3 +918,33 @@ sandboxes:
 		}
 	}
 }
+
+// The own-subtree operations go to their LSM hooks under the baseline,
+// notify marks staying allowed in the workspace, and to nothing where the
+// hooks are missing.
+func TestOwnSubtreeOperationsPlanned(t *testing.T) {
+	p := parse(t, `version: 1
+sandboxes:
+  - {name: sb, select: {cgroups: [/x]}, preset: restricted, workspace: [/srv/agent/]}
+`)
+	plan, rt := compile(t, p, Env{LSM: lsmEnv(t, nil)})
+	rules := plan.LSM[plan.SandboxIDs["sb"]]
+	for op, name := range map[lsm.Op]string{lsm.OpOtherTask: "other-processes", lsm.OpOtherIPC: "other-ipc",
+		lsm.OpTTYInject: "terminals", lsm.OpNotifyMark: "notify-marks"} {
+		if d := rules.Ops[op]; d.Action != enforce.ActionBlock || rt.Name(d.RuleID) != name {
+			t.Errorf("%s: %+v (rule %q), want block by %s", op, d, rt.Name(d.RuleID), name)
+		}
+		if got := layerOf(t, plan, name); got != MechLSM {
+			t.Errorf("%s layer = %s, want lsm", name, got)
+		}
+	}
+	if want := []string{"/srv/agent", "/srv/agent/"}; !slices.Equal(rules.NotifyPaths, want) {
+		t.Errorf("notify paths = %q, want %q", rules.NotifyPaths, want)
+	}
+	if got := OperationOfSubtreeEvent("other_process: signal 9 to pid 1 (init), outside the sandbox"); got != "other_processes" {
+		t.Errorf("operation of an other-process event = %q", got)
+	}
+	if got := OperationOfSubtreeEvent("kernel_read_file: module"); got != "" {
+		t.Errorf("operation of a module event = %q, want none", got)
+	}
+}

@@ -53,7 +53,16 @@ func cstr(b []int8) string {
 }
 
 // File match tables (enum file_match).
-var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec", "fileless exec"}
+var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec", "fileless exec",
+	"other_ipc", "notify_mark"}
+
+// Own-subtree matches (MATCH_OTHER_IPC, MATCH_NOTIFY in bpf/lsm.c); a
+// notify event's flags are the mark's object type.
+const (
+	matchOtherIPC = 8
+	matchNotify   = 9
+	fsnotifyObjSB = 2
+)
 
 const (
 	sIFMT  = 0o170000
@@ -83,7 +92,16 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 		match = matchNames[e.Match]
 	}
 	ev.Message = "matched by " + match + " rule"
-	if e.Op != 0 {
+	switch e.Match {
+	case matchOtherIPC:
+		ev.Message = OpOtherIPC.String() + ": a POSIX message queue created outside the sandbox"
+	case matchNotify:
+		ev.Message = OpNotifyMark.String() + ": a mark outside the sandbox's workspaces"
+		if e.Flags == fsnotifyObjSB {
+			ev.Message = OpNotifyMark.String() + ": a filesystem-wide mark"
+		}
+	}
+	if e.Op != 0 && e.Match != matchNotify && e.Match != matchOtherIPC {
 		d.Op = PathOp(e.Op).String()
 		ev.Message = d.Op + ": " + ev.Message
 	}
@@ -162,8 +180,22 @@ func decodeTask(raw []byte, ev *audit.Event) error {
 		}
 	case enforce.EvSignal:
 		ev.Message = fmt.Sprintf("signal %d to the agent", e.Mode)
+		if Op(e.Op) == OpOtherTask {
+			ev.Message = fmt.Sprintf("%s: signal %d to pid %d (%s), outside the sandbox", OpOtherTask, e.Mode, e.TargetPid, t.Comm)
+		}
 	default:
 		ev.Message = Op(e.Op).String()
+	}
+	switch Op(e.Op) {
+	case OpOtherTask:
+		if e.Hdr.Kind&^evFmodRet != enforce.EvSignal {
+			ev.Message = fmt.Sprintf("%s: %s pid %d (%s), outside the sandbox", OpOtherTask, otherTaskWhat(e), e.TargetPid, t.Comm)
+		}
+	case OpOtherIPC:
+		ev.Message = otherIPCMessage(e)
+		t.PID, t.Mode = 0, e.Mode
+	case OpTTYInject:
+		ev.Message = fmt.Sprintf("%s: ioctl %#x (TIOCSTI/TIOCLINUX)", OpTTYInject, e.Mode)
 	}
 	ev.Target = t
 	return nil
@@ -233,4 +265,65 @@ func decodeSock(raw []byte, ev *audit.Event) error {
 		ev.Message = n.Reason
 	}
 	return nil
+}
+
+// Sub-operations of other-process events outside the signal and ptrace
+// hooks (OTHER_* in bpf/lsm.c): task_event.mode is tag | detail.
+const (
+	otherSetrlimit = 0x01000000
+	otherSetnice   = 0x02000000
+	otherSched     = 0x03000000
+	otherIoprio    = 0x04000000
+	otherMovemem   = 0x05000000
+)
+
+var rlimitNames = [...]string{"RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_RSS",
+	"RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_MEMLOCK", "RLIMIT_AS", "RLIMIT_LOCKS", "RLIMIT_SIGPENDING",
+	"RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_RTPRIO", "RLIMIT_RTTIME"}
+
+// otherTaskWhat names what an other-process event did to its target.
+func otherTaskWhat(e *lsmTaskEvent) string {
+	if e.Hdr.Kind&^evFmodRet == enforce.EvPtrace {
+		if e.Mode&2 != 0 {
+			return "ptrace attach to"
+		}
+		return "ptrace-mode read (/proc/PID/environ, maps, fd, ns...) of"
+	}
+	detail := e.Mode & 0xffffff
+	switch e.Mode &^ 0xffffff {
+	case otherSetrlimit:
+		name := fmt.Sprintf("resource %d", detail)
+		if int(detail) < len(rlimitNames) {
+			name = rlimitNames[detail]
+		}
+		return "setrlimit/prlimit " + name + " of"
+	case otherSetnice:
+		return fmt.Sprintf("setpriority (nice %d) of", int8(detail))
+	case otherSched:
+		return "sched_setscheduler/setattr/setaffinity of"
+	case otherIoprio:
+		return fmt.Sprintf("ioprio_set (%#x) of", detail)
+	case otherMovemem:
+		return "migrate_pages/move_pages of"
+	}
+	return fmt.Sprintf("operation %#x on", e.Mode)
+}
+
+// Other-IPC events (IPC_TAG in bpf/lsm.c): mode is tag | what << 16 |
+// detail, target_pid the object's id, cap its key.
+const (
+	ipcTag      = 0x20000000
+	ipcWhatPerm = 1
+	ipcWhatCtl  = 2
+)
+
+func otherIPCMessage(e *lsmTaskEvent) string {
+	what := "access"
+	switch (e.Mode &^ ipcTag) >> 16 {
+	case ipcWhatPerm:
+		what = fmt.Sprintf("access (mode %#o)", e.Mode&0xffff)
+	case ipcWhatCtl:
+		what = fmt.Sprintf("ctl command %d", e.Mode&0xffff)
+	}
+	return fmt.Sprintf("%s: %s of System V object id %d key %#x, created outside the sandbox", OpOtherIPC, what, e.TargetPid, uint32(e.Cap))
 }

@@ -204,6 +204,9 @@ func doOp(op opSpec) string {
 	if res, ok := doCredOp(op); ok {
 		return res
 	}
+	if res, ok := doSubtreeOp(op); ok {
+		return res
+	}
 	return doChangeOp(op)
 }
 

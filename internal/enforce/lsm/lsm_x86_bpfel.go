@@ -93,6 +93,11 @@ type lsmInoRule struct {
 	Pad        uint32
 }
 
+type lsmIpcOwner struct {
+	_         structs.HostLayout
+	SandboxCg uint64
+}
+
 type lsmMembership struct {
 	_         structs.HostLayout
 	Gen       uint64
@@ -145,6 +150,13 @@ type lsmMountEvent struct {
 	Source [128]int8
 	Fstype [32]int8
 	Target [256]int8
+}
+
+type lsmMqKey struct {
+	_   structs.HostLayout
+	Dev uint32
+	Pad uint32
+	Ino uint64
 }
 
 type lsmOpKey struct {
@@ -249,8 +261,12 @@ const (
 	lsmMapLsmExecRules                 = "lsm_exec_rules"
 	lsmMapLsmFsRules                   = "lsm_fs_rules"
 	lsmMapLsmInodeRules                = "lsm_inode_rules"
+	lsmMapLsmIpcOwner                  = "lsm_ipc_owner"
 	lsmMapLsmKeyScratch                = "lsm_key_scratch"
 	lsmMapLsmMmapMinAddr               = "lsm_mmap_min_addr"
+	lsmMapLsmMqOwner                   = "lsm_mq_owner"
+	lsmMapLsmMqPending                 = "lsm_mq_pending"
+	lsmMapLsmNotifyPaths               = "lsm_notify_paths"
 	lsmMapLsmOpRules                   = "lsm_op_rules"
 	lsmMapLsmPathRules                 = "lsm_path_rules"
 	lsmMapLsmPwScratch                 = "lsm_pw_scratch"
@@ -269,20 +285,28 @@ const (
 	lsmProgEntryX64SysIoUringRegister  = "entry___x64_sys_io_uring_register"
 	lsmProgEntryX64SysPersonality      = "entry___x64_sys_personality"
 	lsmProgEntryDoSysNameToHandle      = "entry_do_sys_name_to_handle"
+	lsmProgEntrySecurityMsgQueueFree   = "entry_security_msg_queue_free"
+	lsmProgEntrySecuritySemFree        = "entry_security_sem_free"
+	lsmProgEntrySecurityShmFree        = "entry_security_shm_free"
 	lsmProgExitIa32SysIoUringSetup     = "exit___ia32_sys_io_uring_setup"
 	lsmProgExitX64SysIoUringSetup      = "exit___x64_sys_io_uring_setup"
 	lsmProgFmodBpf                     = "fmod_bpf"
 	lsmProgFmodBprmCheckSecurity       = "fmod_bprm_check_security"
 	lsmProgFmodCapable                 = "fmod_capable"
+	lsmProgFmodFileIoctl               = "fmod_file_ioctl"
+	lsmProgFmodFileIoctlCompat         = "fmod_file_ioctl_compat"
 	lsmProgFmodFileMprotect            = "fmod_file_mprotect"
 	lsmProgFmodFileOpen                = "fmod_file_open"
 	lsmProgFmodFileSendSigiotask       = "fmod_file_send_sigiotask"
 	lsmProgFmodFileTruncate            = "fmod_file_truncate"
 	lsmProgFmodFsContextParseParam     = "fmod_fs_context_parse_param"
+	lsmProgFmodInodeCreate             = "fmod_inode_create"
 	lsmProgFmodInodeInitSecurityAnon   = "fmod_inode_init_security_anon"
 	lsmProgFmodInodeRemovexattr        = "fmod_inode_removexattr"
 	lsmProgFmodInodeSetattr            = "fmod_inode_setattr"
 	lsmProgFmodInodeSetxattr           = "fmod_inode_setxattr"
+	lsmProgFmodInodeUnlink             = "fmod_inode_unlink"
+	lsmProgFmodIpcPermission           = "fmod_ipc_permission"
 	lsmProgFmodKernelLoadData          = "fmod_kernel_load_data"
 	lsmProgFmodKernelReadFile          = "fmod_kernel_read_file"
 	lsmProgFmodKeyAlloc                = "fmod_key_alloc"
@@ -290,12 +314,15 @@ const (
 	lsmProgFmodMmapAddr                = "fmod_mmap_addr"
 	lsmProgFmodMmapFile                = "fmod_mmap_file"
 	lsmProgFmodMoveMount               = "fmod_move_mount"
+	lsmProgFmodMsgQueueAllocSecurity   = "fmod_msg_queue_alloc_security"
+	lsmProgFmodMsgQueueMsgctl          = "fmod_msg_queue_msgctl"
 	lsmProgFmodPathChmod               = "fmod_path_chmod"
 	lsmProgFmodPathChown               = "fmod_path_chown"
 	lsmProgFmodPathChroot              = "fmod_path_chroot"
 	lsmProgFmodPathLink                = "fmod_path_link"
 	lsmProgFmodPathMkdir               = "fmod_path_mkdir"
 	lsmProgFmodPathMknod               = "fmod_path_mknod"
+	lsmProgFmodPathNotify              = "fmod_path_notify"
 	lsmProgFmodPathRename              = "fmod_path_rename"
 	lsmProgFmodPathRmdir               = "fmod_path_rmdir"
 	lsmProgFmodPathSymlink             = "fmod_path_symlink"
@@ -307,24 +334,38 @@ const (
 	lsmProgFmodSbMount                 = "fmod_sb_mount"
 	lsmProgFmodSbPivotroot             = "fmod_sb_pivotroot"
 	lsmProgFmodSbUmount                = "fmod_sb_umount"
+	lsmProgFmodSemAllocSecurity        = "fmod_sem_alloc_security"
+	lsmProgFmodSemSemctl               = "fmod_sem_semctl"
+	lsmProgFmodShmAllocSecurity        = "fmod_shm_alloc_security"
+	lsmProgFmodShmShmctl               = "fmod_shm_shmctl"
 	lsmProgFmodSocketCreate            = "fmod_socket_create"
 	lsmProgFmodTaskAlloc               = "fmod_task_alloc"
 	lsmProgFmodTaskKill                = "fmod_task_kill"
+	lsmProgFmodTaskMovememory          = "fmod_task_movememory"
+	lsmProgFmodTaskSetioprio           = "fmod_task_setioprio"
+	lsmProgFmodTaskSetnice             = "fmod_task_setnice"
+	lsmProgFmodTaskSetrlimit           = "fmod_task_setrlimit"
+	lsmProgFmodTaskSetscheduler        = "fmod_task_setscheduler"
 	lsmProgFmodUnixMaySend             = "fmod_unix_may_send"
 	lsmProgFmodUnixStreamConnect       = "fmod_unix_stream_connect"
 	lsmProgFmodUsernsCreate            = "fmod_userns_create"
 	lsmProgLsmBpf                      = "lsm_bpf"
 	lsmProgLsmBprmCheckSecurity        = "lsm_bprm_check_security"
 	lsmProgLsmCapable                  = "lsm_capable"
+	lsmProgLsmFileIoctl                = "lsm_file_ioctl"
+	lsmProgLsmFileIoctlCompat          = "lsm_file_ioctl_compat"
 	lsmProgLsmFileMprotect             = "lsm_file_mprotect"
 	lsmProgLsmFileOpen                 = "lsm_file_open"
 	lsmProgLsmFileSendSigiotask        = "lsm_file_send_sigiotask"
 	lsmProgLsmFileTruncate             = "lsm_file_truncate"
 	lsmProgLsmFsContextParseParam      = "lsm_fs_context_parse_param"
+	lsmProgLsmInodeCreate              = "lsm_inode_create"
 	lsmProgLsmInodeInitSecurityAnon    = "lsm_inode_init_security_anon"
 	lsmProgLsmInodeRemovexattr         = "lsm_inode_removexattr"
 	lsmProgLsmInodeSetattr             = "lsm_inode_setattr"
 	lsmProgLsmInodeSetxattr            = "lsm_inode_setxattr"
+	lsmProgLsmInodeUnlink              = "lsm_inode_unlink"
+	lsmProgLsmIpcPermission            = "lsm_ipc_permission"
 	lsmProgLsmKernelLoadData           = "lsm_kernel_load_data"
 	lsmProgLsmKernelReadFile           = "lsm_kernel_read_file"
 	lsmProgLsmKeyAlloc                 = "lsm_key_alloc"
@@ -332,12 +373,15 @@ const (
 	lsmProgLsmMmapAddr                 = "lsm_mmap_addr"
 	lsmProgLsmMmapFile                 = "lsm_mmap_file"
 	lsmProgLsmMoveMount                = "lsm_move_mount"
+	lsmProgLsmMsgQueueAllocSecurity    = "lsm_msg_queue_alloc_security"
+	lsmProgLsmMsgQueueMsgctl           = "lsm_msg_queue_msgctl"
 	lsmProgLsmPathChmod                = "lsm_path_chmod"
 	lsmProgLsmPathChown                = "lsm_path_chown"
 	lsmProgLsmPathChroot               = "lsm_path_chroot"
 	lsmProgLsmPathLink                 = "lsm_path_link"
 	lsmProgLsmPathMkdir                = "lsm_path_mkdir"
 	lsmProgLsmPathMknod                = "lsm_path_mknod"
+	lsmProgLsmPathNotify               = "lsm_path_notify"
 	lsmProgLsmPathRename               = "lsm_path_rename"
 	lsmProgLsmPathRmdir                = "lsm_path_rmdir"
 	lsmProgLsmPathSymlink              = "lsm_path_symlink"
@@ -349,9 +393,18 @@ const (
 	lsmProgLsmSbMount                  = "lsm_sb_mount"
 	lsmProgLsmSbPivotroot              = "lsm_sb_pivotroot"
 	lsmProgLsmSbUmount                 = "lsm_sb_umount"
+	lsmProgLsmSemAllocSecurity         = "lsm_sem_alloc_security"
+	lsmProgLsmSemSemctl                = "lsm_sem_semctl"
+	lsmProgLsmShmAllocSecurity         = "lsm_shm_alloc_security"
+	lsmProgLsmShmShmctl                = "lsm_shm_shmctl"
 	lsmProgLsmSocketCreate             = "lsm_socket_create"
 	lsmProgLsmTaskAlloc                = "lsm_task_alloc"
 	lsmProgLsmTaskKill                 = "lsm_task_kill"
+	lsmProgLsmTaskMovememory           = "lsm_task_movememory"
+	lsmProgLsmTaskSetioprio            = "lsm_task_setioprio"
+	lsmProgLsmTaskSetnice              = "lsm_task_setnice"
+	lsmProgLsmTaskSetrlimit            = "lsm_task_setrlimit"
+	lsmProgLsmTaskSetscheduler         = "lsm_task_setscheduler"
 	lsmProgLsmUnixMaySend              = "lsm_unix_may_send"
 	lsmProgLsmUnixStreamConnect        = "lsm_unix_stream_connect"
 	lsmProgLsmUsernsCreate             = "lsm_userns_create"
@@ -364,8 +417,10 @@ const (
 	lsmVarUnusedFsKey                  = "unused_fs_key"
 	lsmVarUnusedInoKey                 = "unused_ino_key"
 	lsmVarUnusedInoRule                = "unused_ino_rule"
+	lsmVarUnusedIpcOwner               = "unused_ipc_owner"
 	lsmVarUnusedModuleEvent            = "unused_module_event"
 	lsmVarUnusedMountEvent             = "unused_mount_event"
+	lsmVarUnusedMqKey                  = "unused_mq_key"
 	lsmVarUnusedOpKey                  = "unused_op_key"
 	lsmVarUnusedPathKey                = "unused_path_key"
 	lsmVarUnusedSandbox                = "unused_sandbox"
@@ -424,20 +479,28 @@ type lsmProgramSpecs struct {
 	EntryX64SysIoUringRegister  *ebpf.ProgramSpec `ebpf:"entry___x64_sys_io_uring_register"`
 	EntryX64SysPersonality      *ebpf.ProgramSpec `ebpf:"entry___x64_sys_personality"`
 	EntryDoSysNameToHandle      *ebpf.ProgramSpec `ebpf:"entry_do_sys_name_to_handle"`
+	EntrySecurityMsgQueueFree   *ebpf.ProgramSpec `ebpf:"entry_security_msg_queue_free"`
+	EntrySecuritySemFree        *ebpf.ProgramSpec `ebpf:"entry_security_sem_free"`
+	EntrySecurityShmFree        *ebpf.ProgramSpec `ebpf:"entry_security_shm_free"`
 	ExitIa32SysIoUringSetup     *ebpf.ProgramSpec `ebpf:"exit___ia32_sys_io_uring_setup"`
 	ExitX64SysIoUringSetup      *ebpf.ProgramSpec `ebpf:"exit___x64_sys_io_uring_setup"`
 	FmodBpf                     *ebpf.ProgramSpec `ebpf:"fmod_bpf"`
 	FmodBprmCheckSecurity       *ebpf.ProgramSpec `ebpf:"fmod_bprm_check_security"`
 	FmodCapable                 *ebpf.ProgramSpec `ebpf:"fmod_capable"`
+	FmodFileIoctl               *ebpf.ProgramSpec `ebpf:"fmod_file_ioctl"`
+	FmodFileIoctlCompat         *ebpf.ProgramSpec `ebpf:"fmod_file_ioctl_compat"`
 	FmodFileMprotect            *ebpf.ProgramSpec `ebpf:"fmod_file_mprotect"`
 	FmodFileOpen                *ebpf.ProgramSpec `ebpf:"fmod_file_open"`
 	FmodFileSendSigiotask       *ebpf.ProgramSpec `ebpf:"fmod_file_send_sigiotask"`
 	FmodFileTruncate            *ebpf.ProgramSpec `ebpf:"fmod_file_truncate"`
 	FmodFsContextParseParam     *ebpf.ProgramSpec `ebpf:"fmod_fs_context_parse_param"`
+	FmodInodeCreate             *ebpf.ProgramSpec `ebpf:"fmod_inode_create"`
 	FmodInodeInitSecurityAnon   *ebpf.ProgramSpec `ebpf:"fmod_inode_init_security_anon"`
 	FmodInodeRemovexattr        *ebpf.ProgramSpec `ebpf:"fmod_inode_removexattr"`
 	FmodInodeSetattr            *ebpf.ProgramSpec `ebpf:"fmod_inode_setattr"`
 	FmodInodeSetxattr           *ebpf.ProgramSpec `ebpf:"fmod_inode_setxattr"`
+	FmodInodeUnlink             *ebpf.ProgramSpec `ebpf:"fmod_inode_unlink"`
+	FmodIpcPermission           *ebpf.ProgramSpec `ebpf:"fmod_ipc_permission"`
 	FmodKernelLoadData          *ebpf.ProgramSpec `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile          *ebpf.ProgramSpec `ebpf:"fmod_kernel_read_file"`
 	FmodKeyAlloc                *ebpf.ProgramSpec `ebpf:"fmod_key_alloc"`
@@ -445,12 +508,15 @@ type lsmProgramSpecs struct {
 	FmodMmapAddr                *ebpf.ProgramSpec `ebpf:"fmod_mmap_addr"`
 	FmodMmapFile                *ebpf.ProgramSpec `ebpf:"fmod_mmap_file"`
 	FmodMoveMount               *ebpf.ProgramSpec `ebpf:"fmod_move_mount"`
+	FmodMsgQueueAllocSecurity   *ebpf.ProgramSpec `ebpf:"fmod_msg_queue_alloc_security"`
+	FmodMsgQueueMsgctl          *ebpf.ProgramSpec `ebpf:"fmod_msg_queue_msgctl"`
 	FmodPathChmod               *ebpf.ProgramSpec `ebpf:"fmod_path_chmod"`
 	FmodPathChown               *ebpf.ProgramSpec `ebpf:"fmod_path_chown"`
 	FmodPathChroot              *ebpf.ProgramSpec `ebpf:"fmod_path_chroot"`
 	FmodPathLink                *ebpf.ProgramSpec `ebpf:"fmod_path_link"`
 	FmodPathMkdir               *ebpf.ProgramSpec `ebpf:"fmod_path_mkdir"`
 	FmodPathMknod               *ebpf.ProgramSpec `ebpf:"fmod_path_mknod"`
+	FmodPathNotify              *ebpf.ProgramSpec `ebpf:"fmod_path_notify"`
 	FmodPathRename              *ebpf.ProgramSpec `ebpf:"fmod_path_rename"`
 	FmodPathRmdir               *ebpf.ProgramSpec `ebpf:"fmod_path_rmdir"`
 	FmodPathSymlink             *ebpf.ProgramSpec `ebpf:"fmod_path_symlink"`
@@ -462,24 +528,38 @@ type lsmProgramSpecs struct {
 	FmodSbMount                 *ebpf.ProgramSpec `ebpf:"fmod_sb_mount"`
 	FmodSbPivotroot             *ebpf.ProgramSpec `ebpf:"fmod_sb_pivotroot"`
 	FmodSbUmount                *ebpf.ProgramSpec `ebpf:"fmod_sb_umount"`
+	FmodSemAllocSecurity        *ebpf.ProgramSpec `ebpf:"fmod_sem_alloc_security"`
+	FmodSemSemctl               *ebpf.ProgramSpec `ebpf:"fmod_sem_semctl"`
+	FmodShmAllocSecurity        *ebpf.ProgramSpec `ebpf:"fmod_shm_alloc_security"`
+	FmodShmShmctl               *ebpf.ProgramSpec `ebpf:"fmod_shm_shmctl"`
 	FmodSocketCreate            *ebpf.ProgramSpec `ebpf:"fmod_socket_create"`
 	FmodTaskAlloc               *ebpf.ProgramSpec `ebpf:"fmod_task_alloc"`
 	FmodTaskKill                *ebpf.ProgramSpec `ebpf:"fmod_task_kill"`
+	FmodTaskMovememory          *ebpf.ProgramSpec `ebpf:"fmod_task_movememory"`
+	FmodTaskSetioprio           *ebpf.ProgramSpec `ebpf:"fmod_task_setioprio"`
+	FmodTaskSetnice             *ebpf.ProgramSpec `ebpf:"fmod_task_setnice"`
+	FmodTaskSetrlimit           *ebpf.ProgramSpec `ebpf:"fmod_task_setrlimit"`
+	FmodTaskSetscheduler        *ebpf.ProgramSpec `ebpf:"fmod_task_setscheduler"`
 	FmodUnixMaySend             *ebpf.ProgramSpec `ebpf:"fmod_unix_may_send"`
 	FmodUnixStreamConnect       *ebpf.ProgramSpec `ebpf:"fmod_unix_stream_connect"`
 	FmodUsernsCreate            *ebpf.ProgramSpec `ebpf:"fmod_userns_create"`
 	LsmBpf                      *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
 	LsmBprmCheckSecurity        *ebpf.ProgramSpec `ebpf:"lsm_bprm_check_security"`
 	LsmCapable                  *ebpf.ProgramSpec `ebpf:"lsm_capable"`
+	LsmFileIoctl                *ebpf.ProgramSpec `ebpf:"lsm_file_ioctl"`
+	LsmFileIoctlCompat          *ebpf.ProgramSpec `ebpf:"lsm_file_ioctl_compat"`
 	LsmFileMprotect             *ebpf.ProgramSpec `ebpf:"lsm_file_mprotect"`
 	LsmFileOpen                 *ebpf.ProgramSpec `ebpf:"lsm_file_open"`
 	LsmFileSendSigiotask        *ebpf.ProgramSpec `ebpf:"lsm_file_send_sigiotask"`
 	LsmFileTruncate             *ebpf.ProgramSpec `ebpf:"lsm_file_truncate"`
 	LsmFsContextParseParam      *ebpf.ProgramSpec `ebpf:"lsm_fs_context_parse_param"`
+	LsmInodeCreate              *ebpf.ProgramSpec `ebpf:"lsm_inode_create"`
 	LsmInodeInitSecurityAnon    *ebpf.ProgramSpec `ebpf:"lsm_inode_init_security_anon"`
 	LsmInodeRemovexattr         *ebpf.ProgramSpec `ebpf:"lsm_inode_removexattr"`
 	LsmInodeSetattr             *ebpf.ProgramSpec `ebpf:"lsm_inode_setattr"`
 	LsmInodeSetxattr            *ebpf.ProgramSpec `ebpf:"lsm_inode_setxattr"`
+	LsmInodeUnlink              *ebpf.ProgramSpec `ebpf:"lsm_inode_unlink"`
+	LsmIpcPermission            *ebpf.ProgramSpec `ebpf:"lsm_ipc_permission"`
 	LsmKernelLoadData           *ebpf.ProgramSpec `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile           *ebpf.ProgramSpec `ebpf:"lsm_kernel_read_file"`
 	LsmKeyAlloc                 *ebpf.ProgramSpec `ebpf:"lsm_key_alloc"`
@@ -487,12 +567,15 @@ type lsmProgramSpecs struct {
 	LsmMmapAddr                 *ebpf.ProgramSpec `ebpf:"lsm_mmap_addr"`
 	LsmMmapFile                 *ebpf.ProgramSpec `ebpf:"lsm_mmap_file"`
 	LsmMoveMount                *ebpf.ProgramSpec `ebpf:"lsm_move_mount"`
+	LsmMsgQueueAllocSecurity    *ebpf.ProgramSpec `ebpf:"lsm_msg_queue_alloc_security"`
+	LsmMsgQueueMsgctl           *ebpf.ProgramSpec `ebpf:"lsm_msg_queue_msgctl"`
 	LsmPathChmod                *ebpf.ProgramSpec `ebpf:"lsm_path_chmod"`
 	LsmPathChown                *ebpf.ProgramSpec `ebpf:"lsm_path_chown"`
 	LsmPathChroot               *ebpf.ProgramSpec `ebpf:"lsm_path_chroot"`
 	LsmPathLink                 *ebpf.ProgramSpec `ebpf:"lsm_path_link"`
 	LsmPathMkdir                *ebpf.ProgramSpec `ebpf:"lsm_path_mkdir"`
 	LsmPathMknod                *ebpf.ProgramSpec `ebpf:"lsm_path_mknod"`
+	LsmPathNotify               *ebpf.ProgramSpec `ebpf:"lsm_path_notify"`
 	LsmPathRename               *ebpf.ProgramSpec `ebpf:"lsm_path_rename"`
 	LsmPathRmdir                *ebpf.ProgramSpec `ebpf:"lsm_path_rmdir"`
 	LsmPathSymlink              *ebpf.ProgramSpec `ebpf:"lsm_path_symlink"`
@@ -504,9 +587,18 @@ type lsmProgramSpecs struct {
 	LsmSbMount                  *ebpf.ProgramSpec `ebpf:"lsm_sb_mount"`
 	LsmSbPivotroot              *ebpf.ProgramSpec `ebpf:"lsm_sb_pivotroot"`
 	LsmSbUmount                 *ebpf.ProgramSpec `ebpf:"lsm_sb_umount"`
+	LsmSemAllocSecurity         *ebpf.ProgramSpec `ebpf:"lsm_sem_alloc_security"`
+	LsmSemSemctl                *ebpf.ProgramSpec `ebpf:"lsm_sem_semctl"`
+	LsmShmAllocSecurity         *ebpf.ProgramSpec `ebpf:"lsm_shm_alloc_security"`
+	LsmShmShmctl                *ebpf.ProgramSpec `ebpf:"lsm_shm_shmctl"`
 	LsmSocketCreate             *ebpf.ProgramSpec `ebpf:"lsm_socket_create"`
 	LsmTaskAlloc                *ebpf.ProgramSpec `ebpf:"lsm_task_alloc"`
 	LsmTaskKill                 *ebpf.ProgramSpec `ebpf:"lsm_task_kill"`
+	LsmTaskMovememory           *ebpf.ProgramSpec `ebpf:"lsm_task_movememory"`
+	LsmTaskSetioprio            *ebpf.ProgramSpec `ebpf:"lsm_task_setioprio"`
+	LsmTaskSetnice              *ebpf.ProgramSpec `ebpf:"lsm_task_setnice"`
+	LsmTaskSetrlimit            *ebpf.ProgramSpec `ebpf:"lsm_task_setrlimit"`
+	LsmTaskSetscheduler         *ebpf.ProgramSpec `ebpf:"lsm_task_setscheduler"`
 	LsmUnixMaySend              *ebpf.ProgramSpec `ebpf:"lsm_unix_may_send"`
 	LsmUnixStreamConnect        *ebpf.ProgramSpec `ebpf:"lsm_unix_stream_connect"`
 	LsmUsernsCreate             *ebpf.ProgramSpec `ebpf:"lsm_userns_create"`
@@ -523,8 +615,12 @@ type lsmMapSpecs struct {
 	LsmExecRules     *ebpf.MapSpec `ebpf:"lsm_exec_rules"`
 	LsmFsRules       *ebpf.MapSpec `ebpf:"lsm_fs_rules"`
 	LsmInodeRules    *ebpf.MapSpec `ebpf:"lsm_inode_rules"`
+	LsmIpcOwner      *ebpf.MapSpec `ebpf:"lsm_ipc_owner"`
 	LsmKeyScratch    *ebpf.MapSpec `ebpf:"lsm_key_scratch"`
 	LsmMmapMinAddr   *ebpf.MapSpec `ebpf:"lsm_mmap_min_addr"`
+	LsmMqOwner       *ebpf.MapSpec `ebpf:"lsm_mq_owner"`
+	LsmMqPending     *ebpf.MapSpec `ebpf:"lsm_mq_pending"`
+	LsmNotifyPaths   *ebpf.MapSpec `ebpf:"lsm_notify_paths"`
 	LsmOpRules       *ebpf.MapSpec `ebpf:"lsm_op_rules"`
 	LsmPathRules     *ebpf.MapSpec `ebpf:"lsm_path_rules"`
 	LsmPwScratch     *ebpf.MapSpec `ebpf:"lsm_pw_scratch"`
@@ -551,8 +647,10 @@ type lsmVariableSpecs struct {
 	UnusedFsKey           *ebpf.VariableSpec `ebpf:"unused_fs_key"`
 	UnusedInoKey          *ebpf.VariableSpec `ebpf:"unused_ino_key"`
 	UnusedInoRule         *ebpf.VariableSpec `ebpf:"unused_ino_rule"`
+	UnusedIpcOwner        *ebpf.VariableSpec `ebpf:"unused_ipc_owner"`
 	UnusedModuleEvent     *ebpf.VariableSpec `ebpf:"unused_module_event"`
 	UnusedMountEvent      *ebpf.VariableSpec `ebpf:"unused_mount_event"`
+	UnusedMqKey           *ebpf.VariableSpec `ebpf:"unused_mq_key"`
 	UnusedOpKey           *ebpf.VariableSpec `ebpf:"unused_op_key"`
 	UnusedPathKey         *ebpf.VariableSpec `ebpf:"unused_path_key"`
 	UnusedSandbox         *ebpf.VariableSpec `ebpf:"unused_sandbox"`
@@ -589,8 +687,12 @@ type lsmMaps struct {
 	LsmExecRules     *ebpf.Map `ebpf:"lsm_exec_rules"`
 	LsmFsRules       *ebpf.Map `ebpf:"lsm_fs_rules"`
 	LsmInodeRules    *ebpf.Map `ebpf:"lsm_inode_rules"`
+	LsmIpcOwner      *ebpf.Map `ebpf:"lsm_ipc_owner"`
 	LsmKeyScratch    *ebpf.Map `ebpf:"lsm_key_scratch"`
 	LsmMmapMinAddr   *ebpf.Map `ebpf:"lsm_mmap_min_addr"`
+	LsmMqOwner       *ebpf.Map `ebpf:"lsm_mq_owner"`
+	LsmMqPending     *ebpf.Map `ebpf:"lsm_mq_pending"`
+	LsmNotifyPaths   *ebpf.Map `ebpf:"lsm_notify_paths"`
 	LsmOpRules       *ebpf.Map `ebpf:"lsm_op_rules"`
 	LsmPathRules     *ebpf.Map `ebpf:"lsm_path_rules"`
 	LsmPwScratch     *ebpf.Map `ebpf:"lsm_pw_scratch"`
@@ -613,8 +715,12 @@ func (m *lsmMaps) Close() error {
 		m.LsmExecRules,
 		m.LsmFsRules,
 		m.LsmInodeRules,
+		m.LsmIpcOwner,
 		m.LsmKeyScratch,
 		m.LsmMmapMinAddr,
+		m.LsmMqOwner,
+		m.LsmMqPending,
+		m.LsmNotifyPaths,
 		m.LsmOpRules,
 		m.LsmPathRules,
 		m.LsmPwScratch,
@@ -642,8 +748,10 @@ type lsmVariables struct {
 	UnusedFsKey           *ebpf.Variable `ebpf:"unused_fs_key"`
 	UnusedInoKey          *ebpf.Variable `ebpf:"unused_ino_key"`
 	UnusedInoRule         *ebpf.Variable `ebpf:"unused_ino_rule"`
+	UnusedIpcOwner        *ebpf.Variable `ebpf:"unused_ipc_owner"`
 	UnusedModuleEvent     *ebpf.Variable `ebpf:"unused_module_event"`
 	UnusedMountEvent      *ebpf.Variable `ebpf:"unused_mount_event"`
+	UnusedMqKey           *ebpf.Variable `ebpf:"unused_mq_key"`
 	UnusedOpKey           *ebpf.Variable `ebpf:"unused_op_key"`
 	UnusedPathKey         *ebpf.Variable `ebpf:"unused_path_key"`
 	UnusedSandbox         *ebpf.Variable `ebpf:"unused_sandbox"`
@@ -664,20 +772,28 @@ type lsmPrograms struct {
 	EntryX64SysIoUringRegister  *ebpf.Program `ebpf:"entry___x64_sys_io_uring_register"`
 	EntryX64SysPersonality      *ebpf.Program `ebpf:"entry___x64_sys_personality"`
 	EntryDoSysNameToHandle      *ebpf.Program `ebpf:"entry_do_sys_name_to_handle"`
+	EntrySecurityMsgQueueFree   *ebpf.Program `ebpf:"entry_security_msg_queue_free"`
+	EntrySecuritySemFree        *ebpf.Program `ebpf:"entry_security_sem_free"`
+	EntrySecurityShmFree        *ebpf.Program `ebpf:"entry_security_shm_free"`
 	ExitIa32SysIoUringSetup     *ebpf.Program `ebpf:"exit___ia32_sys_io_uring_setup"`
 	ExitX64SysIoUringSetup      *ebpf.Program `ebpf:"exit___x64_sys_io_uring_setup"`
 	FmodBpf                     *ebpf.Program `ebpf:"fmod_bpf"`
 	FmodBprmCheckSecurity       *ebpf.Program `ebpf:"fmod_bprm_check_security"`
 	FmodCapable                 *ebpf.Program `ebpf:"fmod_capable"`
+	FmodFileIoctl               *ebpf.Program `ebpf:"fmod_file_ioctl"`
+	FmodFileIoctlCompat         *ebpf.Program `ebpf:"fmod_file_ioctl_compat"`
 	FmodFileMprotect            *ebpf.Program `ebpf:"fmod_file_mprotect"`
 	FmodFileOpen                *ebpf.Program `ebpf:"fmod_file_open"`
 	FmodFileSendSigiotask       *ebpf.Program `ebpf:"fmod_file_send_sigiotask"`
 	FmodFileTruncate            *ebpf.Program `ebpf:"fmod_file_truncate"`
 	FmodFsContextParseParam     *ebpf.Program `ebpf:"fmod_fs_context_parse_param"`
+	FmodInodeCreate             *ebpf.Program `ebpf:"fmod_inode_create"`
 	FmodInodeInitSecurityAnon   *ebpf.Program `ebpf:"fmod_inode_init_security_anon"`
 	FmodInodeRemovexattr        *ebpf.Program `ebpf:"fmod_inode_removexattr"`
 	FmodInodeSetattr            *ebpf.Program `ebpf:"fmod_inode_setattr"`
 	FmodInodeSetxattr           *ebpf.Program `ebpf:"fmod_inode_setxattr"`
+	FmodInodeUnlink             *ebpf.Program `ebpf:"fmod_inode_unlink"`
+	FmodIpcPermission           *ebpf.Program `ebpf:"fmod_ipc_permission"`
 	FmodKernelLoadData          *ebpf.Program `ebpf:"fmod_kernel_load_data"`
 	FmodKernelReadFile          *ebpf.Program `ebpf:"fmod_kernel_read_file"`
 	FmodKeyAlloc                *ebpf.Program `ebpf:"fmod_key_alloc"`
@@ -685,12 +801,15 @@ type lsmPrograms struct {
 	FmodMmapAddr                *ebpf.Program `ebpf:"fmod_mmap_addr"`
 	FmodMmapFile                *ebpf.Program `ebpf:"fmod_mmap_file"`
 	FmodMoveMount               *ebpf.Program `ebpf:"fmod_move_mount"`
+	FmodMsgQueueAllocSecurity   *ebpf.Program `ebpf:"fmod_msg_queue_alloc_security"`
+	FmodMsgQueueMsgctl          *ebpf.Program `ebpf:"fmod_msg_queue_msgctl"`
 	FmodPathChmod               *ebpf.Program `ebpf:"fmod_path_chmod"`
 	FmodPathChown               *ebpf.Program `ebpf:"fmod_path_chown"`
 	FmodPathChroot              *ebpf.Program `ebpf:"fmod_path_chroot"`
 	FmodPathLink                *ebpf.Program `ebpf:"fmod_path_link"`
 	FmodPathMkdir               *ebpf.Program `ebpf:"fmod_path_mkdir"`
 	FmodPathMknod               *ebpf.Program `ebpf:"fmod_path_mknod"`
+	FmodPathNotify              *ebpf.Program `ebpf:"fmod_path_notify"`
 	FmodPathRename              *ebpf.Program `ebpf:"fmod_path_rename"`
 	FmodPathRmdir               *ebpf.Program `ebpf:"fmod_path_rmdir"`
 	FmodPathSymlink             *ebpf.Program `ebpf:"fmod_path_symlink"`
@@ -702,24 +821,38 @@ type lsmPrograms struct {
 	FmodSbMount                 *ebpf.Program `ebpf:"fmod_sb_mount"`
 	FmodSbPivotroot             *ebpf.Program `ebpf:"fmod_sb_pivotroot"`
 	FmodSbUmount                *ebpf.Program `ebpf:"fmod_sb_umount"`
+	FmodSemAllocSecurity        *ebpf.Program `ebpf:"fmod_sem_alloc_security"`
+	FmodSemSemctl               *ebpf.Program `ebpf:"fmod_sem_semctl"`
+	FmodShmAllocSecurity        *ebpf.Program `ebpf:"fmod_shm_alloc_security"`
+	FmodShmShmctl               *ebpf.Program `ebpf:"fmod_shm_shmctl"`
 	FmodSocketCreate            *ebpf.Program `ebpf:"fmod_socket_create"`
 	FmodTaskAlloc               *ebpf.Program `ebpf:"fmod_task_alloc"`
 	FmodTaskKill                *ebpf.Program `ebpf:"fmod_task_kill"`
+	FmodTaskMovememory          *ebpf.Program `ebpf:"fmod_task_movememory"`
+	FmodTaskSetioprio           *ebpf.Program `ebpf:"fmod_task_setioprio"`
+	FmodTaskSetnice             *ebpf.Program `ebpf:"fmod_task_setnice"`
+	FmodTaskSetrlimit           *ebpf.Program `ebpf:"fmod_task_setrlimit"`
+	FmodTaskSetscheduler        *ebpf.Program `ebpf:"fmod_task_setscheduler"`
 	FmodUnixMaySend             *ebpf.Program `ebpf:"fmod_unix_may_send"`
 	FmodUnixStreamConnect       *ebpf.Program `ebpf:"fmod_unix_stream_connect"`
 	FmodUsernsCreate            *ebpf.Program `ebpf:"fmod_userns_create"`
 	LsmBpf                      *ebpf.Program `ebpf:"lsm_bpf"`
 	LsmBprmCheckSecurity        *ebpf.Program `ebpf:"lsm_bprm_check_security"`
 	LsmCapable                  *ebpf.Program `ebpf:"lsm_capable"`
+	LsmFileIoctl                *ebpf.Program `ebpf:"lsm_file_ioctl"`
+	LsmFileIoctlCompat          *ebpf.Program `ebpf:"lsm_file_ioctl_compat"`
 	LsmFileMprotect             *ebpf.Program `ebpf:"lsm_file_mprotect"`
 	LsmFileOpen                 *ebpf.Program `ebpf:"lsm_file_open"`
 	LsmFileSendSigiotask        *ebpf.Program `ebpf:"lsm_file_send_sigiotask"`
 	LsmFileTruncate             *ebpf.Program `ebpf:"lsm_file_truncate"`
 	LsmFsContextParseParam      *ebpf.Program `ebpf:"lsm_fs_context_parse_param"`
+	LsmInodeCreate              *ebpf.Program `ebpf:"lsm_inode_create"`
 	LsmInodeInitSecurityAnon    *ebpf.Program `ebpf:"lsm_inode_init_security_anon"`
 	LsmInodeRemovexattr         *ebpf.Program `ebpf:"lsm_inode_removexattr"`
 	LsmInodeSetattr             *ebpf.Program `ebpf:"lsm_inode_setattr"`
 	LsmInodeSetxattr            *ebpf.Program `ebpf:"lsm_inode_setxattr"`
+	LsmInodeUnlink              *ebpf.Program `ebpf:"lsm_inode_unlink"`
+	LsmIpcPermission            *ebpf.Program `ebpf:"lsm_ipc_permission"`
 	LsmKernelLoadData           *ebpf.Program `ebpf:"lsm_kernel_load_data"`
 	LsmKernelReadFile           *ebpf.Program `ebpf:"lsm_kernel_read_file"`
 	LsmKeyAlloc                 *ebpf.Program `ebpf:"lsm_key_alloc"`
@@ -727,12 +860,15 @@ type lsmPrograms struct {
 	LsmMmapAddr                 *ebpf.Program `ebpf:"lsm_mmap_addr"`
 	LsmMmapFile                 *ebpf.Program `ebpf:"lsm_mmap_file"`
 	LsmMoveMount                *ebpf.Program `ebpf:"lsm_move_mount"`
+	LsmMsgQueueAllocSecurity    *ebpf.Program `ebpf:"lsm_msg_queue_alloc_security"`
+	LsmMsgQueueMsgctl           *ebpf.Program `ebpf:"lsm_msg_queue_msgctl"`
 	LsmPathChmod                *ebpf.Program `ebpf:"lsm_path_chmod"`
 	LsmPathChown                *ebpf.Program `ebpf:"lsm_path_chown"`
 	LsmPathChroot               *ebpf.Program `ebpf:"lsm_path_chroot"`
 	LsmPathLink                 *ebpf.Program `ebpf:"lsm_path_link"`
 	LsmPathMkdir                *ebpf.Program `ebpf:"lsm_path_mkdir"`
 	LsmPathMknod                *ebpf.Program `ebpf:"lsm_path_mknod"`
+	LsmPathNotify               *ebpf.Program `ebpf:"lsm_path_notify"`
 	LsmPathRename               *ebpf.Program `ebpf:"lsm_path_rename"`
 	LsmPathRmdir                *ebpf.Program `ebpf:"lsm_path_rmdir"`
 	LsmPathSymlink              *ebpf.Program `ebpf:"lsm_path_symlink"`
@@ -744,9 +880,18 @@ type lsmPrograms struct {
 	LsmSbMount                  *ebpf.Program `ebpf:"lsm_sb_mount"`
 	LsmSbPivotroot              *ebpf.Program `ebpf:"lsm_sb_pivotroot"`
 	LsmSbUmount                 *ebpf.Program `ebpf:"lsm_sb_umount"`
+	LsmSemAllocSecurity         *ebpf.Program `ebpf:"lsm_sem_alloc_security"`
+	LsmSemSemctl                *ebpf.Program `ebpf:"lsm_sem_semctl"`
+	LsmShmAllocSecurity         *ebpf.Program `ebpf:"lsm_shm_alloc_security"`
+	LsmShmShmctl                *ebpf.Program `ebpf:"lsm_shm_shmctl"`
 	LsmSocketCreate             *ebpf.Program `ebpf:"lsm_socket_create"`
 	LsmTaskAlloc                *ebpf.Program `ebpf:"lsm_task_alloc"`
 	LsmTaskKill                 *ebpf.Program `ebpf:"lsm_task_kill"`
+	LsmTaskMovememory           *ebpf.Program `ebpf:"lsm_task_movememory"`
+	LsmTaskSetioprio            *ebpf.Program `ebpf:"lsm_task_setioprio"`
+	LsmTaskSetnice              *ebpf.Program `ebpf:"lsm_task_setnice"`
+	LsmTaskSetrlimit            *ebpf.Program `ebpf:"lsm_task_setrlimit"`
+	LsmTaskSetscheduler         *ebpf.Program `ebpf:"lsm_task_setscheduler"`
 	LsmUnixMaySend              *ebpf.Program `ebpf:"lsm_unix_may_send"`
 	LsmUnixStreamConnect        *ebpf.Program `ebpf:"lsm_unix_stream_connect"`
 	LsmUsernsCreate             *ebpf.Program `ebpf:"lsm_userns_create"`
@@ -761,20 +906,28 @@ func (p *lsmPrograms) Close() error {
 		p.EntryX64SysIoUringRegister,
 		p.EntryX64SysPersonality,
 		p.EntryDoSysNameToHandle,
+		p.EntrySecurityMsgQueueFree,
+		p.EntrySecuritySemFree,
+		p.EntrySecurityShmFree,
 		p.ExitIa32SysIoUringSetup,
 		p.ExitX64SysIoUringSetup,
 		p.FmodBpf,
 		p.FmodBprmCheckSecurity,
 		p.FmodCapable,
+		p.FmodFileIoctl,
+		p.FmodFileIoctlCompat,
 		p.FmodFileMprotect,
 		p.FmodFileOpen,
 		p.FmodFileSendSigiotask,
 		p.FmodFileTruncate,
 		p.FmodFsContextParseParam,
+		p.FmodInodeCreate,
 		p.FmodInodeInitSecurityAnon,
 		p.FmodInodeRemovexattr,
 		p.FmodInodeSetattr,
 		p.FmodInodeSetxattr,
+		p.FmodInodeUnlink,
+		p.FmodIpcPermission,
 		p.FmodKernelLoadData,
 		p.FmodKernelReadFile,
 		p.FmodKeyAlloc,
@@ -782,12 +935,15 @@ func (p *lsmPrograms) Close() error {
 		p.FmodMmapAddr,
 		p.FmodMmapFile,
 		p.FmodMoveMount,
+		p.FmodMsgQueueAllocSecurity,
+		p.FmodMsgQueueMsgctl,
 		p.FmodPathChmod,
 		p.FmodPathChown,
 		p.FmodPathChroot,
 		p.FmodPathLink,
 		p.FmodPathMkdir,
 		p.FmodPathMknod,
+		p.FmodPathNotify,
 		p.FmodPathRename,
 		p.FmodPathRmdir,
 		p.FmodPathSymlink,
@@ -799,24 +955,38 @@ func (p *lsmPrograms) Close() error {
 		p.FmodSbMount,
 		p.FmodSbPivotroot,
 		p.FmodSbUmount,
+		p.FmodSemAllocSecurity,
+		p.FmodSemSemctl,
+		p.FmodShmAllocSecurity,
+		p.FmodShmShmctl,
 		p.FmodSocketCreate,
 		p.FmodTaskAlloc,
 		p.FmodTaskKill,
+		p.FmodTaskMovememory,
+		p.FmodTaskSetioprio,
+		p.FmodTaskSetnice,
+		p.FmodTaskSetrlimit,
+		p.FmodTaskSetscheduler,
 		p.FmodUnixMaySend,
 		p.FmodUnixStreamConnect,
 		p.FmodUsernsCreate,
 		p.LsmBpf,
 		p.LsmBprmCheckSecurity,
 		p.LsmCapable,
+		p.LsmFileIoctl,
+		p.LsmFileIoctlCompat,
 		p.LsmFileMprotect,
 		p.LsmFileOpen,
 		p.LsmFileSendSigiotask,
 		p.LsmFileTruncate,
 		p.LsmFsContextParseParam,
+		p.LsmInodeCreate,
 		p.LsmInodeInitSecurityAnon,
 		p.LsmInodeRemovexattr,
 		p.LsmInodeSetattr,
 		p.LsmInodeSetxattr,
+		p.LsmInodeUnlink,
+		p.LsmIpcPermission,
 		p.LsmKernelLoadData,
 		p.LsmKernelReadFile,
 		p.LsmKeyAlloc,
@@ -824,12 +994,15 @@ func (p *lsmPrograms) Close() error {
 		p.LsmMmapAddr,
 		p.LsmMmapFile,
 		p.LsmMoveMount,
+		p.LsmMsgQueueAllocSecurity,
+		p.LsmMsgQueueMsgctl,
 		p.LsmPathChmod,
 		p.LsmPathChown,
 		p.LsmPathChroot,
 		p.LsmPathLink,
 		p.LsmPathMkdir,
 		p.LsmPathMknod,
+		p.LsmPathNotify,
 		p.LsmPathRename,
 		p.LsmPathRmdir,
 		p.LsmPathSymlink,
@@ -841,9 +1014,18 @@ func (p *lsmPrograms) Close() error {
 		p.LsmSbMount,
 		p.LsmSbPivotroot,
 		p.LsmSbUmount,
+		p.LsmSemAllocSecurity,
+		p.LsmSemSemctl,
+		p.LsmShmAllocSecurity,
+		p.LsmShmShmctl,
 		p.LsmSocketCreate,
 		p.LsmTaskAlloc,
 		p.LsmTaskKill,
+		p.LsmTaskMovememory,
+		p.LsmTaskSetioprio,
+		p.LsmTaskSetnice,
+		p.LsmTaskSetrlimit,
+		p.LsmTaskSetscheduler,
 		p.LsmUnixMaySend,
 		p.LsmUnixStreamConnect,
 		p.LsmUsernsCreate,

@@ -114,7 +114,7 @@ type PathOp uint32
 
 var pathOpNames = [...]string{"", "truncate", "create", "mkdir", "unlink", "rmdir", "symlink",
 	"link_source", "link", "rename_from", "rename_to", "chmod", "chown", "setxattr", "removexattr",
-	"exec", "mmap_exec", "utimes"}
+	"exec", "mmap_exec", "utimes", "notify_mark"}
 
 func (p PathOp) String() string {
 	if int(p) < len(pathOpNames) && p != 0 {
@@ -339,6 +339,11 @@ type Rules struct {
 	// everything below it, others exactly that path. Judged on the bound
 	// path of the socket the kernel found (symlinks resolved).
 	UnixPaths []string
+	// NotifyPaths are where inotify and fanotify marks may go when Ops
+	// has OpNotifyMark (the sandbox's workspaces): a path ending in "/"
+	// covers everything below it, others exactly that path. Judged on the
+	// path the kernel resolved for the mark.
+	NotifyPaths []string
 }
 
 // AnySocket is a wildcard for SocketRule's Family, Type and Protocol.
@@ -607,16 +612,13 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err != nil {
 		return err
 	}
-	unixPaths := map[lsmPathKey]lsmDecision{}
-	for _, p := range r.UnixPaths {
-		if !strings.HasPrefix(p, "/") || strings.IndexByte(p, 0) >= 0 || len(p)+1 > pathKeyLen {
-			return fmt.Errorf("unix socket path %q: not an absolute path of at most %d bytes", p, pathKeyLen-1)
-		}
-		key := p
-		if !strings.HasSuffix(p, "/") {
-			key += "\x00"
-		}
-		unixPaths[pathKey(sid, key)] = lsmDecision{Action: enforce.ActionAllow}
+	unixPaths, err := allowPaths(sid, "unix socket", r.UnixPaths)
+	if err != nil {
+		return err
+	}
+	notifyPaths, err := allowPaths(sid, "notify mark", r.NotifyPaths)
+	if err != nil {
+		return err
 	}
 	fs := map[lsmFsKey]lsmAccessRule{}
 	fsSet := map[lsmFsKey]Access{}
@@ -695,6 +697,9 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err := enforce.PutAll(m["lsm_unix_rules"], unixPaths); err != nil {
 		return err
 	}
+	if err := enforce.PutAll(m["lsm_notify_paths"], notifyPaths); err != nil {
+		return err
+	}
 	capMap := m["lsm_cap_rules"]
 	if caps.Record|caps.Block != 0 {
 		if err := capMap.Put(sid, caps); err != nil {
@@ -724,7 +729,28 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 	if err := enforce.PruneMap(m["lsm_unix_rules"], func(k lsmPathKey) bool { _, keep := unixPaths[k]; return k.SandboxId != sid || keep }); err != nil {
 		return err
 	}
+	if err := enforce.PruneMap(m["lsm_notify_paths"], func(k lsmPathKey) bool { _, keep := notifyPaths[k]; return k.SandboxId != sid || keep }); err != nil {
+		return err
+	}
 	return enforce.PruneMap(m["lsm_dev_rules"], func(k lsmDevKey) bool { _, keep := devs[k]; return k.SandboxId != sid || keep })
+}
+
+// allowPaths builds the LPM entries of sandbox sid allowing paths (what
+// names what they are for errors): a path ending in "/" covers the tree
+// below it, others exactly that path.
+func allowPaths(sid uint32, what string, paths []string) (map[lsmPathKey]lsmDecision, error) {
+	out := map[lsmPathKey]lsmDecision{}
+	for _, p := range paths {
+		if !strings.HasPrefix(p, "/") || strings.IndexByte(p, 0) >= 0 || len(p)+1 > pathKeyLen {
+			return nil, fmt.Errorf("%s path %q: not an absolute path of at most %d bytes", what, p, pathKeyLen-1)
+		}
+		key := p
+		if !strings.HasSuffix(p, "/") {
+			key += "\x00"
+		}
+		out[pathKey(sid, key)] = lsmDecision{Action: enforce.ActionAllow}
+	}
+	return out, nil
 }
 
 // socketEntries builds the lsm_sock_rules entries of sandbox sid.
