@@ -212,7 +212,9 @@ func TestCredentialRulesGoToLSMWhenAvailable(t *testing.T) {
 	for _, c := range rules.Caps {
 		caps[c.Cap] = c.Action
 	}
-	if caps[unix.CAP_SYS_MODULE] != enforce.ActionBlock || caps[unix.CAP_SYS_ADMIN] != enforce.ActionRecord {
+	// Default-deny: the presets grant four, the rest are refused.
+	if caps[unix.CAP_SYS_MODULE] != enforce.ActionBlock || caps[unix.CAP_SYS_ADMIN] != enforce.ActionBlock ||
+		caps[unix.CAP_NET_ADMIN] != enforce.ActionBlock || caps[unix.CAP_CHOWN] != enforce.ActionAllow {
 		t.Errorf("capability rules = %v", caps)
 	}
 }
@@ -287,7 +289,7 @@ func TestCredentialRulesGoToBackstopWithoutLSM(t *testing.T) {
 
 func TestRequireLSMMissing(t *testing.T) {
 	plan, _ := compile(t, policy.Default(), Env{LSM: lsmEnv(t, errRefused), RequireLSM: true})
-	for _, want := range []string{"ptrace", "cred-shadow", "mount", "capability CAP_SYS_MODULE"} {
+	for _, want := range []string{"ptrace", "cred-shadow", "mount", "capabilities (default)"} {
 		if !slices.ContainsFunc(plan.Missing, func(m string) bool { return strings.Contains(m, want) }) {
 			t.Errorf("Missing lacks %s: %v", want, plan.Missing)
 		}

@@ -68,7 +68,7 @@ battery() {
 }
 
 lane_kernel() {
-	step lsm-suite
+	step lsm-suite --timeout 1500
 	step limits --pkg ./internal/limits --boot lsm
 	step launch --pkg ./internal/launch --run 'TestDerivedFileModel|TestOOMScoreNotInherited' --boot lsm
 	step posture --pkg ./internal/posture --boot lsm
