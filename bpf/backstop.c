@@ -116,6 +116,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NR_settimeofday 164
 #define NR_clock_settime 227
 #define NR_sethostname 170
+#define NR_fanotify_init 300
 #define NR_setdomainname 171
 
 /* Argument-checked categories (index of bs_categories). */
@@ -684,7 +685,7 @@ static __always_inline int host_cap_of(long nr, __u32 cat)
 	}
 	switch (nr) {
 	case NR_settimeofday: case NR_clock_settime: return 25;
-	case NR_sethostname: case NR_setdomainname: return 21;
+	case NR_sethostname: case NR_setdomainname: case NR_fanotify_init: return 21;
 	}
 	return -1;
 }

@@ -68,6 +68,9 @@ var HostState = []HostOp{
 	{"setns", 308, 346, CapSysAdmin, CheckNamespaces},
 	{"unshare", 272, 310, CapSysAdmin, CheckNamespaces},
 	{"clone", 56, 120, CapSysAdmin, CheckNamespaces},
+	// A full fanotify group (mount or filesystem marks, permission
+	// events) asks CAP_SYS_ADMIN: killed before any mark exists.
+	{"fanotify_init", 300, 338, CapSysAdmin, CheckAll},
 	{"syslog", 103, 103, CapSyslog, CheckSyslogAction},
 	{"ioctl", 16, 54, CapNetAdmin, CheckNetConfigIoctl},
 }

@@ -94,6 +94,6 @@ func (c *compiler) hostState(sb *policy.Sandbox) {
 				notes = append(notes, "rtnetlink and netfilter writes (netlink sendmsg) not judged: the message is in user memory")
 			}
 		}
-		c.add(sb, rule, a, layer{mech: MechKill, notes: notes, lsmMissing: []string{"capable"}, capability: true})
+		c.add(sb, rule, a, layer{mech: MechKill, notes: notes, lsmMissing: []string{"capable"}, lsmOnly: true})
 	}
 }

@@ -132,7 +132,7 @@ type layer struct {
 	mech       string
 	notes      []string
 	lsmMissing []string // LSM hooks the rule would use that did not load
-	capability bool     // a capability rule (see Plan.Missing)
+	lsmOnly    bool     // only an LSM hook enforces it (see Plan.Missing)
 }
 
 // hooks reports whether every hook of names loaded.
@@ -213,7 +213,7 @@ func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer
 				why = append(why, "lsm/"+h+": "+c.hookErr(h))
 			}
 			c.plan.Missing = append(c.plan.Missing, fmt.Sprintf("%s: %s (%s; falls back to %s)", sb.Name, rule, strings.Join(why, ", "), l.mech))
-		case l.mech == MechNone && (!l.capability || c.requireLSM):
+		case l.mech == MechNone && (!l.lsmOnly || c.requireLSM):
 			c.plan.Missing = append(c.plan.Missing, fmt.Sprintf("%s: %s (no mechanism on this host)", sb.Name, rule))
 		}
 	}

@@ -292,8 +292,14 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			l.notes = append(l.notes, "lsm: "+strings.Join(dedupe(lsmOps), ", "))
 		case len(lsmOps) == 0 && len(killed) == 0 && len(op.always) == 0:
 			// No hook loads and the backstop has no part for it.
+			// Only an LSM hook judges it (other_ipc, notify_marks): missing
+			// only under require_lsm, like capability rules; watcher exec's
+			// namespaces and dropped capabilities cover part of it.
 			l.mech = MechNone
-			l.notes = append(l.notes, "nothing on this host enforces it (lsm hooks missing: "+strings.Join(dedupe(l.lsmMissing), ", ")+")")
+			l.lsmOnly = true
+			l.notes = append(l.notes, "nothing on this host enforces it for runtime-placed processes (lsm hooks missing: "+
+				strings.Join(dedupe(l.lsmMissing), ", ")+"); watcher exec: own IPC namespace, no CAP_SYS_ADMIN for fanotify, "+
+				"the backstop kills fanotify_init where CAP_SYS_ADMIN is held and refused")
 		case len(lsmOps) == 0:
 			l.notes = append(l.notes, "backstop: "+strings.Join(dedupe(killed), ", "))
 		default:
@@ -459,7 +465,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 	caps := &sb.Operations.Capabilities
 	capLayer := c.choose(MechNone, "capable")
-	capLayer.capability = true
+	capLayer.lsmOnly = true
 	ok := capLayer.mech == MechLSM
 	if ok {
 		capLayer.notes = []string{"lsm capable"}

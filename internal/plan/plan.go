@@ -138,7 +138,8 @@ type Plan struct {
 	// back to the kill backstop). Capability rules are nothing's job
 	// without the capable hook, but the operations the dangerous
 	// capabilities unlock have rules of their own, so they count as
-	// missing only with RequireLSM.
+	// missing only with RequireLSM; so do other_ipc and notify_marks,
+	// which only LSM hooks judge (watcher exec's namespaces cover part).
 	Missing []string
 }
 

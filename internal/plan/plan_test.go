@@ -279,7 +279,12 @@ func TestCredentialRulesGoToBackstopWithoutLSM(t *testing.T) {
 			t.Errorf("backstop kills /proc/sys writes that cgroup/sysctl refuses: %+v", pr)
 		}
 	}
-	// Without RequireLSM, a kill backstop is enforcement.
+	// Without RequireLSM, a kill backstop is enforcement, and rules only
+	// an LSM hook judges (capabilities, other_ipc, notify_marks) are not
+	// missing: `watcher status` stays healthy on such a host.
+	if len(plan.Missing) != 0 {
+		t.Errorf("Missing without RequireLSM: %v", plan.Missing)
+	}
 	for _, m := range plan.Missing {
 		if strings.Contains(m, "ptrace") || strings.Contains(m, "cred-shadow") {
 			t.Errorf("Missing without RequireLSM: %s", m)

@@ -20,7 +20,7 @@ func subtreeRules(r *backstop.Rules) {
 	r.OtherTask, r.TTYInject, r.NetConfig, r.ClockAdjust = kill, kill, kill, kill
 	r.Namespaces, r.Syslog, r.Quota = kill, kill, kill
 	r.CapUse = map[int]backstop.Rule{12: kill, 25: kill}
-	for _, name := range []string{"settimeofday", "clock_settime", "sethostname", "setdomainname"} {
+	for _, name := range []string{"settimeofday", "clock_settime", "sethostname", "setdomainname", "fanotify_init"} {
 		r.Syscalls = append(r.Syscalls, backstop.SyscallRule{Name: name, Rule: kill})
 	}
 }
@@ -74,6 +74,7 @@ func TestOwnSubtree(t *testing.T) {
 		{"clock_settime", "clock_settime_mono", nil, ""},
 		{"adjtimex_status", "adjtimex", []string{"16"}, "clock_adjust"},
 		{"sethostname", "sethostname_long", nil, ""},
+		{"fanotify_init", "fanotify_init", nil, ""},
 		{"unshare_uts", "unshare", []string{strconv.Itoa(syscall.CLONE_NEWUTS)}, "namespaces"},
 		{"setns_foreign", "setns", []string{fmt.Sprintf("/proc/%d/ns/net", decoyPID)}, "namespaces"},
 		{"syslog_console_on", "syslog", []string{"7"}, "syslog"},
