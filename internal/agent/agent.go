@@ -299,9 +299,10 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("kill backstop: %w", err)
 	}
 	backstop.RegisterWithHandlers(a.reader, backstop.Handlers{OnMount: a.onMountKill})
+	a.startup.done("load backstop")
 	// Before any queued event is read: a predecessor that died left them.
 	a.beginLife()
-	a.startup.done("load backstop")
+	a.startup.done("read life file")
 	if a.ipc, err = ipcobj.Load(a.eng); err != nil {
 		return a, fmt.Errorf("ipc tracking: %w", err)
 	}
