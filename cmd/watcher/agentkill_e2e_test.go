@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -153,10 +155,18 @@ func startAgentSlow(tb *testbed) {
 	t.Helper()
 	tb.agent = e2etest.Start(t, exec.Command(tb.bin, "run", "--policy", tb.policy, "--quiet"))
 	tb.agentLog = tb.agent.Log
+	var last []byte
 	if err := tb.agent.WaitReady(3*time.Minute, func() bool {
-		return exec.Command(tb.bin, "status", "--socket", tb.ControlSocket()).Run() == nil
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var err error
+		last, err = exec.CommandContext(ctx, tb.bin, "status", "--socket", tb.ControlSocket()).CombinedOutput()
+		// Up when the control socket answers: exit 1 is an answer (a
+		// layer this host lacks), 2 is no agent.
+		var ee *exec.ExitError
+		return err == nil || errors.As(err, &ee) && ee.ExitCode() == 1
 	}); err != nil {
-		t.Fatalf("agent did not come up: %v", err)
+		t.Fatalf("agent did not come up: %v\nlast watcher status:\n%s", err, last)
 	}
 }
 
