@@ -104,7 +104,12 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 			t.Fatalf("thaw: exit %d\n%s", code, out)
 		}
 	}
+	// The last gap record follows the restart by the settle time (2 s);
+	// the freeze may come first.
 	gapsBefore := gapRecords(t, tb)
+	for deadline := time.Now().Add(30 * time.Second); len(gapsBefore) < rounds && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		gapsBefore = gapRecords(t, tb)
+	}
 	// A clean stop, then a start: no gap.
 	tb.stopAgent(syscall.SIGTERM)
 	startAgentSlow(tb)

@@ -305,6 +305,8 @@ func (g *gapWatch) record() audit.Event {
 		how := string(s.Kind)
 		if s.Syscall != nil && s.Syscall.Name != "" {
 			how = "via " + s.Syscall.Name
+		} else if s.Syscall != nil {
+			how = fmt.Sprintf("via syscall %d", s.Syscall.Nr)
 		}
 		if s.Target != nil && s.Target.Mode != 0 && s.Kind == audit.KindSignal {
 			how = sigName(int(s.Target.Mode)) + " " + how
