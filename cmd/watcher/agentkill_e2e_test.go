@@ -88,6 +88,8 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 		}
 
 		time.Sleep(time.Second) // RestartSec=1s
+		life, _ := os.ReadFile(filepath.Join(tb.dir, "state", "agent-life.json"))
+		t.Logf("round %d: life file the restart finds: %s", round, life)
 		startAgentSlow(tb)
 		// The restarted agent read the signal's record from the queue and
 		// froze the sandbox.
@@ -119,6 +121,8 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 
 	gaps := gapRecords(t, tb)
 	if len(gaps) != rounds || len(gapsBefore) != rounds {
+		led, _ := tb.watcher("ledger", "cat", "--kind", "agent,escape", tb.ledger)
+		t.Logf("agent records:\n%s", led)
 		t.Fatalf("%d gap records (%d before the clean stop and start), want %d, one per death:\n%v", len(gaps), len(gapsBefore), rounds, gaps)
 	}
 	durRE := regexp.MustCompile(`no agent for ([0-9.]+[a-zµ]+)`)

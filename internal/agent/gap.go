@@ -87,18 +87,29 @@ func readLife(path string) (*lifeState, error) {
 	return &s, nil
 }
 
-// writeLife replaces the life file whole (a rename), so a death while
-// writing leaves the previous beat.
-func writeLife(path string, s *lifeState) error {
+// lifeSize is the life file's fixed size: each beat rewrites it in place
+// (one write at offset 0, padded with spaces, which JSON ignores). A
+// rename each second would be a create and a move in the agent's state
+// directory every second, and the inode watch rewrites the file rules on
+// each (inodewatch.go).
+const lifeSize = 2048
+
+// writeLife writes s over f in one write, so a death leaves a whole beat.
+func writeLife(f *os.File, s *lifeState) error {
 	data, err := json.Marshal(s)
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("write life file: %w", err)
+	if len(data) >= lifeSize {
+		return fmt.Errorf("life file: %d bytes, over %d", len(data), lifeSize)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	buf := make([]byte, lifeSize)
+	copy(buf, data)
+	for i := len(data); i < lifeSize-1; i++ {
+		buf[i] = ' '
+	}
+	buf[lifeSize-1] = '\n'
+	if _, err := f.WriteAt(buf, 0); err != nil {
 		return fmt.Errorf("write life file: %w", err)
 	}
 	return nil
@@ -124,6 +135,7 @@ type gapWatch struct {
 // life is the agent's side of the life file.
 type life struct {
 	path string
+	f    *os.File // nil when it could not be opened
 	cur  lifeState
 	gap  *gapWatch // nil: no death before this start
 }
@@ -154,6 +166,11 @@ func (a *Agent) beginLife() {
 		}
 		l.gap = g
 		a.pipe.Add(g)
+	}
+	if l.f, err = os.OpenFile(l.path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Message: "life file not opened (a later restart cannot tell a death from a stop): " + err.Error()})
+		return
 	}
 	a.beat(time.Now(), time.Time{})
 }
@@ -188,9 +205,12 @@ func (a *Agent) kernelCounts() (alert, routine uint64, sigs map[int]uint64) {
 // set by a clean stop.
 func (a *Agent) beat(now, stopped time.Time) {
 	l := a.life
+	if l.f == nil {
+		return
+	}
 	l.cur.Alive, l.cur.Stopped = now, stopped
 	l.cur.RingAlert, l.cur.RingRoutine, l.cur.SandboxSignals = a.kernelCounts()
-	if err := writeLife(l.path, &l.cur); err != nil && stopped.IsZero() && l.cur.Alive.Sub(l.cur.Started) < 2*lifeBeat {
+	if err := writeLife(l.f, &l.cur); err != nil && stopped.IsZero() && l.cur.Alive.Sub(l.cur.Started) < 2*lifeBeat {
 		// Said once, at start; later beats fail the same way.
 		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Message: "life file not written (a later restart cannot tell a death from a stop): " + err.Error()})
@@ -222,6 +242,9 @@ func (a *Agent) endLife() {
 		return
 	}
 	a.beat(time.Now(), time.Now())
+	if a.life.f != nil {
+		a.life.f.Close()
+	}
 }
 
 // finishGap writes the gap record, once.

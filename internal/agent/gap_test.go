@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,11 +18,22 @@ func TestLifeFileRoundTrip(t *testing.T) {
 	}
 	want := lifeState{PID: 42, Started: time.Unix(100, 0).UTC(), Alive: time.Unix(160, 0).UTC(), RingRoutine: 7,
 		SandboxSignals: map[int]uint64{9: 2}}
-	if err := writeLife(path, &want); err != nil {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// A longer beat first: the shorter one written over it must still read.
+	long := want
+	long.SandboxSignals = map[int]uint64{1: 1, 2: 2, 3: 3, 9: 99999, 15: 5}
+	if err := writeLife(f, &long); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeLife(f, &want); err != nil {
 		t.Fatal(err)
 	}
 	got, err := readLife(path)
-	if err != nil || got.PID != 42 || !got.Alive.Equal(want.Alive) || got.RingRoutine != 7 || got.SandboxSignals[9] != 2 || !got.Stopped.IsZero() {
+	if err != nil || got.PID != 42 || !got.Alive.Equal(want.Alive) || got.RingRoutine != 7 || got.SandboxSignals[9] != 2 || len(got.SandboxSignals) != 1 || !got.Stopped.IsZero() {
 		t.Fatalf("read back %+v, %v", got, err)
 	}
 }
