@@ -121,7 +121,7 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 
 	gaps := gapRecords(t, tb)
 	if len(gaps) != rounds || len(gapsBefore) != rounds {
-		led, _ := tb.watcher("ledger", "cat", "--kind", "agent,escape", tb.ledger)
+		led, _ := tb.watcher("ledger", "cat", tb.ledger)
 		t.Logf("agent records:\n%s", led)
 		t.Fatalf("%d gap records (%d before the clean stop and start), want %d, one per death:\n%v", len(gaps), len(gapsBefore), rounds, gaps)
 	}

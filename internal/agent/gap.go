@@ -49,6 +49,9 @@ const (
 	// writing the gap record: the kernel's record of the signal that
 	// killed its predecessor is among the first events read.
 	gapSettle = 2 * time.Second
+	// gapFoundWait is how long after the killing signal's record the gap
+	// record is written.
+	gapFoundWait = 250 * time.Millisecond
 )
 
 // lifeState is the life file.
@@ -126,6 +129,13 @@ type gapWatch struct {
 	lostAlert, lostRoutine uint64
 	signals                map[int]uint64
 
+	// found closes when the queue yields the signal that killed the
+	// predecessor: the record is written soon after, not at gapSettle, so
+	// a sandbox that kills each agent as soon as it reads the queue cannot
+	// keep every gap out of the ledger.
+	found     chan struct{}
+	foundOnce sync.Once
+
 	mu      sync.Mutex
 	backlog int          // events dated before the restart, read from the queue
 	suspect *audit.Event // the latest of them aimed at the agent
@@ -154,7 +164,7 @@ func (a *Agent) beginLife() {
 	}
 	l.cur.RingAlert, l.cur.RingRoutine, l.cur.SandboxSignals = a.kernelCounts()
 	if prev != nil && prev.Stopped.IsZero() {
-		g := &gapWatch{prev: *prev, restart: a.started, signals: map[int]uint64{}}
+		g := &gapWatch{prev: *prev, restart: a.started, signals: map[int]uint64{}, found: make(chan struct{})}
 		head, _ := a.ledger.Head()
 		g.lastRecord, _ = lastRecordBefore(a.pol.Agent.LedgerDir, head, a.started)
 		g.lostAlert = sub(l.cur.RingAlert, prev.RingAlert)
@@ -223,10 +233,17 @@ func (a *Agent) runLife(done <-chan struct{}) {
 	t := time.NewTicker(lifeBeat)
 	defer t.Stop()
 	settle := time.After(gapSettle)
+	var found <-chan struct{}
+	if a.life.gap != nil {
+		found = a.life.gap.found
+	}
 	for {
 		select {
 		case <-done:
 			return
+		case <-found:
+			// The rest of the queue follows within a few polls.
+			found, settle = nil, time.After(gapFoundWait)
 		case <-settle:
 			a.finishGap()
 		case now := <-t.C:
@@ -279,6 +296,9 @@ func (g *gapWatch) Consume(ev *audit.Event) (pipeline.Decision, error) {
 			s.Target = &tg
 		}
 		g.suspect = &s
+		if lethal(ev) && g.found != nil {
+			g.foundOnce.Do(func() { close(g.found) })
+		}
 	}
 	return pipeline.Decision{}, nil
 }
