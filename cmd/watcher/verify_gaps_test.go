@@ -14,7 +14,7 @@ import (
 // suspect, on one line each, with a sandbox-chosen process name escaped.
 func TestPrintGaps(t *testing.T) {
 	g := audit.Event{Time: time.Date(2026, 12, 2, 13, 40, 4, 0, time.UTC), Kind: audit.KindAgent, Rule: "agent_gap",
-		Message: "agent gap: pid 42 ended without a stop; no agent for 3.2s (last sign of life: heartbeat 13:40:01.000; last ledger record 13:40:00.500; restarted 13:40:04.200)" +
+		Message: "agent gap: pid 42 ended without a stop; no agent for 3.2s (last sign of life: heartbeat 13:40:01.000, last ledger record 13:40:00.500, restarted 13:40:04.200)" +
 			"; pinned programs kept enforcing; lost while away: 0 events (ring buffer drops since the last heartbeat: alert 0, routine 0)" +
 			"; queued while away and recorded now: 3 events; suspected: sandbox agents, py\x1b[2K\nthon (pid 7) aimed at the agent at 13:40:01.500 (via write, killed)"}
 	var b bytes.Buffer

@@ -326,7 +326,7 @@ func (g *gapWatch) record() audit.Event {
 		alive, by = g.lastRecord, "ledger record"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "agent gap: pid %d ended without a stop; no agent for %s (last sign of life: %s %s; last ledger record %s; restarted %s)",
+	fmt.Fprintf(&b, "agent gap: pid %d ended without a stop; no agent for %s (last sign of life: %s %s, last ledger record %s, restarted %s)",
 		g.prev.PID, g.restart.Sub(alive).Round(time.Millisecond), by, stamp(alive), stamp(g.lastRecord), stamp(g.restart))
 	fmt.Fprintf(&b, "; pinned programs kept enforcing")
 	fmt.Fprintf(&b, "; lost while away: %d events (ring buffer drops since the last heartbeat: alert %d, routine %d)",
