@@ -58,6 +58,9 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 		aout, _ := att.CombinedOutput()
 		for deadline := time.Now().Add(10 * time.Second); !tb.agent.Exited(); time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
+				if round == 1 && !strings.Contains(string(aout), "armed") {
+					t.Skipf("the sandbox's process was killed before it armed the pipe (the backstop stops F_SETOWN at the agent): no kill route left to test: %s", aout)
+				}
 				if round == 1 {
 					// Where a BPF LSM hook (file_send_sigiotask) refuses the
 					// signal, the agent never dies: nothing to restart.
