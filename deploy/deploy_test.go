@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -105,6 +106,7 @@ func TestSystemdUnit(t *testing.T) {
 	if !strings.HasPrefix(directives["ExecStart"], "/usr/local/bin/watcher run") {
 		t.Errorf("ExecStart=%s", directives["ExecStart"])
 	}
+	checkRestarts(t, unit)
 
 	analyze := lookTool(t, "systemd-analyze", "systemd")
 	dir := t.TempDir()
@@ -120,6 +122,44 @@ func TestSystemdUnit(t *testing.T) {
 	os.WriteFile(bad, bytes.Replace(unitFor(t, unit), []byte("ProtectSystem=strict"), []byte("ProtectSystm=strict"), 1), 0o644)
 	if out, _ := run(t, dir, analyze, "verify", bad); !strings.Contains(out, "ProtectSystm") {
 		t.Fatalf("systemd-analyze did not flag a misspelt directive:\n%s", out)
+	}
+}
+
+// checkRestarts: a killed agent is restarted promptly and forever. A
+// sandbox that kills the agent each time it comes up (where no BPF LSM hook
+// refuses a file owner's SIGKILL) must not exhaust a start limit and leave
+// the unit failed with no agent: StartLimitIntervalSec=0 in [Unit] turns
+// the limit off (in [Service] systemd ignores it).
+func checkRestarts(t *testing.T, unit []byte) {
+	t.Helper()
+	sections := map[string]map[string]string{}
+	var cur string
+	for _, line := range strings.Split(string(unit), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]") {
+			cur = strings.Trim(line, "[]")
+			sections[cur] = map[string]string{}
+		} else if k, v, ok := strings.Cut(line, "="); ok && cur != "" && !strings.HasPrefix(line, "#") {
+			sections[cur][k] = v
+		}
+	}
+	if v := sections["Unit"]["StartLimitIntervalSec"]; v != "0" {
+		t.Errorf("[Unit] StartLimitIntervalSec=%q, want 0: the default (5 starts in 10 s) gives up on an agent killed at each start", v)
+	}
+	for _, k := range []string{"StartLimitIntervalSec", "StartLimitInterval", "StartLimitBurst"} {
+		if _, set := sections["Service"][k]; set {
+			t.Errorf("%s in [Service]: it belongs in [Unit]", k)
+		}
+	}
+	if _, set := sections["Unit"]["StartLimitAction"]; set {
+		t.Error("StartLimitAction set: no start limit should act")
+	}
+	if sections["Service"]["Restart"] != "always" {
+		t.Errorf("Restart=%q, want always (a SIGKILL is an abnormal end)", sections["Service"]["Restart"])
+	}
+	d, err := time.ParseDuration(sections["Service"]["RestartSec"])
+	if err != nil || d <= 0 || d > 5*time.Second {
+		t.Errorf("RestartSec=%q (%v): want a few seconds at most, each death costs that much recording", sections["Service"]["RestartSec"], err)
 	}
 }
 
@@ -294,6 +334,10 @@ func TestKubernetesDaemonSet(t *testing.T) {
 	}
 	if lim, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok || lim.IsZero() {
 		t.Error("no memory limit")
+	}
+	// A DaemonSet's pods restart in place: a killed agent comes back.
+	if pod.RestartPolicy != "" && pod.RestartPolicy != corev1.RestartPolicyAlways {
+		t.Errorf("restartPolicy %q: a killed agent must be restarted", pod.RestartPolicy)
 	}
 	if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 		t.Error("the agent needs no API token; it must not be mounted")

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
 )
 
@@ -88,7 +89,13 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	} else {
-		printReport(stdout, rep, time.Since(start))
+		took := time.Since(start)
+		var gaps []audit.Event
+		var gapsErr error
+		if rep.OK() {
+			gaps, gapsErr = agentGaps(ctx, dir, rep.Bytes)
+		}
+		printReport(stdout, rep, took, gaps, gapsErr)
 	}
 	if !rep.OK() {
 		msg := "ledger does not verify"
@@ -102,7 +109,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
-func printReport(w io.Writer, r *ledger.Report, took time.Duration) {
+func printReport(w io.Writer, r *ledger.Report, took time.Duration, gaps []audit.Event, gapsErr error) {
 	fmt.Fprintf(w, "ledger %s in %s\n", r.LedgerID, r.Dir)
 	fmt.Fprintf(w, "  records   %d checked in %d segments, %d bytes, %s\n",
 		r.Records, r.Segments, r.Bytes, took.Round(time.Millisecond))
@@ -128,6 +135,7 @@ func printReport(w io.Writer, r *ledger.Report, took time.Duration) {
 	if r.LossRecords > 0 || r.Recoveries > 0 {
 		fmt.Fprintf(w, "  losses    %d loss records, %d events known lost; %d torn tails recovered\n", r.LossRecords, r.Lost, r.Recoveries)
 	}
+	printGaps(w, gaps, gapsErr)
 	for _, s := range r.Warnings {
 		fmt.Fprintf(w, "  warning   %s\n", s)
 	}

@@ -141,6 +141,7 @@ type Agent struct {
 	stopOnce  sync.Once
 	stopErr   error
 
+	life    *life        // the life file and a predecessor's death (gap.go)
 	exec    execActivity // watcher exec commands running (recording.go)
 	posture postureWatch // each root's hardening (posture.go)
 }
@@ -299,6 +300,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	backstop.RegisterWithHandlers(a.reader, backstop.Handlers{OnMount: a.onMountKill})
 	a.startup.done("load backstop")
+	// Before any queued event is read: a predecessor that died left them.
+	a.beginLife()
+	a.startup.done("read life file")
 	if a.ipc, err = ipcobj.Load(a.eng); err != nil {
 		return a, fmt.Errorf("ipc tracking: %w", err)
 	}
@@ -364,6 +368,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.periodic(ctx) }()
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.runLife(ctx.Done()) }()
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.watchLimits(ctx) }()
 	a.wg.Add(1)
@@ -676,8 +682,9 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 func (a *Agent) Stop() error {
 	a.stopOnce.Do(func() {
 		if a.ledger != nil && a.pipe != nil {
+			a.finishGap() // a stop within gapSettle of the start
 			a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
-				Message: "agent stopping; pinned programs keep enforcing"})
+				Rule: RuleAgentStop, Message: "agent stopping; pinned programs keep enforcing"})
 		}
 		a.stopGateway()
 		if a.control != nil {
@@ -714,6 +721,7 @@ func (a *Agent) Stop() error {
 		if a.pipe != nil {
 			errs = append(errs, a.pipe.Close()) // closes the ledger (final checkpoint) and the tail
 		}
+		a.endLife() // after the stop record: the next start finds a clean stop
 		a.stopErr = errors.Join(errs...)
 	})
 	return a.stopErr

@@ -198,6 +198,13 @@ func TestClassify(t *testing.T) {
 		{audit.Event{Kind: audit.KindMount, Mount: &audit.MountDetail{Op: "pivot_root"}}, SigRootChange},
 		{audit.Event{Kind: audit.KindSignal, Verdict: audit.VerdictAllowed, Target: &audit.TargetDetail{PID: 9}}, ""},
 		{audit.Event{Kind: audit.KindSignal, Verdict: audit.VerdictDenied, Target: &audit.TargetDetail{PID: 1}}, SigAgentAttack},
+		{audit.Event{Kind: audit.KindSignal, Verdict: audit.VerdictKilled, Target: &audit.TargetDetail{PID: 1, Mode: 9}}, SigAgentKill},
+		{audit.Event{Kind: audit.KindSignal, Verdict: audit.VerdictKilled, Target: &audit.TargetDetail{PID: 1, Mode: 28}}, SigAgentAttack},
+		// signal_generate's record of a file owner's signal (F_SETSIG) sent by a write.
+		{audit.Event{Kind: audit.KindSyscall, Verdict: audit.VerdictKilled, Target: &audit.TargetDetail{PID: 1},
+			Syscall: &audit.SyscallDetail{Nr: 1, Name: "write"}, Message: "category=signal_agent ret=0"}, SigAgentKill},
+		{audit.Event{Kind: audit.KindSyscall, Verdict: audit.VerdictKilled, Target: &audit.TargetDetail{PID: 1},
+			Syscall: &audit.SyscallDetail{Nr: 1, Name: "write"}, Message: "category=io_uring ret=0"}, ""},
 		{audit.Event{Kind: audit.KindCapability, Target: &audit.TargetDetail{Capability: 21}}, SigCapability},
 		{audit.Event{Kind: audit.KindCapability, Target: &audit.TargetDetail{Capability: 0}}, ""},
 		{audit.Event{Kind: audit.KindSyscall, Syscall: &audit.SyscallDetail{Name: "open_by_handle_at"}}, SigEscapeHook},
@@ -215,6 +222,30 @@ func TestClassify(t *testing.T) {
 	}
 	if _, m, _ := Classify(&audit.Event{Kind: audit.KindFileOpen, Process: self, File: &audit.FileDetail{Path: "/proc/1/environ"}}); m != 2 {
 		t.Errorf("PID 1 multiplier %v", m)
+	}
+}
+
+// TestAgentKillIsDecisive: one signal that lands on the agent trips the
+// sandbox whatever its threshold; a refused harmless signal does not.
+func TestAgentKillIsDecisive(t *testing.T) {
+	c := newClock()
+	s := New(Config{Now: c.now, Limits: func(string) (float64, time.Duration, bool) { return 500, time.Minute, true }})
+	sb := audit.Sandbox{Name: "agent-1", CgroupID: 7}
+	winch := audit.Event{Kind: audit.KindSignal, Verdict: audit.VerdictKilled, Sandbox: sb, Target: &audit.TargetDetail{PID: 1, Mode: 28}}
+	if d := s.Observe(winch); d != nil {
+		t.Fatalf("a refused SIGWINCH to the agent tripped threshold 500: %s", d.Summary())
+	}
+	kill := audit.Event{Kind: audit.KindSyscall, Verdict: audit.VerdictKilled, Sandbox: sb, Target: &audit.TargetDetail{PID: 1},
+		Syscall: &audit.SyscallDetail{Nr: 1, Name: "write"}, Message: "category=signal_agent ret=0"}
+	d := s.Observe(kill)
+	if d == nil {
+		t.Fatal("a file-owner signal that reached the agent did not trip its sandbox")
+	}
+	if d.Sandbox != "agent-1" || d.CgroupID != 7 || d.Signals[SigAgentKill] == 0 {
+		t.Errorf("decision %+v", d)
+	}
+	if s.Observe(kill) != nil {
+		t.Error("a second decision before Reset")
 	}
 }
 

@@ -191,6 +191,9 @@ func (s *Scorer) Observe(ev audit.Event) *Decision {
 	}
 	b.bySignal[sig] = list
 	total, per := s.total(b)
+	if w.Decisive && total < threshold {
+		total = threshold
+	}
 	if b.tripped || total < threshold {
 		return nil
 	}

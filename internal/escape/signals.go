@@ -15,7 +15,10 @@
 //	mount             30     60  mount, umount, move_mount, fsopen, fsmount, open_tree
 //	namespace         30     60  another process's /proc/PID/ns/*, setns, unshare
 //	proc_mem          30     60  another process's /proc/PID/mem, /proc/kcore
-//	agent_attack      30     60  signals or ptrace aimed at the agent, refused
+//	agent_kill       100    100  a signal from a sandbox that would end or stop the
+//	                             agent (or any file-owner signal, F_SETOWN/F_SETSIG):
+//	                             decisive, trips the threshold on its own
+//	agent_attack      30     60  other signals or ptrace aimed at the agent, refused
 //	ptrace            25     50  ptrace, process_vm_readv/writev, pidfd_getfd
 //	bpf               25     50  bpf()
 //	credential        20     40  /etc/shadow, gshadow, sudoers, SSH host and user keys,
@@ -64,6 +67,7 @@ const (
 	SigMount         Signal = "mount"
 	SigNamespace     Signal = "namespace"
 	SigProcMem       Signal = "proc_mem"
+	SigAgentKill     Signal = "agent_kill"
 	SigAgentAttack   Signal = "agent_attack"
 	SigPtrace        Signal = "ptrace"
 	SigBPF           Signal = "bpf"
@@ -81,30 +85,35 @@ const (
 type Weight struct {
 	Per float64
 	Cap float64
+	// Decisive: one such event takes its sandbox to the threshold,
+	// whatever the threshold (an attack on the agent itself: once it
+	// lands, the agent may be gone before a second one is scored).
+	Decisive bool
 }
 
 // DefaultWeights are the weights documented in the package comment.
 func DefaultWeights() map[Signal]Weight {
 	return map[Signal]Weight{
-		SigEscapeHook:    {50, 100},
-		SigRootChange:    {40, 80},
-		SigModule:        {40, 80},
-		SigCgroupMove:    {40, 80},
-		SigHostAPI:       {35, 70},
-		SigMount:         {30, 60},
-		SigNamespace:     {30, 60},
-		SigProcMem:       {30, 60},
-		SigAgentAttack:   {30, 60},
-		SigPtrace:        {25, 50},
-		SigBPF:           {25, 50},
-		SigCredential:    {20, 40},
-		SigDevInternal:   {15, 45},
-		SigProcSysWrite:  {15, 30},
-		SigRawSocket:     {10, 20},
-		SigSysInternal:   {8, 32},
-		SigProcInternal:  {5, 25},
-		SigConnectDenied: {5, 20},
-		SigCapability:    {5, 20},
+		SigEscapeHook:    {Per: 50, Cap: 100},
+		SigRootChange:    {Per: 40, Cap: 80},
+		SigModule:        {Per: 40, Cap: 80},
+		SigCgroupMove:    {Per: 40, Cap: 80},
+		SigHostAPI:       {Per: 35, Cap: 70},
+		SigMount:         {Per: 30, Cap: 60},
+		SigNamespace:     {Per: 30, Cap: 60},
+		SigProcMem:       {Per: 30, Cap: 60},
+		SigAgentKill:     {Per: 100, Cap: 100, Decisive: true},
+		SigAgentAttack:   {Per: 30, Cap: 60},
+		SigPtrace:        {Per: 25, Cap: 50},
+		SigBPF:           {Per: 25, Cap: 50},
+		SigCredential:    {Per: 20, Cap: 40},
+		SigDevInternal:   {Per: 15, Cap: 45},
+		SigProcSysWrite:  {Per: 15, Cap: 30},
+		SigRawSocket:     {Per: 10, Cap: 20},
+		SigSysInternal:   {Per: 8, Cap: 32},
+		SigProcInternal:  {Per: 5, Cap: 25},
+		SigConnectDenied: {Per: 5, Cap: 20},
+		SigCapability:    {Per: 5, Cap: 20},
 	}
 }
 
@@ -139,6 +148,9 @@ func Classify(ev *audit.Event) (sig Signal, mult float64, ok bool) {
 		// Signals within the sandbox are routine; refused ones were aimed
 		// at the agent (the only signals the policy refuses).
 		if ev.Verdict == audit.VerdictDenied || ev.Verdict == audit.VerdictKilled {
+			if ev.Target != nil && endsAgent[ev.Target.Mode] {
+				return SigAgentKill, 1, true
+			}
 			return SigAgentAttack, 1, true
 		}
 	case audit.KindCapability:
@@ -180,11 +192,33 @@ func Classify(ev *audit.Event) (sig Signal, mult float64, ok bool) {
 		if ev.Syscall == nil {
 			return "", 0, false
 		}
+		if SignalledAgent(ev) {
+			return SigAgentKill, 1, true
+		}
 		if s, ok := syscallSignals[ev.Syscall.Name]; ok {
 			return s, 1, true
 		}
 	}
 	return "", 0, false
+}
+
+// endsAgent are the signals that end or stop the agent (a Go program):
+// SIGKILL and SIGSTOP, those the Go runtime exits on (HUP, INT, TERM,
+// QUIT, ILL, TRAP, ABRT, BUS, FPE, SEGV, STKFLT, SYS) and the job-control
+// stops it leaves to the kernel (TSTP, TTIN, TTOU).
+var endsAgent = map[uint32]bool{1: true, 2: true, 3: true, 4: true, 5: true, 6: true, 7: true, 8: true, 9: true,
+	11: true, 15: true, 16: true, 19: true, 20: true, 21: true, 22: true, 31: true}
+
+// SignalledAgent reports whether ev is the kill backstop's record of a
+// signal a sandboxed process made the kernel queue for the agent by a
+// route other than a kill-family syscall (those decode as KindSignal): a
+// file owner's signal (F_SETOWN plus F_SETSIG, sent by a write to a pipe
+// or socket). The agent never asks for such signals, and the record comes
+// from the kernel's signal_generate tracepoint, which cannot refuse: the
+// signal was delivered (a SIGKILL killed the agent).
+func SignalledAgent(ev *audit.Event) bool {
+	return ev.Kind == audit.KindSyscall && ev.Target != nil && ev.Target.PID != 0 &&
+		strings.Contains(ev.Message, "category=signal_agent")
 }
 
 var riskyCaps = map[int32]bool{
