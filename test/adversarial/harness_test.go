@@ -449,7 +449,7 @@ func (b *bed) viaExec(tech, arg string) outcome {
 		Stdout: &out, Stderr: &out, Sandbox: sb.Name, CgroupParent: agent.ExecParents(b.pol, sb)[0],
 		Label: o.label, Restrictions: launch.ExecRestrictions(execPlan.Launch[sb.Name], sb), Executable: b.self,
 		Isolation: launch.Isolation{Namespaces: launch.SubtreeNamespaces},
-		Timeouts: launch.Timeouts{Kill: 60 * time.Second},
+		Timeouts:  launch.Timeouts{Kill: 60 * time.Second},
 	})
 	o.out = out.String()
 	o.cgroup = v.CgroupID
