@@ -56,17 +56,24 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 		att := inSandbox(t, tb.cgAbs, fmt.Sprintf("kill%d", round), "exec /usr/bin/python3 -c \"$ATTACK\" "+fmt.Sprint(pid), "ATTACK="+fsetsigKill)
 		att.WaitDelay = 5 * time.Second
 		aout, _ := att.CombinedOutput()
+		if !strings.Contains(string(aout), "armed") {
+			// The backstop killed the sender at its F_SETOWN aimed at the
+			// agent, before it armed the pipe. The kill family remains:
+			// the backstop kills the sender at entry, but the call
+			// completes first (docs/privilege.md), so the SIGKILL lands.
+			k := inSandbox(t, tb.cgAbs, fmt.Sprintf("kill%db", round), "kill -KILL "+fmt.Sprint(pid))
+			k.WaitDelay = 5 * time.Second
+			kout, _ := k.CombinedOutput()
+			aout = append(append(aout, "\nfallback kill(2): "...), kout...)
+		}
 		for deadline := time.Now().Add(10 * time.Second); !tb.agent.Exited(); time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				if round == 1 && !strings.Contains(string(aout), "armed") {
-					t.Skipf("the sandbox's process was killed before it armed the pipe (the backstop stops F_SETOWN at the agent): no kill route left to test: %s", aout)
-				}
 				if round == 1 {
 					// Where a BPF LSM hook (file_send_sigiotask) refuses the
 					// signal, the agent never dies: nothing to restart.
-					t.Skipf("the agent survived the sandbox's F_SETSIG SIGKILL (refused by a hook here): %s", aout)
+					t.Skipf("the agent survived the sandbox's SIGKILL by F_SETSIG and by kill(2) (refused by BPF LSM hooks here, the protection this test stands in for): %s", aout)
 				}
-				t.Fatalf("round %d: the agent survived the F_SETSIG SIGKILL it died of in round 1:\n%s", round, aout)
+				t.Fatalf("round %d: the agent survived the SIGKILL it died of in round 1:\n%s", round, aout)
 			}
 		}
 		deaths = append(deaths, time.Now())
@@ -131,8 +138,10 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 	durRE := regexp.MustCompile(`no agent for ([0-9.]+[a-zµ]+)`)
 	for i, g := range gaps {
 		t.Logf("gap %d: %s", i+1, g.Message)
-		if g.Sandbox.Name != "agents" || g.Process.Comm != "python3" {
-			t.Errorf("gap %d suspects sandbox %q process %q, want agents, python3:\n%s", i+1, g.Sandbox.Name, g.Process.Comm, g.Message)
+		// python3 (F_SETSIG) or, where the backstop stops that, the
+		// shell's kill (the fallback route).
+		if g.Sandbox.Name != "agents" || (g.Process.Comm != "python3" && g.Process.Comm != "sh") {
+			t.Errorf("gap %d suspects sandbox %q process %q, want agents, python3 or sh:\n%s", i+1, g.Sandbox.Name, g.Process.Comm, g.Message)
 		}
 		m := durRE.FindStringSubmatch(g.Message)
 		if m == nil {

@@ -165,6 +165,24 @@ func atTarget(dirfd, pathPtr, flags uint64) target {
 // command's root, as for the command).
 func (c *metaCall) open(tid int, t target) error {
 	proc := "/proc/" + strconv.Itoa(tid)
+	// Paths read through /proc links are built from the supervisor's
+	// root: where the command's root is elsewhere (a chroot, another mount
+	// namespace's root), they carry that root's path as a prefix.
+	rootPrefix, err := os.Readlink(proc + "/root")
+	if err != nil {
+		return unix.ESRCH
+	}
+	rootPrefix = strings.TrimSuffix(rootPrefix, "/")
+	inRoot := func(p string) (string, bool) {
+		if rootPrefix == "" {
+			return p, true
+		}
+		if p == rootPrefix {
+			return "/", true
+		}
+		rest, ok := strings.CutPrefix(p, rootPrefix+"/")
+		return "/" + rest, ok
+	}
 	dirLink := proc + "/cwd"
 	if t.dirfd != unix.AT_FDCWD {
 		dirLink = proc + "/fd/" + strconv.FormatInt(t.dirfd, 10)
@@ -177,7 +195,6 @@ func (c *metaCall) open(tid int, t target) error {
 		}
 	}
 	var fd int
-	var err error
 	if p == "" {
 		if !t.empty {
 			return unix.ENOENT
@@ -189,7 +206,11 @@ func (c *metaCall) open(tid int, t target) error {
 			if lerr != nil || !strings.HasPrefix(dir, "/") {
 				return unix.EPERM
 			}
-			p = path.Join(dir, p)
+			if dir, ok := inRoot(dir); ok {
+				p = path.Join(dir, p)
+			} else {
+				return unix.EPERM
+			}
 		}
 		root, rerr := unix.Open(proc+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if rerr != nil {
@@ -212,7 +233,12 @@ func (c *metaCall) open(tid int, t target) error {
 		c.path = resolved
 		return unix.EPERM
 	}
-	c.path = resolved
+	if resolved, ok := inRoot(resolved); ok {
+		c.path = resolved
+	} else {
+		c.path = resolved
+		return unix.EPERM // outside the command's root: not a file it named
+	}
 	if err := unix.Fstatat(fd, "", &c.st, unix.AT_EMPTY_PATH); err != nil {
 		return err
 	}
