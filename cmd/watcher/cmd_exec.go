@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
+	"golang.org/x/sys/unix"
 )
 
 func init() {
@@ -45,6 +47,7 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	kill := fs.Duration("kill", -1, "kill the whole cgroup after this long (default: the sandbox's policy)")
 	socket := fs.String("socket", control.DefaultSocket, "control socket of a running agent")
 	quiet := fs.Bool("q", false, "do not print the verdict line")
+	asUser := fs.String("as-user", "", "run the command as UID:GID with no supplementary groups (setpriv, inside the cage; the run alone is granted CAP_SETUID and CAP_SETGID for that step, which the uid change then clears)")
 	if err := parseFlags(fs, args, stderr, `Usage: watcher exec [flags] -- CMD [ARGS...]
 
 Runs CMD in a fresh leaf cgroup of a sandbox, with a seccomp filter and a
@@ -192,6 +195,11 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	}
 	iso.Namespaces |= launch.SubtreeNamespaces
 	res := launch.ExecRestrictions(execPlan.Launch[sb.Name], sb)
+	if *asUser != "" {
+		if argv, res, err = runAsUser(*asUser, argv, res); err != nil {
+			return &exitError{Code: 126, Err: err}
+		}
+	}
 	lim, err := newExecLimits(sb, agent.ExecParents(pol, sb)[0], *label)
 	if err != nil {
 		return &exitError{Code: 126, Err: err}
@@ -418,4 +426,30 @@ func removeStalePrivateAgents(log *slog.Logger, pinParent, socketDir string) {
 		os.RemoveAll(filepath.Join(socketDir, "exec-"+strconv.Itoa(pid)))
 		log.Info("removed the pins of a private agent that was killed", "dir", d)
 	}
+}
+
+// runAsUser drops the command to uid:gid with setpriv inside the cage.
+// Default-deny privilege leaves the command no CAP_SETUID or CAP_SETGID, so
+// this run alone gets them for setpriv's step; setresuid to a non-zero uid
+// clears the permitted and effective sets, and no_new_privs keeps them
+// cleared.
+func runAsUser(spec string, argv []string, res launch.Restrictions) ([]string, launch.Restrictions, error) {
+	u, g, ok := strings.Cut(spec, ":")
+	uid, uerr := strconv.ParseUint(u, 10, 32)
+	gid, gerr := strconv.ParseUint(g, 10, 32)
+	if !ok || uerr != nil || gerr != nil {
+		return nil, res, fmt.Errorf("--as-user %q: want UID:GID (numbers)", spec)
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		return nil, res, fmt.Errorf("--as-user needs setpriv (util-linux): %w", err)
+	}
+	caps := launch.CapSet(0)
+	if res.Capabilities != nil {
+		caps = *res.Capabilities
+	}
+	caps |= 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
+	res.Capabilities = &caps
+	pre := []string{setpriv, "--reuid=" + strconv.FormatUint(uid, 10), "--regid=" + strconv.FormatUint(gid, 10), "--clear-groups", "--"}
+	return append(pre, argv...), res, nil
 }

@@ -75,19 +75,18 @@ func (g *sandboxGateway) shell(ctx context.Context, cl *call, p shellParams) (an
 		grace := min(max(limit/10, time.Second), 10*time.Second)
 		args = append(args, "--warn", "0", "--term", limit.String(), "--kill", (limit + grace).String())
 	}
-	args = append(args, "--")
 	// A caller that is not root gets its own uid and gid for the command
 	// (no supplementary groups): the gateway must not lend it root.
 	if cl.cred == nil {
 		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "the caller's credentials are unknown: shell refused")
 	}
 	if cl.cred.Uid != 0 {
-		setpriv, err := exec.LookPath("setpriv")
-		if err != nil {
+		if _, err := exec.LookPath("setpriv"); err != nil {
 			return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "shell for a non-root caller needs setpriv (util-linux) to drop to its uid: %v", err)
 		}
-		args = append(args, setpriv, "--reuid="+strconv.Itoa(int(cl.cred.Uid)), "--regid="+strconv.Itoa(int(cl.cred.Gid)), "--clear-groups", "--")
+		args = append(args, "--as-user", strconv.Itoa(int(cl.cred.Uid))+":"+strconv.Itoa(int(cl.cred.Gid)))
 	}
+	args = append(args, "--")
 	args = append(args, "/bin/sh", "-c", p.Command)
 	dir := "/"
 	if len(sb.Workspace) > 0 {
