@@ -280,17 +280,25 @@ func (c *metaCall) perform() error {
 		}
 		return unix.Fchownat(c.fd, "", c.uid, c.gid, unix.AT_EMPTY_PATH)
 	case metaSetxattr, metaRemovexattr:
-		// Only the user namespace: security.capability would carry file
-		// capabilities, trusted.* and security.* need privilege the
-		// command may lack.
-		if !strings.HasPrefix(c.name, "user.") {
-			return fmt.Errorf("xattr %q outside user.*: %w", c.name, unix.EPERM)
-		}
+		// Only the user namespace and POSIX ACLs: security.capability
+		// would carry file capabilities, trusted.* and security.* need
+		// privilege the command may lack.
 		if ft := c.st.Mode & unix.S_IFMT; ft != unix.S_IFREG && ft != unix.S_IFDIR {
 			return unix.EPERM
 		}
-		if !(owner && c.st.Mode&0o200 != 0) && !c.who.has(capDACOverride) {
-			return unix.EACCES
+		switch {
+		case c.name == "system.posix_acl_access" || c.name == "system.posix_acl_default":
+			// POSIX ACLs are permission bits (sed -i and cp -p copy
+			// them): the kernel asks what chmod asks.
+			if !owner && !c.who.has(capFowner) {
+				return fmt.Errorf("ACL of a file the caller does not own without CAP_FOWNER: %w", unix.EPERM)
+			}
+		case strings.HasPrefix(c.name, "user."):
+			if !(owner && c.st.Mode&0o200 != 0) && !c.who.has(capDACOverride) {
+				return unix.EACCES
+			}
+		default:
+			return fmt.Errorf("xattr %q outside user.* and POSIX ACLs: %w", c.name, unix.EPERM)
 		}
 		if c.kind == metaSetxattr {
 			return unix.Setxattr(self, c.name, c.value, c.flags)

@@ -49,6 +49,10 @@ t("ws-setxattr", lambda: os.setxattr(mine, "user.x", b"v1"))
 print("ws-getxattr=" + os.getxattr(mine, "user.x").decode())
 t("ws-removexattr", lambda: os.removexattr(mine, "user.x"))
 t("ws-security-xattr", lambda: os.setxattr(mine, "security.x", b"1"))
+# sed -i and cp -p copy POSIX ACLs: an empty-mask ACL equal to mode 0644.
+acl = bytes([2,0,0,0, 1,0,6,0,255,255,255,255, 4,0,4,0,255,255,255,255, 32,0,4,0,255,255,255,255])
+t("ws-acl", lambda: os.setxattr(mine, "system.posix_acl_access", acl))
+t("out-acl", lambda: os.setxattr(out, "system.posix_acl_access", acl))
 t("ws-utime", lambda: os.utime(mine, (100, 200)))
 t("ws-relative-chmod", lambda: os.chmod("file", 0o644))
 t("ws-lchown-link", lambda: os.lchown(WS + "/link", 0, 0))
@@ -128,7 +132,7 @@ func TestMetadataSupervised(t *testing.T) {
 		"out-dotdot-chmod": "EPERM",
 		"ws-chmod":         "ok", "ws-chown": "ok", "ws-setxattr": "ok", "ws-getxattr": "v1", "ws-removexattr": "ok",
 		"ws-security-xattr": "EPERM", "ws-utime": "ok", "ws-relative-chmod": "ok", "ws-lchown-link": "ok",
-		"ws-fchmod": "ok", "race-done": "ok",
+		"ws-fchmod": "ok", "race-done": "ok", "ws-acl": "ok", "out-acl": "EPERM",
 	}
 	for k, w := range want {
 		if got[k] != w {
