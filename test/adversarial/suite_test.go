@@ -277,7 +277,13 @@ var techniques = []technique{
 // knownOpen lists rows not closed on a path/layer, with why: they are
 // reported as OPEN, not failed, and fail the test once they close (so the
 // list cannot go stale). Key: name + "/" + path + "/" + layer.
-var knownOpen = map[string]string{}
+var knownOpen = map[string]string{
+	// The file_send_sigiotask hook refuses the SIGIO the sandbox's write
+	// raises (the event is there), yet the host process dies: another
+	// SIGIO to the same owner, probably POLL_HUP when the socket closes
+	// as the sender exits, is not refused. Issue 25.
+	"fsetown-sigio-host/sandbox/lsm": "a second SIGIO to a host owner (likely at the socket's close) is not refused",
+}
 
 // raceNotWon is what a race technique prints when its flip never reached
 // the kernel in time: the target is unchanged and nothing happened that
