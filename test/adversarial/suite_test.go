@@ -282,7 +282,8 @@ var knownOpen = map[string]string{
 	// raises (the event is there), yet the host process dies: another
 	// SIGIO to the same owner, probably POLL_HUP when the socket closes
 	// as the sender exits, is not refused. Issue 25.
-	"fsetown-sigio-host/sandbox/lsm": "a second SIGIO to a host owner (likely at the socket's close) is not refused",
+	"fsetown-sigio-host/sandbox/lsm":      "a second SIGIO to a host owner (likely at the socket's close) is not refused",
+	"fsetown-sigio-host/sandbox/fmod_ret": "a second SIGIO to a host owner (likely at the socket's close) is not refused",
 }
 
 // raceNotWon is what a race technique prints when its flip never reached
