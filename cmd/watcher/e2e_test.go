@@ -470,10 +470,13 @@ func TestContainerFlag(t *testing.T) {
 // cgroup.kill, and after circuit_breaker consecutive hard timeouts the
 // sandbox refuses further runs, across separate watcher exec invocations.
 func TestExecTimeoutsAndBreaker(t *testing.T) {
-	tb := newTestbed(t, "", "{enabled: false}\n    exec: {timeouts: {warn: 100ms, term: 200ms, kill: 400ms}, circuit_breaker: 2}")
+	tb := newTestbed(t, "", "{enabled: false}\n    exec: {timeouts: {warn: 100ms, term: 2s, kill: 3s}, circuit_breaker: 2}")
 	tb.startAgent()
 	ctl := filepath.Join(tb.socketDir, "control.sock")
-	// A command that ignores SIGTERM: only the cgroup kill ends it.
+	// A command that ignores SIGTERM: only the cgroup kill ends it. The
+	// term timeout leaves it time to set its trap: the clock starts at
+	// release, before the helper's own setup and sh's start, which took
+	// over 200 ms on a loaded CI machine.
 	hang := []string{"exec", "--socket", ctl, "--", "sh", "-c", "trap '' TERM; sleep 30"}
 	for i := 0; i < 2; i++ {
 		start := time.Now()
