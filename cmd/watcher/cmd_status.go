@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -43,8 +44,14 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	socket := fs.String("socket", control.DefaultSocket, "agent's control socket")
 	asJSON := fs.Bool("json", false, "print the status as JSON")
 	showPosture := fs.Bool("posture", false, "print each sandbox cgroup's hardening as the kernel reports it (capabilities, no_new_privs,\nseccomp, user namespace, mounts of /, /tmp and the workspace, limits); exit 1 when one lacks\nan item its sandbox requires")
+	programs := fs.Bool("programs", false, "measure each of the agent's BPF programs for --for (runs, ns per run, CPU)\nfrom the kernel's BPF statistics, turned on for that window only, and print a table")
+	window := fs.Duration("for", 5*time.Second, "with --programs: how long to measure")
+	pinDir := fs.String("pin-dir", enforce.DefaultPinDir, "with --programs: the agent's pin directory (agent.pin_dir)")
 	if err := parseFlags(fs, args, stderr, "Usage: watcher status [flags]\n\nHealth at a glance. Exit 0 when the agent is up and every required layer is\navailable, 1 otherwise: usable as a readiness probe."); err != nil {
 		return helpOK(err)
+	}
+	if *programs {
+		return printProgramCosts(ctx, stdout, stderr, *pinDir, *window, *asJSON)
 	}
 	st, err := control.NewClient(*socket).Status()
 	if err != nil {
