@@ -71,6 +71,30 @@ type lifeState struct {
 	// processes made the kernel queue for the agent (the backstop's
 	// pinned count).
 	SandboxSignals map[int]uint64 `json:"sandbox_signals,omitempty"`
+	// Pending is this agent's gap record while it is not yet written (a
+	// snapshot, updated when the killing signal is found): an agent
+	// killed again before writing it leaves it to the next, so a sandbox
+	// that kills each agent as soon as it starts cannot keep the deaths
+	// out of the ledger.
+	Pending *pendingGap `json:"pending_gap,omitempty"`
+}
+
+// pendingGap is a gap record not yet in the ledger.
+type pendingGap struct {
+	Time    time.Time     `json:"time"`
+	Message string        `json:"message"`
+	Sandbox audit.Sandbox `json:"sandbox,omitzero"`
+	Process audit.Process `json:"process,omitzero"`
+}
+
+func pendingOf(ev audit.Event) *pendingGap {
+	return &pendingGap{Time: ev.Time, Message: ev.Message, Sandbox: ev.Sandbox, Process: ev.Process}
+}
+
+// event is the gap record the pending snapshot stands for.
+func (p *pendingGap) event() audit.Event {
+	return audit.Event{Time: p.Time, Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Rule: RuleAgentGap, Mechanism: "agent", Sandbox: p.Sandbox, Process: p.Process, Message: p.Message}
 }
 
 func lifeFile(stateDir string) string { return filepath.Join(stateDir, "agent-life.json") }
@@ -95,7 +119,7 @@ func readLife(path string) (*lifeState, error) {
 // rename each second would be a create and a move in the agent's state
 // directory every second, and the inode watch rewrites the file rules on
 // each (inodewatch.go).
-const lifeSize = 2048
+const lifeSize = 4096
 
 // writeLife writes s over f in one write, so a death leaves a whole beat.
 func writeLife(f *os.File, s *lifeState) error {
@@ -144,6 +168,7 @@ type gapWatch struct {
 
 // life is the agent's side of the life file.
 type life struct {
+	mu   sync.Mutex // cur and the file: runLife and Stop both beat
 	path string
 	f    *os.File // nil when it could not be opened
 	cur  lifeState
@@ -163,6 +188,12 @@ func (a *Agent) beginLife() {
 			Message: "previous agent's life file unreadable (a gap after a death is not recorded): " + err.Error()})
 	}
 	l.cur.RingAlert, l.cur.RingRoutine, l.cur.SandboxSignals = a.kernelCounts()
+	if prev != nil && prev.Pending != nil {
+		// The predecessor died before writing its own gap record.
+		ev := prev.Pending.event()
+		ev.Message += fmt.Sprintf("; written by pid %d: pid %d died before writing it", os.Getpid(), prev.PID)
+		a.emit(ev)
+	}
 	if prev != nil && prev.Stopped.IsZero() {
 		g := &gapWatch{prev: *prev, restart: a.started, signals: map[int]uint64{}, found: make(chan struct{})}
 		head, _ := a.ledger.Head()
@@ -175,6 +206,7 @@ func (a *Agent) beginLife() {
 			}
 		}
 		l.gap = g
+		l.cur.Pending = pendingOf(g.record())
 		a.pipe.Add(g)
 	}
 	if l.f, err = os.OpenFile(l.path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
@@ -215,6 +247,8 @@ func (a *Agent) kernelCounts() (alert, routine uint64, sigs map[int]uint64) {
 // set by a clean stop.
 func (a *Agent) beat(now, stopped time.Time) {
 	l := a.life
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.f == nil {
 		return
 	}
@@ -242,8 +276,10 @@ func (a *Agent) runLife(done <-chan struct{}) {
 		case <-done:
 			return
 		case <-found:
-			// The rest of the queue follows within a few polls.
+			// The rest of the queue follows within a few polls; the
+			// snapshot with the suspect is kept meanwhile.
 			found, settle = nil, time.After(gapFoundWait)
+			a.setPending(pendingOf(a.life.gap.record()))
 		case <-settle:
 			a.finishGap()
 		case now := <-t.C:
@@ -259,9 +295,12 @@ func (a *Agent) endLife() {
 		return
 	}
 	a.beat(time.Now(), time.Now())
+	a.life.mu.Lock()
 	if a.life.f != nil {
 		a.life.f.Close()
+		a.life.f = nil // a late beat writes nothing
 	}
+	a.life.mu.Unlock()
 }
 
 // finishGap writes the gap record, once.
@@ -270,6 +309,15 @@ func (a *Agent) finishGap() {
 		return
 	}
 	a.emit(a.life.gap.record())
+	a.setPending(nil)
+}
+
+// setPending keeps p as the unwritten gap record in the life file.
+func (a *Agent) setPending(p *pendingGap) {
+	a.life.mu.Lock()
+	a.life.cur.Pending = p
+	a.life.mu.Unlock()
+	a.beat(time.Now(), time.Time{})
 }
 
 // Name, Consume and Close make gapWatch a pipeline sink: it sees the

@@ -107,3 +107,34 @@ func TestGapRecord(t *testing.T) {
 		t.Errorf("gap record without a suspect: %+v", ev)
 	}
 }
+
+// TestPendingGapSurvives: the gap record an agent had not written yet is
+// in its life file, fits the fixed size with a long message and a
+// sandbox-written process name, and reads back as the same record.
+func TestPendingGapSurvives(t *testing.T) {
+	path := lifeFile(t.TempDir())
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	restart := time.Now().UTC()
+	g := &gapWatch{prev: lifeState{PID: 4242, Alive: restart.Add(-3 * time.Second)}, restart: restart,
+		lastRecord: restart.Add(-4 * time.Second), signals: map[int]uint64{1: 3, 9: 2, 15: 1, 19: 4}}
+	g.suspect = &audit.Event{Time: restart.Add(-time.Second), Kind: audit.KindSignal, Verdict: audit.VerdictKilled,
+		Sandbox: audit.Sandbox{Name: "agents", CgroupID: 7}, Process: audit.Process{TGID: 9, PID: 9, Comm: "\x1b[2Kxxxxxxxxxxx"},
+		Target: &audit.TargetDetail{PID: 4242, Mode: 9}}
+	want := g.record()
+	s := lifeState{PID: 5000, Started: restart, Alive: restart, SandboxSignals: map[int]uint64{9: 1000000}, Pending: pendingOf(want)}
+	if err := writeLife(f, &s); err != nil {
+		t.Fatalf("a pending gap does not fit the life file: %v", err)
+	}
+	got, err := readLife(path)
+	if err != nil || got.Pending == nil {
+		t.Fatalf("read back: %+v, %v", got, err)
+	}
+	ev := got.Pending.event()
+	if ev.Rule != RuleAgentGap || ev.Message != want.Message || ev.Process.Comm != want.Process.Comm || ev.Sandbox.Name != "agents" || !ev.Time.Equal(want.Time) {
+		t.Fatalf("pending gap read back as %+v, want %+v", ev, want)
+	}
+}
