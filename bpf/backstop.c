@@ -29,6 +29,7 @@
 #include "common.h"
 #include "pathwalk.h"
 #include "subtree.h"
+#include "tty.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -1583,6 +1584,18 @@ static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __
 		if (target && target != (bpf_get_current_pid_tgid() >> 32))
 			cat = CAT_PROC_MEM;
 	}
+	/* A terminal's owner changes with its session: never cached. */
+	bool by_state = false;
+	if (!cat && (ops & (OP_READ | OP_WRITE)) &&
+	    tty_pts_slave(BPF_CORE_READ(inode, i_mode), BPF_CORE_READ(inode, i_rdev))) {
+		by_state = true;
+		struct tty_file_private *priv = BPF_CORE_READ(file, private_data);
+		struct task_struct *leader = tty_foreign_leader(priv ? BPF_CORE_READ(priv, tty) : NULL);
+		if (leader && !st_task_in(leader, root)) {
+			cat = CAT_TTY_INJECT; /* the terminals rule */
+			target = BPF_CORE_READ(leader, tgid);
+		}
+	}
 	if (cat) {
 		action = sandbox_category(sb->id, cat, &rule_id);
 		if (!action)
@@ -1603,14 +1616,14 @@ static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __
 				pr = ir;
 		}
 		if (!pr || !(pr->ops & ops) || !pr->action)
-			return true;
+			return !by_state;
 		action = pr->action;
 		rule_id = pr->rule_id;
 		cat = CAT_PATH;
 	}
 	__u32 verdict = backstop_verdict(sb, action);
 	if (verdict == VERDICT_ALLOWED)
-		return cat == CAT_PATH;
+		return cat == CAT_PATH && !by_state;
 	if (verdict == VERDICT_KILLED)
 		bpf_send_signal(SIGKILL);
 

@@ -19,6 +19,7 @@
 #include "common.h"
 #include "pathwalk.h"
 #include "lsm_hook.h"
+#include "tty.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -84,6 +85,7 @@ enum file_match {
 	MATCH_PROC_MEM = 5,
 	MATCH_OTHER_IPC = 8, /* a POSIX message queue the sandbox did not create (6, 7: exec) */
 	MATCH_NOTIFY = 9,    /* a notify mark outside the sandbox's workspaces */
+	MATCH_OTHER_TTY = 10, /* a terminal controlled by a session outside the sandbox (tty.h) */
 };
 
 #define ANY 0xffffffffu
@@ -1324,6 +1326,21 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 			v.action = d.action;
 			v.rule_id = d.rule_id;
 			v.match = MATCH_OTHER_IPC;
+		}
+	}
+
+	/* A terminal controlled from outside the sandbox: /dev/pts/N on
+	 * devpts, whose dentry holds the slave tty (the kernel opens a pty
+	 * slave only through its devpts dentry). */
+	if (f.magic == DEVPTS_SUPER_MAGIC_ && tty_pts_slave(f.mode, f.rdev)) {
+		struct task_struct *leader = tty_foreign_leader(BPF_CORE_READ(file, f_path.dentry, d_fsdata));
+		if (leader && !in_subtree(leader, c.root)) {
+			struct decision d = op_decision(c.sb->id, LSM_OP_TTY_INJECT, ACTION_ALLOW);
+			if (d.action > v.action) {
+				v.action = d.action;
+				v.rule_id = d.rule_id;
+				v.match = MATCH_OTHER_TTY;
+			}
 		}
 	}
 

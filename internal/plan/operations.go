@@ -150,8 +150,14 @@ var operations = []operation{
 	{
 		name:   "terminals",
 		action: func(o *policy.Operations) policy.Action { return o.Terminals },
-		parts: []opPart{{op: lsm.OpTTYInject, hook: "file_ioctl", category: ttyInject,
-			bsNote: "ioctl TIOCSTI and TIOCLINUX on any terminal, at entry (the call itself completes before the process dies)"}},
+		parts: []opPart{
+			{op: lsm.OpTTYInject, hook: "file_ioctl", category: ttyInject,
+				bsNote: "ioctl TIOCSTI and TIOCLINUX on any terminal, at entry (the call itself completes before the process dies)"},
+			// A pty controlled from outside: the operator's shell, a login.
+			{op: lsm.OpTTYInject, hook: "file_open", category: ttyInject,
+				bsNote: "opens of /dev/pts/N whose session leader is outside the subtree, killed when the open returns (the descriptor exists " +
+					"for that moment); its own controlling terminal and ptys no session controls pass"},
+		},
 	},
 	{
 		name:   "notify-marks",
@@ -544,6 +550,49 @@ func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id 
 		l.notes = append(l.notes, "mappings below vm.mmap_min_addr (page 0): no mmap_addr hook here; recorded by the backstop when mmap, mremap, shmat"+strings.Replace(i386Call, " or", ",", 1)+" or an exec leaves one ("+probed+")")
 	}
 	return l
+}
+
+// Terminal devices no sandbox owns, under operations.terminals: virtual
+// consoles and serial ports (char major 4), /dev/console (5:1), console
+// screen memory /dev/vcs* (major 7). /dev/tty (5:0) is the caller's own
+// terminal, /dev/ptmx (5:2) makes a new pty: both stay open.
+var consoleDevices = []struct{ major, minor int }{{4, cgroupbpf.Any}, {5, 1}, {7, cgroupbpf.Any}}
+
+// terminalDevices refuses the console devices by number, before the
+// open, on every kernel (cgroup/dev), and in file_open where it runs.
+func (c *compiler) terminalDevices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
+	a := orAllow(sb.Operations.Terminals)
+	if a == policy.ActionAllow {
+		return
+	}
+	id := c.rules.ID("terminals")
+	var l layer
+	if c.cgroupOK {
+		for _, d := range consoleDevices {
+			c.plan.Devices = append(c.plan.Devices, cgroupbpf.DeviceRule{Sandbox: sid, Type: cgroupbpf.CharDevice,
+				Major: d.major, Minor: d.minor, Action: kernelAction(a), RuleID: id})
+		}
+		l = layer{mech: MechCgroupBPF, notes: []string{"cgroup/dev: virtual consoles and serial ports (char 4:*), /dev/console (5:1), " +
+			"console memory /dev/vcs* (7:*), at open and mknod; /dev/tty and /dev/ptmx stay open, ptys are judged by their session (terminals line)"}}
+	}
+	if c.hook("file_open") {
+		for _, d := range consoleDevices {
+			minor := uint32(d.minor)
+			if d.minor == cgroupbpf.Any {
+				minor = lsm.AnyDevice
+			}
+			lr.Devices = append(lr.Devices, lsm.DeviceRule{Major: uint32(d.major), Minor: minor, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+		}
+		if l.mech == "" {
+			l = layer{mech: MechLSM, notes: []string{"lsm file_open by device number: virtual consoles, serial ports, /dev/console, /dev/vcs*"}}
+		} else {
+			l.notes = append(l.notes, "also lsm file_open")
+		}
+	}
+	if l.mech == "" {
+		l = layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error()}}
+	}
+	c.add(sb, "terminals: consoles", a, l)
 }
 
 // Device numbers covered by operations.devices besides every block

@@ -226,6 +226,7 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	c.capabilities(sb, &lr)
 	c.hostState(sb)
 	c.devices(sb, sid, &lr)
+	c.terminalDevices(sb, sid, &lr)
 	c.rawSockets(sb, sid, &lr)
 	if err := c.network(sb, sid); err != nil {
 		return err

@@ -64,6 +64,34 @@ func hostPTY(b *bed) string {
 	return fmt.Sprintf("/dev/pts/%d", n)
 }
 
+// hostSessionPTY is hostPTY made the controlling terminal of a host
+// session (a sleep, its leader), as the operator's shell holds its own.
+func hostSessionPTY(b *bed) string {
+	path := hostPTY(b)
+	slave, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "300")
+	cmd.Stdin = slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); slave.Close() })
+	return path
+}
+
+// hostDevice skips the row where the host has no such device node.
+func hostDevice(path string) func(b *bed) string {
+	return func(b *bed) string {
+		if _, err := os.Stat(path); err != nil {
+			b.t.Skipf("no %s on this host: %v", path, err)
+		}
+		return path
+	}
+}
+
 func argPID(o outcome) int {
 	for _, l := range strings.Split(o.out, "\n") {
 		if p, ok := strings.CutPrefix(l, "TARGET "); ok {
@@ -133,6 +161,8 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "affinity-host", variant: "sched_setaffinity(HOST, cpu 0)", afterTheFact: true, setup: hostProcess(false), achieved: hostProc("status", "Cpus_allowed_list:\t0\n")},
 	{class: 10, name: "fsetown-sigio-host", variant: "F_SETOWN HOST + O_ASYNC write (SIGIO)", setup: hostProcess(false), achieved: hostGone},
 	{class: 10, name: "tiocsti-host-tty", variant: "TIOCSTI into a terminal outside the sandbox", afterTheFact: true, setup: hostPTY, achieved: ptyInjected},
+	{class: 10, name: "open-host-session-tty", variant: "read-open of a terminal a host session controls (the operator's keystrokes)", setup: hostSessionPTY, achieved: printed("TTY-OPENED")},
+	{class: 10, name: "open-console", variant: "read-open of /dev/console (a host login's terminal)", setup: hostDevice("/dev/console"), achieved: printed("TTY-OPENED")},
 	{class: 10, name: "settimeofday-tz", variant: "settimeofday(NULL, current zone) (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "adjtimex-status", variant: "adjtimex ADJ_STATUS, the status it has (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "sethostname-same", variant: "sethostname(its current name) (CAP_SYS_ADMIN)", achieved: never},
@@ -143,6 +173,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "benign-own-signals", variant: "tgkill its own threads, kill its own child", benign: true, achieved: benignOK("OWN-SIGNALS")},
 	{class: 10, name: "benign-own-limits", variant: "prlimit and setpriority on itself and its child", benign: true, achieved: benignOK("OWN-LIMITS")},
 	{class: 10, name: "benign-own-pty", variant: "TIOCGWINSZ on a pty of its own", benign: true, achieved: benignOK("WINSIZE")},
+	{class: 10, name: "benign-own-session-pty", variant: "a pty its own session controls, opened again by name", benign: true, achieved: benignOK("OWN-SESSION-PTY")},
 	{class: 10, name: "benign-host-reads", variant: "clock_gettime, uname, SIOCGIFCONF, adjtimex read", benign: true, achieved: benignOK("HOST-READS")},
 }
 
@@ -199,6 +230,20 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 		}
 		c := byte('!')
 		return errnoResult(unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCSTI, uintptr(unsafe.Pointer(&c))))
+	},
+	"open-host-session-tty": func(attackEnv, string) error {
+		if _, err := unix.Open(os.Getenv("ADV_ARG"), unix.O_RDONLY|unix.O_NOCTTY, 0); err != nil {
+			return err
+		}
+		fmt.Println("TTY-OPENED")
+		return nil
+	},
+	"open-console": func(attackEnv, string) error {
+		if _, err := unix.Open(os.Getenv("ADV_ARG"), unix.O_RDONLY|unix.O_NOCTTY, 0); err != nil {
+			return err
+		}
+		fmt.Println("TTY-OPENED")
+		return nil
 	},
 	"settimeofday-tz": func(attackEnv, string) error {
 		var tv unix.Timeval
@@ -322,6 +367,44 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return err
 		}
 		fmt.Printf("WINSIZE %dx%d\n", ws.Col, ws.Row)
+		return nil
+	},
+	"benign-own-session-pty": func(attackEnv, string) error {
+		// Read-only opens, as benign-own-pty (the restricted preset's
+		// file rules refuse write-opens outside the workspace).
+		m, err := os.OpenFile("/dev/ptmx", os.O_RDONLY, 0)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+			return err
+		}
+		n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+		if err != nil {
+			return err
+		}
+		path := fmt.Sprintf("/dev/pts/%d", n)
+		slave, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOCTTY, 0)
+		if err != nil {
+			return err
+		}
+		defer slave.Close()
+		child := exec.Command("sleep", "30")
+		child.Stdin = slave
+		child.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		if err := child.Start(); err != nil {
+			return err
+		}
+		defer func() { child.Process.Kill(); child.Wait() }()
+		again, err := unix.Open(path, unix.O_RDONLY|unix.O_NOCTTY, 0)
+		if err != nil {
+			return err
+		}
+		if _, err := unix.IoctlGetWinsize(again, unix.TIOCGWINSZ); err != nil {
+			return err
+		}
+		fmt.Println("OWN-SESSION-PTY")
 		return nil
 	},
 	"benign-host-reads": func(attackEnv, string) error {

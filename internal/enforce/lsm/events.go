@@ -54,13 +54,14 @@ func cstr(b []int8) string {
 
 // File match tables (enum file_match).
 var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec", "fileless exec",
-	"other_ipc", "notify_mark"}
+	"other_ipc", "notify_mark", "other_tty"}
 
 // Own-subtree matches (MATCH_OTHER_IPC, MATCH_NOTIFY in bpf/lsm.c); a
 // notify event's flags are the mark's object type.
 const (
 	matchOtherIPC = 8
 	matchNotify   = 9
+	matchOtherTTY = 10
 	fsnotifyObjSB = 2
 )
 
@@ -95,13 +96,15 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 	switch e.Match {
 	case matchOtherIPC:
 		ev.Message = OpOtherIPC.String() + ": a POSIX message queue created outside the sandbox"
+	case matchOtherTTY:
+		ev.Message = OpTTYInject.String() + ": open of a terminal controlled by a session outside the sandbox"
 	case matchNotify:
 		ev.Message = OpNotifyMark.String() + ": a mark outside the sandbox's workspaces"
 		if e.Flags == fsnotifyObjSB {
 			ev.Message = OpNotifyMark.String() + ": a filesystem-wide mark"
 		}
 	}
-	if e.Op != 0 && e.Match != matchNotify && e.Match != matchOtherIPC {
+	if e.Op != 0 && e.Match != matchNotify && e.Match != matchOtherIPC && e.Match != matchOtherTTY {
 		d.Op = PathOp(e.Op).String()
 		ev.Message = d.Op + ": " + ev.Message
 	}
