@@ -1,5 +1,5 @@
-// Package adversarial holds the adversarial suite (described in the
-// top-level README, "The adversarial suite"); this file is the one piece
+// Package adversarial holds the adversarial suite (described in
+// docs/concepts/adversarial.md); this file is the one piece
 // outside the tests: an i386 system call through int 0x80 with five
 // arguments, as a sandboxed attacker would make it.
 package adversarial

@@ -21,7 +21,7 @@
 # the same decisions on the same operations, so the twins stay on the host
 # run of test/workloads, as do dev for python and node, and the go
 # session: under TCG a cold Go build takes over ten minutes a run (see
-# README, "benign workload battery").
+# docs/concepts/files.md and bench/README.md, "benign workload battery").
 #
 # Usage: test/vm/lanes.sh    (KERNEL_PKG=NAME passes --kernel-pkg NAME)
 set -uo pipefail
