@@ -127,7 +127,9 @@ var operations = []operation{
 			{op: lsm.OpOtherTask, hook: "task_setioprio", category: otherTask, bsNote: "ioprio_set of a process outside, every IOPRIO_WHO_PGRP and IOPRIO_WHO_USER call"},
 			{op: lsm.OpOtherTask, hook: "task_movememory", category: otherTask, bsNote: "migrate_pages, move_pages, process_madvise of a process outside"},
 			{op: lsm.OpOtherTask, hook: "ptrace_access_check", category: otherTask, bsNote: "kcmp naming a process outside; " +
-				"process_vm_readv/writev and pidfd_getfd are the ptrace rule's; ptrace-mode reads of /proc/PID files (environ, maps, fd...) not judged by the backstop"},
+				"opens of /proc/PID/{environ,auxv,maps,smaps,numa_maps,pagemap,stack,syscall,io,personality,timers,fd,fdinfo,map_files} of a process outside, " +
+				"killed when the open returns (nothing read; cmdline, stat and status stay readable); " +
+				"process_vm_readv/writev and pidfd_getfd are the ptrace rule's"},
 		},
 	},
 	{

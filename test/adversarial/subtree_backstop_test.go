@@ -163,6 +163,8 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "tiocsti-host-tty", variant: "TIOCSTI into a terminal outside the sandbox", afterTheFact: true, setup: hostPTY, achieved: ptyInjected},
 	{class: 10, name: "open-host-session-tty", variant: "read-open of a terminal a host session controls (the operator's keystrokes)", setup: hostSessionPTY, achieved: printed("TTY-OPENED")},
 	{class: 10, name: "open-console", variant: "read-open of /dev/console (a host login's terminal)", setup: hostDevice("/dev/console"), achieved: printed("TTY-OPENED")},
+	{class: 10, name: "environ-host", variant: "read /proc/HOST/environ (a host process's tokens)", setup: hostProcess(false), achieved: printed("ENVIRON-READ")},
+	{class: 10, name: "fd-dir-host", variant: "list /proc/HOST/fd (what a host process holds open)", setup: hostProcess(false), achieved: printed("FDS-LISTED")},
 	{class: 10, name: "settimeofday-tz", variant: "settimeofday(NULL, current zone) (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "adjtimex-status", variant: "adjtimex ADJ_STATUS, the status it has (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "sethostname-same", variant: "sethostname(its current name) (CAP_SYS_ADMIN)", achieved: never},
@@ -174,6 +176,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "benign-own-limits", variant: "prlimit and setpriority on itself and its child", benign: true, achieved: benignOK("OWN-LIMITS")},
 	{class: 10, name: "benign-own-pty", variant: "TIOCGWINSZ on a pty of its own", benign: true, achieved: benignOK("WINSIZE")},
 	{class: 10, name: "benign-own-session-pty", variant: "a pty its own session controls, opened again by name", benign: true, achieved: benignOK("OWN-SESSION-PTY")},
+	{class: 10, name: "benign-ps-reads", variant: "cmdline, stat and status of a host process; environ and fd of its own child", benign: true, setup: hostProcess(false), achieved: benignOK("PS-READS")},
 	{class: 10, name: "benign-host-reads", variant: "clock_gettime, uname, SIOCGIFCONF, adjtimex read", benign: true, achieved: benignOK("HOST-READS")},
 }
 
@@ -243,6 +246,22 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return err
 		}
 		fmt.Println("TTY-OPENED")
+		return nil
+	},
+	"environ-host": func(attackEnv, string) error {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", targetArg()))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("ENVIRON-READ %d bytes\n", len(data))
+		return nil
+	},
+	"fd-dir-host": func(attackEnv, string) error {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", targetArg()))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("FDS-LISTED %d\n", len(ents))
 		return nil
 	},
 	"settimeofday-tz": func(attackEnv, string) error {
@@ -405,6 +424,29 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return err
 		}
 		fmt.Println("OWN-SESSION-PTY")
+		return nil
+	},
+	"benign-ps-reads": func(attackEnv, string) error {
+		host := targetArg()
+		for _, f := range []string{"cmdline", "stat", "status"} {
+			if _, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", host, f)); err != nil {
+				return err
+			}
+		}
+		child := exec.Command("sleep", "30")
+		if err := child.Start(); err != nil {
+			return err
+		}
+		defer func() { child.Process.Kill(); child.Wait() }()
+		for _, pid := range []string{"self", strconv.Itoa(child.Process.Pid)} {
+			if _, err := os.ReadFile("/proc/" + pid + "/environ"); err != nil {
+				return err
+			}
+			if _, err := os.ReadDir("/proc/" + pid + "/fd"); err != nil {
+				return err
+			}
+		}
+		fmt.Println("PS-READS")
 		return nil
 	},
 	"benign-host-reads": func(attackEnv, string) error {
