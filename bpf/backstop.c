@@ -30,6 +30,7 @@
 #include "pathwalk.h"
 #include "subtree.h"
 #include "tty.h"
+#include "ipcobj.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -146,7 +147,11 @@ enum bs_category {
 	CAT_SYSLOG = 21,       /* syslog actions other than reading (CAP_SYSLOG) */
 	CAT_QUOTA = 22,        /* quotactl commands other than reading (CAP_SYS_ADMIN) */
 	CAT_CAP_USE = 23,      /* a capability granted (cap_capable tracepoint, after the check) */
-	CAT_MAX = 24,
+	CAT_OTHER_IPC = 24,    /* a System V object the sandbox did not create (ipcobj.h) */
+	CAT_MAX = 25,
+	/* bs_categories' size: room for categories to come, so the pinned
+	 * map an upgraded agent adopts keeps its shape. */
+	CAT_SLOTS = 64,
 };
 
 /* Operations a path rule applies to. */
@@ -331,7 +336,7 @@ BS_MAP(bs_operator_signals, BPF_MAP_TYPE_ARRAY, __u32, __u64, 65);
 
 /* Per category, host-wide: whether any sandbox has a rule (action: the
  * strictest, nonzero), a gate before the sandbox is known. */
-BS_MAP(bs_categories, BPF_MAP_TYPE_ARRAY, __u32, struct category_rule, CAT_MAX);
+BS_MAP(bs_categories, BPF_MAP_TYPE_ARRAY, __u32, struct category_rule, CAT_SLOTS);
 
 /* Each sandbox's own syscall and category actions, so a sandbox whose
  * policy allows an operation is never killed because another sandbox
@@ -595,6 +600,57 @@ static __always_inline bool signal_nr(long nr)
 	       nr == NR_rt_tgsigqueueinfo || nr == NR_pidfd_send_signal;
 }
 
+/* --- System V objects of other sandboxes and the host (issue 25) ------------
+ *
+ * Without the LSM's ipc hooks, a System V object is the sandbox's own when
+ * bpf/ipc.c recorded its creation by a process of the sandbox (its
+ * tracepoints are attached while a sandbox needs this). Using another's
+ * (shmat, semop, semtimedop, msgsnd, msgrcv) or changing it (the *ctl
+ * commands below) is judged by the other-IPC rule at entry: the call
+ * completes before the kill, so a shmat maps the segment and the process
+ * dies before it returns. Reads of an object's state (IPC_STAT, *_INFO,
+ * GETVAL...) stay allowed, as ipcs needs. */
+#define NR_shmat 30 /* also backstop_lowmap.h's */
+#define NR_shmctl 31
+#define NR_semop 65
+#define NR_semctl 66
+#define NR_msgsnd 69
+#define NR_msgrcv 70
+#define NR_msgctl 71
+#define NR_semtimedop 220
+#define IPC_64_ 0x100
+
+/* ipc_ctl_changes: a *ctl command that removes or changes the object. */
+static __always_inline bool ipc_ctl_changes(long nr, __u64 cmd)
+{
+	cmd &= ~(__u64)IPC_64_;
+	if (cmd == 0 || cmd == 1) /* IPC_RMID, IPC_SET */
+		return true;
+	if (nr == NR_semctl)
+		return cmd == 16 || cmd == 17; /* SETVAL, SETALL */
+	if (nr == NR_shmctl)
+		return cmd == 11 || cmd == 12; /* SHM_LOCK, SHM_UNLOCK */
+	return false;
+}
+
+/* ipc_foreign returns whether the object the call names was not created by
+ * the sandbox rooted at root; *creator is its creator's tgid when known. */
+static __always_inline bool ipc_foreign(long nr, struct pt_regs *regs, __u64 root, __u32 *creator)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct ipc_obj_key k = {
+		.kind = (nr == NR_shmat || nr == NR_shmctl) ? IPC_KIND_SHM :
+			(nr == NR_msgsnd || nr == NR_msgrcv || nr == NR_msgctl) ? IPC_KIND_MSG : IPC_KIND_SEM,
+		.ns = BPF_CORE_READ(task, nsproxy, ipc_ns, ns.inum),
+		.obj = (__u64)(__u32)BPF_CORE_READ(regs, di),
+	};
+	struct ipc_obj *o = bpf_map_lookup_elem(&ipc_objects, &k);
+	if (o && o->sandbox_cg == root)
+		return false;
+	*creator = o ? o->tgid : 0;
+	return true;
+}
+
 static __always_inline __u32 entry_category(__u32 cat, long nr, struct pt_regs *regs)
 {
 	long a0 = BPF_CORE_READ(regs, di);
@@ -640,6 +696,12 @@ static __always_inline __u32 entry_category(__u32 cat, long nr, struct pt_regs *
 		if ((a0 & CLONE_FILES) && !(a0 & CLONE_THREAD))
 			return CAT_CLONE_FILES;
 		return (a0 & CLONE_NS_ADMIN) ? CAT_NAMESPACES : CAT_NONE;
+	case NR_shmat: case NR_semop: case NR_semtimedop: case NR_msgsnd: case NR_msgrcv:
+		return CAT_OTHER_IPC;
+	case NR_shmctl: case NR_msgctl:
+		return ipc_ctl_changes(nr, BPF_CORE_READ(regs, si)) ? CAT_OTHER_IPC : CAT_NONE;
+	case NR_semctl:
+		return ipc_ctl_changes(nr, BPF_CORE_READ(regs, dx)) ? CAT_OTHER_IPC : CAT_NONE;
 	case NR_syslog:
 		/* 4 READ_CLEAR, 5 CLEAR, 6 CONSOLE_OFF, 7 CONSOLE_ON, 8 CONSOLE_LEVEL */
 		return a0 >= 4 && a0 <= 8 ? CAT_SYSLOG : CAT_NONE;
@@ -1343,6 +1405,10 @@ int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 			break;
 		case CAT_NAMESPACES:
 			if (id == NR_setns && !setns_foreign(BPF_CORE_READ(regs, di), root))
+				return 0;
+			break;
+		case CAT_OTHER_IPC:
+			if (!ipc_foreign(id, regs, root, &target))
 				return 0;
 			break;
 		}

@@ -47,6 +47,7 @@
  */
 #include "common.h"
 #include "pathwalk.h"
+#include "ipcobj.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -57,16 +58,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define FMODE_CREATED (1U << 20)
 #define TS_COMPAT 0x0002
 #define X32_SYSCALL_BIT 0x40000000
-
-/* Kinds, also the index into ipc_namespace.ids for System V (IPC_SEM_IDS
- * 0, IPC_MSG_IDS 1, IPC_SHM_IDS 2) plus one. */
-enum ipc_kind {
-	IPC_KIND_SEM = 1,
-	IPC_KIND_MSG = 2,
-	IPC_KIND_SHM = 3,
-	IPC_KIND_SHM_FILE = 4, /* a file under /dev/shm */
-	IPC_KIND_MQUEUE = 5,   /* a POSIX message queue */
-};
 
 #define O_CREAT 0100
 #define MQUEUE_MAGIC 0x19800202
@@ -80,23 +71,6 @@ enum ipc_kind {
 #define IPCCALL_MSGCTL 14
 #define IPCCALL_SHMGET 23
 #define IPCCALL_SHMCTL 24
-
-struct ipc_obj_key {
-	__u32 kind;  /* enum ipc_kind */
-	__u32 ns;    /* System V, mqueue: the IPC namespace's inode; file: kernel dev_t (MAJOR<<20|MINOR) */
-	__u64 obj;   /* System V: the id; file, mqueue: the inode number */
-};
-
-struct ipc_obj {
-	__u64 sandbox_cg; /* root cgroup of the sandbox that created it */
-	__u64 ts_ns;      /* bpf_ktime_get_boot_ns at creation */
-	__u32 sandbox_id;
-	__u32 tgid;       /* creator */
-	__s32 key;        /* System V key */
-	__u32 uid;
-	__u8 comm[TASK_COMM_LEN];
-	char name[64];    /* file: path at creation, /dev/shm/...; mqueue: /name */
-};
 
 struct ipc_config {
 	__u32 seq_shift; /* ipcmni_seq_shift(): 15, or 24 with ipcmni_extend */
@@ -117,13 +91,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ipc_roots SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct ipc_obj_key);
-	__type(value, struct ipc_obj);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ipc_objects SEC(".maps");
 
 /* Creations not recorded because ipc_objects was full (a rollback says the
  * list is incomplete). */

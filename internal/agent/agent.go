@@ -559,13 +559,14 @@ func (a *Agent) applyPlan() error {
 	if err := a.recorder.SetConfig(tc); err != nil {
 		return fmt.Errorf("trace config: %w", err)
 	}
+	// Creations are recorded before the backstop judges objects by them.
+	if err := a.syncIPCTracking(p); err != nil {
+		return err
+	}
 	if a.backstop != nil {
 		if err := a.backstop.SetRules(p.Backstop); err != nil {
 			return fmt.Errorf("backstop rules: %w", err)
 		}
-	}
-	if err := a.syncIPCTracking(); err != nil {
-		return err
 	}
 	if err := a.cgroups.SetDeviceRules(p.Devices); err != nil {
 		return fmt.Errorf("device rules: %w", err)

@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 
+	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -23,12 +24,15 @@ func ipcTracking(pol *policy.Policy) bool {
 }
 
 // syncIPCTracking attaches the IPC tracepoints while the policy needs
-// them (any syscall tracepoint slows every task of the host).
-func (a *Agent) syncIPCTracking() error {
+// them (any syscall tracepoint slows every task of the host): for
+// rollbacks, and where the backstop tells a sandbox's own System V
+// objects by their creator (no LSM ipc hooks).
+func (a *Agent) syncIPCTracking(p *plan.Plan) error {
 	if a.ipc == nil {
 		return nil
 	}
-	if err := a.ipc.SetAttached(ipcTracking(a.pol)); err != nil {
+	on := ipcTracking(a.pol) || a.backstop != nil && p.Backstop.NeedsIPCCreators()
+	if err := a.ipc.SetAttached(on); err != nil {
 		return fmt.Errorf("ipc tracking: %w", err)
 	}
 	return nil

@@ -35,6 +35,7 @@ type opPart struct {
 // operations.
 var (
 	otherTask = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherTask }
+	otherIPC  = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherIPC }
 	ttyInject = func(r *backstop.SandboxRules) *backstop.Rule { return &r.TTYInject }
 )
 
@@ -138,7 +139,11 @@ var operations = []operation{
 		// System V objects by their creator (the alloc hooks), POSIX
 		// message queues at open (mq_open creates through inode_create).
 		parts: []opPart{
-			{op: lsm.OpOtherIPC, hook: "ipc_permission"},
+			{op: lsm.OpOtherIPC, hook: "ipc_permission", category: otherIPC, bsNote: "System V objects the sandbox did not create " +
+				"(creations recorded by the IPC tracking tracepoints, attached while needed): shmat, semop, semtimedop, msgsnd, msgrcv, " +
+				"and IPC_RMID, IPC_SET, SETVAL, SETALL, SHM_LOCK/UNLOCK, at entry (the call completes first: a shmat maps the segment, " +
+				"the process dies before it returns; objects made before tracking count as another's); reads (IPC_STAT, *_INFO) allowed; " +
+				"POSIX message queues and 32-bit ipc(2) not judged"},
 			{op: lsm.OpOtherIPC, hook: "shm_shmctl"},
 			{op: lsm.OpOtherIPC, hook: "sem_semctl"},
 			{op: lsm.OpOtherIPC, hook: "msg_queue_msgctl"},

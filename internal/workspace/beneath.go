@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -73,7 +75,11 @@ func walkBeneath(root int, rel string) (int, error) {
 }
 
 // removeAllAt removes name in the directory dfd and everything below it,
-// following no symlink. A missing name is not an error.
+// following no symlink. A missing name is not an error. It holds at most
+// three descriptors whatever the depth: each directory met is emptied of
+// its files and its subdirectories are moved up into name itself, then it
+// is removed, so a tree deeper than RLIMIT_NOFILE (a sandbox can make one)
+// goes too.
 func removeAllAt(dfd int, name string) error {
 	err := unix.Unlinkat(dfd, name, 0)
 	if err == nil || errors.Is(err, unix.ENOENT) {
@@ -82,25 +88,27 @@ func removeAllAt(dfd int, name string) error {
 	if !errors.Is(err, unix.EISDIR) {
 		return fmt.Errorf("remove %s: %w", name, err)
 	}
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	top, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil
 		}
 		return fmt.Errorf("remove %s: %w", name, err)
 	}
-	names, err := readNames(fd)
-	if err == nil {
+	defer unix.Close(top)
+	for {
+		names, err := readNames(top)
+		if err != nil {
+			return fmt.Errorf("remove %s: %w", name, err)
+		}
+		if len(names) == 0 {
+			break
+		}
 		for _, n := range names {
-			if err = removeAllAt(fd, n); err != nil {
-				err = fmt.Errorf("in %s: %w", name, err)
-				break
+			if err := flattenInto(top, n); err != nil {
+				return fmt.Errorf("remove %s: %w", name, err)
 			}
 		}
-	}
-	unix.Close(fd)
-	if err != nil {
-		return err
 	}
 	if err := unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("remove %s: %w", name, err)
@@ -108,8 +116,77 @@ func removeAllAt(dfd int, name string) error {
 	return nil
 }
 
-// readNames lists the directory fd (left open).
+// flattenInto removes the entry n of top: a file at once; a directory
+// after its files are removed and its subdirectories renamed into top
+// (removed by a later pass of removeAllAt).
+func flattenInto(top int, n string) error {
+	err := unix.Unlinkat(top, n, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if !errors.Is(err, unix.EISDIR) {
+		return fmt.Errorf("%s: %w", n, err)
+	}
+	sub, err := unix.Openat(top, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("%s: %w", n, err)
+	}
+	names, err := readNames(sub)
+	for _, c := range names {
+		if err != nil {
+			break
+		}
+		err = unix.Unlinkat(sub, c, 0)
+		switch {
+		case err == nil || errors.Is(err, unix.ENOENT):
+			err = nil
+		case errors.Is(err, unix.EISDIR):
+			err = unix.Renameat(sub, c, top, flatName())
+		}
+	}
+	unix.Close(sub)
+	if err != nil {
+		return fmt.Errorf("%s: %w", n, err)
+	}
+	if err := unix.Unlinkat(top, n, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY) {
+		return fmt.Errorf("%s: %w", n, err)
+	}
+	return nil // not empty: something appeared meanwhile; the next pass sees it
+}
+
+func flatName() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return ".watcher-rm-" + hex.EncodeToString(b[:])
+}
+
+// removeTree is removeAllAt for a path (its last component is not
+// followed if it is a symlink).
+func removeTree(path string) error {
+	dir, base := filepath.Split(filepath.Clean(path))
+	if dir == "" {
+		dir = "."
+	}
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	defer unix.Close(dfd)
+	return removeAllAt(dfd, base)
+}
+
+// readNames lists the directory fd (left open), from its start: the dup
+// shares the fd's offset, which an earlier listing left at the end.
 func readNames(fd int) ([]string, error) {
+	if _, err := unix.Seek(fd, 0, io.SeekStart); err != nil {
+		return nil, err
+	}
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, err

@@ -314,9 +314,9 @@ func (w *Workspace) Binds() [][2]string {
 // unmounted).
 func resetUpper(l *Layer) error {
 	for _, d := range []string{l.Upper, l.Work} {
-		if err := os.RemoveAll(d); err != nil {
-			// The work dir's "work" subdirectory is mode 000; RemoveAll
-			// copes as root.
+		if err := removeTree(d); err != nil {
+			// The work dir's "work" subdirectory is mode 000: root
+			// opens it all the same.
 			return fmt.Errorf("clear %s: %w", d, err)
 		}
 		if err := os.Mkdir(d, 0o700); err != nil {

@@ -92,6 +92,23 @@ func hostDevice(path string) func(b *bed) string {
 	}
 }
 
+// hostShm creates a System V segment outside every sandbox holding a
+// secret and returns its id.
+func hostShm(b *bed) string {
+	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o666)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { unix.SysvShmCtl(id, unix.IPC_RMID, nil) })
+	mem, err := unix.SysvShmAttach(id, 0, 0)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	copy(mem, "host-secret")
+	unix.SysvShmDetach(mem)
+	return strconv.Itoa(id)
+}
+
 func argPID(o outcome) int {
 	for _, l := range strings.Split(o.out, "\n") {
 		if p, ok := strings.CutPrefix(l, "TARGET "); ok {
@@ -165,6 +182,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "open-console", variant: "read-open of /dev/console (a host login's terminal)", setup: hostDevice("/dev/console"), achieved: printed("TTY-OPENED")},
 	{class: 10, name: "environ-host", variant: "read /proc/HOST/environ (a host process's tokens)", setup: hostProcess(false), achieved: printed("ENVIRON-READ")},
 	{class: 10, name: "fd-dir-host", variant: "list /proc/HOST/fd (what a host process holds open)", setup: hostProcess(false), achieved: printed("FDS-LISTED")},
+	{class: 10, name: "shmat-host", variant: "attach a host process's System V segment and read it", setup: hostShm, achieved: printed("host-secret")},
 	{class: 10, name: "settimeofday-tz", variant: "settimeofday(NULL, current zone) (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "adjtimex-status", variant: "adjtimex ADJ_STATUS, the status it has (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "sethostname-same", variant: "sethostname(its current name) (CAP_SYS_ADMIN)", achieved: never},
@@ -177,6 +195,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "benign-own-pty", variant: "TIOCGWINSZ on a pty of its own", benign: true, achieved: benignOK("WINSIZE")},
 	{class: 10, name: "benign-own-session-pty", variant: "a pty its own session controls, opened again by name", benign: true, achieved: benignOK("OWN-SESSION-PTY")},
 	{class: 10, name: "benign-ps-reads", variant: "cmdline, stat and status of a host process; environ and fd of its own child", benign: true, setup: hostProcess(false), achieved: benignOK("PS-READS")},
+	{class: 10, name: "benign-own-shm", variant: "a System V segment of its own (get, attach, write, remove); IPC_STAT of the host's", benign: true, setup: hostShm, achieved: benignOK("OWN-SHM")},
 	{class: 10, name: "benign-host-reads", variant: "clock_gettime, uname, SIOCGIFCONF, adjtimex read", benign: true, achieved: benignOK("HOST-READS")},
 }
 
@@ -262,6 +281,14 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return err
 		}
 		fmt.Printf("FDS-LISTED %d\n", len(ents))
+		return nil
+	},
+	"shmat-host": func(attackEnv, string) error {
+		mem, err := unix.SysvShmAttach(targetArg(), 0, unix.SHM_RDONLY)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("read %q\n", strings.TrimRight(string(mem[:16]), "\x00"))
 		return nil
 	},
 	"settimeofday-tz": func(attackEnv, string) error {
@@ -447,6 +474,30 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			}
 		}
 		fmt.Println("PS-READS")
+		return nil
+	},
+	"benign-own-shm": func(attackEnv, string) error {
+		var ds unix.SysvShmDesc
+		if _, err := unix.SysvShmCtl(targetArg(), unix.IPC_STAT, &ds); err != nil {
+			return fmt.Errorf("IPC_STAT of the host's segment: %w", err)
+		}
+		id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
+		if err != nil {
+			return err
+		}
+		mem, err := unix.SysvShmAttach(id, 0, 0)
+		if err != nil {
+			return err
+		}
+		copy(mem, "mine")
+		if string(mem[:4]) != "mine" {
+			return fmt.Errorf("segment reads %q", mem[:4])
+		}
+		unix.SysvShmDetach(mem)
+		if _, err := unix.SysvShmCtl(id, unix.IPC_RMID, nil); err != nil {
+			return err
+		}
+		fmt.Println("OWN-SHM")
 		return nil
 	},
 	"benign-host-reads": func(attackEnv, string) error {

@@ -96,6 +96,25 @@ type backstopInodeKey struct {
 	SandboxId uint32
 }
 
+type backstopIpcObj struct {
+	_         structs.HostLayout
+	SandboxCg uint64
+	TsNs      uint64
+	SandboxId uint32
+	Tgid      uint32
+	Key       int32
+	Uid       uint32
+	Comm      [16]uint8
+	Name      [64]int8
+}
+
+type backstopIpcObjKey struct {
+	_    structs.HostLayout
+	Kind uint32
+	Ns   uint32
+	Obj  uint64
+}
+
 type backstopMembership struct {
 	_         structs.HostLayout
 	Gen       uint64
@@ -247,6 +266,7 @@ const (
 	backstopMapBsVcacheCtl            = "bs_vcache_ctl"
 	backstopMapBsVcachePending        = "bs_vcache_pending"
 	backstopMapBsVcacheStats          = "bs_vcache_stats"
+	backstopMapIpcObjects             = "ipc_objects"
 	backstopMapMembershipCache        = "membership_cache"
 	backstopMapRingbufDrops           = "ringbuf_drops"
 	backstopMapRoutineEvents          = "routine_events"
@@ -363,6 +383,7 @@ type backstopMapSpecs struct {
 	BsVcacheCtl       *ebpf.MapSpec `ebpf:"bs_vcache_ctl"`
 	BsVcachePending   *ebpf.MapSpec `ebpf:"bs_vcache_pending"`
 	BsVcacheStats     *ebpf.MapSpec `ebpf:"bs_vcache_stats"`
+	IpcObjects        *ebpf.MapSpec `ebpf:"ipc_objects"`
 	MembershipCache   *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.MapSpec `ebpf:"ringbuf_drops"`
 	RoutineEvents     *ebpf.MapSpec `ebpf:"routine_events"`
@@ -433,6 +454,7 @@ type backstopMaps struct {
 	BsVcacheCtl       *ebpf.Map `ebpf:"bs_vcache_ctl"`
 	BsVcachePending   *ebpf.Map `ebpf:"bs_vcache_pending"`
 	BsVcacheStats     *ebpf.Map `ebpf:"bs_vcache_stats"`
+	IpcObjects        *ebpf.Map `ebpf:"ipc_objects"`
 	MembershipCache   *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops      *ebpf.Map `ebpf:"ringbuf_drops"`
 	RoutineEvents     *ebpf.Map `ebpf:"routine_events"`
@@ -464,6 +486,7 @@ func (m *backstopMaps) Close() error {
 		m.BsVcacheCtl,
 		m.BsVcachePending,
 		m.BsVcacheStats,
+		m.IpcObjects,
 		m.MembershipCache,
 		m.RingbufDrops,
 		m.RoutineEvents,

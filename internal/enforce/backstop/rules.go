@@ -175,6 +175,11 @@ type SandboxRules struct {
 	Syslog Rule
 	// Quota applies to quotactl and quotactl_fd commands other than reads.
 	Quota Rule
+	// OtherIPC applies to System V objects the sandbox did not create
+	// (bpf/ipc.c records creations; Rules.NeedsIPCCreators): shmat,
+	// semop, semtimedop, msgsnd, msgrcv, and the *ctl commands that
+	// remove or change one, at entry (the call completes first).
+	OtherIPC Rule
 	// CapUse are capabilities whose successful check kills, by number
 	// (cap_capable tracepoint, after the check and before the process
 	// returns: the change is made). Only capabilities the kernel checks
@@ -238,7 +243,8 @@ const (
 	catSyslog       = 21
 	catQuota        = 22
 	catCapUse       = 23
-	catMax          = 24
+	catOtherIPC     = 24
+	catMax          = 25
 )
 
 var categoryNames = map[uint32]string{
@@ -249,7 +255,7 @@ var categoryNames = map[uint32]string{
 	catPacketSocket: "packet_socket", catUnixPeer: "unix_peer", catLowMapping: "low_mapping",
 	catOtherTask: "other_process", catTTYInject: "tty_inject", catNetConfig: "net_config",
 	catClockAdjust: "clock_adjust", catNamespaces: "namespaces", catSyslog: "syslog",
-	catQuota: "quota", catCapUse: "capability_used",
+	catQuota: "quota", catCapUse: "capability_used", catOtherIPC: "other_ipc",
 }
 
 // compatNRBase: events carry i386 syscall n as compatNRBase+n.
@@ -275,6 +281,7 @@ var Syscalls = map[string]int{
 	"ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302,
 	"clock_adjtime": 305, "kcmp": 312, "sched_setattr": 314, "pidfd_open": 434,
 	"process_madvise": 440, "quotactl_fd": 443,
+	"shmctl": 31, "semop": 65, "semctl": 66, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semtimedop": 220,
 }
 
 // The one list of dangerous syscalls names every entry rules may use.
@@ -319,6 +326,8 @@ var categorySyscalls = map[string][]uint32{
 	"adjtimex": {catClockAdjust}, "clock_adjtime": {catClockAdjust},
 	"setns": {catNamespaces}, "unshare": {catNamespaces},
 	"syslog": {catSyslog}, "quotactl": {catQuota}, "quotactl_fd": {catQuota},
+	"shmat": {catOtherIPC}, "shmctl": {catOtherIPC}, "semop": {catOtherIPC}, "semtimedop": {catOtherIPC},
+	"semctl": {catOtherIPC}, "msgsnd": {catOtherIPC}, "msgrcv": {catOtherIPC}, "msgctl": {catOtherIPC},
 }
 
 // DefaultRules is the backstop for the dangerous operations watcher refuses
@@ -382,10 +391,24 @@ func (r Rules) NeedsSyscallTracepoints() bool {
 	return false
 }
 
+// NeedsIPCCreators reports whether some sandbox's OtherIPC rule judges
+// System V objects by their creator: bpf/ipc.c must record creations.
+func (r Rules) NeedsIPCCreators() bool {
+	if r.SandboxRules.OtherIPC.Action != enforce.ActionAllow {
+		return true
+	}
+	for _, s := range r.Sandboxes {
+		if s.OtherIPC.Action != enforce.ActionAllow {
+			return true
+		}
+	}
+	return false
+}
+
 func (r SandboxRules) needsSyscallTracepoints() bool {
 	for _, c := range []Rule{r.CgroupWrite, r.ProcMem, r.CloneFiles, r.IOUring, r.SignalAgent, r.Compat,
 		r.MmapExec, r.PacketSocket, r.UnixPeer, r.LowMapping, r.OtherTask, r.TTYInject, r.NetConfig,
-		r.ClockAdjust, r.Namespaces, r.Syslog, r.Quota} {
+		r.ClockAdjust, r.Namespaces, r.Syslog, r.Quota, r.OtherIPC} {
 		if c.Action != enforce.ActionAllow {
 			return true
 		}
@@ -588,6 +611,7 @@ func (r SandboxRules) categories() map[uint32]Rule {
 		catPacketSocket: r.PacketSocket, catUnixPeer: r.UnixPeer, catLowMapping: r.LowMapping,
 		catOtherTask: r.OtherTask, catTTYInject: r.TTYInject, catNetConfig: r.NetConfig,
 		catClockAdjust: r.ClockAdjust, catNamespaces: r.Namespaces, catSyslog: r.Syslog, catQuota: r.Quota,
+		catOtherIPC: r.OtherIPC,
 	}
 }
 

@@ -89,7 +89,22 @@ func (v *vcFixture) file(t *testing.T, elem ...string) string {
 // when given) opens second. One process: nothing but change happens
 // between the cached opens and the last (no cgroup is created, no binary
 // started, which would change directories themselves).
+//
+// A mount anywhere on the host (another test package's) turns the cache
+// off for a moment: a run whose repeated opens were not cached is tried
+// again, up to five times, before it counts as a failure.
 func (v *vcFixture) openThen(t *testing.T, first, second, jail string, change func()) result {
+	t.Helper()
+	for try := 1; ; try++ {
+		r, cached := v.openThenOnce(t, first, second, jail, change, try == 5)
+		if cached || try == 5 {
+			return r
+		}
+		t.Logf("repeated opens of %s not cached (a mount elsewhere?): try %d", first, try+1)
+	}
+}
+
+func (v *vcFixture) openThenOnce(t *testing.T, first, second, jail string, change func(), last bool) (result, bool) {
 	t.Helper()
 	hits0, _, err := v.bs.VerdictCacheStats()
 	if err != nil {
@@ -123,6 +138,11 @@ func (v *vcFixture) openThen(t *testing.T, first, second, jail string, change fu
 		t.Fatal(err)
 	}
 	if hits == hits0 || stores == 0 {
+		if !last {
+			cgroupfs.Kill(cg)
+			cmd.Wait()
+			return result{}, false
+		}
 		t.Errorf("repeated opens of %s not answered by the cache: hits %d -> %d, stores %d", first, hits0, hits, stores)
 	}
 	if change != nil {
@@ -138,7 +158,7 @@ func (v *vcFixture) openThen(t *testing.T, first, second, jail string, change fu
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 		r.killed = true
 	}
-	return r
+	return r, true
 }
 
 // refusedAfter expects the open of second, after change, killed as the
