@@ -72,6 +72,11 @@ type lsmFileEvent struct {
 	Path   [256]int8
 }
 
+type lsmFownSetter struct {
+	_    structs.HostLayout
+	Root uint64
+}
+
 type lsmFsKey struct {
 	_         structs.HostLayout
 	SandboxId uint32
@@ -259,6 +264,7 @@ const (
 	lsmMapLsmCapRules                  = "lsm_cap_rules"
 	lsmMapLsmDevRules                  = "lsm_dev_rules"
 	lsmMapLsmExecRules                 = "lsm_exec_rules"
+	lsmMapLsmFownSetters               = "lsm_fown_setters"
 	lsmMapLsmFsRules                   = "lsm_fs_rules"
 	lsmMapLsmInodeRules                = "lsm_inode_rules"
 	lsmMapLsmIpcOwner                  = "lsm_ipc_owner"
@@ -285,6 +291,7 @@ const (
 	lsmProgEntryX64SysIoUringRegister  = "entry___x64_sys_io_uring_register"
 	lsmProgEntryX64SysPersonality      = "entry___x64_sys_personality"
 	lsmProgEntryDoSysNameToHandle      = "entry_do_sys_name_to_handle"
+	lsmProgEntrySecurityFileFree       = "entry_security_file_free"
 	lsmProgEntrySecurityMsgQueueFree   = "entry_security_msg_queue_free"
 	lsmProgEntrySecuritySemFree        = "entry_security_sem_free"
 	lsmProgEntrySecurityShmFree        = "entry_security_shm_free"
@@ -293,6 +300,7 @@ const (
 	lsmProgFmodBpf                     = "fmod_bpf"
 	lsmProgFmodBprmCheckSecurity       = "fmod_bprm_check_security"
 	lsmProgFmodCapable                 = "fmod_capable"
+	lsmProgFmodFileFcntl               = "fmod_file_fcntl"
 	lsmProgFmodFileIoctl               = "fmod_file_ioctl"
 	lsmProgFmodFileIoctlCompat         = "fmod_file_ioctl_compat"
 	lsmProgFmodFileMprotect            = "fmod_file_mprotect"
@@ -352,6 +360,7 @@ const (
 	lsmProgLsmBpf                      = "lsm_bpf"
 	lsmProgLsmBprmCheckSecurity        = "lsm_bprm_check_security"
 	lsmProgLsmCapable                  = "lsm_capable"
+	lsmProgLsmFileFcntl                = "lsm_file_fcntl"
 	lsmProgLsmFileIoctl                = "lsm_file_ioctl"
 	lsmProgLsmFileIoctlCompat          = "lsm_file_ioctl_compat"
 	lsmProgLsmFileMprotect             = "lsm_file_mprotect"
@@ -479,6 +488,7 @@ type lsmProgramSpecs struct {
 	EntryX64SysIoUringRegister  *ebpf.ProgramSpec `ebpf:"entry___x64_sys_io_uring_register"`
 	EntryX64SysPersonality      *ebpf.ProgramSpec `ebpf:"entry___x64_sys_personality"`
 	EntryDoSysNameToHandle      *ebpf.ProgramSpec `ebpf:"entry_do_sys_name_to_handle"`
+	EntrySecurityFileFree       *ebpf.ProgramSpec `ebpf:"entry_security_file_free"`
 	EntrySecurityMsgQueueFree   *ebpf.ProgramSpec `ebpf:"entry_security_msg_queue_free"`
 	EntrySecuritySemFree        *ebpf.ProgramSpec `ebpf:"entry_security_sem_free"`
 	EntrySecurityShmFree        *ebpf.ProgramSpec `ebpf:"entry_security_shm_free"`
@@ -487,6 +497,7 @@ type lsmProgramSpecs struct {
 	FmodBpf                     *ebpf.ProgramSpec `ebpf:"fmod_bpf"`
 	FmodBprmCheckSecurity       *ebpf.ProgramSpec `ebpf:"fmod_bprm_check_security"`
 	FmodCapable                 *ebpf.ProgramSpec `ebpf:"fmod_capable"`
+	FmodFileFcntl               *ebpf.ProgramSpec `ebpf:"fmod_file_fcntl"`
 	FmodFileIoctl               *ebpf.ProgramSpec `ebpf:"fmod_file_ioctl"`
 	FmodFileIoctlCompat         *ebpf.ProgramSpec `ebpf:"fmod_file_ioctl_compat"`
 	FmodFileMprotect            *ebpf.ProgramSpec `ebpf:"fmod_file_mprotect"`
@@ -546,6 +557,7 @@ type lsmProgramSpecs struct {
 	LsmBpf                      *ebpf.ProgramSpec `ebpf:"lsm_bpf"`
 	LsmBprmCheckSecurity        *ebpf.ProgramSpec `ebpf:"lsm_bprm_check_security"`
 	LsmCapable                  *ebpf.ProgramSpec `ebpf:"lsm_capable"`
+	LsmFileFcntl                *ebpf.ProgramSpec `ebpf:"lsm_file_fcntl"`
 	LsmFileIoctl                *ebpf.ProgramSpec `ebpf:"lsm_file_ioctl"`
 	LsmFileIoctlCompat          *ebpf.ProgramSpec `ebpf:"lsm_file_ioctl_compat"`
 	LsmFileMprotect             *ebpf.ProgramSpec `ebpf:"lsm_file_mprotect"`
@@ -613,6 +625,7 @@ type lsmMapSpecs struct {
 	LsmCapRules      *ebpf.MapSpec `ebpf:"lsm_cap_rules"`
 	LsmDevRules      *ebpf.MapSpec `ebpf:"lsm_dev_rules"`
 	LsmExecRules     *ebpf.MapSpec `ebpf:"lsm_exec_rules"`
+	LsmFownSetters   *ebpf.MapSpec `ebpf:"lsm_fown_setters"`
 	LsmFsRules       *ebpf.MapSpec `ebpf:"lsm_fs_rules"`
 	LsmInodeRules    *ebpf.MapSpec `ebpf:"lsm_inode_rules"`
 	LsmIpcOwner      *ebpf.MapSpec `ebpf:"lsm_ipc_owner"`
@@ -685,6 +698,7 @@ type lsmMaps struct {
 	LsmCapRules      *ebpf.Map `ebpf:"lsm_cap_rules"`
 	LsmDevRules      *ebpf.Map `ebpf:"lsm_dev_rules"`
 	LsmExecRules     *ebpf.Map `ebpf:"lsm_exec_rules"`
+	LsmFownSetters   *ebpf.Map `ebpf:"lsm_fown_setters"`
 	LsmFsRules       *ebpf.Map `ebpf:"lsm_fs_rules"`
 	LsmInodeRules    *ebpf.Map `ebpf:"lsm_inode_rules"`
 	LsmIpcOwner      *ebpf.Map `ebpf:"lsm_ipc_owner"`
@@ -713,6 +727,7 @@ func (m *lsmMaps) Close() error {
 		m.LsmCapRules,
 		m.LsmDevRules,
 		m.LsmExecRules,
+		m.LsmFownSetters,
 		m.LsmFsRules,
 		m.LsmInodeRules,
 		m.LsmIpcOwner,
@@ -772,6 +787,7 @@ type lsmPrograms struct {
 	EntryX64SysIoUringRegister  *ebpf.Program `ebpf:"entry___x64_sys_io_uring_register"`
 	EntryX64SysPersonality      *ebpf.Program `ebpf:"entry___x64_sys_personality"`
 	EntryDoSysNameToHandle      *ebpf.Program `ebpf:"entry_do_sys_name_to_handle"`
+	EntrySecurityFileFree       *ebpf.Program `ebpf:"entry_security_file_free"`
 	EntrySecurityMsgQueueFree   *ebpf.Program `ebpf:"entry_security_msg_queue_free"`
 	EntrySecuritySemFree        *ebpf.Program `ebpf:"entry_security_sem_free"`
 	EntrySecurityShmFree        *ebpf.Program `ebpf:"entry_security_shm_free"`
@@ -780,6 +796,7 @@ type lsmPrograms struct {
 	FmodBpf                     *ebpf.Program `ebpf:"fmod_bpf"`
 	FmodBprmCheckSecurity       *ebpf.Program `ebpf:"fmod_bprm_check_security"`
 	FmodCapable                 *ebpf.Program `ebpf:"fmod_capable"`
+	FmodFileFcntl               *ebpf.Program `ebpf:"fmod_file_fcntl"`
 	FmodFileIoctl               *ebpf.Program `ebpf:"fmod_file_ioctl"`
 	FmodFileIoctlCompat         *ebpf.Program `ebpf:"fmod_file_ioctl_compat"`
 	FmodFileMprotect            *ebpf.Program `ebpf:"fmod_file_mprotect"`
@@ -839,6 +856,7 @@ type lsmPrograms struct {
 	LsmBpf                      *ebpf.Program `ebpf:"lsm_bpf"`
 	LsmBprmCheckSecurity        *ebpf.Program `ebpf:"lsm_bprm_check_security"`
 	LsmCapable                  *ebpf.Program `ebpf:"lsm_capable"`
+	LsmFileFcntl                *ebpf.Program `ebpf:"lsm_file_fcntl"`
 	LsmFileIoctl                *ebpf.Program `ebpf:"lsm_file_ioctl"`
 	LsmFileIoctlCompat          *ebpf.Program `ebpf:"lsm_file_ioctl_compat"`
 	LsmFileMprotect             *ebpf.Program `ebpf:"lsm_file_mprotect"`
@@ -906,6 +924,7 @@ func (p *lsmPrograms) Close() error {
 		p.EntryX64SysIoUringRegister,
 		p.EntryX64SysPersonality,
 		p.EntryDoSysNameToHandle,
+		p.EntrySecurityFileFree,
 		p.EntrySecurityMsgQueueFree,
 		p.EntrySecuritySemFree,
 		p.EntrySecurityShmFree,
@@ -914,6 +933,7 @@ func (p *lsmPrograms) Close() error {
 		p.FmodBpf,
 		p.FmodBprmCheckSecurity,
 		p.FmodCapable,
+		p.FmodFileFcntl,
 		p.FmodFileIoctl,
 		p.FmodFileIoctlCompat,
 		p.FmodFileMprotect,
@@ -973,6 +993,7 @@ func (p *lsmPrograms) Close() error {
 		p.LsmBpf,
 		p.LsmBprmCheckSecurity,
 		p.LsmCapable,
+		p.LsmFileFcntl,
 		p.LsmFileIoctl,
 		p.LsmFileIoctlCompat,
 		p.LsmFileMprotect,
