@@ -619,6 +619,10 @@ static __always_inline bool signal_nr(long nr)
 #define NR_msgctl 71
 #define NR_semtimedop 220
 #define IPC_64_ 0x100
+#define NR_mq_timedsend 242
+#define NR_mq_timedreceive 243
+#define NR_mq_notify 244
+#define MQUEUE_MAGIC_ 0x19800202
 
 /* ipc_ctl_changes: a *ctl command that removes or changes the object. */
 static __always_inline bool ipc_ctl_changes(long nr, __u64 cmd)
@@ -644,6 +648,15 @@ static __always_inline bool ipc_foreign(long nr, struct pt_regs *regs, __u64 roo
 		.ns = BPF_CORE_READ(task, nsproxy, ipc_ns, ns.inum),
 		.obj = (__u64)(__u32)BPF_CORE_READ(regs, di),
 	};
+	if (nr == NR_mq_timedsend || nr == NR_mq_timedreceive || nr == NR_mq_notify) {
+		/* A POSIX message queue, by the descriptor's inode. */
+		struct file *f = pw_fd_file((long)BPF_CORE_READ(regs, di));
+		struct inode *inode = f ? BPF_CORE_READ(f, f_inode) : NULL;
+		if (!inode || BPF_CORE_READ(inode, i_sb, s_magic) != MQUEUE_MAGIC_)
+			return false; /* not a queue: the kernel fails the call */
+		k.kind = IPC_KIND_MQUEUE;
+		k.obj = BPF_CORE_READ(inode, i_ino);
+	}
 	struct ipc_obj *o = bpf_map_lookup_elem(&ipc_objects, &k);
 	if (o && o->sandbox_cg == root)
 		return false;
@@ -697,6 +710,7 @@ static __always_inline __u32 entry_category(__u32 cat, long nr, struct pt_regs *
 			return CAT_CLONE_FILES;
 		return (a0 & CLONE_NS_ADMIN) ? CAT_NAMESPACES : CAT_NONE;
 	case NR_shmat: case NR_semop: case NR_semtimedop: case NR_msgsnd: case NR_msgrcv:
+	case NR_mq_timedsend: case NR_mq_timedreceive: case NR_mq_notify:
 		return CAT_OTHER_IPC;
 	case NR_shmctl: case NR_msgctl:
 		return ipc_ctl_changes(nr, BPF_CORE_READ(regs, si)) ? CAT_OTHER_IPC : CAT_NONE;

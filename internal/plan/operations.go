@@ -139,11 +139,11 @@ var operations = []operation{
 		// System V objects by their creator (the alloc hooks), POSIX
 		// message queues at open (mq_open creates through inode_create).
 		parts: []opPart{
-			{op: lsm.OpOtherIPC, hook: "ipc_permission", category: otherIPC, bsNote: "System V objects the sandbox did not create " +
+			{op: lsm.OpOtherIPC, hook: "ipc_permission", category: otherIPC, bsNote: "System V objects and message queues the sandbox did not create " +
 				"(creations recorded by the IPC tracking tracepoints, attached while needed): shmat, semop, semtimedop, msgsnd, msgrcv, " +
 				"and IPC_RMID, IPC_SET, SETVAL, SETALL, SHM_LOCK/UNLOCK, at entry (the call completes first: a shmat maps the segment, " +
 				"the process dies before it returns; objects made before tracking count as another's); reads (IPC_STAT, *_INFO) allowed; " +
-				"POSIX message queues and 32-bit ipc(2) not judged"},
+				"POSIX message queues likewise at mq_timedsend, mq_timedreceive and mq_notify (the open is not judged); 32-bit ipc(2) not judged"},
 			{op: lsm.OpOtherIPC, hook: "shm_shmctl"},
 			{op: lsm.OpOtherIPC, hook: "sem_semctl"},
 			{op: lsm.OpOtherIPC, hook: "msg_queue_msgctl"},

@@ -109,6 +109,55 @@ func hostShm(b *bed) string {
 	return strconv.Itoa(id)
 }
 
+// mqOpen, mqSend and mqReceive are the POSIX message queue syscalls (the
+// kernel takes the name without glibc's leading slash).
+func mqOpen(name string, flags int) (int, error) {
+	p, err := unix.BytePtrFromString(name)
+	if err != nil {
+		return -1, err
+	}
+	fd, _, e := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(p)), uintptr(flags), 0o666, 0, 0, 0)
+	if e != 0 {
+		return -1, e
+	}
+	return int(fd), nil
+}
+
+func mqSend(fd int, msg string) error {
+	b := []byte(msg)
+	return errnoResult(unix.Syscall6(unix.SYS_MQ_TIMEDSEND, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0, 0, 0))
+}
+
+func mqReceive(fd int) (string, error) {
+	buf := make([]byte, 8192) // at least the queue's mq_msgsize (default 8192)
+	n, _, e := unix.Syscall6(unix.SYS_MQ_TIMEDRECEIVE, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0, 0)
+	if e != 0 {
+		return "", e
+	}
+	return string(buf[:n]), nil
+}
+
+func mqUnlink(name string) {
+	if p, err := unix.BytePtrFromString(name); err == nil {
+		unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(p)), 0, 0)
+	}
+}
+
+// hostMQ creates a POSIX message queue outside every sandbox holding a
+// secret and returns its name.
+func hostMQ(b *bed) string {
+	name := fmt.Sprintf("watcher-adv-host-%d", os.Getpid())
+	fd, err := mqOpen(name, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC)
+	if err != nil {
+		b.t.Skipf("no POSIX message queues here: %v", err)
+	}
+	b.t.Cleanup(func() { unix.Close(fd); mqUnlink(name) })
+	if err := mqSend(fd, "host-secret"); err != nil {
+		b.t.Fatal(err)
+	}
+	return name
+}
+
 func argPID(o outcome) int {
 	for _, l := range strings.Split(o.out, "\n") {
 		if p, ok := strings.CutPrefix(l, "TARGET "); ok {
@@ -183,6 +232,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "environ-host", variant: "read /proc/HOST/environ (a host process's tokens)", setup: hostProcess(false), achieved: printed("ENVIRON-READ")},
 	{class: 10, name: "fd-dir-host", variant: "list /proc/HOST/fd (what a host process holds open)", setup: hostProcess(false), achieved: printed("FDS-LISTED")},
 	{class: 10, name: "shmat-host", variant: "attach a host process's System V segment and read it", setup: hostShm, achieved: printed("host-secret")},
+	{class: 10, name: "mq-host", variant: "open a host process's POSIX message queue and receive from it", setup: hostMQ, achieved: printed("host-secret")},
 	{class: 10, name: "settimeofday-tz", variant: "settimeofday(NULL, current zone) (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "adjtimex-status", variant: "adjtimex ADJ_STATUS, the status it has (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "sethostname-same", variant: "sethostname(its current name) (CAP_SYS_ADMIN)", achieved: never},
@@ -196,6 +246,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "benign-own-session-pty", variant: "a pty its own session controls, opened again by name", benign: true, achieved: benignOK("OWN-SESSION-PTY")},
 	{class: 10, name: "benign-ps-reads", variant: "cmdline, stat and status of a host process; environ and fd of its own child", benign: true, setup: hostProcess(false), achieved: benignOK("PS-READS")},
 	{class: 10, name: "benign-own-shm", variant: "a System V segment of its own (get, attach, write, remove); IPC_STAT of the host's", benign: true, setup: hostShm, achieved: benignOK("OWN-SHM")},
+	{class: 10, name: "benign-own-mq", variant: "a POSIX message queue of its own (create, send, receive, unlink)", benign: true, achieved: benignOK("OWN-MQ")},
 	{class: 10, name: "benign-host-reads", variant: "clock_gettime, uname, SIOCGIFCONF, adjtimex read", benign: true, achieved: benignOK("HOST-READS")},
 }
 
@@ -289,6 +340,18 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return err
 		}
 		fmt.Printf("read %q\n", strings.TrimRight(string(mem[:16]), "\x00"))
+		return nil
+	},
+	"mq-host": func(attackEnv, string) error {
+		fd, err := mqOpen(os.Getenv("ADV_ARG"), unix.O_RDONLY)
+		if err != nil {
+			return err
+		}
+		msg, err := mqReceive(fd)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("received %q\n", msg)
 		return nil
 	},
 	"settimeofday-tz": func(attackEnv, string) error {
@@ -498,6 +561,26 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return err
 		}
 		fmt.Println("OWN-SHM")
+		return nil
+	},
+	"benign-own-mq": func(attackEnv, string) error {
+		name := fmt.Sprintf("watcher-adv-own-%d", os.Getpid())
+		fd, err := mqOpen(name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR)
+		if err != nil {
+			return err
+		}
+		defer mqUnlink(name)
+		if err := mqSend(fd, "mine"); err != nil {
+			return err
+		}
+		again, err := mqOpen(name, unix.O_RDONLY)
+		if err != nil {
+			return err
+		}
+		if msg, err := mqReceive(again); err != nil || msg != "mine" {
+			return fmt.Errorf("received %q, %v", msg, err)
+		}
+		fmt.Println("OWN-MQ")
 		return nil
 	},
 	"benign-host-reads": func(attackEnv, string) error {

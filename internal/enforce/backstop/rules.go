@@ -175,10 +175,11 @@ type SandboxRules struct {
 	Syslog Rule
 	// Quota applies to quotactl and quotactl_fd commands other than reads.
 	Quota Rule
-	// OtherIPC applies to System V objects the sandbox did not create
-	// (bpf/ipc.c records creations; Rules.NeedsIPCCreators): shmat,
-	// semop, semtimedop, msgsnd, msgrcv, and the *ctl commands that
-	// remove or change one, at entry (the call completes first).
+	// OtherIPC applies to System V objects and POSIX message queues the
+	// sandbox did not create (bpf/ipc.c records creations;
+	// Rules.NeedsIPCCreators): shmat, semop, semtimedop, msgsnd, msgrcv,
+	// the *ctl commands that remove or change one, mq_timedsend,
+	// mq_timedreceive and mq_notify, at entry (the call completes first).
 	OtherIPC Rule
 	// CapUse are capabilities whose successful check kills, by number
 	// (cap_capable tracepoint, after the check and before the process
@@ -282,6 +283,7 @@ var Syscalls = map[string]int{
 	"clock_adjtime": 305, "kcmp": 312, "sched_setattr": 314, "pidfd_open": 434,
 	"process_madvise": 440, "quotactl_fd": 443,
 	"shmctl": 31, "semop": 65, "semctl": 66, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semtimedop": 220,
+	"mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244,
 }
 
 // The one list of dangerous syscalls names every entry rules may use.
@@ -328,6 +330,7 @@ var categorySyscalls = map[string][]uint32{
 	"syslog": {catSyslog}, "quotactl": {catQuota}, "quotactl_fd": {catQuota},
 	"shmat": {catOtherIPC}, "shmctl": {catOtherIPC}, "semop": {catOtherIPC}, "semtimedop": {catOtherIPC},
 	"semctl": {catOtherIPC}, "msgsnd": {catOtherIPC}, "msgrcv": {catOtherIPC}, "msgctl": {catOtherIPC},
+	"mq_timedsend": {catOtherIPC}, "mq_timedreceive": {catOtherIPC}, "mq_notify": {catOtherIPC},
 }
 
 // DefaultRules is the backstop for the dangerous operations watcher refuses
