@@ -31,6 +31,7 @@
 #include "subtree.h"
 #include "tty.h"
 #include "ipcobj.h"
+#include "procfs.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -1576,37 +1577,13 @@ static __always_inline __u32 proc_mem_target(struct file *file, struct inode *in
 	return nr > 0 ? nr : 0;
 }
 
-/* proc_name_is: the first n bytes of a /proc name (NUL included) are s. */
-static __always_inline bool proc_name_is(const char *buf, const char *s, int n)
-{
-	for (int i = 0; i < n && i < 16; i++)
-		if (buf[i] != s[i])
-			return false;
-	return true;
-}
-
-/* proc_ptrace_target returns the pid of a /proc/PID file the kernel opens
- * only after a ptrace-mode read check (environ, auxv, the memory maps,
- * fd and fdinfo, stack, syscall, io, personality, timers, map_files; also
- * under task/TID), else 0. cmdline, stat, status and the rest stay
- * readable, as ps and top need. */
+/* proc_ptrace_target returns the pid of a /proc/PID file procfs.h judges,
+ * else 0. */
 static __always_inline __u32 proc_ptrace_target(struct file *file, struct inode *inode)
 {
-	struct dentry *d = BPF_CORE_READ(file, f_path.dentry);
-	char b[16] = {}, pb[8] = {};
-	bpf_probe_read_kernel(b, sizeof(b), BPF_CORE_READ(d, d_name.name));
-	bpf_probe_read_kernel(pb, sizeof(pb), BPF_CORE_READ(d, d_parent, d_name.name));
-	bool judged = proc_name_is(b, "environ", 8) || proc_name_is(b, "auxv", 5) || proc_name_is(b, "maps", 5) ||
-		      proc_name_is(b, "smaps", 6) || proc_name_is(b, "smaps_rollup", 13) ||
-		      proc_name_is(b, "numa_maps", 10) || proc_name_is(b, "pagemap", 8) || proc_name_is(b, "stack", 6) ||
-		      proc_name_is(b, "syscall", 8) || proc_name_is(b, "io", 3) || proc_name_is(b, "personality", 12) ||
-		      proc_name_is(b, "timers", 7) || proc_name_is(b, "fd", 3) || proc_name_is(b, "fdinfo", 7) ||
-		      proc_name_is(b, "map_files", 10) || proc_name_is(pb, "fdinfo", 7);
-	if (!judged)
+	if (proc_judged_name(BPF_CORE_READ(file, f_path.dentry)) == PROC_NOT_JUDGED)
 		return 0;
-	struct proc_inode *pi = (struct proc_inode *)((void *)inode -
-						      bpf_core_field_offset(struct proc_inode, vfs_inode));
-	struct pid *p = BPF_CORE_READ(pi, pid);
+	struct pid *p = proc_inode_pid(inode);
 	if (!p)
 		return 0;
 	int nr = 0;

@@ -20,6 +20,7 @@
 #include "pathwalk.h"
 #include "lsm_hook.h"
 #include "tty.h"
+#include "procfs.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -86,6 +87,7 @@ enum file_match {
 	MATCH_OTHER_IPC = 8, /* a POSIX message queue the sandbox did not create (6, 7: exec) */
 	MATCH_NOTIFY = 9,    /* a notify mark outside the sandbox's workspaces */
 	MATCH_OTHER_TTY = 10, /* a terminal controlled by a session outside the sandbox (tty.h) */
+	MATCH_OTHER_TASK = 11, /* a /proc/PID fd or fdinfo listing of a process outside (procfs.h) */
 };
 
 #define ANY 0xffffffffu
@@ -1315,6 +1317,20 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 				v.action = d.action;
 				v.rule_id = d.rule_id;
 				v.match = MATCH_PROC_MEM;
+			}
+		}
+	}
+
+	/* The fd and fdinfo listings of a process outside the subtree: the
+	 * kernel asks no ptrace check for them (procfs.h). */
+	if (f.magic == PROC_SUPER_MAGIC && proc_judged_name(BPF_CORE_READ(file, f_path.dentry)) == PROC_UNCHECKED) {
+		struct task_struct *t = pid_leader_task(proc_inode_pid(inode));
+		if (t && !in_subtree(t, c.root)) {
+			struct decision d = op_decision(c.sb->id, LSM_OP_OTHER_TASK, ACTION_ALLOW);
+			if (d.action > v.action) {
+				v.action = d.action;
+				v.rule_id = d.rule_id;
+				v.match = MATCH_OTHER_TASK;
 			}
 		}
 	}

@@ -178,6 +178,7 @@ func hostGone(b *bed, o outcome) (bool, string) {
 	for time.Now().Before(deadline) {
 		var ws unix.WaitStatus
 		if n, _ := unix.Wait4(cmd.Process.Pid, &ws, unix.WNOHANG, nil); n == cmd.Process.Pid {
+			b.t.Logf("host process %d ended: signal %v, exit %d", n, ws.Signal(), ws.ExitStatus())
 			return true, "host process got " + ws.Signal().String()
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -225,7 +226,10 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "prlimit-host", variant: "prlimit(HOST, RLIMIT_NOFILE, 8)", afterTheFact: true, setup: hostProcess(false), achieved: hostProc("limits", "Max open files            8 ")},
 	{class: 10, name: "setpriority-host", variant: "setpriority(PRIO_PROCESS, HOST, 19)", afterTheFact: true, setup: hostProcess(false), achieved: hostNice},
 	{class: 10, name: "affinity-host", variant: "sched_setaffinity(HOST, cpu 0)", afterTheFact: true, setup: hostProcess(false), achieved: hostProc("status", "Cpus_allowed_list:\t0\n")},
-	{class: 10, name: "fsetown-sigio-host", variant: "F_SETOWN HOST + O_ASYNC write (SIGIO)", setup: hostProcess(false), achieved: hostGone},
+	// The write succeeds whatever happens to the SIGIO it raises: what
+	// counts is the signal's refusal (or the sender's kill) and the host
+	// process alive.
+	{class: 10, name: "fsetown-sigio-host", variant: "F_SETOWN HOST + O_ASYNC write (SIGIO)", delivery: true, setup: hostProcess(false), achieved: hostGone},
 	{class: 10, name: "tiocsti-host-tty", variant: "TIOCSTI into a terminal outside the sandbox", afterTheFact: true, setup: hostPTY, achieved: ptyInjected},
 	{class: 10, name: "open-host-session-tty", variant: "read-open of a terminal a host session controls (the operator's keystrokes)", setup: hostSessionPTY, achieved: printed("TTY-OPENED")},
 	{class: 10, name: "open-console", variant: "read-open of /dev/console (a host login's terminal)", setup: hostDevice("/dev/console"), achieved: printed("TTY-OPENED")},
@@ -245,7 +249,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "benign-own-pty", variant: "TIOCGWINSZ on a pty of its own", benign: true, achieved: benignOK("WINSIZE")},
 	{class: 10, name: "benign-own-session-pty", variant: "a pty its own session controls, opened again by name", benign: true, achieved: benignOK("OWN-SESSION-PTY")},
 	{class: 10, name: "benign-ps-reads", variant: "cmdline, stat and status of a host process; environ and fd of its own child", benign: true, setup: hostProcess(false), achieved: benignOK("PS-READS")},
-	{class: 10, name: "benign-own-shm", variant: "a System V segment of its own (get, attach, write, remove); IPC_STAT of the host's", benign: true, setup: hostShm, achieved: benignOK("OWN-SHM")},
+	{class: 10, name: "benign-own-shm", variant: "a System V segment of its own (get, attach, write, remove)", benign: true, achieved: benignOK("OWN-SHM")},
 	{class: 10, name: "benign-own-mq", variant: "a POSIX message queue of its own (create, send, receive, unlink)", benign: true, achieved: benignOK("OWN-MQ")},
 	{class: 10, name: "benign-host-reads", variant: "clock_gettime, uname, SIOCGIFCONF, adjtimex read", benign: true, achieved: benignOK("HOST-READS")},
 }
@@ -540,10 +544,6 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 		return nil
 	},
 	"benign-own-shm": func(attackEnv, string) error {
-		var ds unix.SysvShmDesc
-		if _, err := unix.SysvShmCtl(targetArg(), unix.IPC_STAT, &ds); err != nil {
-			return fmt.Errorf("IPC_STAT of the host's segment: %w", err)
-		}
 		id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
 		if err != nil {
 			return err

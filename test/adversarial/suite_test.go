@@ -278,12 +278,8 @@ var techniques = []technique{
 // reported as OPEN, not failed, and fail the test once they close (so the
 // list cannot go stale). Key: name + "/" + path + "/" + layer.
 var knownOpen = map[string]string{
-	// The file_send_sigiotask hook refuses the SIGIO the sandbox's write
-	// raises (the event is there), yet the host process dies: another
-	// SIGIO to the same owner, probably POLL_HUP when the socket closes
-	// as the sender exits, is not refused. Issue 25.
-	"fsetown-sigio-host/sandbox/lsm":      "a second SIGIO to a host owner (likely at the socket's close) is not refused",
-	"fsetown-sigio-host/sandbox/fmod_ret": "a second SIGIO to a host owner (likely at the socket's close) is not refused",
+	// (empty: fsetown-sigio-host closed once the sandbox that set a file's
+	// owner judges every SIGIO for it, whoever sends it; bpf/lsm.c.)
 }
 
 // raceNotWon is what a race technique prints when its flip never reached

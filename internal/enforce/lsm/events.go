@@ -54,7 +54,7 @@ func cstr(b []int8) string {
 
 // File match tables (enum file_match).
 var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec", "fileless exec",
-	"other_ipc", "notify_mark", "other_tty"}
+	"other_ipc", "notify_mark", "other_tty", "other_process"}
 
 // Own-subtree matches (MATCH_OTHER_IPC, MATCH_NOTIFY in bpf/lsm.c); a
 // notify event's flags are the mark's object type.
@@ -62,6 +62,7 @@ const (
 	matchOtherIPC = 8
 	matchNotify   = 9
 	matchOtherTTY = 10
+	matchOtherPID = 11
 	fsnotifyObjSB = 2
 )
 
@@ -96,6 +97,8 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 	switch e.Match {
 	case matchOtherIPC:
 		ev.Message = OpOtherIPC.String() + ": a POSIX message queue created outside the sandbox"
+	case matchOtherPID:
+		ev.Message = OpOtherTask.String() + ": the open descriptors of a process outside the sandbox (/proc/PID/fd, fdinfo)"
 	case matchOtherTTY:
 		ev.Message = OpTTYInject.String() + ": open of a terminal controlled by a session outside the sandbox"
 	case matchNotify:
@@ -104,7 +107,7 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 			ev.Message = OpNotifyMark.String() + ": a filesystem-wide mark"
 		}
 	}
-	if e.Op != 0 && e.Match != matchNotify && e.Match != matchOtherIPC && e.Match != matchOtherTTY {
+	if e.Op != 0 && e.Match != matchNotify && e.Match != matchOtherIPC && e.Match != matchOtherTTY && e.Match != matchOtherPID {
 		d.Op = PathOp(e.Op).String()
 		ev.Message = d.Op + ": " + ev.Message
 	}
