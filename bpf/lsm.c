@@ -1305,7 +1305,11 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 	set_key_len(c.key, n, truncated);
 
 	struct file_verdict v = {};
-	judge_file_rules(&v, c.sb->id, c.key, &f, write, false);
+	/* A message queue's "path" is its name in the mqueue filesystem
+	 * (mq_open), not a file the file rules could mean: it is judged by
+	 * its creator below. */
+	if (f.magic != MQUEUE_MAGIC)
+		judge_file_rules(&v, c.sb->id, c.key, &f, write, false);
 
 	/* /proc/PID/mem (and /proc/PID/task/TID/mem), any PID. */
 	if (f.magic == PROC_SUPER_MAGIC) {
