@@ -21,7 +21,7 @@ func TestInfoStateBounded(t *testing.T) {
 			st.observe(sb, &info, 1, now)
 		}
 	}
-	if n := len(st.domains); n != maxDomainsPerSandbox {
+	if n := st.domainCount(); n != maxDomainsPerSandbox {
 		t.Errorf("%d domains kept, want %d", n, maxDomainsPerSandbox)
 	}
 	var before float64
@@ -29,7 +29,7 @@ func TestInfoStateBounded(t *testing.T) {
 		info := analyzeName(fmt.Sprintf("a%x-b%x.c%x.big.example.org", i*7919, i*104729, i))
 		st.observe(sb, &info, 1, now.Add(time.Duration(i)*time.Millisecond))
 	}
-	d := st.domains["example.org"].Value.(*domainState)
+	d := st.lookup("example.org")
 	if len(d.info.names) > maxInfoNames || len(d.info.tokens) > maxInfoTokens || len(d.info.recent) > recentTokens || len(d.names) > maxStreamNames+1 {
 		t.Errorf("domain state beyond its bounds: %d names, %d tokens, %d recent, %d stream names",
 			len(d.info.names), len(d.info.tokens), len(d.info.recent), len(d.names))
