@@ -21,7 +21,8 @@ import (
 // (labels, and their parts between '-' and '_'); a token seen before costs
 // a reference (log2 of the dictionary size), a new one costs the cheaper of
 // its length under the hostname trigram model and its length as a uniform
-// random string over its alphabet. A repeated name costs nothing. Words
+// random string over its alphabet. A repeated name costs no new bits here;
+// which known name (and type) is asked is charged by channel.go. Words
 // ("static", "eu-west-1") are cheap under the model; encoded data costs
 // what it carries, and cannot hide in letter case (the name is lower-cased
 // first) or in the choice among known tokens (each reference is paid).
