@@ -123,11 +123,14 @@ func (s *channelSymbol) renewal(now int64) bool {
 		now-s.expires <= int64(renewalStale)
 }
 
-// rank counts the due renewals that expired before symbol i.
+// rank counts the due renewals that expired before symbol i (ties broken
+// by hash, so answers that expire together are no free choice).
 func (c *channelState) rank(i int, now int64) int {
 	n := 0
+	si := &c.syms[i]
 	for j := range c.syms {
-		if j != i && c.syms[j].renewal(now) && c.syms[j].expires < c.syms[i].expires {
+		sj := &c.syms[j]
+		if j != i && sj.renewal(now) && (sj.expires < si.expires || sj.expires == si.expires && sj.h < si.h) {
 			n++
 		}
 	}

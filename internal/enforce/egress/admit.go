@@ -114,6 +114,9 @@ func (e *Egress) Admit(id uint32, addrs []netip.Addr, ttl time.Duration, name st
 	if len(ports) == 0 {
 		return nil // nothing to open
 	}
+	if len(ports) > MaxAdmitSpans {
+		return fmt.Errorf("admit %s for sandbox %d: %d port spans, at most %d per address", name, id, len(ports), MaxAdmitSpans)
+	}
 	for _, p := range ports {
 		if p.Lo > p.Hi {
 			return fmt.Errorf("admit: port span %d-%d is empty", p.Lo, p.Hi)
