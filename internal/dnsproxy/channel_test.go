@@ -187,3 +187,46 @@ func TestCutTableFailsClosed(t *testing.T) {
 		t.Errorf("the unlisted cut-off is still held")
 	}
 }
+
+// TestChannelAlertOnce: the query that spends a domain's budget leaves one
+// alert event with the numbers beside its own; the refusals after it do
+// not repeat it.
+func TestChannelAlertOnce(t *testing.T) {
+	auth := startAuth(t, func(string) uint32 { return 0 })
+	clock := &replayClock{t: time.Unix(1_760_000_000, 0)}
+	events := &eventLog{}
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{auth.addr}, Now: clock.Now, Events: events,
+		Policy: mustPolicy(t, channelPolicy)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &channelRig{t: t, s: s, auth: auth, clock: clock, src: evalSrc}
+	c.src.ListenerSandbox = "sb"
+	names := choiceNames("exfil.test")
+	refused := 0
+	x := uint32(3)
+	for i := 0; i < 3000 && refused < 50; i++ {
+		n := names[i%256]
+		if i >= 256 {
+			x = x*1664525 + 1013904223
+			n = names[int(x>>16)%256]
+		}
+		if rc, _ := c.ask(n, dns.TypeA); rc != dns.RcodeSuccess {
+			refused++
+		}
+		clock.t = clock.t.Add(25 * time.Millisecond)
+	}
+	var alerts []string
+	for _, ev := range events.all() {
+		if ev.Rule == "dns-channel:sb" {
+			alerts = append(alerts, ev.Message)
+		}
+	}
+	if len(alerts) != 1 {
+		t.Fatalf("%d channel alerts after %d refusals, want 1: %q", len(alerts), refused, alerts)
+	}
+	if !strings.HasPrefix(alerts[0], "DNS channel to exfil.test over its budget: ") || !strings.Contains(alerts[0], "(budget 4800)") ||
+		!strings.Contains(alerts[0], "over 256 symbols") {
+		t.Errorf("alert %q", alerts[0])
+	}
+}
