@@ -290,7 +290,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if a.egress, err = egress.Load(a.eng, egress.Options{Notify: a.emit, Grace: a.plan.GraceMax}); err != nil {
 		return a, fmt.Errorf("egress: %w", err)
 	}
-	egress.Register(a.reader)
+	a.egress.RegisterEvents(a.reader)
 	a.startup.done("load egress")
 	// The backstop is loaded whatever the first plan needs: a reload may
 	// add rules only it enforces, and its syscall tracepoints (the costly

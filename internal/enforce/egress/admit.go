@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/textesc"
 )
 
 // Admissions: an allowed DNS answer admits its addresses to the sandbox's
@@ -307,4 +310,66 @@ func (e *Egress) Admitted(id uint32, addr netip.Addr) ([]AdmittedSpan, error) {
 			Expires: wall.Add(time.Duration(int64(s.ExpiresNs) - int64(now)))})
 	}
 	return out, nil
+}
+
+// RegisterEvents registers the decoder of the egress programs' events, as
+// Register does, and completes a refusal for a port (ReasonPort): its
+// message names what the address was admitted for ("admitted for
+// <names> on tcp/80, tcp/443"), so the refusal says which name needs an
+// egress.names entry.
+func (e *Egress) RegisterEvents(r *enforce.Reader) {
+	r.Register(enforce.EvNet, audit.KindNet, cgroupbpf.Mechanism, func(raw []byte, ev *audit.Event) error {
+		if err := decodeNet(raw, ev); err != nil {
+			return err
+		}
+		if ev.Net != nil && ev.Net.Reason == reasons[ReasonPort] {
+			ev.Message = e.describe(ev.Sandbox.ID, ev.Net.Addr)
+		}
+		return nil
+	})
+}
+
+// AdmittedPrefix starts the message of a refusal for a port; the names
+// follow, comma-separated, then " on " and the spans.
+const AdmittedPrefix = "admitted for "
+
+// describe says what sandbox id's admission of addr opens.
+func (e *Egress) describe(id uint32, addr string) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return ""
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.sandboxes[id]
+	if st == nil || st.allowed[a.Unmap()] == nil {
+		return ""
+	}
+	adm := st.allowed[a.Unmap()]
+	var names, spans []string
+	for _, n := range adm.names {
+		if n != "" {
+			names = append(names, textesc.String(strings.TrimSuffix(n, ".")))
+		}
+	}
+	if len(names) == 0 {
+		names = []string{"(unknown)"}
+	}
+	now := bootNanos()
+	for i := range min(int(adm.val.N), MaxAdmitSpans) {
+		s := adm.val.S[i]
+		if s.ExpiresNs <= now {
+			continue
+		}
+		proto := map[uint32]string{protoBitTCP: "tcp", protoBitUDP: "udp"}[s.Protos]
+		if proto == "" {
+			proto = "any"
+		}
+		if s.Lo == s.Hi {
+			spans = append(spans, fmt.Sprintf("%s/%d", proto, s.Lo))
+		} else {
+			spans = append(spans, fmt.Sprintf("%s/%d-%d", proto, s.Lo, s.Hi))
+		}
+	}
+	return AdmittedPrefix + strings.Join(names, ", ") + " on " + strings.Join(spans, ", ")
 }

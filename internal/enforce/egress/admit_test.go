@@ -156,8 +156,9 @@ func TestAdmissionScope(t *testing.T) {
 		t.Helper()
 		mustEPERM(t, what, r)
 		ev := f.netEvent(t, pid, ap)
-		if ev.Verdict != audit.VerdictDenied || ev.Severity != audit.SeverityAlert || !strings.Contains(ev.Net.Reason, "not on a port or protocol its name allows") {
-			t.Errorf("%s: event %s %s %q, want a denied alert for the port", what, ev.Verdict, ev.Severity, ev.Net.Reason)
+		if ev.Verdict != audit.VerdictDenied || ev.Severity != audit.SeverityAlert || !strings.Contains(ev.Net.Reason, "not on a port or protocol its name allows") ||
+			ev.Message != "admitted for allowed.test on tcp/80, tcp/443" {
+			t.Errorf("%s: event %s %s %q %q, want a denied alert for the port, admitted for allowed.test on tcp/80, tcp/443", what, ev.Verdict, ev.Severity, ev.Net.Reason, ev.Message)
 		}
 	}
 

@@ -165,7 +165,7 @@ func setup(t *testing.T) *fixture {
 	}
 
 	rd := eng.NewReader(enforce.ReaderOptions{PollInterval: 20 * time.Millisecond})
-	egress.Register(rd)
+	f.eg.RegisterEvents(rd)
 	cgroupbpf.Register(rd)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
