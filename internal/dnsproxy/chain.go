@@ -368,7 +368,8 @@ func nameStage(s *Server, r *request) bool {
 		// escapes, so any other byte means the name is not a hostname.
 		r.info = analyzeInvalidName(name)
 		if r.sandbox.mode != "off" && !r.probe {
-			if cut, _ := r.state.observe(r.sandbox, &r.info, r.q.Qtype, r.now); cut {
+			// Refused here, never forwarded: new bits only.
+			if cut, _, _ := r.state.observeQuery(r.sandbox, &r.info, queryFacts{qtype: r.q.Qtype}, r.now); cut {
 				s.stats.domainsCut.Add(1)
 			}
 		}
