@@ -254,7 +254,8 @@ func TestAdmissionScope(t *testing.T) {
 // to the authoritative server in the test namespace (TTL 0, so every
 // query reaches it): a choice among 256 names and among 8 query types is
 // cut off within the budget with an alert that gives the numbers, and a
-// flood of unlisted names does not lift the cut-off.
+// flood of unlisted names does not lift the cut-off; a benign client
+// asking its CDN names again every TTL is never refused.
 func TestDNSChannelsThroughKernel(t *testing.T) {
 	f := setup(t)
 	n := f.net
@@ -280,6 +281,27 @@ func TestDNSChannelsThroughKernel(t *testing.T) {
 			return ev.Severity == audit.SeverityAlert && strings.HasPrefix(ev.Message, "DNS channel to "+domain+" over its budget")
 		})
 	}
+
+	// First the benign neighbour: 40 CDN names under one parent, A, AAAA
+	// and HTTPS each asked again as its 10 s TTL runs out, three rounds.
+	t.Run("benign CDN names", func(t *testing.T) {
+		n.ttl.Store(10)
+		defer n.ttl.Store(0)
+		var lines []string
+		for i := range 40 {
+			for _, typ := range []string{"A", "AAAA", "HTTPS"} {
+				lines = append(lines, fmt.Sprintf("e%d.cdn.test %s", i, typ))
+			}
+		}
+		for round := range 3 {
+			if round > 0 {
+				time.Sleep(10500 * time.Millisecond)
+			}
+			if ok, refused := burst(t, lines); refused != 0 {
+				t.Fatalf("round %d: %d answered, %d refused", round, ok, refused)
+			}
+		}
+	})
 
 	t.Run("name choice", func(t *testing.T) {
 		var names, lines []string
