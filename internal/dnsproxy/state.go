@@ -233,13 +233,6 @@ type queryFacts struct {
 	forwarded bool
 }
 
-// observe records a query for info.name and reports whether its domain is
-// (now) cut off, with the reason (forwarded, unlisted, type qtype).
-func (st *sandboxState) observe(sb *compiledSandbox, info *nameInfo, qtype uint16, now time.Time) (cut bool, reason string) {
-	cut, reason, _ = st.observeQuery(sb, info, queryFacts{qtype: qtype, forwarded: true}, now)
-	return cut, reason
-}
-
 // observeQuery records a query and reports whether its domain is (now) cut
 // off, with the reason; alert is set, with the numbers, when this query
 // cut the domain off.
