@@ -226,7 +226,7 @@ func TestChannelAlertOnce(t *testing.T) {
 		t.Fatalf("%d channel alerts after %d refusals, want 1: %q", len(alerts), refused, alerts)
 	}
 	if !strings.HasPrefix(alerts[0], "DNS channel to exfil.test over its budget: ") || !strings.Contains(alerts[0], "(budget 4800)") ||
-		!strings.Contains(alerts[0], "over 256 symbols") {
+		!strings.Contains(alerts[0], "256 symbols (name, type) in use") {
 		t.Errorf("alert %q", alerts[0])
 	}
 }

@@ -294,8 +294,8 @@ func (st *sandboxState) observeQuery(sb *compiledSandbox, info *nameInfo, q quer
 		reason = ReasonEncodedStream
 	case bits > budget:
 		reason = ReasonInfoBudget
-		alert = fmt.Sprintf("DNS channel to %s over its budget: %.0f bits in the last %s (budget %.0f), %d forwarded queries over %d symbols (name, type) in this window; cut off for %s",
-			textesc.String(d.domain), bits, lim.infoWindow, budget, d.charged, len(d.channel.syms), lim.blockFor)
+		alert = fmt.Sprintf("DNS channel to %s over its budget: %.0f bits in the last %s (budget %.0f); %d forwarded queries in the last %s, %d symbols (name, type) in use; cut off for %s",
+			textesc.String(d.domain), bits, lim.infoWindow, budget, d.charged, lim.window, len(d.channel.syms), lim.blockFor)
 	case d.distinct >= minStreamQueries && d.tunnelTypes*2 >= d.queries:
 		reason = ReasonTunnelTypes
 	}
