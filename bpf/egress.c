@@ -111,8 +111,8 @@ struct admit_val {
 /* Addresses the proxy answered, per sandbox. The agent alone writes it and
  * bounds each sandbox's share (earliest expiry evicted first, counted), so
  * a plain hash: an LRU could drop entries before it is full, silently.
- * (Named egress_admit since the value carries port spans: a pinned
- * egress_allow of an older agent is left alone.) */
+ * (Named egress_admit since the value carries port spans: the agent
+ * unpins an older agent's egress_allow.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, EGRESS_MAX_ALLOW);

@@ -3,6 +3,7 @@ package egress_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,11 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/miekg/dns"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
+	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 )
 
 // admitHelper runs in a helper child in the sandbox cgroup.
@@ -355,4 +359,27 @@ func TestDNSChannelsThroughKernel(t *testing.T) {
 		ev := alert(t, "cdn.test")
 		t.Logf("%d answered, %d refused, %d reached the authoritative server; alert: %s", ok, refused, reached, ev.Message)
 	})
+}
+
+// TestOldAllowMapUnpinned: an older agent's egress_allow pin (the value
+// without port spans) is removed when the new programs load.
+func TestOldAllowMapUnpinned(t *testing.T) {
+	eng := enforcetest.Engine(t)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: "egress_allow", Type: ebpf.Hash, KeySize: 20, ValueSize: 8, MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	pin := filepath.Join(enforce.MapPinDir(eng.PinDir()), "egress_allow")
+	if err := old.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	eg, err := egress.Load(eng, egress.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eg.Close()
+	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("old pin %s still there: %v", pin, err)
+	}
 }

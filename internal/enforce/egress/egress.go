@@ -84,7 +84,7 @@ type Egress struct {
 
 	mu        sync.Mutex
 	sandboxes map[uint32]*sandboxState
-	total     int // entries in egress_allow
+	total     int // entries in egress_admit
 	links     map[uint64][]link.Link
 }
 
@@ -200,6 +200,12 @@ func Load(eng *enforce.Engine, opts Options) (*Egress, error) {
 	if err := e.adopt(); err != nil {
 		e.objs.Close()
 		return nil, fmt.Errorf("load egress: %w", err)
+	}
+	// An older agent's answered addresses, without port spans: no
+	// program reads them any more.
+	if err := os.Remove(filepath.Join(enforce.MapPinDir(e.pinDir), "egress_allow")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		e.objs.Close()
+		return nil, fmt.Errorf("load egress: remove the old answered-address map: %w", err)
 	}
 	return e, nil
 }
