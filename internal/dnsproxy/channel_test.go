@@ -230,3 +230,25 @@ func TestChannelAlertOnce(t *testing.T) {
 		t.Errorf("alert %q", alerts[0])
 	}
 }
+
+// TestOneBudgetPerDomain: names under one domain share one state whether
+// an allowlist entry or the default allowed them: an allowlisted name
+// takes over the state the others built.
+func TestOneBudgetPerDomain(t *testing.T) {
+	sb := compilePolicy(&Policy{Sandboxes: map[string]*SandboxPolicy{"sb": {Default: "allow", Allow: []string{"api.example.com"}}}}).sandboxes["sb"]
+	st := newSandboxState()
+	now := time.Unix(1_700_000_000, 0)
+	for i, n := range []struct {
+		name   string
+		listed bool
+	}{{"www.example.com", false}, {"api.example.com", true}, {"cdn.example.com", false}} {
+		info := analyzeName(n.name)
+		st.observeQuery(sb, &info, queryFacts{qtype: dns.TypeA, listed: n.listed, forwarded: true}, now.Add(time.Duration(i)*time.Second))
+	}
+	if n := st.domainCount(); n != 1 {
+		t.Fatalf("%d domain states for example.com, want 1", n)
+	}
+	if d := st.lookup("example.com"); d == nil || d.queries != 3 || st.listed.m["example.com"] == nil {
+		t.Errorf("example.com's state: %+v, in the allowlisted table: %v", d, st.listed.m["example.com"] != nil)
+	}
+}

@@ -152,6 +152,28 @@ func (t *domainTable) domain(name string) *domainState {
 	return d
 }
 
+// domainFor returns a domain's state from the table its names belong to:
+// the allowlisted table once any allowlisted name was asked under it (a
+// state the other table held moves over), so one domain has one budget.
+// Caller holds the sandbox's lock.
+func (st *sandboxState) domainFor(domain string, listed bool) *domainState {
+	if e, ok := st.listed.m[domain]; ok || !listed {
+		if ok {
+			st.listed.lru.MoveToFront(e)
+			return e.Value.(*domainState)
+		}
+		return st.other.domain(domain)
+	}
+	if e, ok := st.other.m[domain]; ok {
+		st.other.lru.Remove(e)
+		delete(st.other.m, domain)
+		d := st.listed.domain(domain)
+		*d = *e.Value.(*domainState)
+		return d
+	}
+	return st.listed.domain(domain)
+}
+
 // lookup returns a domain's state without touching the LRU order, nil when
 // neither table holds it. Caller holds the sandbox's lock.
 func (st *sandboxState) lookup(domain string) *domainState {
@@ -250,11 +272,7 @@ func (st *sandboxState) observeQuery(sb *compiledSandbox, info *nameInfo, q quer
 	if why, ok := st.cutFor(info.domain, now); ok {
 		return true, why, ""
 	}
-	table := &st.other
-	if q.listed {
-		table = &st.listed
-	}
-	d := table.domain(info.domain)
+	d := st.domainFor(info.domain, q.listed)
 	if now.Sub(d.windowStart) > lim.window {
 		*d = domainState{domain: d.domain, windowStart: now, names: d.names[:0], info: d.info, channel: d.channel}
 	}
