@@ -10,8 +10,11 @@
  *     recorded by socket cookie (egress_dns_orig) so recvmsg4/6 and
  *     getpeername4/6 can show the client the server it asked.
  *   - Every other destination must be an address the proxy answered for this
- *     sandbox and that has not expired (egress_allow), or match a CIDR/port
- *     rule of the policy (egress_cidr). Anything else is refused: returning 0
+ *     sandbox, on a port and protocol the policy allows for the name it
+ *     answered, and whose admission has not expired (egress_admit), or
+ *     match a CIDR/port rule of the policy (egress_cidr). Only connect()
+ *     (and each unconnected datagram) is judged: an established
+ *     connection outlives its admission. Anything else is refused: returning 0
  *     makes connect()/sendmsg() fail with EPERM. Each refusal is an alert
  *     event; in record-only mode the operation goes on and the event says
  *     "recorded".
@@ -34,6 +37,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define EGRESS_MAX_ALLOW 65536
 #define EGRESS_MAX_CIDR 16384
 #define EGRESS_MAX_RANGES 8
+#define ADMIT_MAX_SPANS 8
 #define DNS_BIND_TRIES 8
 
 /* egress_config flags. */
@@ -58,6 +62,7 @@ enum net_reason {
 	NET_R_UNIX_RELATIVE = 8, /* relative unix socket path (cannot be judged) */
 	NET_R_UNIX_DOTDOT = 9,   /* ".." in a unix socket path */
 	NET_R_UNIX_PATH = 10,    /* unix socket outside the sandbox's paths */
+	NET_R_PORT = 11,         /* answered address, port/protocol not allowed for its name */
 };
 
 enum net_op {
@@ -88,20 +93,33 @@ struct allow_key {
 	__u32 addr[4]; /* network order; IPv4 as ::ffff:a.b.c.d */
 };
 
-struct allow_val {
+/* One port span an answer admitted its address for, until expires_ns. */
+struct admit_span {
 	__u64 expires_ns; /* CLOCK_BOOTTIME; refused from then on */
+	__u16 lo, hi;     /* host order, inclusive */
+	__u32 protos;     /* PROTO_BIT_* */
+};
+
+/* What answers admitted an address for: the spans of the names answered
+ * with it, each with its own expiry (min(TTL, cap) + grace). */
+struct admit_val {
+	struct admit_span s[ADMIT_MAX_SPANS];
+	__u32 n;
+	__u32 pad;
 };
 
 /* Addresses the proxy answered, per sandbox. The agent alone writes it and
  * bounds each sandbox's share (earliest expiry evicted first, counted), so
- * a plain hash: an LRU could drop entries before it is full, silently. */
+ * a plain hash: an LRU could drop entries before it is full, silently.
+ * (Named egress_admit since the value carries port spans: the agent
+ * unpins an older agent's egress_allow.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, EGRESS_MAX_ALLOW);
 	__type(key, struct allow_key);
-	__type(value, struct allow_val);
+	__type(value, struct admit_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} egress_allow SEC(".maps");
+} egress_admit SEC(".maps");
 
 struct cidr_key {
 	__u32 prefixlen; /* 32 (sandbox id) + 96/0 + prefix bits */
@@ -254,7 +272,8 @@ const struct dns_client *unused_dns_client __attribute__((unused));
 const struct dns_client_key *unused_dns_client_key __attribute__((unused));
 const struct dns_orig *unused_dns_orig __attribute__((unused));
 const struct allow_key *unused_allow_key __attribute__((unused));
-const struct allow_val *unused_allow_val __attribute__((unused));
+const struct admit_val *unused_admit_val __attribute__((unused));
+const struct admit_span *unused_admit_span __attribute__((unused));
 const struct port_span *unused_port_span __attribute__((unused));
 
 static __always_inline void count(__u32 idx)
@@ -312,8 +331,9 @@ static __always_inline bool allowed_by_rule(__u32 sandbox_id, struct dest *d, __
 					    __u32 *rule_id);
 static __always_inline bool resolver_port(__u16 port);
 
-/* allowed reports whether d may be reached: an unexpired proxy answer for
- * the sandbox, or a CIDR/port rule. *reason says why not. */
+/* allowed reports whether d may be reached: an unexpired admission of an
+ * answer for the sandbox covering d's port and protocol, or a CIDR/port
+ * rule. *reason says why not. */
 static __always_inline bool allowed(__u32 sandbox_id, struct dest *d, __u32 proto, __u8 *reason,
 				    __u32 *rule_id)
 {
@@ -323,13 +343,24 @@ static __always_inline bool allowed(__u32 sandbox_id, struct dest *d, __u32 prot
 	k.addr[2] = d->addr[2];
 	k.addr[3] = d->addr[3];
 	*reason = NET_R_NOT_RESOLVED;
-	struct allow_val *v = bpf_map_lookup_elem(&egress_allow, &k);
+	struct admit_val *v = bpf_map_lookup_elem(&egress_admit, &k);
 	if (v) {
-		if (v->expires_ns > bpf_ktime_get_boot_ns()) {
-			count(CNT_ALLOWED_ANSWER);
-			return true;
+		__u64 now = bpf_ktime_get_boot_ns();
+		__u32 bit = proto == IPPROTO_TCP ? PROTO_BIT_TCP : proto == IPPROTO_UDP ? PROTO_BIT_UDP : 0;
+		bool live = false;
+		for (int i = 0; i < ADMIT_MAX_SPANS; i++) {
+			if (i >= v->n)
+				break;
+			struct admit_span *s = &v->s[i];
+			if (s->expires_ns <= now)
+				continue;
+			live = true;
+			if ((s->protos & bit) && d->port >= s->lo && d->port <= s->hi) {
+				count(CNT_ALLOWED_ANSWER);
+				return true;
+			}
 		}
-		*reason = NET_R_EXPIRED;
+		*reason = live ? NET_R_PORT : NET_R_EXPIRED;
 	}
 
 	return allowed_by_rule(sandbox_id, d, proto, rule_id);

@@ -290,7 +290,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if a.egress, err = egress.Load(a.eng, egress.Options{Notify: a.emit, Grace: a.plan.GraceMax}); err != nil {
 		return a, fmt.Errorf("egress: %w", err)
 	}
-	egress.Register(a.reader)
+	a.egress.RegisterEvents(a.reader)
 	a.startup.done("load egress")
 	// The backstop is loaded whatever the first plan needs: a reload may
 	// add rules only it enforces, and its syscall tracepoints (the costly
@@ -477,6 +477,7 @@ func (a *Agent) dnsSandbox(src dnsproxy.QuerySource) (string, bool) {
 func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	a.mu.Lock()
 	_, resolved := a.plan.ResolvedEgress[ans.Sandbox]
+	scope := a.plan.Admission[ans.Sandbox]
 	a.mu.Unlock()
 	if !resolved || a.egress == nil {
 		return
@@ -485,10 +486,36 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	if !ok {
 		return
 	}
-	if err := dnsbind.Admit(a.egress, id, ans); err != nil {
+	if err := dnsbind.Admit(a.egress, id, ans, scope); err != nil {
 		a.emit(audit.Event{Kind: audit.KindNet, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
 			Message: "answered addresses not admitted (connections to them will be refused): " + err.Error()})
+	}
+}
+
+// revokeDropped drops the admissions of answers for names the new plan no
+// longer lets a sandbox resolve (or of every name, when its egress is no
+// longer "resolved"): a reload that drops a name closes its addresses.
+func (a *Agent) revokeDropped(p *plan.Plan) {
+	if a.egress == nil {
+		return
+	}
+	for name, id := range p.SandboxIDs {
+		keep := func(string) bool { return false }
+		if sp := p.DNS.Sandboxes[name]; sp != nil {
+			if _, resolved := p.ResolvedEgress[name]; resolved {
+				keep = sp.Allows()
+			}
+		}
+		n, err := a.egress.Revoke(id, keep)
+		if err != nil || n > 0 {
+			msg := fmt.Sprintf("policy reload: %d answered address(es) of names no longer allowed dropped", n)
+			if err != nil {
+				msg += ": " + err.Error()
+			}
+			a.emit(audit.Event{Kind: audit.KindNet, Verdict: audit.VerdictRecorded, Severity: audit.SeverityRoutine,
+				Sandbox: audit.Sandbox{Name: name}, Mechanism: "agent", Message: msg})
+		}
 	}
 }
 
@@ -649,6 +676,9 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		}
 		if err == nil {
 			err = a.dns.SetPolicy(next.DNS)
+		}
+		if err == nil {
+			a.revokeDropped(next)
 		}
 		if err == nil {
 			err = a.registerSandboxes()

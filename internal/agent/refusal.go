@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -166,6 +167,15 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 		} else if e.Net.Addr != "" {
 			r.Address = fmt.Sprintf("%s:%d", e.Net.Addr, e.Net.Port)
 			r.Allow = []string{fmt.Sprintf("egress: {allow: [{cidr: %s/%d}]}", e.Net.Addr, hostBits(e.Net.Addr))}
+			if name := portRefusalName(e); name != "" {
+				// An answered address on a port its name does not open:
+				// open the port for the name, not the address for ever.
+				proto := "tcp"
+				if e.Net.Protocol == syscall.IPPROTO_UDP {
+					proto = "udp"
+				}
+				r.Allow = []string{fmt.Sprintf("egress: {names: [{name: %s, ports: [\"%d\"], protocol: %s}]}", name, e.Net.Port, proto)}
+			}
 		}
 		r.Note = e.Net.Reason
 		if e.Kind == audit.KindSocket {
@@ -189,6 +199,22 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 		r.Layer = "-"
 	}
 	return r, true
+}
+
+// portRefusalName is the first name whose answer admitted the address of
+// a refusal for a port (egress.Egress.RegisterEvents), "" for any other
+// refusal.
+func portRefusalName(e *audit.Event) string {
+	rest, ok := strings.CutPrefix(e.Message, egress.AdmittedPrefix)
+	if !ok || !strings.Contains(e.Net.Reason, "not on a port or protocol its name allows") {
+		return ""
+	}
+	name, _, _ := strings.Cut(rest, " on ")
+	name, _, _ = strings.Cut(name, ", ")
+	if name == "(unknown)" {
+		return ""
+	}
+	return name
 }
 
 // fileAllow fills the rule and the allowing line of a file or exec

@@ -35,16 +35,23 @@ sandboxes:
 			DNS: &audit.DNSDetail{Name: "example.org.", Reason: "not in the allowlist"}},
 		{Kind: audit.KindNet, Verdict: audit.VerdictKilled, Mechanism: "kill", Sandbox: audit.Sandbox{Name: "r"},
 			Net: &audit.NetDetail{Family: 1, Op: "connect", Addr: "/run/docker.sock", Reason: "unix peer outside the sandbox's socket paths (resolved)"}},
+		{Kind: audit.KindNet, Verdict: audit.VerdictDenied, Mechanism: "cgroup_bpf", Sandbox: audit.Sandbox{Name: "r"},
+			Net: &audit.NetDetail{Family: 2, Op: "sendmsg", Addr: "198.18.0.7", Port: 4445, Protocol: 17,
+				Reason: "answered address, but not on a port or protocol its name allows"},
+			Message: "admitted for stun.example.org, cdn.example.org on tcp/80, tcp/443"},
 		// The benign neighbour: an allowed open is no refusal.
 		open(ws+"/main.go", true, "landlock", audit.VerdictAllowed),
 	}
 	got := Refusals(p, sb, events, ws)
-	if len(got) != 7 {
-		t.Fatalf("got %d refusals, want 7: %+v", len(got), got)
+	if len(got) != 8 {
+		t.Fatalf("got %d refusals, want 8: %+v", len(got), got)
 	}
 	byOp := map[string]Refusal{}
 	for _, r := range got {
 		byOp[r.Operation+" "+r.Path+r.Address] = r
+	}
+	if p := byOp["sendmsg 198.18.0.7:4445"]; len(p.Allow) != 1 || p.Allow[0] != `egress: {names: [{name: stun.example.org, ports: ["4445"], protocol: udp}]}` {
+		t.Errorf("port refusal = %+v", p)
 	}
 	sh := byOp["read /etc/shadow"]
 	if sh.Count != 2 || sh.Rule != "cred-shadow" || sh.Layer != "landlock" || sh.Errno != "EACCES" || sh.Result != "refused" ||
@@ -73,7 +80,7 @@ sandboxes:
 	rep := &RunReport{Label: "call-1", Sandbox: "r", Mode: "enforce", Refusals: got, Killed: true}
 	var text bytes.Buffer
 	rep.WriteSummary(&text)
-	for _, want := range []string{"8 operation(s) refused", "label=call-1", "cred-shadow", "landlock", "would be allowed by", "kill backstop killed"} {
+	for _, want := range []string{"9 operation(s) refused", "label=call-1", "cred-shadow", "landlock", "would be allowed by", "kill backstop killed"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, text.String())
 		}
@@ -83,7 +90,7 @@ sandboxes:
 		t.Fatal(err)
 	}
 	var back RunReport
-	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Label != "call-1" || len(back.Refusals) != 7 {
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Label != "call-1" || len(back.Refusals) != 8 {
 		t.Errorf("JSON report round trip: %v %+v", err, back)
 	}
 }

@@ -30,6 +30,15 @@ type request struct {
 
 	info       nameInfo
 	notAllowed bool
+	// listed: an allowlist entry matched the name.
+	listed bool
+	// cached is the cache's answer, looked up once by detect (when
+	// cacheLooked) for the channel charge and used by the cache stage.
+	cachedT     *answerTemplate
+	cacheLooked bool
+	// alert, when set, is a channel alert with its numbers, emitted as
+	// its own event beside the query's.
+	alert string
 	// probe is the agent's own canary probe (Config.OwnProbe).
 	probe bool
 
@@ -359,7 +368,8 @@ func nameStage(s *Server, r *request) bool {
 		// escapes, so any other byte means the name is not a hostname.
 		r.info = analyzeInvalidName(name)
 		if r.sandbox.mode != "off" && !r.probe {
-			if cut, _ := r.state.observe(r.sandbox, &r.info, r.q.Qtype, r.now); cut {
+			// Refused here, never forwarded: new bits only.
+			if cut, _, _ := r.state.observeQuery(r.sandbox, &r.info, queryFacts{qtype: r.q.Qtype}, r.now); cut {
 				s.stats.domainsCut.Add(1)
 			}
 		}
@@ -399,7 +409,8 @@ func policyStage(s *Server, r *request) bool {
 		}
 		return s.block(r, ReasonDenied, audit.SeverityRoutine)
 	}
-	r.notAllowed = !sb.defaultAllow && !sb.allow.match(name)
+	r.listed = sb.allow.match(name)
+	r.notAllowed = !sb.defaultAllow && !r.listed
 	if r.notAllowed && sb.recordOnly {
 		// Record mode: forwarded like an allowed name, recorded as the
 		// refusal it would have been.
@@ -431,7 +442,16 @@ func detectStage(s *Server, r *request) bool {
 	if r.info.dgaLike {
 		s.stats.dgaLike.Add(1)
 	}
-	cut, streamReason := r.state.observe(sb, &r.info, r.q.Qtype, r.now)
+	// Only a query that reaches the upstream can carry anything to a
+	// domain's servers: the channel model charges those (channel.go).
+	forwarded := false
+	if !r.notAllowed {
+		r.cachedT = s.cache.get(cacheKey{strings.ToLower(r.q.Name), r.q.Qtype}, r.now)
+		r.cacheLooked = true
+		forwarded = r.cachedT == nil
+	}
+	cut, streamReason, alert := r.state.observeQuery(sb, &r.info, queryFacts{qtype: r.q.Qtype, listed: r.listed, forwarded: forwarded}, r.now)
+	r.alert = alert
 	reason := r.info.encoded
 	if cut {
 		if streamReason != "" && r.info.encoded == "" {
@@ -454,7 +474,10 @@ func detectStage(s *Server, r *request) bool {
 }
 
 func cacheStage(s *Server, r *request) bool {
-	t := s.cache.get(cacheKey{strings.ToLower(r.q.Name), r.q.Qtype}, r.now)
+	t := r.cachedT
+	if !r.cacheLooked {
+		t = s.cache.get(cacheKey{strings.ToLower(r.q.Name), r.q.Qtype}, r.now)
+	}
 	if t == nil {
 		s.stats.cacheMisses.Add(1)
 		return false
@@ -482,6 +505,9 @@ func forwardStage(s *Server, r *request) bool {
 	s.cache.put(cacheKey{strings.ToLower(r.q.Name), r.q.Qtype}, t)
 	if (m.Rcode == dns.RcodeSuccess || m.Rcode == dns.RcodeNameError) && !r.probe {
 		r.state.observeAnswer(r.sandbox, r.info.domain, m.Rcode, r.now)
+	}
+	if r.info.domain != "" && !r.probe && r.sandbox.mode != "off" {
+		r.state.answered(r.info.domain, r.info.head, r.q.Qtype, t.expires.Sub(t.stored), t.expires)
 	}
 	s.answerFromTemplate(r, t)
 	return true
@@ -745,6 +771,15 @@ func (s *Server) finish(r *request) {
 	}
 	if err := s.cfg.Events.Notify(ev); err != nil {
 		s.stats.eventErrors.Add(1)
+	}
+	if r.alert != "" {
+		// The channel alert: one per cut-off, with its numbers.
+		ev.Severity = audit.SeverityAlert
+		ev.Rule = "dns-channel:" + ev.Sandbox.Name
+		ev.Message = r.alert
+		if err := s.cfg.Events.Notify(ev); err != nil {
+			s.stats.eventErrors.Add(1)
+		}
 	}
 }
 

@@ -91,8 +91,11 @@
 // ibHH, arXiv 2307.02614): the new bits each name head carries, as a
 // description length against what the sandbox already sent under the
 // domain (a known token costs a reference, a new one its length under the
-// hostname model or as random data, whichever is less), summed over a
-// sliding window (default 10 min). Over a window (default 5 min) it also
+// hostname model or as random data, whichever is less), plus, for every
+// query that reaches the upstream, what its choice among the names and
+// types already used could carry (channel.go: an aging frequency model of
+// the (name, type) symbols, renewals in expiry order free), summed over a
+// sliding window (default 10 min); docs/dns-channels.md. Over a window (default 5 min) it also
 // counts names judged encoded (including names with bytes no hostname
 // has), answers that were NXDOMAIN, and queries for TXT/NULL/CNAME/MX/SRV
 // or private types. The domain is cut off (every name under it answered
@@ -114,10 +117,13 @@
 // encodings cut within 9 minutes (bench/dns/info.sh prints the table).
 //
 // Domains marked high_cardinality in the policy (CDNs) get a budget 16
-// times larger. Memory is bounded: at most 4096 domains per sandbox (least
-// recently used evicted); per domain at most 256 name hashes for the stream
-// counters, and 256 name hashes, 256 token hashes and 32 recent tokens for
-// the information budget; an LRU answer cache (Config.CacheEntries), and a
+// times larger. Memory is bounded: at most 4096 domains of allowlisted
+// names per sandbox and 4096 of other names, each table its own LRU (a
+// flood of unlisted names never evicts an allowlisted domain), and 4096
+// cut-offs kept apart until they expire (full of allowlisted domains'
+// cut-offs, the sandbox is cut off whole); per domain at most 256 name
+// hashes for the stream counters, and 256 name hashes, 256 token hashes,
+// 32 recent tokens and 256 symbols for the information budget; an LRU answer cache (Config.CacheEntries), and a
 // two-generation memo of 32768 name analyses.
 //
 // On the shared corpus (TestCorpusQuality): 0 of 7,129 benign names flagged

@@ -29,13 +29,22 @@ type upstream struct {
 func startUpstream(t *testing.T) *upstream {
 	t.Helper()
 	u := &upstream{ttl: 300}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	// TCP on the port UDP picked: another process may hold it, so try
+	// again on a new port (the machine runs other tests too).
+	var pc net.PacketConn
+	var ln net.Listener
+	for try := 0; ; try++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
+			break
+		}
+		pc.Close()
+		if try == 9 {
+			t.Fatal(err)
+		}
 	}
 	u.addr = pc.LocalAddr().String()
 	h := dns.HandlerFunc(u.serve)

@@ -21,7 +21,8 @@ import (
 // (labels, and their parts between '-' and '_'); a token seen before costs
 // a reference (log2 of the dictionary size), a new one costs the cheaper of
 // its length under the hostname trigram model and its length as a uniform
-// random string over its alphabet. A repeated name costs nothing. Words
+// random string over its alphabet. A repeated name costs no new bits here;
+// which known name (and type) is asked is charged by channel.go. Words
 // ("static", "eu-west-1") are cheap under the model; encoded data costs
 // what it carries, and cannot hide in letter case (the name is lower-cased
 // first) or in the choice among known tokens (each reference is paid).
@@ -71,19 +72,35 @@ func tokenBits(tok string) float64 {
 	return min(hostModel.Bits(tok), uniform)
 }
 
-// add charges the head of one query and returns the window's estimate.
-func (s *infoState) add(head string, now time.Time, window time.Duration) float64 {
-	s.roll(now, window)
-	if head != "" {
-		h := maphash.String(infoSeed, head)
-		if !contains(s.names, h) {
-			if len(s.names) < maxInfoNames {
-				s.names = append(s.names, h)
-			}
-			s.cur += s.headBits(head)
-		}
+// newHead returns the bits of a head this domain has not seen (and
+// remembers it); a head seen before is not new and costs nothing here (its
+// choice is charged by the channel model, channel.go).
+func (s *infoState) newHead(head string) (bits float64, isNew bool) {
+	if head == "" {
+		return 0, false
 	}
+	h := maphash.String(infoSeed, head)
+	if contains(s.names, h) {
+		return 0, false
+	}
+	if len(s.names) < maxInfoNames {
+		s.names = append(s.names, h)
+	}
+	return s.headBits(head), true
+}
+
+// charge adds bits to the window and returns the window's estimate.
+func (s *infoState) charge(bits float64, now time.Time, window time.Duration) float64 {
+	s.roll(now, window)
+	s.cur += bits
 	return s.estimate(now, window)
+}
+
+// add charges the head of one query by its new bits alone and returns the
+// window's estimate (names that reach no upstream).
+func (s *infoState) add(head string, now time.Time, window time.Duration) float64 {
+	bits, _ := s.newHead(head)
+	return s.charge(bits, now, window)
 }
 
 // headBits is the description length of a new head given the dictionary,

@@ -18,25 +18,25 @@ func TestInfoStateBounded(t *testing.T) {
 	for d := range maxDomainsPerSandbox + 100 {
 		for i := range 3 {
 			info := analyzeName(fmt.Sprintf("n%d-x%d.d%d.example%d.com", i, d, d, d))
-			st.observe(sb, &info, 1, now)
+			st.observeQuery(sb, &info, queryFacts{qtype: 1, forwarded: true}, now)
 		}
 	}
-	if n := len(st.domains); n != maxDomainsPerSandbox {
+	if n := st.domainCount(); n != maxDomainsPerSandbox {
 		t.Errorf("%d domains kept, want %d", n, maxDomainsPerSandbox)
 	}
 	var before float64
 	for i := range 3 * maxInfoNames {
 		info := analyzeName(fmt.Sprintf("a%x-b%x.c%x.big.example.org", i*7919, i*104729, i))
-		st.observe(sb, &info, 1, now.Add(time.Duration(i)*time.Millisecond))
+		st.observeQuery(sb, &info, queryFacts{qtype: 1, forwarded: true}, now.Add(time.Duration(i)*time.Millisecond))
 	}
-	d := st.domains["example.org"].Value.(*domainState)
+	d := st.lookup("example.org")
 	if len(d.info.names) > maxInfoNames || len(d.info.tokens) > maxInfoTokens || len(d.info.recent) > recentTokens || len(d.names) > maxStreamNames+1 {
 		t.Errorf("domain state beyond its bounds: %d names, %d tokens, %d recent, %d stream names",
 			len(d.info.names), len(d.info.tokens), len(d.info.recent), len(d.names))
 	}
 	before = d.info.estimate(now.Add(time.Second), sb.limits.infoWindow)
 	info := analyzeName("zz-unremembered.big.example.org")
-	st.observe(sb, &info, 1, now.Add(2*time.Second))
+	st.observeQuery(sb, &info, queryFacts{qtype: 1, forwarded: true}, now.Add(2*time.Second))
 	if after := d.info.estimate(now.Add(2*time.Second), sb.limits.infoWindow); after <= before {
 		t.Errorf("estimate stopped growing past the bounds: %.0f then %.0f", before, after)
 	}

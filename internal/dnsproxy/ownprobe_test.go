@@ -40,7 +40,7 @@ sandboxes:
 		probe(i)
 	}
 	st.mu.Lock()
-	tokens, domains := st.all.tokens, st.lru.Len()
+	tokens, domains := st.all.tokens, st.listed.lru.Len()+st.other.lru.Len()
 	st.mu.Unlock()
 	// A bucket no query took from is empty and unstarted (it is filled
 	// by the first take); no domain is tracked.

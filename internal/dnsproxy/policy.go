@@ -405,3 +405,16 @@ func orFloat(v, def float64) float64 {
 	}
 	return def
 }
+
+// Allows returns a matcher of the names this policy lets be resolved (any
+// case, trailing dot optional): not denied, and allowed or by default. The
+// agent drops what answers for other names admitted when a reload drops
+// them.
+func (sp *SandboxPolicy) Allows() func(name string) bool {
+	allow, deny := newNameSet(sp.Allow), newNameSet(sp.Deny)
+	def := sp.Default == "allow"
+	return func(name string) bool {
+		name = strings.ToLower(strings.TrimSuffix(name, "."))
+		return !deny.match(name) && (def || allow.match(name))
+	}
+}

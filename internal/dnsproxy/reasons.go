@@ -27,4 +27,9 @@ const (
 	ReasonEncodedStream = "encoded labels"
 	ReasonNXStream      = "mostly nonexistent names"
 	ReasonTunnelTypes   = "tunnel record types"
+
+	// ReasonAllCut: the sandbox cut off so many allowlisted domains that
+	// their cut-offs fill its table; every name is refused until they
+	// expire (fail closed, state.go).
+	ReasonAllCut = "too many domains cut off"
 )

@@ -126,7 +126,7 @@ var allReasons = []string{
 	ReasonNotAllowed, ReasonDenied, ReasonEncoded, ReasonOversized, ReasonBadTLD, ReasonInvalidBytes,
 	ReasonRateLimited, ReasonRareType, ReasonNoSandbox, ReasonMalformed, ReasonQType, ReasonClass, ReasonOpcode,
 	ReasonEDNSVersion, ReasonUpstream, ReasonLocalAnswer, ReasonInfoBudget, ReasonEncodedStream,
-	ReasonNXStream, ReasonTunnelTypes,
+	ReasonNXStream, ReasonTunnelTypes, ReasonAllCut,
 }
 
 // Server is the DNS allowlist proxy.

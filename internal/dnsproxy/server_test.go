@@ -471,7 +471,7 @@ func TestStateIsBounded(t *testing.T) {
 	}
 	st := s.sandboxState("sb")
 	st.mu.Lock()
-	d := st.domains["one.com"].Value.(*domainState)
+	d := st.lookup("one.com")
 	n := len(d.names)
 	st.mu.Unlock()
 	if n > 16*16+1 {

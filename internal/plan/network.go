@@ -34,6 +34,24 @@ func egressProto(p policy.Protocol, def egress.Protocol) egress.Protocol {
 	return def
 }
 
+// admissionScope is what a sandbox's allowed answers admit.
+func admissionScope(eg *policy.Egress) (*egress.Scope, error) {
+	scope := &egress.Scope{Cap: eg.AdmissionTTLCap.Duration}
+	for _, n := range eg.Names {
+		ns := egress.NameSpans{Pattern: n.Name}
+		proto := egressProto(n.Protocol, egress.ProtoTCP)
+		for _, pr := range n.Ports {
+			lo, hi, err := pr.Bounds()
+			if err != nil {
+				return nil, fmt.Errorf("egress names %q: %w", n.Name, err)
+			}
+			ns.Spans = append(ns.Spans, egress.PortSpan{Lo: lo, Hi: hi, Protocol: proto})
+		}
+		scope.Names = append(scope.Names, ns)
+	}
+	return scope, nil
+}
+
 func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 	record := sb.Mode == policy.ModeRecord
 	cfg := egress.SandboxConfig{
@@ -96,7 +114,13 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 		grace := time.Duration(eg.GraceSeconds) * time.Second
 		c.plan.ResolvedEgress[sb.Name] = grace
 		c.plan.GraceMax = max(c.plan.GraceMax, grace)
-		defNote = append(defNote, fmt.Sprintf("other destinations only at addresses the DNS proxy answered, for their TTL plus %s", grace))
+		scope, err := admissionScope(eg)
+		if err != nil {
+			return err
+		}
+		c.plan.Admission[sb.Name] = scope
+		defNote = append(defNote, fmt.Sprintf("other destinations only at addresses the DNS proxy answered, on TCP 80 and 443 (and the ports egress.names lists for a name), for min(TTL, %s) plus %s",
+			scope.TTL(time.Duration(1<<62)), grace))
 	case policy.EgressDeny:
 		defNote = append(defNote, "other destinations refused, even when resolved")
 	}

@@ -119,6 +119,9 @@ type Plan struct {
 	ResolvedEgress map[string]time.Duration
 	// GraceMax is the largest grace of ResolvedEgress (0 when empty).
 	GraceMax time.Duration
+	// Admission is, by sandbox name, what the answers of a sandbox of
+	// ResolvedEgress admit: the TTL cap and the ports per name.
+	Admission map[string]*egress.Scope
 	// DNS is the DNS proxy's policy.
 	DNS *dnsproxy.Policy
 	// Launch are the restrictions of `watcher exec` per sandbox name.
@@ -164,6 +167,7 @@ func Compile(p *policy.Policy, env Env, rules *RuleTable) (*Plan, error) {
 			LSM:            map[uint32]lsm.Rules{},
 			Egress:         map[uint32]egress.SandboxConfig{},
 			ResolvedEgress: map[string]time.Duration{},
+			Admission:      map[string]*egress.Scope{},
 			DNS:            &dnsproxy.Policy{Sandboxes: map[string]*dnsproxy.SandboxPolicy{}},
 			Launch:         map[string]launch.Restrictions{},
 		},

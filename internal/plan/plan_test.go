@@ -460,6 +460,10 @@ sandboxes:
         window: 2m
     egress:
       grace_seconds: 45
+      admission_ttl_cap: 2m
+      names:
+        - {name: github.com, ports: ["22"]}
+        - {name: .stun.test, ports: ["3478-3479"], protocol: udp}
       allow:
         - {cidr: 10.20.0.0/16, ports: ["443", "8000-8100"], protocol: tcp}
         - {cidr: "2001:db8::/32"}
@@ -494,6 +498,25 @@ sandboxes:
 		if got.Prefix != w.Prefix || got.Ports != w.Ports || got.Protocol != w.Protocol || got.ID == 0 {
 			t.Errorf("rule %d = %+v, want %+v", i, got, w)
 		}
+	}
+	scope := plan.Admission["net"]
+	if scope == nil || scope.TTL(time.Hour) != 2*time.Minute || scope.TTL(30*time.Second) != 30*time.Second {
+		t.Errorf("admission scope %+v: want a 2m cap", scope)
+	} else {
+		wantSpans := map[string][]egress.PortSpan{
+			"example.org.":   egress.WebPorts,
+			"github.com":     append(slices.Clone(egress.WebPorts), egress.PortSpan{Lo: 22, Hi: 22, Protocol: egress.ProtoTCP}),
+			"a.stun.test.":   append(slices.Clone(egress.WebPorts), egress.PortSpan{Lo: 3478, Hi: 3479, Protocol: egress.ProtoUDP}),
+			"API.GitHub.com": egress.WebPorts,
+		}
+		for name, w := range wantSpans {
+			if got := scope.Spans(name); !slices.Equal(got, w) {
+				t.Errorf("spans of %s = %+v, want %+v", name, got, w)
+			}
+		}
+	}
+	if _, ok := plan.Admission["open"]; ok {
+		t.Error("a sandbox with egress default allow has an admission scope")
 	}
 	if rt.Name(cfg.Rules[0].ID) != "loopback:postgres" || rt.Name(cfg.Rules[2].ID) != "egress:10.20.0.0/16" {
 		t.Errorf("rule names %q %q", rt.Name(cfg.Rules[0].ID), rt.Name(cfg.Rules[2].ID))

@@ -130,6 +130,10 @@ func cloneSandbox(sb Sandbox) Sandbox {
 		out.Egress.Allow[i].Ports = slices.Clone(out.Egress.Allow[i].Ports)
 	}
 	out.Egress.Loopback = slices.Clone(sb.Egress.Loopback)
+	out.Egress.Names = slices.Clone(sb.Egress.Names)
+	for i := range out.Egress.Names {
+		out.Egress.Names[i].Ports = slices.Clone(out.Egress.Names[i].Ports)
+	}
 	out.Tools.Rules = slices.Clone(sb.Tools.Rules)
 	out.Tools.Exchange.Types = slices.Clone(sb.Tools.Exchange.Types)
 	out.Tools.Exchange.Patterns = slices.Clone(sb.Tools.Exchange.Patterns)

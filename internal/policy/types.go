@@ -517,6 +517,18 @@ type Egress struct {
 	// GraceSeconds keeps a resolved address allowed this long after its
 	// DNS TTL expires (clients cache a little past the TTL).
 	GraceSeconds int `yaml:"grace_seconds"`
+	// AdmissionTTLCap caps the TTL for which an answer admits its
+	// addresses (the grace comes on top): min(TTL, cap). 0 means 5m; at
+	// most 24h. The answer's TTL is the answering server's choice.
+	AdmissionTTLCap Duration `yaml:"admission_ttl_cap"`
+	// Names open more ports at the addresses answered for some names;
+	// every answered address is open on TCP 80 and 443 only, and UDP or
+	// another port needs an entry here (or an allow rule).
+	//
+	//	names:
+	//	  - {name: github.com, ports: ["22"]}            # git over ssh
+	//	  - {name: .stun.example, ports: ["3478"], protocol: udp}
+	Names []EgressName `yaml:"names"`
 	// Allow lists networks and ports always allowed.
 	Allow []EgressRule `yaml:"allow"`
 	// Loopback lists local services (on 127.0.0.0/8 and ::1) the sandbox
@@ -583,6 +595,23 @@ type EgressRule struct {
 	// Protocol is tcp, udp or any (default any).
 	Protocol Protocol `yaml:"protocol"`
 }
+
+// EgressName opens ports at the addresses answered for a name.
+type EgressName struct {
+	// Name is a name in dns.allow's syntax: "example.com" (exactly),
+	// "*.example.com" (names below it), ".example.com" (both).
+	Name string `yaml:"name"`
+	// Ports are ports ("22") or inclusive ranges ("8000-8100"), 1-65535;
+	// at least one, and at most 6 per entry.
+	Ports []PortRange `yaml:"ports"`
+	// Protocol is tcp (default), udp or any.
+	Protocol Protocol `yaml:"protocol"`
+}
+
+// MaxEgressNamePorts bounds the ports of one egress.names entry: an
+// answered address carries at most 8 port spans, two of them the web
+// ports.
+const MaxEgressNamePorts = 6
 
 // LoopbackService is a local service a sandbox may reach.
 type LoopbackService struct {

@@ -238,6 +238,25 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	if g := sb.Egress.GraceSeconds; g < 0 || g > 86400 {
 		c.add(eg.key("grace_seconds"), "%d out of range 0-86400", g)
 	}
+	c.duration(eg.key("admission_ttl_cap"), sb.Egress.AdmissionTTLCap)
+	if d := sb.Egress.AdmissionTTLCap.Duration; d > 24*time.Hour || (d > 0 && d < time.Second) {
+		c.add(eg.key("admission_ttl_cap"), "%s out of range 1s-24h", d)
+	}
+	for i, n := range sb.Egress.Names {
+		np := eg.key("names").idx(i)
+		c.namePattern(np.key("name"), n.Name)
+		if len(n.Ports) == 0 {
+			c.add(np.key("ports"), "required: the ports to open at %q's addresses", n.Name)
+		} else if len(n.Ports) > MaxEgressNamePorts {
+			c.add(np.key("ports"), "%d ports, at most %d per entry", len(n.Ports), MaxEgressNamePorts)
+		}
+		for j, pr := range n.Ports {
+			if _, _, err := pr.Bounds(); err != nil {
+				c.add(np.key("ports").idx(j), "%v", err)
+			}
+		}
+		c.protocol(np.key("protocol"), n.Protocol)
+	}
 	for i, r := range sb.Egress.Allow {
 		rp := eg.key("allow").idx(i)
 		if r.CIDR == "" {

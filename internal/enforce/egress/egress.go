@@ -3,12 +3,13 @@
 // redirect every DNS query (TCP and UDP port 53, any address) to the DNS
 // proxy and show the client the server it asked, and refuse connections and
 // datagrams to any address the proxy did not answer for that sandbox (until
-// the answer's TTL plus a grace period expires), unless a CIDR or loopback
-// service rule of the policy allows it.
+// the admission, min(TTL, the policy's cap) plus a grace period, expires; and
+// only on the ports and protocols the policy allows for the name answered),
+// unless a CIDR or loopback service rule of the policy allows it.
 //
 // The proxy learns which sandbox asked from the client's source port, which
 // the kernel side records (see Egress.LookupClient); after an allowed answer
-// it calls Egress.Allow with the answer's addresses and TTL.
+// it calls Egress.Admit with the answer's addresses, TTL and port spans.
 package egress
 
 import (
@@ -30,7 +31,6 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 )
 
 // Group is the hook group name: links are pinned under
@@ -84,14 +84,14 @@ type Egress struct {
 
 	mu        sync.Mutex
 	sandboxes map[uint32]*sandboxState
-	total     int // entries in egress_allow
+	total     int // entries in egress_admit
 	links     map[uint64][]link.Link
 }
 
 // sandboxState mirrors what the kernel holds for one sandbox.
 type sandboxState struct {
-	// allowed maps an answered address to its expiry (CLOCK_BOOTTIME ns).
-	allowed  map[netip.Addr]uint64
+	// allowed maps an answered address to its admission (admit.go).
+	allowed  map[netip.Addr]*admission
 	cidrKeys map[egressCidrKey]struct{}
 	unixKeys map[egressUnixKey]struct{}
 	overflow uint64
@@ -201,6 +201,12 @@ func Load(eng *enforce.Engine, opts Options) (*Egress, error) {
 		e.objs.Close()
 		return nil, fmt.Errorf("load egress: %w", err)
 	}
+	// An older agent's answered addresses, without port spans: no
+	// program reads them any more.
+	if err := os.Remove(filepath.Join(enforce.MapPinDir(e.pinDir), "egress_allow")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		e.objs.Close()
+		return nil, fmt.Errorf("load egress: remove the old answered-address map: %w", err)
+	}
 	return e, nil
 }
 
@@ -226,11 +232,13 @@ func ephemeralPorts() (uint16, uint16, error) {
 // adopt rebuilds the Go mirror of the pinned maps (a restarted agent).
 func (e *Egress) adopt() error {
 	var k egressAllowKey
-	var v egressAllowVal
-	it := e.objs.EgressAllow.Iterate()
+	var v egressAdmitVal
+	it := e.objs.EgressAdmit.Iterate()
 	for it.Next(&k, &v) {
 		st := e.state(k.SandboxId)
-		st.allowed[wordsToAddr(k.Addr)] = v.ExpiresNs
+		// Which names admitted it is not in the map: a reload keeps it
+		// (as if Allow made it) until it expires, within the cap.
+		st.allowed[wordsToAddr(k.Addr)] = &admission{val: v, names: []string{""}}
 		e.total++
 	}
 	if err := it.Err(); err != nil {
@@ -260,7 +268,7 @@ func (e *Egress) adopt() error {
 func (e *Egress) state(id uint32) *sandboxState {
 	st := e.sandboxes[id]
 	if st == nil {
-		st = &sandboxState{allowed: map[netip.Addr]uint64{}, cidrKeys: map[egressCidrKey]struct{}{}, unixKeys: map[egressUnixKey]struct{}{}}
+		st = &sandboxState{allowed: map[netip.Addr]*admission{}, cidrKeys: map[egressCidrKey]struct{}{}, unixKeys: map[egressUnixKey]struct{}{}}
 		e.sandboxes[id] = st
 	}
 	return st
@@ -536,7 +544,7 @@ func (e *Egress) RemoveSandbox(id uint32) error {
 			del(e.objs.EgressUnix, k)
 		}
 		for a := range st.allowed {
-			del(e.objs.EgressAllow, egressAllowKey{SandboxId: id, Addr: addrToWords(a)})
+			del(e.objs.EgressAdmit, egressAllowKey{SandboxId: id, Addr: addrToWords(a)})
 			e.total--
 		}
 		delete(e.sandboxes, id)
@@ -591,136 +599,6 @@ func cidrEntries(id uint32, rules []Rule) (map[egressCidrKey]egressCidrVal, erro
 		out[key] = v
 	}
 	return out, nil
-}
-
-// Allow lets sandbox id reach addrs until ttl plus the grace period from
-// now: the proxy calls it after an allowed answer. When the sandbox's share
-// is full, expired entries go first, then the earliest-expiring ones; each
-// eviction of a live entry is counted and reported, and the evicted address
-// is refused again until resolved anew.
-func (e *Egress) Allow(id uint32, addrs []netip.Addr, ttl time.Duration) error {
-	if id == 0 {
-		return errors.New("allow: sandbox id must be > 0")
-	}
-	if ttl < 0 {
-		ttl = 0
-	}
-	expires := bootNanos() + uint64(ttl+e.opts.Grace)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	st := e.state(id)
-	var evicted []netip.Addr
-	for _, a := range addrs {
-		if !a.IsValid() {
-			continue
-		}
-		a = a.Unmap()
-		if old, ok := st.allowed[a]; ok && old >= expires {
-			continue
-		}
-		if _, ok := st.allowed[a]; !ok {
-			for len(st.allowed) >= e.opts.MaxAddresses || e.total >= MaxAllowEntries {
-				victim, live, ok := e.evictLocked(id, st)
-				if !ok {
-					return fmt.Errorf("allow %s for sandbox %d: answered-address map full", a, id)
-				}
-				if live {
-					evicted = append(evicted, victim)
-				}
-			}
-		}
-		k := egressAllowKey{SandboxId: id, Addr: addrToWords(a)}
-		if err := e.objs.EgressAllow.Put(k, egressAllowVal{ExpiresNs: expires}); err != nil {
-			return fmt.Errorf("allow %s for sandbox %d: %w", a, id, err)
-		}
-		if _, ok := st.allowed[a]; !ok {
-			e.total++
-		}
-		st.allowed[a] = expires
-	}
-	if len(evicted) > 0 {
-		st.overflow += uint64(len(evicted))
-		e.reportOverflow(id, evicted)
-	}
-	return nil
-}
-
-// evictLocked removes the sandbox's earliest-expiring entry. live says
-// whether it had not expired yet.
-func (e *Egress) evictLocked(id uint32, st *sandboxState) (netip.Addr, bool, bool) {
-	var victim netip.Addr
-	var min uint64
-	for a, exp := range st.allowed {
-		if !victim.IsValid() || exp < min {
-			victim, min = a, exp
-		}
-	}
-	if !victim.IsValid() {
-		return victim, false, false
-	}
-	k := egressAllowKey{SandboxId: id, Addr: addrToWords(victim)}
-	if err := e.objs.EgressAllow.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return victim, false, false
-	}
-	delete(st.allowed, victim)
-	e.total--
-	return victim, min > bootNanos(), true
-}
-
-func (e *Egress) reportOverflow(id uint32, evicted []netip.Addr) {
-	if e.opts.Notify == nil {
-		return
-	}
-	first := evicted[0]
-	e.opts.Notify(audit.Event{
-		Time: time.Now(), Kind: audit.KindNet, Verdict: audit.VerdictRecorded,
-		Severity: audit.SeverityAlert, Mechanism: cgroupbpf.Mechanism,
-		Net: &audit.NetDetail{
-			Op: "allowlist", Addr: first.String(),
-			Reason: fmt.Sprintf("answered-address allowlist of sandbox %d full: %d unexpired address(es) evicted, earliest expiry first; they are refused until resolved again", id, len(evicted)),
-		},
-		Message: fmt.Sprintf("sandbox_id=%d", id),
-	})
-}
-
-// Expire deletes answered addresses whose TTL plus grace has passed (the
-// kernel already refuses them; this frees their slots). It returns how many
-// it removed.
-func (e *Egress) Expire() (int, error) {
-	now := bootNanos()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	n := 0
-	for id, st := range e.sandboxes {
-		for a, exp := range st.allowed {
-			if exp > now {
-				continue
-			}
-			k := egressAllowKey{SandboxId: id, Addr: addrToWords(a)}
-			if err := e.objs.EgressAllow.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return n, fmt.Errorf("expire %s: %w", a, err)
-			}
-			delete(st.allowed, a)
-			e.total--
-			n++
-		}
-	}
-	return n, nil
-}
-
-// Allowed lists sandbox id's answered addresses with their expiry.
-func (e *Egress) Allowed(id uint32) map[netip.Addr]time.Time {
-	now := bootNanos()
-	wall := time.Now()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := map[netip.Addr]time.Time{}
-	if st := e.sandboxes[id]; st != nil {
-		for a, exp := range st.allowed {
-			out[a] = wall.Add(time.Duration(int64(exp) - int64(now)))
-		}
-	}
-	return out
 }
 
 // Client is what the kernel recorded about a DNS client socket.

@@ -165,7 +165,7 @@ func setup(t *testing.T) *fixture {
 	}
 
 	rd := eng.NewReader(enforce.ReaderOptions{PollInterval: 20 * time.Millisecond})
-	egress.Register(rd)
+	f.eg.RegisterEvents(rd)
 	cgroupbpf.Register(rd)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -307,9 +307,13 @@ func TestEgress(t *testing.T) {
 		if ev := f.netEvent(t, pid, netip.AddrPortFrom(n.forbidden, 9999)); ev.Net.Op != "sendmsg" || ev.Net.Protocol != unix.IPPROTO_UDP {
 			t.Errorf("udp event %+v", ev.Net)
 		}
-		// A resolved address takes datagrams too.
-		r, _ = f.op(t, f.sandbox, "udp", "WATCHER_ADDR="+netip.AddrPortFrom(n.allowed, 9999).String())
-		mustOK(t, "udp to allowed", r, "ping")
+		// A resolved address takes no datagrams unless a rule opens
+		// them for its name (admit_test.go).
+		r, pid = f.op(t, f.sandbox, "udp", "WATCHER_ADDR="+netip.AddrPortFrom(n.allowed, 9999).String())
+		mustEPERM(t, "udp to allowed", r)
+		if ev := f.netEvent(t, pid, netip.AddrPortFrom(n.allowed, 9999)); ev.Net.Reason != "answered address, but not on a port or protocol its name allows" {
+			t.Errorf("udp to allowed: reason %q", ev.Net.Reason)
+		}
 		// A DoH resolver at a hard-coded address is just another address.
 		r, _ = f.connect(t, f.sandbox, netip.AddrPortFrom(n.doh, 443))
 		mustEPERM(t, "DoH to a hard-coded resolver", r)

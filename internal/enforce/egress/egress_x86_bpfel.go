@@ -13,15 +13,25 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type egressAdmitSpan struct {
+	_         structs.HostLayout
+	ExpiresNs uint64
+	Lo        uint16
+	Hi        uint16
+	Protos    uint32
+}
+
+type egressAdmitVal struct {
+	_   structs.HostLayout
+	S   [8]egressAdmitSpan
+	N   uint32
+	Pad uint32
+}
+
 type egressAllowKey struct {
 	_         structs.HostLayout
 	SandboxId uint32
 	Addr      [4]uint32
-}
-
-type egressAllowVal struct {
-	_         structs.HostLayout
-	ExpiresNs uint64
 }
 
 type egressCidrKey struct {
@@ -160,7 +170,7 @@ const (
 	egressMapAgentTgid           = "agent_tgid"
 	egressMapAlertEvents         = "alert_events"
 	egressMapCgListenSocks       = "cg_listen_socks"
-	egressMapEgressAllow         = "egress_allow"
+	egressMapEgressAdmit         = "egress_admit"
 	egressMapEgressCidr          = "egress_cidr"
 	egressMapEgressConfigs       = "egress_configs"
 	egressMapEgressCounters      = "egress_counters"
@@ -183,8 +193,9 @@ const (
 	egressProgEgressSendmsg4     = "egress_sendmsg4"
 	egressProgEgressSendmsg6     = "egress_sendmsg6"
 	egressProgEgressSendmsgUnix  = "egress_sendmsg_unix"
+	egressVarUnusedAdmitSpan     = "unused_admit_span"
+	egressVarUnusedAdmitVal      = "unused_admit_val"
 	egressVarUnusedAllowKey      = "unused_allow_key"
-	egressVarUnusedAllowVal      = "unused_allow_val"
 	egressVarUnusedCidrKey       = "unused_cidr_key"
 	egressVarUnusedCidrVal       = "unused_cidr_val"
 	egressVarUnusedDnsClient     = "unused_dns_client"
@@ -260,7 +271,7 @@ type egressMapSpecs struct {
 	AgentTgid        *ebpf.MapSpec `ebpf:"agent_tgid"`
 	AlertEvents      *ebpf.MapSpec `ebpf:"alert_events"`
 	CgListenSocks    *ebpf.MapSpec `ebpf:"cg_listen_socks"`
-	EgressAllow      *ebpf.MapSpec `ebpf:"egress_allow"`
+	EgressAdmit      *ebpf.MapSpec `ebpf:"egress_admit"`
 	EgressCidr       *ebpf.MapSpec `ebpf:"egress_cidr"`
 	EgressConfigs    *ebpf.MapSpec `ebpf:"egress_configs"`
 	EgressCounters   *ebpf.MapSpec `ebpf:"egress_counters"`
@@ -279,8 +290,9 @@ type egressMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressVariableSpecs struct {
+	UnusedAdmitSpan    *ebpf.VariableSpec `ebpf:"unused_admit_span"`
+	UnusedAdmitVal     *ebpf.VariableSpec `ebpf:"unused_admit_val"`
 	UnusedAllowKey     *ebpf.VariableSpec `ebpf:"unused_allow_key"`
-	UnusedAllowVal     *ebpf.VariableSpec `ebpf:"unused_allow_val"`
 	UnusedCidrKey      *ebpf.VariableSpec `ebpf:"unused_cidr_key"`
 	UnusedCidrVal      *ebpf.VariableSpec `ebpf:"unused_cidr_val"`
 	UnusedDnsClient    *ebpf.VariableSpec `ebpf:"unused_dns_client"`
@@ -318,7 +330,7 @@ type egressMaps struct {
 	AgentTgid        *ebpf.Map `ebpf:"agent_tgid"`
 	AlertEvents      *ebpf.Map `ebpf:"alert_events"`
 	CgListenSocks    *ebpf.Map `ebpf:"cg_listen_socks"`
-	EgressAllow      *ebpf.Map `ebpf:"egress_allow"`
+	EgressAdmit      *ebpf.Map `ebpf:"egress_admit"`
 	EgressCidr       *ebpf.Map `ebpf:"egress_cidr"`
 	EgressConfigs    *ebpf.Map `ebpf:"egress_configs"`
 	EgressCounters   *ebpf.Map `ebpf:"egress_counters"`
@@ -338,7 +350,7 @@ func (m *egressMaps) Close() error {
 		m.AgentTgid,
 		m.AlertEvents,
 		m.CgListenSocks,
-		m.EgressAllow,
+		m.EgressAdmit,
 		m.EgressCidr,
 		m.EgressConfigs,
 		m.EgressCounters,
@@ -358,8 +370,9 @@ func (m *egressMaps) Close() error {
 //
 // It can be passed to loadEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressVariables struct {
+	UnusedAdmitSpan    *ebpf.Variable `ebpf:"unused_admit_span"`
+	UnusedAdmitVal     *ebpf.Variable `ebpf:"unused_admit_val"`
 	UnusedAllowKey     *ebpf.Variable `ebpf:"unused_allow_key"`
-	UnusedAllowVal     *ebpf.Variable `ebpf:"unused_allow_val"`
 	UnusedCidrKey      *ebpf.Variable `ebpf:"unused_cidr_key"`
 	UnusedCidrVal      *ebpf.Variable `ebpf:"unused_cidr_val"`
 	UnusedDnsClient    *ebpf.Variable `ebpf:"unused_dns_client"`

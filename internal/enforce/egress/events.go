@@ -30,6 +30,7 @@ var reasons = map[uint8]string{
 	8:  "relative unix socket path (cannot be judged)",
 	9:  `".." in a unix socket path`,
 	10: "unix socket outside the sandbox's paths",
+	11: "answered address, but not on a port or protocol its name allows",
 }
 
 // Reason codes, for callers that compare.
@@ -44,6 +45,7 @@ const (
 	ReasonUnixRel     uint8 = 8
 	ReasonUnixDotDot  uint8 = 9
 	ReasonUnixPath    uint8 = 10
+	ReasonPort        uint8 = 11
 )
 
 // UnixEvent is a refused (or recorded) unix socket connect or sendmsg,

@@ -419,6 +419,8 @@ func helperOp(mode string) (string, error) {
 		return strings.TrimSpace(string(buf[:k])), nil
 	case "bench-connect", "bench-udp", "bench-dns":
 		return benchLoop(mode)
+	case "resolve-hold", "dns-burst":
+		return admitHelper(ctx, mode)
 	case "raw":
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
 		if err != nil {

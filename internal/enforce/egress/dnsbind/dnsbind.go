@@ -88,6 +88,10 @@ func (r Resolver) Sandbox(src dnsproxy.QuerySource) (string, bool) {
 type Admitter struct {
 	Egress    *egress.Egress
 	Directory *Directory
+	// Scopes, when set, returns the admission scope of a sandbox; nil (or
+	// a nil scope) means the defaults: TCP 80 and 443, TTL capped at
+	// egress.DefaultAdmissionCap.
+	Scopes func(sandbox string) *egress.Scope
 	// Errors counts answers whose addresses could not be admitted (unknown
 	// sandbox, map full): the client's connection is then refused, never
 	// silently allowed.
@@ -103,19 +107,24 @@ func (a *Admitter) OnAnswer(ans dnsproxy.Answer) {
 		a.Errors.Add(1)
 		return
 	}
-	if err := Admit(a.Egress, id, ans); err != nil {
+	var scope *egress.Scope
+	if a.Scopes != nil {
+		scope = a.Scopes(ans.Sandbox)
+	}
+	if err := Admit(a.Egress, id, ans, scope); err != nil {
 		a.Errors.Add(1)
 		a.LastError.Store(&err)
 	}
 }
 
 // Admit lets sandbox id reach the public addresses of an allowed answer
-// for its TTL (plus the egress grace). Local addresses (loopback, private,
+// for its TTL, capped by the scope (plus the egress grace), on the ports
+// the scope opens for the name. Local addresses (loopback, private,
 // link-local, cloud metadata: dnsproxy.LocalKind) are never admitted, even
 // when the proxy answered them under an explicit local allowance: the
 // policy's own egress rules (egress.allow, loopback services) decide those
 // connections, port by port, and an answer must not widen them.
-func Admit(e *egress.Egress, id uint32, ans dnsproxy.Answer) error {
+func Admit(e *egress.Egress, id uint32, ans dnsproxy.Answer, scope *egress.Scope) error {
 	addrs := ans.Addrs
 	for i, a := range ans.Addrs {
 		if dnsproxy.LocalKind(a) == "" {
@@ -133,5 +142,6 @@ func Admit(e *egress.Egress, id uint32, ans dnsproxy.Answer) error {
 	if len(addrs) == 0 {
 		return nil
 	}
-	return e.Allow(id, addrs, time.Duration(ans.TTL)*time.Second)
+	ttl := scope.TTL(time.Duration(ans.TTL) * time.Second)
+	return e.Admit(id, addrs, ttl, ans.Name, scope.Spans(ans.Name))
 }
