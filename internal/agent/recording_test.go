@@ -152,3 +152,45 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 	}
 	check("the next command", true)
 }
+
+// TestNoSyscallWidePrograms: on a kernel where every LSM hook and fentry
+// program loads (the qemu guest, both boots: WATCHER_EXPECT_MECH), an
+// agent with one runtime-placed sandbox links no raw syscall tracepoint
+// (the backstop's or the recording's), whatever the preset. Elsewhere it
+// says which rules ask for them.
+func TestNoSyscallWidePrograms(t *testing.T) {
+	guest := os.Getenv("WATCHER_EXPECT_MECH") != ""
+	for _, preset := range policy.PresetNames() {
+		t.Run(preset, func(t *testing.T) {
+			a, _ := startTestAgent(t, func(cg string) string {
+				return fmt.Sprintf("  - name: rec\n    select: {cgroups: [%s]}\n    preset: %s\n    canary: {enabled: false}\n", cg, preset)
+			})
+			plan := a.Plan()
+			need := a.backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
+			links := map[string]int{}
+			if ids, err := a.recorder.ProgramIDs(); err == nil {
+				for k, v := range kernelLinks(t, ids) {
+					links["recorder "+k] = v
+				}
+			}
+			if a.backstop != nil {
+				if ids, err := a.backstop.ProgramIDs(); err == nil {
+					for k, v := range kernelLinks(t, ids) {
+						links["backstop "+k] = v
+					}
+				}
+			}
+			wide := links["recorder "+recorder.ProgSysEnter] + links["recorder "+recorder.ProgSysExit] +
+				links["backstop "+backstop.ProgSysEnter] + links["backstop "+backstop.ProgSysExit]
+			t.Logf("preset %s: backstop rules need syscall tracepoints: %v, syscall stream: %v, syscall-wide links: %d",
+				preset, need, plan.SyscallStream, wide)
+			if !guest {
+				return
+			}
+			if need || plan.SyscallStream || wide != 0 {
+				t.Errorf("LSM guest, preset %s: syscall-wide programs linked (%d; backstop rules need them: %v, stream: %v): backstop syscalls %v, io_uring %+v, compat %+v",
+					preset, wide, need, plan.SyscallStream, plan.Backstop.For(1).Syscalls, plan.Backstop.For(1).IOUring, plan.Backstop.For(1).Compat)
+			}
+		})
+	}
+}

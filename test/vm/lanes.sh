@@ -15,7 +15,8 @@
 #            the workload battery's git, shell and read sessions under the
 #            enforcing sandboxes (restricted, dev, read-only);
 #   battery  the battery's python, node, c and net sessions under restricted,
-#            and c and net under dev.
+#            and c and net under dev; then, in both boots, an agent per
+#            preset linking no syscall-wide program.
 # The battery runs on the host's userland (--hostroot) in the lsm boot.
 # With zero refusals under an enforcing sandbox, its record-mode twin takes
 # the same decisions on the same operations, so the twins stay on the host
@@ -82,6 +83,8 @@ lane_kernel() {
 lane_battery() {
 	battery python,node,c,net restricted
 	battery c,net dev
+	# Every preset, both boots: no syscall-wide program (issue 32).
+	step syscall-wide --pkg ./internal/agent --run '^TestNoSyscallWidePrograms$'
 }
 
 t0=$SECONDS
