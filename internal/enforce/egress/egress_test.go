@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,6 +58,8 @@ type fixture struct {
 	dir                             *dnsbind.Directory
 	dnsEvents                       *eventLog
 	kernelEvents                    *eventLog
+	// onAnswer, when set, also sees every answer the proxy admits.
+	onAnswer atomic.Pointer[func(dnsproxy.Answer)]
 }
 
 type eventLog struct {
@@ -120,7 +123,12 @@ func setup(t *testing.T) *fixture {
 		Policy:    pol,
 		Sandboxes: dnsbind.Resolver{Egress: f.eg, Directory: dir},
 		Events:    f.dnsEvents,
-		OnAnswer:  f.admit.OnAnswer,
+		OnAnswer: func(a dnsproxy.Answer) {
+			f.admit.OnAnswer(a)
+			if h := f.onAnswer.Load(); h != nil {
+				(*h)(a)
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

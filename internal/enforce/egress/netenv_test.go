@@ -427,5 +427,8 @@ func helperOp(mode string) (string, error) {
 		unix.Close(fd)
 		return "raw socket", nil
 	}
+	if h, ok := relayHelpers[mode]; ok {
+		return h(ctx)
+	}
 	return "", fmt.Errorf("unknown helper mode %q", mode)
 }
