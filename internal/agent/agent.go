@@ -38,6 +38,7 @@ import (
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
+	"github.com/watcherhq/watcher/internal/namerelay"
 	"github.com/watcherhq/watcher/internal/pipeline"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -106,6 +107,12 @@ type Agent struct {
 	dns        *dnsproxy.Server
 	dnsAddr    netip.AddrPort
 	dnsAddr6   netip.AddrPort
+	// Name binding (names.go).
+	relay       *namerelay.Relay
+	relayErr    error
+	relayPols   atomic.Pointer[map[uint32]*namerelay.Policy]
+	answers     *namerelay.Answers
+	netnsCookie uint64
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses
@@ -291,6 +298,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("egress: %w", err)
 	}
 	egress.Register(a.reader)
+	a.startRelay()
 	a.startup.done("load egress")
 	// The backstop is loaded whatever the first plan needs: a reload may
 	// add rules only it enforces, and its syscall tracepoints (the costly
@@ -351,6 +359,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.wg.Add(3)
 	go func() { defer a.wg.Done(); a.watcher.Run(ctx) }()
 	go func() { defer a.wg.Done(); a.egress.Run(ctx, 0) }()
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.expireAnswers(ctx) }()
 	go func() { defer a.wg.Done(); a.pump() }()
 	a.wg.Add(1)
 	go func() {
@@ -477,6 +487,7 @@ func (a *Agent) dnsSandbox(src dnsproxy.QuerySource) (string, bool) {
 func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	a.mu.Lock()
 	_, resolved := a.plan.ResolvedEgress[ans.Sandbox]
+	grace := a.plan.GraceMax
 	a.mu.Unlock()
 	if !resolved || a.egress == nil {
 		return
@@ -485,6 +496,7 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	if !ok {
 		return
 	}
+	a.recordAnswer(id, ans, grace)
 	if err := dnsbind.Admit(a.egress, id, ans); err != nil {
 		a.emit(audit.Event{Kind: audit.KindNet, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
@@ -586,6 +598,9 @@ func (a *Agent) applyPlan() error {
 				return fmt.Errorf("egress rules: %w", err)
 			}
 		}
+	}
+	if err := a.applyNames(p); err != nil {
+		return fmt.Errorf("name binding: %w", err)
 	}
 	return nil
 }
@@ -692,6 +707,9 @@ func (a *Agent) Stop() error {
 		}
 		if a.dns != nil {
 			a.dns.Close()
+		}
+		if a.relay != nil {
+			a.relay.Close()
 		}
 		if a.cancel != nil {
 			a.cancel()

@@ -26,7 +26,7 @@ type Policy struct {
 	// UnnamedPorts are ports where traffic that carries no name (SSH,
 	// where the server speaks first) passes to answered addresses without
 	// one.
-	UnnamedPorts []uint16
+	UnnamedPorts []PortRange
 	// Rule and RuleID name the rule in events.
 	Rule   string
 	RuleID uint32
@@ -34,12 +34,15 @@ type Policy struct {
 
 func (p *Policy) unnamed(port uint16) bool {
 	for _, u := range p.UnnamedPorts {
-		if u == port {
+		if port >= u.Lo && port <= u.Hi {
 			return true
 		}
 	}
 	return false
 }
+
+// PortRange is an inclusive range of ports.
+type PortRange struct{ Lo, Hi uint16 }
 
 // Names matches DNS names against entries in the policy's name syntax:
 // "example.com" that name, "*.example.com" names below it, ".example.com"

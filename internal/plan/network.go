@@ -14,6 +14,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/namerelay"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -93,6 +94,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 		}
 		defNote = append(defNote, "every destination allowed")
 	case policy.EgressResolved:
+		c.names(sb, sid)
 		grace := time.Duration(eg.GraceSeconds) * time.Second
 		c.plan.ResolvedEgress[sb.Name] = grace
 		c.plan.GraceMax = max(c.plan.GraceMax, grace)
@@ -258,4 +260,41 @@ func checkRanges(rules []egress.Rule) error {
 		}
 	}
 	return nil
+}
+
+// NameBinding is a sandbox's name binding (policy egress.names), applied
+// by the agent's relay (internal/namerelay).
+type NameBinding struct {
+	Sandbox      string
+	RecordOnly   bool
+	ReadOnly     []string
+	ECH          []string
+	UnnamedPorts []namerelay.PortRange
+	QUIC         bool
+	RuleID       uint32
+}
+
+// names compiles egress.names of a sandbox whose egress default is
+// resolved.
+func (c *compiler) names(sb *policy.Sandbox, sid uint32) {
+	nm := &sb.Egress.Names
+	if !nm.Bind {
+		return
+	}
+	nb := NameBinding{Sandbox: sb.Name, RecordOnly: sb.Mode == policy.ModeRecord, ReadOnly: slices.Clone(nm.ReadOnly),
+		ECH: slices.Clone(nm.ECH), QUIC: nm.QUIC, RuleID: c.rules.ID("egress-names")}
+	for _, pr := range nm.UnnamedPorts {
+		lo, hi, _ := pr.Bounds() // validated
+		nb.UnnamedPorts = append(nb.UnnamedPorts, namerelay.PortRange{Lo: lo, Hi: hi})
+	}
+	c.plan.Names[sid] = nb
+	notes := []string{"TCP connects to answered addresses redirected to the agent's relay: the TLS server name or HTTP Host must be answered with that address or on the DNS allow list",
+		"domain fronting, TLS without a name, Encrypted Client Hello (outside egress.names.ech) and unnamed protocols refused"}
+	if !nm.QUIC {
+		notes = append(notes, "QUIC (UDP 443) to answered addresses refused: clients fall back to TCP")
+	}
+	if len(nm.ReadOnly) > 0 {
+		notes = append(notes, fmt.Sprintf("%d read-only names: GET, HEAD, OPTIONS only on plain HTTP", len(nm.ReadOnly)))
+	}
+	c.add(sb, "egress names", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: notes})
 }

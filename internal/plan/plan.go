@@ -119,6 +119,8 @@ type Plan struct {
 	ResolvedEgress map[string]time.Duration
 	// GraceMax is the largest grace of ResolvedEgress (0 when empty).
 	GraceMax time.Duration
+	// Names is the name binding per sandbox id (egress.names.bind).
+	Names map[uint32]NameBinding
 	// DNS is the DNS proxy's policy.
 	DNS *dnsproxy.Policy
 	// Launch are the restrictions of `watcher exec` per sandbox name.
@@ -164,6 +166,7 @@ func Compile(p *policy.Policy, env Env, rules *RuleTable) (*Plan, error) {
 			LSM:            map[uint32]lsm.Rules{},
 			Egress:         map[uint32]egress.SandboxConfig{},
 			ResolvedEgress: map[string]time.Duration{},
+			Names:          map[uint32]NameBinding{},
 			DNS:            &dnsproxy.Policy{Sandboxes: map[string]*dnsproxy.SandboxPolicy{}},
 			Launch:         map[string]launch.Restrictions{},
 		},

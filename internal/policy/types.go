@@ -528,6 +528,39 @@ type Egress struct {
 	// sockets (the D-Bus system bus, systemd-resolved, nscd, docker.sock)
 	// and abstract ones are refused, judged on the path as passed.
 	Unix []string `yaml:"unix"`
+	// Names binds TCP connections to names (docs/egress-names.md).
+	Names EgressNames `yaml:"names"`
+}
+
+// EgressNames binds a sandbox's TCP connections to the names the DNS proxy
+// answered: with Bind, a connection to an answered address passes only
+// when the name it carries (the TLS ClientHello's server name, or the
+// Host header of plain HTTP) was answered with that address to the
+// sandbox, or is on its DNS allow list. Another name on a shared front end
+// (domain fronting), TLS without a name, and anything that carries no
+// name are refused and recorded. Only with egress default resolved.
+//
+//	names:
+//	  bind: true
+//	  read_only: [".docs.example.com"]  # GET, HEAD, OPTIONS only (plain HTTP)
+//	  ech: ["cloudflare-ech.com"]       # outer names Encrypted Client Hello may use
+//	  unnamed_ports: ["22"]             # SSH: passes without a name
+//	  quic: false                       # UDP 443 to answered addresses refused
+type EgressNames struct {
+	// Bind turns name binding on.
+	Bind bool `yaml:"bind"`
+	// ReadOnly lists names (DNS syntax) limited to GET, HEAD and OPTIONS
+	// on plain HTTP; other methods get a 403 that says why.
+	ReadOnly []string `yaml:"read_only"`
+	// ECH lists the outer names for which a ClientHello with Encrypted
+	// Client Hello passes (its real name is hidden); others are refused.
+	ECH []string `yaml:"ech"`
+	// UnnamedPorts are ports where connections to answered addresses pass
+	// without a name (protocols where the server speaks first: SSH).
+	UnnamedPorts []PortRange `yaml:"unnamed_ports"`
+	// QUIC allows UDP 443 to answered addresses. Off, clients fall back
+	// to TCP, where the name is judged.
+	QUIC bool `yaml:"quic"`
 }
 
 // Listen rules inbound servers: where a sandboxed process may bind and

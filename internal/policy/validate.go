@@ -264,6 +264,21 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 			c.add(eg.key("unix").idx(i), "%q: want an absolute socket path (at most 107 bytes)", u)
 		}
 	}
+	nm := eg.key("names")
+	if sb.Egress.Names.Bind && sb.Egress.Default != "" && sb.Egress.Default != EgressResolved {
+		c.add(nm.key("bind"), "needs egress default resolved (names are bound to the DNS proxy's answers)")
+	}
+	for i, n := range sb.Egress.Names.ReadOnly {
+		c.namePattern(nm.key("read_only").idx(i), n)
+	}
+	for i, n := range sb.Egress.Names.ECH {
+		c.namePattern(nm.key("ech").idx(i), n)
+	}
+	for i, pr := range sb.Egress.Names.UnnamedPorts {
+		if _, _, err := pr.Bounds(); err != nil {
+			c.add(nm.key("unnamed_ports").idx(i), "%v", err)
+		}
+	}
 	c.listen(at.key("listen"), &sb.Listen)
 	au := at.key("audit")
 	if r := sb.Audit.SampleRate; r < 0 || r > 1 {
