@@ -196,6 +196,9 @@ func mergeLists(merged, own, base *Sandbox) {
 	merged.Tools.Rules = concat(own.Tools.Rules, base.Tools.Rules)
 	merged.Tools.Exchange.Patterns = concat(own.Tools.Exchange.Patterns, base.Tools.Exchange.Patterns)
 	merged.Egress.Unix = concat(own.Egress.Unix, base.Egress.Unix)
+	merged.Egress.Names.ReadOnly = concat(own.Egress.Names.ReadOnly, base.Egress.Names.ReadOnly)
+	merged.Egress.Names.ECH = concat(own.Egress.Names.ECH, base.Egress.Names.ECH)
+	merged.Egress.Names.UnnamedPorts = concat(own.Egress.Names.UnnamedPorts, base.Egress.Names.UnnamedPorts)
 	merged.Require = concat(own.Require, base.Require)
 }
 
@@ -464,6 +467,9 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.Tools.Exchange.Types)
 	nilIfEmpty(&sb.Tools.Exchange.Patterns)
 	nilIfEmpty(&sb.Egress.Unix)
+	nilIfEmpty(&sb.Egress.Names.ReadOnly)
+	nilIfEmpty(&sb.Egress.Names.ECH)
+	nilIfEmpty(&sb.Egress.Names.UnnamedPorts)
 	nilIfEmpty(&sb.Require)
 	for j := range sb.Egress.Allow {
 		nilIfEmpty(&sb.Egress.Allow[j].Ports)

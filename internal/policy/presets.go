@@ -134,6 +134,9 @@ func cloneSandbox(sb Sandbox) Sandbox {
 	out.Tools.Exchange.Types = slices.Clone(sb.Tools.Exchange.Types)
 	out.Tools.Exchange.Patterns = slices.Clone(sb.Tools.Exchange.Patterns)
 	out.Egress.Unix = slices.Clone(sb.Egress.Unix)
+	out.Egress.Names.ReadOnly = slices.Clone(sb.Egress.Names.ReadOnly)
+	out.Egress.Names.ECH = slices.Clone(sb.Egress.Names.ECH)
+	out.Egress.Names.UnnamedPorts = slices.Clone(sb.Egress.Names.UnnamedPorts)
 	out.Listen.Ports = slices.Clone(sb.Listen.Ports)
 	return out
 }
