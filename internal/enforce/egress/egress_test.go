@@ -94,7 +94,7 @@ func (l *eventLog) wait(t *testing.T, what string, pred func(audit.Event) bool) 
 	}
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	eng := enforcetest.Engine(t)
 	if _, err := exec.LookPath("dig"); err != nil {
@@ -193,7 +193,7 @@ func setup(t *testing.T) *fixture {
 }
 
 // op runs a helper operation in cgroup cg and returns its result and pid.
-func (f *fixture) op(t *testing.T, cg, mode string, env ...string) (helperResult, int) {
+func (f *fixture) op(t testing.TB, cg, mode string, env ...string) (helperResult, int) {
 	t.Helper()
 	cmd := enforcetest.SelfCommand(t, cg, "TestEgress", mode, env...)
 	out, _ := cmd.CombinedOutput()

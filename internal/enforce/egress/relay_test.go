@@ -42,7 +42,7 @@ type cdn struct {
 	ca     *x509.CertPool
 }
 
-func newCDN(t *testing.T, n *testNet) *cdn {
+func newCDN(t testing.TB, n *testNet) *cdn {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "watcher test CDN CA"},
@@ -119,9 +119,10 @@ type relayFixture struct {
 	cdn     *cdn
 	relay   *namerelay.Relay
 	answers *namerelay.Answers
+	rc      egress.RelayConfig
 }
 
-func setupRelay(t *testing.T) *relayFixture {
+func setupRelay(t testing.TB) *relayFixture {
 	t.Helper()
 	f := setup(t)
 	cookie, err := egress.NetnsCookie()
@@ -170,6 +171,7 @@ func setupRelay(t *testing.T) *relayFixture {
 			rc.Relay6 = a
 		}
 	}
+	rf.rc = rc
 	for _, id := range []uint32{sandboxID, recordID} {
 		if err := f.eg.SetRelay(id, rc); err != nil {
 			t.Fatal(err)
@@ -179,7 +181,7 @@ func setupRelay(t *testing.T) *relayFixture {
 }
 
 // run runs a command in the sandbox and returns its output and error.
-func (rf *relayFixture) run(t *testing.T, cg string, env []string, name string, args ...string) (string, error) {
+func (rf *relayFixture) run(t testing.TB, cg string, env []string, name string, args ...string) (string, error) {
 	t.Helper()
 	cmd := enforcetest.Command(t, cg, name, args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -187,7 +189,7 @@ func (rf *relayFixture) run(t *testing.T, cg string, env []string, name string, 
 	return string(out), err
 }
 
-func (rf *relayFixture) curl(t *testing.T, cg string, args ...string) (string, error) {
+func (rf *relayFixture) curl(t testing.TB, cg string, args ...string) (string, error) {
 	t.Helper()
 	return rf.run(t, cg, nil, "curl", append([]string{"-sS", "--max-time", "10", "--cacert", rf.cdn.caFile}, args...)...)
 }
@@ -403,10 +405,12 @@ const https = require("https");
 
 // relayHelpers are helper modes of the name-binding test.
 var relayHelpers = map[string]func(ctx context.Context) (string, error){
-	"tls-split": helperTLSSplit,
-	"tls-ech":   helperTLSECH,
-	"peer":      helperPeer,
-	"https-get": helperHTTPSGet,
+	"tls-split":      helperTLSSplit,
+	"bench-requests": helperBenchRequests,
+	"bench-download": helperBenchDownload,
+	"tls-ech":        helperTLSECH,
+	"peer":           helperPeer,
+	"https-get":      helperHTTPSGet,
 }
 
 func loadCA() (*x509.CertPool, error) {
