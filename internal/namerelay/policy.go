@@ -27,6 +27,10 @@ type Policy struct {
 	// where the server speaks first) passes to answered addresses without
 	// one.
 	UnnamedPorts []PortRange
+	// Secrets are the credentials the sandbox holds placeholders for; CA
+	// terminates TLS for their hosts (both nil: no brokering).
+	Secrets []Secret
+	CA      *CA
 	// Rule and RuleID name the rule in events.
 	Rule   string
 	RuleID uint32

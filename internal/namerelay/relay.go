@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -58,11 +59,16 @@ type Config struct {
 	// DialTimeout bounds the connect to the original destination.
 	// Default 10s.
 	DialTimeout time.Duration
+	// UpstreamRoots verify destinations where the relay terminates TLS
+	// (credential brokering); nil means the host's roots.
+	UpstreamRoots *x509.CertPool
 }
 
 // Stats are the relay's counters.
 type Stats struct {
 	Accepted, Passed, Refused, Recorded, Unknown, DialFailed uint64
+	// Substituted counts requests whose placeholders were swapped.
+	Substituted uint64
 }
 
 // Relay is the transparent relay.
@@ -71,7 +77,7 @@ type Relay struct {
 	lns   []net.Listener
 	wg    sync.WaitGroup
 	stats struct {
-		accepted, passed, refused, recorded, unknown, dialFailed atomic.Uint64
+		accepted, passed, refused, recorded, unknown, dialFailed, substituted atomic.Uint64
 	}
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -145,7 +151,7 @@ func (r *Relay) Close() error {
 func (r *Relay) Stats() Stats {
 	s := &r.stats
 	return Stats{Accepted: s.accepted.Load(), Passed: s.passed.Load(), Refused: s.refused.Load(),
-		Recorded: s.recorded.Load(), Unknown: s.unknown.Load(), DialFailed: s.dialFailed.Load()}
+		Recorded: s.recorded.Load(), Unknown: s.unknown.Load(), DialFailed: s.dialFailed.Load(), Substituted: s.substituted.Load()}
 }
 
 func (r *Relay) track(c net.Conn) bool {
@@ -194,8 +200,18 @@ func (r *Relay) serve(ln net.Listener) {
 type session struct {
 	r      *Relay
 	client net.Conn
+	// tlsOut, once the relay terminated the client's TLS, is where
+	// refusals go.
+	tlsOut io.Writer
 	info   Conn
 	pol    *Policy
+}
+
+func (s *session) out() io.Writer {
+	if s.tlsOut != nil {
+		return s.tlsOut
+	}
+	return s.client
 }
 
 func (r *Relay) handle(c net.Conn) {
@@ -270,6 +286,10 @@ func (s *session) tls(buf []byte) {
 	} else if !s.judge(h.SNI, tlsAlert) {
 		return
 	}
+	if s.pol.terminates(h.SNI) {
+		s.broker(buf, h.SNI)
+		return
+	}
 	s.pass(buf)
 }
 
@@ -319,7 +339,7 @@ func (s *session) refuse(name, why string, refusal []byte) bool {
 	}
 	if refusal != nil {
 		s.client.SetWriteDeadline(time.Now().Add(time.Second))
-		s.client.Write(refusal)
+		s.out().Write(refusal)
 	}
 	return false
 }
@@ -371,8 +391,8 @@ func splice(client, up net.Conn, from io.Reader) {
 }
 
 func closeWrite(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.CloseWrite()
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
 		return
 	}
 	c.Close()
@@ -390,7 +410,7 @@ func (s *session) http(first []byte) {
 		s.refuse("", "not an HTTP request: the connection carries no name", nil)
 		return
 	}
-	if !s.checkRequest(req, true) {
+	if !s.checkRequest(req, true, s.client, "") {
 		return
 	}
 	up, err := s.dial()
@@ -401,10 +421,17 @@ func (s *session) http(first []byte) {
 	defer up.Close()
 	s.client.SetReadDeadline(time.Time{})
 	s.r.stats.passed.Add(1)
+	s.requests(br, s.client, up, req, "")
+}
+
+// requests relays the requests read from br (the first already read and
+// judged) to up, judging each, while the responses flow back to client.
+// tlsHost is the terminated TLS name ("" on plain HTTP).
+func (s *session) requests(br *bufio.Reader, client, up net.Conn, req *http.Request, tlsHost string) {
 	done := make(chan struct{})
 	go func() {
-		io.Copy(s.client, up)
-		closeWrite(s.client)
+		io.Copy(client, up)
+		closeWrite(client)
 		close(done)
 	}()
 	defer func() { <-done }()
@@ -422,23 +449,28 @@ func (s *session) http(first []byte) {
 			closeWrite(up)
 			return
 		}
+		var err error
 		if req, err = http.ReadRequest(br); err != nil {
 			closeWrite(up)
 			return
 		}
-		if !s.checkRequest(req, false) {
+		if !s.checkRequest(req, false, client, tlsHost) {
 			// Responses to earlier requests may be in flight: the
 			// connection is cut, not answered.
 			up.Close()
-			s.client.Close()
+			client.Close()
 			return
 		}
 	}
 }
 
-// checkRequest judges one request; first says no byte went upstream yet,
-// so a refusal can be answered with a 403.
-func (s *session) checkRequest(req *http.Request, first bool) bool {
+// checkRequest judges one request and swaps its placeholders; first says
+// no byte went upstream yet, so a refusal can be answered with a 403
+// (written to w). tlsHost is the terminated TLS name, "" on plain HTTP.
+func (s *session) checkRequest(req *http.Request, first bool, w io.Writer, tlsHost string) bool {
+	if w != s.client {
+		s.tlsOut = w
+	}
 	host := req.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
@@ -448,25 +480,42 @@ func (s *session) checkRequest(req *http.Request, first bool) bool {
 		refusal = forbidden403("")
 	}
 	if host == "" {
-		if !s.refuse("", "HTTP request without a Host: the connection carries no name", refusal) {
+		return s.refuse("", "HTTP request without a Host: the connection carries no name", refusal)
+	}
+	name := normName(host)
+	if first {
+		refusal = forbidden403(fmt.Sprintf("watcher: %s is not a name answered for %s to this sandbox\n", quote(name), s.info.Dest.Addr()))
+	}
+	if tlsHost != "" && name != tlsHost {
+		// The name the TLS session was judged (and its certificate
+		// issued) for is the only one it may carry.
+		if !s.refuse(name, fmt.Sprintf("Host %s differs from the TLS server name %s", quote(name), quote(tlsHost)), refusal) {
 			return false
 		}
-		return true
-	}
-	if first {
-		refusal = forbidden403(fmt.Sprintf("watcher: %s is not a name answered for %s to this sandbox\n", quote(normName(host)), s.info.Dest.Addr()))
-	}
-	if !s.judge(host, refusal) {
+	} else if !s.judge(host, refusal) {
 		return false
 	}
 	if s.pol.ReadOnly.Match(host) && !readMethods[req.Method] {
-		msg := fmt.Sprintf("watcher: %s is read-only for this sandbox: %s refused (GET, HEAD, OPTIONS only)\n", quote(normName(host)), quote(req.Method))
+		refusal = nil
 		if first {
-			refusal = forbidden403(msg)
-		} else {
-			refusal = nil
+			refusal = forbidden403(fmt.Sprintf("watcher: %s is read-only for this sandbox: %s refused (GET, HEAD, OPTIONS only)\n", quote(name), quote(req.Method)))
 		}
-		return s.refuse(normName(host), "read-only name: method "+quote(req.Method)+" refused", refusal)
+		if !s.refuse(name, "read-only name: method "+quote(req.Method)+" refused", refusal) {
+			return false
+		}
+	}
+	if leak := s.substitute(req, name, tlsHost != ""); leak != "" {
+		refusal = nil
+		if first {
+			refusal = forbidden403(fmt.Sprintf("watcher: the placeholder of secret %s may not be sent to %s\n", quote(leak), quote(name)))
+		}
+		why := fmt.Sprintf("leak attempt: the placeholder of secret %s sent to %s, where it is not bound", quote(leak), quote(name))
+		if tlsHost == "" {
+			why += " (or over plain HTTP)"
+		}
+		if !s.refuse(name, why, refusal) {
+			return false
+		}
 	}
 	return true
 }

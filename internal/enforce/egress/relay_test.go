@@ -90,6 +90,9 @@ func newCDN(t testing.TB, n *testNet) *cdn {
 		}
 		io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(w, "%s host=%s sni=%s", r.Method, r.Host, sni)
+		if a := r.Header.Get("Authorization"); a != "" {
+			fmt.Fprintf(w, " auth=%s", a)
+		}
 	})
 	for _, a := range []netip.Addr{n.allowed, n.allowed6} {
 		tl := n.listen(t, "tcp", netip.AddrPortFrom(a, 443)).(net.Listener)
@@ -120,7 +123,16 @@ type relayFixture struct {
 	relay   *namerelay.Relay
 	answers *namerelay.Answers
 	rc      egress.RelayConfig
+	// sandboxCA is the file of the sandbox's credential-broker CA.
+	sandboxCA string
 }
+
+// The sandbox's secret: it holds the placeholder, the relay the value.
+const (
+	secretName        = "api-token"
+	secretPlaceholder = "watcher-placeholder-api-token-5d1c"
+	secretValue       = "real-token-8f2e91"
+)
 
 func setupRelay(t testing.TB) *relayFixture {
 	t.Helper()
@@ -136,8 +148,18 @@ func setupRelay(t testing.TB) *relayFixture {
 		}
 	}
 	f.onAnswer.Store(&hook)
+	ca, err := namerelay.NewCA("sb", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rf.sandboxCA = filepath.Join(t.TempDir(), "sandbox-ca.pem")
+	if err := os.WriteFile(rf.sandboxCA, ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	policies := map[uint32]*namerelay.Policy{
 		sandboxID: {Sandbox: "sb", NameAllowed: func(n string) bool { return f.proxy.NameListed("sb", n) },
+			CA: ca, Secrets: []namerelay.Secret{{Name: secretName, Placeholder: secretPlaceholder, Value: secretValue,
+				Hosts: namerelay.NewNames([]string{"api.cdn.test"})}},
 			ReadOnly: namerelay.NewNames([]string{".ro.cdn.test"}), ECH: namerelay.NewNames([]string{"ech.cdn.test"}),
 			Rule: "egress names", RuleID: 77},
 		recordID: {Sandbox: "rec", RecordOnly: true, NameAllowed: func(n string) bool { return f.proxy.NameListed("rec", n) }},
@@ -152,9 +174,10 @@ func setupRelay(t testing.TB) *relayFixture {
 			p, ok := policies[id]
 			return p, ok
 		},
-		Answers:      rf.answers,
-		Events:       func(ev audit.Event) { f.kernelEvents.Notify(ev) },
-		HelloTimeout: time.Second,
+		Answers:       rf.answers,
+		UpstreamRoots: rf.cdn.ca,
+		Events:        func(ev audit.Event) { f.kernelEvents.Notify(ev) },
+		HelloTimeout:  time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -388,6 +411,56 @@ const https = require("https");
 		r, _ = rf.op(t, sb, "https-get", "WATCHER_NAME=a.cdn.test", "WATCHER_SNI=forbidden.test", "WATCHER_CA="+rf.cdn.caFile)
 		if r.ok {
 			t.Fatalf("go fronting passed: %s", r)
+		}
+	})
+
+	t.Run("credential brokering", func(t *testing.T) {
+		auth := "Authorization: Bearer " + secretPlaceholder
+		// The sandbox trusts its own CA only: the relay terminates TLS
+		// for api.cdn.test and verifies the CDN with the CDN's CA.
+		out, err := rf.run(t, sb, nil, "curl", "-sS", "--max-time", "10", "--cacert", rf.sandboxCA, "-H", auth, "https://api.cdn.test/v1/models")
+		if err != nil || out != "GET host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue {
+			t.Fatalf("bound host: %v: %s", err, out)
+		}
+		ev := rf.kernelEvents.wait(t, "substitution", func(ev audit.Event) bool {
+			return ev.Mechanism == namerelay.Mechanism && ev.Net != nil && ev.Net.Op == "secret"
+		})
+		if !strings.Contains(ev.Net.Reason, `"api-token"`) || !strings.Contains(ev.Net.Reason, "/v1/models") || ev.Net.Name != "api.cdn.test" {
+			t.Errorf("substitution event: %+v", ev.Net)
+		}
+		rf.kernelEvents.mu.Lock()
+		for _, e := range rf.kernelEvents.evs {
+			if strings.Contains(fmt.Sprintf("%+v %+v", e, e.Net), secretValue) {
+				t.Errorf("an event holds the secret: %+v", e.Net)
+			}
+		}
+		rf.kernelEvents.mu.Unlock()
+		// Python requests, trusting the sandbox CA through the
+		// environment, with the placeholder from its environment.
+		if _, err := exec.LookPath("python3"); err == nil {
+			script := `import os, requests
+print(requests.get("https://api.cdn.test/", headers={"Authorization": "Bearer " + os.environ["API_TOKEN"]}).text)`
+			out, err := rf.run(t, sb, []string{"REQUESTS_CA_BUNDLE=" + rf.sandboxCA, "API_TOKEN=" + secretPlaceholder}, "python3", "-c", script)
+			if err != nil || strings.TrimSpace(out) != "GET host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue {
+				t.Errorf("python requests: %v: %s", err, out)
+			}
+		}
+		// The placeholder sent to another host (plain HTTP: visible) is
+		// a leak attempt, refused before it leaves.
+		out, err = rf.curl(t, sb, "-4", "-H", auth, "http://a.cdn.test:8080/")
+		if err != nil || !strings.Contains(out, "may not be sent") || strings.Contains(out, "host=") {
+			t.Fatalf("leak over plain HTTP: %v: %s", err, out)
+		}
+		rf.kernelEvents.wait(t, "leak attempt", func(ev audit.Event) bool {
+			return ev.Mechanism == namerelay.Mechanism && ev.Net != nil && strings.Contains(ev.Net.Reason, "leak attempt") && ev.Verdict == audit.VerdictDenied
+		})
+		// On the bound host, a Host header naming another site is refused.
+		out, _ = rf.run(t, sb, nil, "curl", "-sS", "--max-time", "10", "--cacert", rf.sandboxCA, "-H", "Host: a.cdn.test", "https://api.cdn.test/")
+		if strings.Contains(out, "host=") {
+			t.Fatalf("Host switch inside terminated TLS: %s", out)
+		}
+		if rf.relay.Stats().Substituted < 1 {
+			t.Error("no substitution counted")
 		}
 	})
 
