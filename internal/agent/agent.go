@@ -113,6 +113,8 @@ type Agent struct {
 	relayPols   atomic.Pointer[map[uint32]*namerelay.Policy]
 	answers     *namerelay.Answers
 	netnsCookie uint64
+	casMu       sync.Mutex
+	cas         map[string]*namerelay.CA // credential-broker CA per sandbox name
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses

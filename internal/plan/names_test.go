@@ -55,3 +55,48 @@ sandboxes:
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestSecretEnv(t *testing.T) {
+	p := parse(t, `version: 1
+agent: {ledger_dir: /var/lib/w/ledger}
+sandboxes:
+  - name: bound
+    select: {cgroups: [/b]}
+    egress:
+      names:
+        bind: true
+        secrets:
+          - {name: openai, env: OPENAI_API_KEY, from_env: OPENAI_API_KEY, hosts: [api.openai.com]}
+          - {name: gh, env: GH_TOKEN, from_env: HOST_GH_TOKEN, hosts: [api.github.com]}
+`)
+	env := SecretEnv(p, "bound", []string{"PATH=/bin", "OPENAI_API_KEY=sk-real", "HOST_GH_TOKEN=ghp-real", "SSL_CERT_FILE=/x"})
+	got := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, dup := got[k]; dup {
+			t.Errorf("%s twice", k)
+		}
+		got[k] = v
+	}
+	ca := "/var/lib/w/sandbox-ca/bound.pem"
+	if got["OPENAI_API_KEY"] != Placeholder("bound", "openai") || got["GH_TOKEN"] != Placeholder("bound", "gh") ||
+		got["SSL_CERT_FILE"] != ca || got["NODE_EXTRA_CA_CERTS"] != ca || got["PATH"] != "/bin" {
+		t.Errorf("env = %v", got)
+	}
+	for _, kv := range env {
+		if strings.Contains(kv, "real") {
+			t.Errorf("a real value reached the command: %s", kv)
+		}
+	}
+	if e := SecretEnv(p, "other", []string{"A=1"}); len(e) != 1 {
+		t.Errorf("sandbox without secrets: %v", e)
+	}
+	if _, err := policy.Parse("t.yaml", []byte(`version: 1
+sandboxes:
+  - name: x
+    select: {cgroups: [/x]}
+    egress: {names: {secrets: [{name: "a b", env: "1X", from_env: A, from_file: /f}]}}
+`)); err == nil || !strings.Contains(err.Error(), "names.bind") || !strings.Contains(err.Error(), "exactly one") || !strings.Contains(err.Error(), "hosts") {
+		t.Errorf("bad secrets: %v", err)
+	}
+}

@@ -199,6 +199,7 @@ func mergeLists(merged, own, base *Sandbox) {
 	merged.Egress.Names.ReadOnly = concat(own.Egress.Names.ReadOnly, base.Egress.Names.ReadOnly)
 	merged.Egress.Names.ECH = concat(own.Egress.Names.ECH, base.Egress.Names.ECH)
 	merged.Egress.Names.UnnamedPorts = concat(own.Egress.Names.UnnamedPorts, base.Egress.Names.UnnamedPorts)
+	merged.Egress.Names.Secrets = concat(own.Egress.Names.Secrets, base.Egress.Names.Secrets)
 	merged.Require = concat(own.Require, base.Require)
 }
 
@@ -470,6 +471,10 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.Egress.Names.ReadOnly)
 	nilIfEmpty(&sb.Egress.Names.ECH)
 	nilIfEmpty(&sb.Egress.Names.UnnamedPorts)
+	nilIfEmpty(&sb.Egress.Names.Secrets)
+	for j := range sb.Egress.Names.Secrets {
+		nilIfEmpty(&sb.Egress.Names.Secrets[j].Hosts)
+	}
 	nilIfEmpty(&sb.Require)
 	for j := range sb.Egress.Allow {
 		nilIfEmpty(&sb.Egress.Allow[j].Ports)

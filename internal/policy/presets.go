@@ -137,6 +137,10 @@ func cloneSandbox(sb Sandbox) Sandbox {
 	out.Egress.Names.ReadOnly = slices.Clone(sb.Egress.Names.ReadOnly)
 	out.Egress.Names.ECH = slices.Clone(sb.Egress.Names.ECH)
 	out.Egress.Names.UnnamedPorts = slices.Clone(sb.Egress.Names.UnnamedPorts)
+	out.Egress.Names.Secrets = slices.Clone(sb.Egress.Names.Secrets)
+	for i := range out.Egress.Names.Secrets {
+		out.Egress.Names.Secrets[i].Hosts = slices.Clone(out.Egress.Names.Secrets[i].Hosts)
+	}
 	out.Listen.Ports = slices.Clone(sb.Listen.Ports)
 	return out
 }

@@ -561,6 +561,32 @@ type EgressNames struct {
 	// QUIC allows UDP 443 to answered addresses. Off, clients fall back
 	// to TCP, where the name is judged.
 	QUIC bool `yaml:"quic"`
+	// Secrets are credentials the sandbox holds only placeholders for
+	// (credential brokering, docs/egress-names.md).
+	Secrets []EgressSecret `yaml:"secrets"`
+}
+
+// EgressSecret is a credential kept outside the sandbox: commands started
+// with watcher exec see Env set to a placeholder, and the agent's relay
+// swaps the placeholder for the real value in requests to Hosts only
+// (terminating TLS there with a per-sandbox CA the sandbox trusts).
+//
+//	secrets:
+//	  - name: openai
+//	    env: OPENAI_API_KEY              # the sandbox's variable: the placeholder
+//	    from_env: WATCHER_OPENAI_KEY     # the value, from the agent's environment
+//	    hosts: [api.openai.com]
+type EgressSecret struct {
+	// Name names the secret in events (letters, digits, - and _).
+	Name string `yaml:"name"`
+	// Env is the environment variable that holds the placeholder.
+	Env string `yaml:"env"`
+	// FromEnv names the agent's environment variable with the value.
+	FromEnv string `yaml:"from_env"`
+	// FromFile is a file (only the agent reads) with the value.
+	FromFile string `yaml:"from_file"`
+	// Hosts are the names (DNS syntax) the value may be sent to.
+	Hosts []string `yaml:"hosts"`
 }
 
 // Listen rules inbound servers: where a sandboxed process may bind and

@@ -274,6 +274,30 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	for i, n := range sb.Egress.Names.ECH {
 		c.namePattern(nm.key("ech").idx(i), n)
 	}
+	for i, sec := range sb.Egress.Names.Secrets {
+		sp := nm.key("secrets").idx(i)
+		if !sb.Egress.Names.Bind {
+			c.add(sp, "secrets need names.bind: true (the relay swaps the placeholders)")
+		}
+		if !secretNameRE.MatchString(sec.Name) {
+			c.add(sp.key("name"), "%q: want letters, digits, - and _", sec.Name)
+		}
+		if !envNameRE.MatchString(sec.Env) {
+			c.add(sp.key("env"), "%q: want an environment variable name", sec.Env)
+		}
+		if (sec.FromEnv == "") == (sec.FromFile == "") {
+			c.add(sp, "give exactly one of from_env and from_file")
+		}
+		if sec.FromFile != "" && !strings.HasPrefix(sec.FromFile, "/") {
+			c.add(sp.key("from_file"), "%q: want an absolute path", sec.FromFile)
+		}
+		if len(sec.Hosts) == 0 {
+			c.add(sp.key("hosts"), "required: the names the secret may be sent to")
+		}
+		for j, h := range sec.Hosts {
+			c.namePattern(sp.key("hosts").idx(j), h)
+		}
+	}
 	for i, pr := range sb.Egress.Names.UnnamedPorts {
 		if _, _, err := pr.Bounds(); err != nil {
 			c.add(nm.key("unnamed_ports").idx(i), "%v", err)
@@ -486,3 +510,8 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 	}
 	return p, nil
 }
+
+var (
+	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	envNameRE    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+)
