@@ -45,8 +45,16 @@ func TestNameBindingEndToEnd(t *testing.T) {
 	caFile := serveCDN(t, cdnAddr, inNS)
 	serveCDNDNS(t, dnsAddr, cdnAddr, inNS)
 
+	// The agent verifies the CDN with the CDN's CA (Go reads
+	// SSL_CERT_FILE) and reads the secret's value from its environment.
+	t.Setenv("SSL_CERT_FILE", caFile)
+	t.Setenv("WATCHER_E2E_API_VALUE", secretValue)
 	tb := newTestbed(t, `    dns: {allow: [.cdn.test]}
-    egress: {names: {bind: true}}
+    egress:
+      names:
+        bind: true
+        secrets:
+          - {name: api, env: API_TOKEN, from_env: WATCHER_E2E_API_VALUE, hosts: [api.cdn.test]}
 `, "{enabled: false}")
 	pol, _ := os.ReadFile(tb.policy)
 	listen := fmt.Sprintf(`dns: {listen: "127.0.0.1:%d"}`, tb.DNSPort)
@@ -71,6 +79,13 @@ func TestNameBindingEndToEnd(t *testing.T) {
 	if err == nil || strings.Contains(out, "host=") {
 		t.Fatalf("fronted name reached the CDN: %s", out)
 	}
+	// watcher exec: the command sees the placeholder, never the value,
+	// and the relay swaps it on the way to the bound host.
+	script := `echo "token=$API_TOKEN"; env | grep -c e2e-value-7; curl -sS --max-time 10 -H "Authorization: Bearer $API_TOKEN" https://api.cdn.test/`
+	out, code := tb.watcher("exec", "--socket", tb.ControlSocket(), "--", "/bin/sh", "-c", script)
+	if !strings.Contains(out, "token=watcher-placeholder-agents-api\n0\n") || !strings.Contains(out, "host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue) {
+		t.Fatalf("brokered secret (exit %d):\n%s\nagent log:\n%s", code, out, tb.agentLog)
+	}
 	timeout := time.After(10 * time.Second)
 	for {
 		select {
@@ -86,12 +101,18 @@ func TestNameBindingEndToEnd(t *testing.T) {
 				t.Errorf("refusal event: %+v %+v", e, e.Net)
 			}
 			tb.stopAgent(syscall.SIGTERM)
+			led, _ := tb.watcher("ledger", "cat", "--json", tb.ledger)
+			if !strings.Contains(led, `secret \"api\" substituted`) || strings.Contains(led, secretValue) {
+				t.Errorf("ledger: substitution missing or the value recorded:\n%s", grepLines([]byte(led), "name-relay"))
+			}
 			return
 		case <-timeout:
 			t.Fatalf("no name-relay refusal of evil.test reached watcher tail; agent log:\n%s", tb.agentLog)
 		}
 	}
 }
+
+const secretValue = "real-e2e-value-7c1"
 
 // cdnNamespace makes a network namespace joined to the host by a veth pair
 // on a random 198.18.x.0/24 and returns the CDN's and the DNS server's
@@ -181,6 +202,9 @@ func serveCDN(t *testing.T, cdn netip.Addr, inNS func(func() error) error) strin
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}},
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "host=%s sni=%s", r.Host, r.TLS.ServerName)
+			if a := r.Header.Get("Authorization"); a != "" {
+				fmt.Fprintf(w, " auth=%s", a)
+			}
 		}),
 	}
 	go srv.ServeTLS(ln, "", "")
