@@ -70,7 +70,13 @@ func newCDN(t testing.TB, n *testNet) *cdn {
 	}
 	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 
+	repo := gitRepo(t)
+	files := http.StripPrefix("/repo.git/", http.FileServer(http.Dir(repo)))
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/repo.git/") {
+			files.ServeHTTP(w, r) // git's dumb HTTP protocol
+			return
+		}
 		sni := ""
 		if r.TLS != nil {
 			sni = r.TLS.ServerName
@@ -113,6 +119,30 @@ func newCDN(t testing.TB, n *testNet) *cdn {
 		}
 	}()
 	return c
+}
+
+// gitRepo makes a bare repository with one commit, ready for git's dumb
+// HTTP protocol; "" when git is not installed.
+func gitRepo(t testing.TB) string {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		return ""
+	}
+	dir := t.TempDir()
+	bare, work := filepath.Join(dir, "repo.git"), filepath.Join(dir, "work")
+	for _, args := range [][]string{
+		{"init", "-q", "--bare", bare},
+		{"init", "-q", work},
+		{"-C", work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "first"},
+		{"-C", work, "push", "-q", bare, "HEAD:refs/heads/main"},
+		{"-C", bare, "symbolic-ref", "HEAD", "refs/heads/main"},
+		{"-C", bare, "update-server-info"},
+	} {
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+	}
+	return bare
 }
 
 // relayFixture is the egress fixture with name binding on for the
@@ -403,6 +433,22 @@ const https = require("https");
 			t.Fatalf("node: %v:\n%s", err, out)
 		}
 		rf.refusal(t, "forbidden.test", audit.VerdictDenied)
+	})
+
+	t.Run("git over HTTPS", func(t *testing.T) {
+		if _, err := exec.LookPath("git"); err != nil {
+			t.Skip("git is not installed")
+		}
+		env := []string{"GIT_SSL_CAINFO=" + rf.cdn.caFile, "GIT_TERMINAL_PROMPT=0", "HOME=" + t.TempDir()}
+		dest := filepath.Join(t.TempDir(), "clone")
+		if out, err := rf.run(t, sb, env, "git", "clone", "-q", "https://a.cdn.test/repo.git", dest); err != nil {
+			t.Fatalf("clone: %v: %s", err, out)
+		}
+		out, err := rf.run(t, sb, env, "git", "-c", "http.curloptResolve=evil-git.test:443:"+n.allowed.String(), "clone", "-q", "https://evil-git.test/repo.git", dest+"2")
+		if err == nil {
+			t.Fatalf("fronted clone passed: %s", out)
+		}
+		rf.refusal(t, "evil-git.test", audit.VerdictDenied)
 	})
 
 	t.Run("go net/http fronting", func(t *testing.T) {
