@@ -298,6 +298,25 @@ func TestNameBinding(t *testing.T) {
 		rf.refusal(t, "evil.test", audit.VerdictDenied)
 	})
 
+	t.Run("IPv6 through the relay", func(t *testing.T) {
+		before := rf.relay.Stats().Passed
+		out, err := rf.curl(t, sb, "-6", "https://a.cdn.test/")
+		if err != nil || out != "GET host=a.cdn.test sni=a.cdn.test" {
+			t.Fatalf("curl -6: %v: %s", err, out)
+		}
+		if rf.relay.Stats().Passed <= before {
+			t.Fatal("the IPv6 connection did not go through the relay")
+		}
+		out, err = rf.curl(t, sb, "-6", "--resolve", "forbidden6.test:443:["+n.allowed6.String()+"]", "https://forbidden6.test/")
+		if err == nil || strings.Contains(out, "host=") {
+			t.Fatalf("fronted name over IPv6 reached the server: %s", out)
+		}
+		ev := rf.refusal(t, "forbidden6.test", audit.VerdictDenied)
+		if ev.Net.Addr != n.allowed6.String() || ev.Net.Family != 10 {
+			t.Errorf("IPv6 refusal event: %+v", ev.Net)
+		}
+	})
+
 	t.Run("curl fronting by Host refused with 403", func(t *testing.T) {
 		out, err := rf.curl(t, sb, "-4", "-H", "Host: forbidden.test", "http://a.cdn.test:8080/")
 		if err != nil || !strings.Contains(out, "not a name answered") {
