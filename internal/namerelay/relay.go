@@ -59,6 +59,10 @@ type Config struct {
 	// DialTimeout bounds the connect to the original destination.
 	// Default 10s.
 	DialTimeout time.Duration
+	// MaxConnsPerSandbox bounds a sandbox's connections in the relay at
+	// once (each holds two of the agent's descriptors); beyond it new
+	// ones are closed and counted. Default 1024.
+	MaxConnsPerSandbox int
 	// UpstreamRoots verify destinations where the relay terminates TLS
 	// (credential brokering); nil means the host's roots.
 	UpstreamRoots *x509.CertPool
@@ -69,6 +73,9 @@ type Stats struct {
 	Accepted, Passed, Refused, Recorded, Unknown, DialFailed uint64
 	// Substituted counts requests whose placeholders were swapped.
 	Substituted uint64
+	// OverLimit counts connections closed because their sandbox had
+	// MaxConnsPerSandbox open.
+	OverLimit uint64
 }
 
 // Relay is the transparent relay.
@@ -77,10 +84,11 @@ type Relay struct {
 	lns   []net.Listener
 	wg    sync.WaitGroup
 	stats struct {
-		accepted, passed, refused, recorded, unknown, dialFailed, substituted atomic.Uint64
+		accepted, passed, refused, recorded, unknown, dialFailed, substituted, overLimit atomic.Uint64
 	}
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	open   map[uint32]int // connections per sandbox
 	closed bool
 }
 
@@ -98,7 +106,10 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
-	return &Relay{cfg: cfg, conns: map[net.Conn]struct{}{}}, nil
+	if cfg.MaxConnsPerSandbox <= 0 {
+		cfg.MaxConnsPerSandbox = 1024
+	}
+	return &Relay{cfg: cfg, conns: map[net.Conn]struct{}{}, open: map[uint32]int{}}, nil
 }
 
 // Start listens on every configured address; one that cannot be bound
@@ -151,7 +162,7 @@ func (r *Relay) Close() error {
 func (r *Relay) Stats() Stats {
 	s := &r.stats
 	return Stats{Accepted: s.accepted.Load(), Passed: s.passed.Load(), Refused: s.refused.Load(),
-		Recorded: s.recorded.Load(), Unknown: s.unknown.Load(), DialFailed: s.dialFailed.Load(), Substituted: s.substituted.Load()}
+		Recorded: s.recorded.Load(), Unknown: s.unknown.Load(), DialFailed: s.dialFailed.Load(), Substituted: s.substituted.Load(), OverLimit: s.overLimit.Load()}
 }
 
 func (r *Relay) track(c net.Conn) bool {
@@ -162,6 +173,25 @@ func (r *Relay) track(c net.Conn) bool {
 	}
 	r.conns[c] = struct{}{}
 	return true
+}
+
+// admit counts a connection of sandbox id, unless it has the maximum open.
+func (r *Relay) admit(id uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open[id] >= r.cfg.MaxConnsPerSandbox {
+		return false
+	}
+	r.open[id]++
+	return true
+}
+
+func (r *Relay) release(id uint32) {
+	r.mu.Lock()
+	if r.open[id]--; r.open[id] <= 0 {
+		delete(r.open, id)
+	}
+	r.mu.Unlock()
 }
 
 func (r *Relay) untrack(c net.Conn) {
@@ -223,6 +253,20 @@ func (r *Relay) handle(c net.Conn) {
 		r.stats.unknown.Add(1)
 		return
 	}
+	if !r.admit(info.SandboxID) {
+		if n := r.stats.overLimit.Add(1); n&(n-1) == 0 {
+			// The 1st, 2nd, 4th, 8th... closed connection: a flood is
+			// recorded without flooding the record.
+			pol, _ := r.cfg.Policy(info.SandboxID)
+			if pol == nil {
+				pol = &Policy{}
+			}
+			r.event(info, pol, audit.VerdictDenied, "", fmt.Sprintf("the sandbox has %d connections open in the relay (%d closed so far)",
+				r.cfg.MaxConnsPerSandbox, n))
+		}
+		return
+	}
+	defer r.release(info.SandboxID)
 	pol, ok := r.cfg.Policy(info.SandboxID)
 	if !ok {
 		r.stats.refused.Add(1)
