@@ -104,20 +104,27 @@ func newCDN(t testing.TB, n *testNet) *cdn {
 		tl := n.listen(t, "tcp", netip.AddrPortFrom(a, 443)).(net.Listener)
 		srv := &http.Server{Handler: handler, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
 		go srv.ServeTLS(tl, "", "")
+		if a.Is4() {
+			// TLS on a port no rule calls TLS's.
+			tl2 := n.listen(t, "tcp", netip.AddrPortFrom(a, 8443)).(net.Listener)
+			go (&http.Server{Handler: handler, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}).ServeTLS(tl2, "", "")
+		}
 		pl := n.listen(t, "tcp", netip.AddrPortFrom(a, 8080)).(net.Listener)
 		go (&http.Server{Handler: handler}).Serve(pl)
 	}
-	banner := n.listen(t, "tcp", netip.AddrPortFrom(n.allowed, 2222)).(net.Listener)
-	go func() {
-		for {
-			c, err := banner.Accept()
-			if err != nil {
-				return
+	for _, port := range []uint16{2222, 2223} {
+		banner := n.listen(t, "tcp", netip.AddrPortFrom(n.allowed, port)).(net.Listener)
+		go func() {
+			for {
+				c, err := banner.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte("SSH-2.0-cdn\n"))
+				c.Close()
 			}
-			c.Write([]byte("SSH-2.0-cdn\r\n"))
-			c.Close()
-		}
-	}()
+		}()
+	}
 	return c
 }
 
@@ -191,7 +198,8 @@ func setupRelay(t testing.TB) *relayFixture {
 			CA: ca, Secrets: []namerelay.Secret{{Name: secretName, Placeholder: secretPlaceholder, Value: secretValue,
 				Hosts: namerelay.NewNames([]string{"api.cdn.test"})}},
 			ReadOnly: namerelay.NewNames([]string{".ro.cdn.test"}), ECH: namerelay.NewNames([]string{"ech.cdn.test"}),
-			Rule: "egress names", RuleID: 77},
+			UnnamedPorts: []namerelay.PortRange{{Lo: 2223, Hi: 2223}},
+			Rule:         "egress names", RuleID: 77},
 		recordID: {Sandbox: "rec", RecordOnly: true, NameAllowed: func(n string) bool { return f.proxy.NameListed("rec", n) }},
 	}
 	rf.relay, err = namerelay.New(namerelay.Config{
@@ -348,6 +356,23 @@ func TestNameBinding(t *testing.T) {
 		if r.ok && r.text != "" {
 			t.Fatalf("unnamed connection got the banner: %s", r)
 		}
+	})
+
+	t.Run("unnamed port passes without a name", func(t *testing.T) {
+		r, _ := rf.connect(t, sb, netip.AddrPortFrom(n.allowed, 2223))
+		mustOK(t, "server-first protocol on an unnamed port", r, "SSH-2.0-cdn")
+	})
+
+	t.Run("TLS on another port", func(t *testing.T) {
+		out, err := rf.curl(t, sb, "-4", "https://a.cdn.test:8443/")
+		if err != nil || out != "GET host=a.cdn.test:8443 sni=a.cdn.test" {
+			t.Fatalf("curl :8443: %v: %s", err, out)
+		}
+		out, err = rf.curl(t, sb, "-4", "--resolve", "other8443.test:8443:"+n.allowed.String(), "https://other8443.test:8443/")
+		if err == nil {
+			t.Fatalf("fronting on :8443 passed: %s", out)
+		}
+		rf.refusal(t, "other8443.test", audit.VerdictDenied)
 	})
 
 	t.Run("read-only name", func(t *testing.T) {
