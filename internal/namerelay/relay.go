@@ -281,7 +281,12 @@ func (r *Relay) handle(c net.Conn) {
 	c.SetReadDeadline(time.Now().Add(r.cfg.HelloTimeout))
 	first := make([]byte, 1)
 	if _, err := io.ReadFull(c, first); err != nil {
-		s.refuse("", "no bytes from the client before the timeout (a protocol where the server speaks first carries no name)", nil)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			s.refuse("", "no bytes from the client before the timeout (a protocol where the server speaks first carries no name)", nil)
+		}
+		// A client that hung up before a byte (the loser of a happy
+		// eyeballs race, a port check) sent nothing anywhere: no event.
 		return
 	}
 	switch {

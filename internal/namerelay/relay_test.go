@@ -145,3 +145,23 @@ func TestRelayConnectionCap(t *testing.T) {
 		t.Errorf("events: %+v", *evs)
 	}
 }
+
+func TestRelayQuietHangUp(t *testing.T) {
+	r, evs, mu := testRelay(t, upstream(t), &Policy{Sandbox: "sb"}, 0)
+	c, err := net.Dial("tcp", r.Addrs()[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // the loser of a happy eyeballs race
+	silent, err := net.Dial("tcp", r.Addrs()[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	time.Sleep(3500 * time.Millisecond) // past the hello timeout of the silent one
+	mu.Lock()
+	defer mu.Unlock()
+	if len(*evs) != 1 || !strings.Contains((*evs)[0].Net.Reason, "before the timeout") {
+		t.Errorf("events: %+v", *evs)
+	}
+}
