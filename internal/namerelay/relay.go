@@ -282,8 +282,9 @@ func (r *Relay) handle(c net.Conn) {
 	first := make([]byte, 1)
 	if _, err := io.ReadFull(c, first); err != nil {
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			s.refuse("", "no bytes from the client before the timeout (a protocol where the server speaks first carries no name)", nil)
+		if errors.As(err, &ne) && ne.Timeout() &&
+			s.refuse("", "no bytes from the client before the timeout (a protocol where the server speaks first carries no name)", nil) {
+			s.pass(nil) // record-only
 		}
 		// A client that hung up before a byte (the loser of a happy
 		// eyeballs race, a port check) sent nothing anywhere: no event.
@@ -295,7 +296,9 @@ func (r *Relay) handle(c net.Conn) {
 	case first[0] >= 'A' && first[0] <= 'Z':
 		s.http(first)
 	default:
-		s.refuse("", "neither TLS nor HTTP: the connection carries no name", nil)
+		if s.refuse("", "neither TLS nor HTTP: the connection carries no name", nil) {
+			s.pass(first) // record-only
+		}
 	}
 }
 
@@ -310,11 +313,15 @@ func (s *session) tls(buf []byte) {
 			break
 		}
 		if !errors.Is(err, errNeedMore) {
-			s.refuse("", "malformed TLS ClientHello: "+err.Error(), tlsAlert)
+			if s.refuse("", "malformed TLS ClientHello: "+err.Error(), tlsAlert) {
+				s.pass(buf) // record-only
+			}
 			return
 		}
 		if len(buf) > maxHello+1024 {
-			s.refuse("", "TLS ClientHello larger than 64 KiB", tlsAlert)
+			if s.refuse("", "TLS ClientHello larger than 64 KiB", tlsAlert) {
+				s.pass(buf)
+			}
 			return
 		}
 		n, rerr := s.client.Read(tmp)
@@ -325,7 +332,9 @@ func (s *session) tls(buf []byte) {
 		}
 	}
 	if h.SNI == "" {
-		s.refuse("", "TLS without a server name (SNI): the connection carries no name", tlsAlert)
+		if s.refuse("", "TLS without a server name (SNI): the connection carries no name", tlsAlert) {
+			s.pass(buf) // record-only
+		}
 		return
 	}
 	if h.ECH && !s.pol.ECH.Match(h.SNI) {

@@ -165,3 +165,35 @@ func TestRelayQuietHangUp(t *testing.T) {
 		t.Errorf("events: %+v", *evs)
 	}
 }
+
+func TestRelayRecordOnlyPasses(t *testing.T) {
+	r, evs, mu := testRelay(t, upstream(t), &Policy{Sandbox: "sb", RecordOnly: true}, 0)
+	addr := r.Addrs()[0]
+	// Fronted Host: recorded, and the request reaches the server.
+	if got := request(t, addr, "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"); got != "200 OK: GET evil.test" {
+		t.Errorf("fronted Host in record-only mode: %s", got)
+	}
+	// Neither TLS nor HTTP: recorded, and the bytes go on (the HTTP
+	// server answers them with a 400).
+	c, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	io.WriteString(c, "\x01binary\r\n\r\n")
+	b, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(b), "HTTP/1.1 400") {
+		t.Errorf("unnamed bytes in record-only mode: %q", b)
+	}
+	if st := r.Stats(); st.Recorded != 2 || st.Refused != 0 || st.Passed != 2 {
+		t.Errorf("stats %+v", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range *evs {
+		if e.Verdict != audit.VerdictRecorded || !strings.Contains(e.Message, "recorded by name binding") {
+			t.Errorf("event %+v", e)
+		}
+	}
+}
