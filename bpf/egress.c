@@ -509,6 +509,10 @@ static __always_inline bool own_loopback_server(struct bpf_sock_addr *ctx, const
 	return listen_holder(ctx, family, a, d->port, &owner) && owner == sandbox_id;
 }
 
+/* Name binding: needs struct dest, sock_info, allowed_by_rule and
+ * bind_source_port above. */
+#include "relay.h"
+
 /* handle is the common body of connect4/6 and sendmsg4/6. v6 says the
  * context's address is user_ip6 (it may still be IPv4-mapped). */
 static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
@@ -598,8 +602,13 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 			return 1;
 		return refuse(ctx, sb, root, cfg, &d, op, NET_R_RESOLVER_PORT, cfg->dns_rule_id);
 	}
-	if (allowed(sb->id, &d, proto, &reason, &rule_id))
+	if (relay_quic_refused(sb->id, &d, proto))
+		return refuse(ctx, sb, root, cfg, &d, op, NET_R_QUIC, 0);
+	if (allowed(sb->id, &d, proto, &reason, &rule_id)) {
+		if (relay_tcp(ctx, sb, &si, &d, v6, op) == RELAY_REFUSE)
+			return refuse(ctx, sb, root, cfg, &d, op, NET_R_RELAY_NONE, 0);
 		return 1;
+	}
 	if (dns_proto && own_loopback_server(ctx, &d, sb->id))
 		return 1;
 	return refuse(ctx, sb, root, cfg, &d, op, reason, 0);
@@ -779,12 +788,16 @@ int egress_recvmsg6(struct bpf_sock_addr *ctx)
 SEC("cgroup/getpeername4")
 int egress_getpeername4(struct bpf_sock_addr *ctx)
 {
+	if (relay_restore(ctx, false))
+		return 1;
 	return restore(ctx, false);
 }
 
 SEC("cgroup/getpeername6")
 int egress_getpeername6(struct bpf_sock_addr *ctx)
 {
+	if (relay_restore(ctx, true))
+		return 1;
 	return restore(ctx, true);
 }
 

@@ -390,7 +390,7 @@ func TestExamplePolicyLoads(t *testing.T) {
 	// value somewhere, so a field dropped from the types fails here.
 	if sb.Exec.CircuitBreaker != 3 || len(sb.Egress.Allow[0].Ports) != 2 || sb.DNS.Detection.HighCardinality[0] != "cloudfront.net" ||
 		len(p.Agent.DNS.Upstreams) != 1 || sb.Egress.Loopback[0].Port != 11434 ||
-		sb.Egress.AdmissionTTLCap.Duration != 5*time.Minute || len(sb.Egress.Names) != 1 || sb.Egress.Names[0].Name != "github.com" ||
+		sb.Egress.AdmissionTTLCap.Duration != 5*time.Minute || len(sb.Egress.NamePorts) != 1 || sb.Egress.NamePorts[0].Name != "github.com" ||
 		sb.Tools.Tool("shell").Action != "ask" || sb.Tools.Socket.GID != 1000 || sb.Tools.Exchange.OnMatch != "ask" ||
 		sb.WorkspaceOptions.MaxSnapshotBytes.Bytes != 2<<30 || sb.Limits.IO[0].ReadIOPS != 2000 || sb.Limits.MemoryHigh.Bytes != 3<<29 {
 		t.Errorf("example policy decoded wrongly: %+v", sb)

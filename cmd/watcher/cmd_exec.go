@@ -207,7 +207,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	breaker, saveBreaker := loadBreaker(pol, sb)
 	proofFrom := runProofStart(a, *socket)
 	v, runErr := launch.Run(ctx, launch.Config{
-		Path: argv[0], Args: argv[1:], Env: os.Environ(),
+		Path: argv[0], Args: argv[1:], Env: plan.SecretEnv(pol, sb.Name, os.Environ()),
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
 		Sandbox: sb.Name, CgroupParent: agent.ExecParents(pol, sb)[0], Label: *label,
 		Restrictions: res, Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),

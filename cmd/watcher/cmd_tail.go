@@ -188,6 +188,9 @@ func eventDetail(e *audit.Event, q func(string) string) string {
 		}
 		return s
 	case e.Net != nil:
+		if e.Net.Name != "" {
+			return fmt.Sprintf("%s %s:%d name %s %s", q(e.Net.Op), q(e.Net.Addr), e.Net.Port, q(e.Net.Name), q(e.Net.Reason))
+		}
 		return fmt.Sprintf("%s %s:%d %s", q(e.Net.Op), q(e.Net.Addr), e.Net.Port, q(e.Net.Reason))
 	case e.Syscall != nil:
 		return fmt.Sprintf("syscall %s(%d)", q(e.Syscall.Name), e.Syscall.Nr)

@@ -33,7 +33,7 @@ func (c *collect) Consume(ev *audit.Event) (pipeline.Decision, error) {
 	return pipeline.Decision{}, nil
 }
 
-// TestAdmissionFromPolicy: the policy's admission_ttl_cap and egress.names
+// TestAdmissionFromPolicy: the policy's admission_ttl_cap and egress.name_ports
 // reach the kernel map through the agent's answer hook (a 68-year TTL is
 // capped, github.com gets TCP 22 beside the web ports, pypi.org the web
 // ports only), and a reload that drops github.com drops what its answer
@@ -59,7 +59,7 @@ sandboxes:
     dns: {allow: [`+allow+`]}
     egress:
       admission_ttl_cap: 2m
-      names: [{name: github.com, ports: ["22"]}]
+      name_ports: [{name: github.com, ports: ["22"]}]
 `)
 		pl, err := plan.Compile(p, plan.Env{LSM: lsmErr}, plan.NewRuleTable())
 		if err != nil {

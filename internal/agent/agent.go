@@ -38,6 +38,7 @@ import (
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
+	"github.com/watcherhq/watcher/internal/namerelay"
 	"github.com/watcherhq/watcher/internal/pipeline"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -106,6 +107,14 @@ type Agent struct {
 	dns        *dnsproxy.Server
 	dnsAddr    netip.AddrPort
 	dnsAddr6   netip.AddrPort
+	// Name binding (names.go).
+	relay       *namerelay.Relay
+	relayErr    error
+	relayPols   atomic.Pointer[map[uint32]*namerelay.Policy]
+	answers     *namerelay.Answers
+	netnsCookie uint64
+	casMu       sync.Mutex
+	cas         map[string]*namerelay.CA // credential-broker CA per sandbox name
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses
@@ -291,6 +300,7 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("egress: %w", err)
 	}
 	a.egress.RegisterEvents(a.reader)
+	a.startRelay()
 	a.startup.done("load egress")
 	// The backstop is loaded whatever the first plan needs: a reload may
 	// add rules only it enforces, and its syscall tracepoints (the costly
@@ -351,6 +361,8 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.wg.Add(3)
 	go func() { defer a.wg.Done(); a.watcher.Run(ctx) }()
 	go func() { defer a.wg.Done(); a.egress.Run(ctx, 0) }()
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.expireAnswers(ctx) }()
 	go func() { defer a.wg.Done(); a.pump() }()
 	a.wg.Add(1)
 	go func() {
@@ -478,6 +490,7 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	a.mu.Lock()
 	_, resolved := a.plan.ResolvedEgress[ans.Sandbox]
 	scope := a.plan.Admission[ans.Sandbox]
+	grace := a.plan.GraceMax
 	a.mu.Unlock()
 	if !resolved || a.egress == nil {
 		return
@@ -486,6 +499,7 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	if !ok {
 		return
 	}
+	a.recordAnswer(id, ans, grace)
 	if err := dnsbind.Admit(a.egress, id, ans, scope); err != nil {
 		a.emit(audit.Event{Kind: audit.KindNet, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
@@ -615,6 +629,9 @@ func (a *Agent) applyPlan() error {
 			}
 		}
 	}
+	if err := a.applyNames(p); err != nil {
+		return fmt.Errorf("name binding: %w", err)
+	}
 	return nil
 }
 
@@ -723,6 +740,9 @@ func (a *Agent) Stop() error {
 		}
 		if a.dns != nil {
 			a.dns.Close()
+		}
+		if a.relay != nil {
+			a.relay.Close()
 		}
 		if a.cancel != nil {
 			a.cancel()

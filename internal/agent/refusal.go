@@ -174,7 +174,7 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 				if e.Net.Protocol == syscall.IPPROTO_UDP {
 					proto = "udp"
 				}
-				r.Allow = []string{fmt.Sprintf("egress: {names: [{name: %s, ports: [\"%d\"], protocol: %s}]}", name, e.Net.Port, proto)}
+				r.Allow = []string{fmt.Sprintf("egress: {name_ports: [{name: %s, ports: [\"%d\"], protocol: %s}]}", name, e.Net.Port, proto)}
 			}
 		}
 		r.Note = e.Net.Reason

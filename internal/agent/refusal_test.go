@@ -50,7 +50,7 @@ sandboxes:
 	for _, r := range got {
 		byOp[r.Operation+" "+r.Path+r.Address] = r
 	}
-	if p := byOp["sendmsg 198.18.0.7:4445"]; len(p.Allow) != 1 || p.Allow[0] != `egress: {names: [{name: stun.example.org, ports: ["4445"], protocol: udp}]}` {
+	if p := byOp["sendmsg 198.18.0.7:4445"]; len(p.Allow) != 1 || p.Allow[0] != `egress: {name_ports: [{name: stun.example.org, ports: ["4445"], protocol: udp}]}` {
 		t.Errorf("port refusal = %+v", p)
 	}
 	sh := byOp["read /etc/shadow"]

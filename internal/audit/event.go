@@ -216,6 +216,9 @@ type NetDetail struct {
 	Addr     string `json:"addr,omitempty"`
 	Port     uint16 `json:"port,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	// Name is the name the connection carried (TLS SNI, HTTP Host),
+	// escaped, where name binding judged it.
+	Name string `json:"name,omitempty"`
 }
 
 // LossDetail reports events the agent knows it did not record.

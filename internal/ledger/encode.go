@@ -409,6 +409,7 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 		b = strField(b, "addr", nd.Addr, true)
 		b = uintField(b, "port", uint64(nd.Port), true)
 		b = strField(b, "reason", nd.Reason, true)
+		b = strField(b, "name", nd.Name, true)
 		b = closeObject(b, n)
 	}
 	if l := e.Loss; l != nil {

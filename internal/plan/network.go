@@ -6,6 +6,7 @@ package plan
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/namerelay"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -37,13 +39,13 @@ func egressProto(p policy.Protocol, def egress.Protocol) egress.Protocol {
 // admissionScope is what a sandbox's allowed answers admit.
 func admissionScope(eg *policy.Egress) (*egress.Scope, error) {
 	scope := &egress.Scope{Cap: eg.AdmissionTTLCap.Duration}
-	for _, n := range eg.Names {
+	for _, n := range eg.NamePorts {
 		ns := egress.NameSpans{Pattern: n.Name}
 		proto := egressProto(n.Protocol, egress.ProtoTCP)
 		for _, pr := range n.Ports {
 			lo, hi, err := pr.Bounds()
 			if err != nil {
-				return nil, fmt.Errorf("egress names %q: %w", n.Name, err)
+				return nil, fmt.Errorf("egress name_ports %q: %w", n.Name, err)
 			}
 			ns.Spans = append(ns.Spans, egress.PortSpan{Lo: lo, Hi: hi, Protocol: proto})
 		}
@@ -111,6 +113,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 		}
 		defNote = append(defNote, "every destination allowed")
 	case policy.EgressResolved:
+		c.names(sb, sid)
 		grace := time.Duration(eg.GraceSeconds) * time.Second
 		c.plan.ResolvedEgress[sb.Name] = grace
 		c.plan.GraceMax = max(c.plan.GraceMax, grace)
@@ -119,7 +122,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 			return err
 		}
 		c.plan.Admission[sb.Name] = scope
-		defNote = append(defNote, fmt.Sprintf("other destinations only at addresses the DNS proxy answered, on TCP 80 and 443 (and the ports egress.names lists for a name), for min(TTL, %s) plus %s",
+		defNote = append(defNote, fmt.Sprintf("other destinations only at addresses the DNS proxy answered, on TCP 80 and 443 (and the ports egress.name_ports lists for a name), for min(TTL, %s) plus %s",
 			scope.TTL(time.Duration(1<<62)), grace))
 	case policy.EgressDeny:
 		defNote = append(defNote, "other destinations refused, even when resolved")
@@ -282,4 +285,102 @@ func checkRanges(rules []egress.Rule) error {
 		}
 	}
 	return nil
+}
+
+// NameBinding is a sandbox's name binding (policy egress.names), applied
+// by the agent's relay (internal/namerelay).
+type NameBinding struct {
+	Sandbox      string
+	RecordOnly   bool
+	ReadOnly     []string
+	ECH          []string
+	UnnamedPorts []namerelay.PortRange
+	QUIC         bool
+	RuleID       uint32
+	// Secrets are brokered credentials (values stay on the host).
+	Secrets []policy.EgressSecret
+}
+
+// Placeholder is what a sandbox holds instead of a secret: a token the
+// relay recognises, the same in the agent and in watcher exec, and
+// worthless anywhere else.
+func Placeholder(sandbox, secret string) string {
+	return "watcher-placeholder-" + sandbox + "-" + secret
+}
+
+// SandboxCAFile is where the agent writes a sandbox's trust bundle (the
+// host's roots plus the sandbox's credential-broker CA): beside the
+// agent's directories, outside the files sandboxes are kept from.
+func SandboxCAFile(pol *policy.Policy, sandbox string) string {
+	return filepath.Join(filepath.Dir(filepath.Clean(pol.Agent.LedgerDir)), "sandbox-ca", sandbox+".pem")
+}
+
+// SecretEnv returns env (a command's environment in sandbox, as watcher
+// exec starts it) with each brokered secret's variable set to its
+// placeholder, the variables the agent reads values from removed (a
+// private agent shares the caller's environment), and the TLS trust
+// variables pointed at the sandbox's bundle. env is returned unchanged
+// when the sandbox has no secrets.
+func SecretEnv(pol *policy.Policy, sandbox string, env []string) []string {
+	var sb *policy.Sandbox
+	for i := range pol.Sandboxes {
+		if pol.Sandboxes[i].Name == sandbox {
+			sb = &pol.Sandboxes[i]
+		}
+	}
+	if sb == nil || !sb.Egress.Names.Bind || len(sb.Egress.Names.Secrets) == 0 {
+		return env
+	}
+	set := map[string]string{}
+	drop := map[string]bool{}
+	for _, sec := range sb.Egress.Names.Secrets {
+		set[sec.Env] = Placeholder(sandbox, sec.Name)
+		if sec.FromEnv != "" {
+			drop[sec.FromEnv] = true
+		}
+	}
+	ca := SandboxCAFile(pol, sandbox)
+	for _, v := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"} {
+		set[v] = ca
+	}
+	out := make([]string, 0, len(env)+len(set))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := set[k]; ok || drop[k] {
+			continue
+		}
+		out = append(out, kv)
+	}
+	for k, v := range set { // a placeholder wins over a dropped name
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// names compiles egress.names of a sandbox whose egress default is
+// resolved.
+func (c *compiler) names(sb *policy.Sandbox, sid uint32) {
+	nm := &sb.Egress.Names
+	if !nm.Bind {
+		return
+	}
+	nb := NameBinding{Sandbox: sb.Name, RecordOnly: sb.Mode == policy.ModeRecord, ReadOnly: slices.Clone(nm.ReadOnly),
+		ECH: slices.Clone(nm.ECH), QUIC: nm.QUIC, RuleID: c.rules.ID("egress-names"), Secrets: slices.Clone(nm.Secrets)}
+	for _, pr := range nm.UnnamedPorts {
+		lo, hi, _ := pr.Bounds() // validated
+		nb.UnnamedPorts = append(nb.UnnamedPorts, namerelay.PortRange{Lo: lo, Hi: hi})
+	}
+	c.plan.Names[sid] = nb
+	notes := []string{"TCP connects to answered addresses redirected to the agent's relay: the TLS server name or HTTP Host must be answered with that address or on the DNS allow list",
+		"domain fronting, TLS without a name, Encrypted Client Hello (outside egress.names.ech) and unnamed protocols refused"}
+	if !nm.QUIC {
+		notes = append(notes, "QUIC (UDP 443) to answered addresses refused: clients fall back to TCP")
+	}
+	if len(nm.Secrets) > 0 {
+		notes = append(notes, fmt.Sprintf("%d brokered secrets: placeholders in the sandbox, TLS terminated with a per-sandbox CA for their hosts", len(nm.Secrets)))
+	}
+	if len(nm.ReadOnly) > 0 {
+		notes = append(notes, fmt.Sprintf("%d read-only names: GET, HEAD, OPTIONS only on plain HTTP", len(nm.ReadOnly)))
+	}
+	c.add(sb, "egress names", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: notes})
 }

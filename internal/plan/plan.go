@@ -122,6 +122,8 @@ type Plan struct {
 	// Admission is, by sandbox name, what the answers of a sandbox of
 	// ResolvedEgress admit: the TTL cap and the ports per name.
 	Admission map[string]*egress.Scope
+	// Names is the name binding per sandbox id (egress.names.bind).
+	Names map[uint32]NameBinding
 	// DNS is the DNS proxy's policy.
 	DNS *dnsproxy.Policy
 	// Launch are the restrictions of `watcher exec` per sandbox name.
@@ -168,6 +170,7 @@ func Compile(p *policy.Policy, env Env, rules *RuleTable) (*Plan, error) {
 			Egress:         map[uint32]egress.SandboxConfig{},
 			ResolvedEgress: map[string]time.Duration{},
 			Admission:      map[string]*egress.Scope{},
+			Names:          map[uint32]NameBinding{},
 			DNS:            &dnsproxy.Policy{Sandboxes: map[string]*dnsproxy.SandboxPolicy{}},
 			Launch:         map[string]launch.Restrictions{},
 		},

@@ -193,10 +193,14 @@ func mergeLists(merged, own, base *Sandbox) {
 	merged.DNS.Detection.HighCardinality = concat(own.DNS.Detection.HighCardinality, base.DNS.Detection.HighCardinality)
 	merged.Egress.Allow = concat(own.Egress.Allow, base.Egress.Allow)
 	merged.Egress.Loopback = concat(own.Egress.Loopback, base.Egress.Loopback)
-	merged.Egress.Names = concat(own.Egress.Names, base.Egress.Names)
+	merged.Egress.NamePorts = concat(own.Egress.NamePorts, base.Egress.NamePorts)
 	merged.Tools.Rules = concat(own.Tools.Rules, base.Tools.Rules)
 	merged.Tools.Exchange.Patterns = concat(own.Tools.Exchange.Patterns, base.Tools.Exchange.Patterns)
 	merged.Egress.Unix = concat(own.Egress.Unix, base.Egress.Unix)
+	merged.Egress.Names.ReadOnly = concat(own.Egress.Names.ReadOnly, base.Egress.Names.ReadOnly)
+	merged.Egress.Names.ECH = concat(own.Egress.Names.ECH, base.Egress.Names.ECH)
+	merged.Egress.Names.UnnamedPorts = concat(own.Egress.Names.UnnamedPorts, base.Egress.Names.UnnamedPorts)
+	merged.Egress.Names.Secrets = concat(own.Egress.Names.Secrets, base.Egress.Names.Secrets)
 	merged.Require = concat(own.Require, base.Require)
 }
 
@@ -460,12 +464,19 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.DNS.Detection.HighCardinality)
 	nilIfEmpty(&sb.Egress.Allow)
 	nilIfEmpty(&sb.Egress.Loopback)
-	nilIfEmpty(&sb.Egress.Names)
+	nilIfEmpty(&sb.Egress.NamePorts)
 	nilIfEmpty(&sb.Limits.IO)
 	nilIfEmpty(&sb.Tools.Rules)
 	nilIfEmpty(&sb.Tools.Exchange.Types)
 	nilIfEmpty(&sb.Tools.Exchange.Patterns)
 	nilIfEmpty(&sb.Egress.Unix)
+	nilIfEmpty(&sb.Egress.Names.ReadOnly)
+	nilIfEmpty(&sb.Egress.Names.ECH)
+	nilIfEmpty(&sb.Egress.Names.UnnamedPorts)
+	nilIfEmpty(&sb.Egress.Names.Secrets)
+	for j := range sb.Egress.Names.Secrets {
+		nilIfEmpty(&sb.Egress.Names.Secrets[j].Hosts)
+	}
 	nilIfEmpty(&sb.Require)
 	for j := range sb.Egress.Allow {
 		nilIfEmpty(&sb.Egress.Allow[j].Ports)

@@ -379,10 +379,10 @@ func TestBadValuesNameLineAndField(t *testing.T) {
 		{"duplicate key", "    mode: enforce\n    mode: record\n", 6, "", "already defined"},
 		{"admission cap", "    egress:\n      admission_ttl_cap: 48h\n", 7, "sandboxes[0].egress.admission_ttl_cap", "out of range 1s-24h"},
 		{"admission cap text", "    egress:\n      admission_ttl_cap: forever\n", 7, "sandboxes[0].egress.admission_ttl_cap", "not a duration"},
-		{"name ports missing", "    egress:\n      names:\n        - {name: github.com}\n", 8, "sandboxes[0].egress.names[0].ports", "required"},
-		{"name port", "    egress:\n      names:\n        - {name: github.com, ports: [\"70000\"]}\n", 8, "sandboxes[0].egress.names[0].ports[0]", "out of range"},
-		{"name pattern", "    egress:\n      names:\n        - {name: \"bad..name\", ports: [\"22\"]}\n", 8, "sandboxes[0].egress.names[0].name", "not a valid DNS label"},
-		{"name protocol", "    egress:\n      names:\n        - {name: github.com, ports: [\"22\"], protocol: sctp}\n", 8, "sandboxes[0].egress.names[0].protocol", "want tcp, udp or any"},
+		{"name ports missing", "    egress:\n      name_ports:\n        - {name: github.com}\n", 8, "sandboxes[0].egress.name_ports[0].ports", "required"},
+		{"name port", "    egress:\n      name_ports:\n        - {name: github.com, ports: [\"70000\"]}\n", 8, "sandboxes[0].egress.name_ports[0].ports[0]", "out of range"},
+		{"name pattern", "    egress:\n      name_ports:\n        - {name: \"bad..name\", ports: [\"22\"]}\n", 8, "sandboxes[0].egress.name_ports[0].name", "not a valid DNS label"},
+		{"name protocol", "    egress:\n      name_ports:\n        - {name: github.com, ports: [\"22\"], protocol: sctp}\n", 8, "sandboxes[0].egress.name_ports[0].protocol", "want tcp, udp or any"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -130,14 +130,21 @@ func cloneSandbox(sb Sandbox) Sandbox {
 		out.Egress.Allow[i].Ports = slices.Clone(out.Egress.Allow[i].Ports)
 	}
 	out.Egress.Loopback = slices.Clone(sb.Egress.Loopback)
-	out.Egress.Names = slices.Clone(sb.Egress.Names)
-	for i := range out.Egress.Names {
-		out.Egress.Names[i].Ports = slices.Clone(out.Egress.Names[i].Ports)
+	out.Egress.NamePorts = slices.Clone(sb.Egress.NamePorts)
+	for i := range out.Egress.NamePorts {
+		out.Egress.NamePorts[i].Ports = slices.Clone(out.Egress.NamePorts[i].Ports)
 	}
 	out.Tools.Rules = slices.Clone(sb.Tools.Rules)
 	out.Tools.Exchange.Types = slices.Clone(sb.Tools.Exchange.Types)
 	out.Tools.Exchange.Patterns = slices.Clone(sb.Tools.Exchange.Patterns)
 	out.Egress.Unix = slices.Clone(sb.Egress.Unix)
+	out.Egress.Names.ReadOnly = slices.Clone(sb.Egress.Names.ReadOnly)
+	out.Egress.Names.ECH = slices.Clone(sb.Egress.Names.ECH)
+	out.Egress.Names.UnnamedPorts = slices.Clone(sb.Egress.Names.UnnamedPorts)
+	out.Egress.Names.Secrets = slices.Clone(sb.Egress.Names.Secrets)
+	for i := range out.Egress.Names.Secrets {
+		out.Egress.Names.Secrets[i].Hosts = slices.Clone(out.Egress.Names.Secrets[i].Hosts)
+	}
 	out.Listen.Ports = slices.Clone(sb.Listen.Ports)
 	return out
 }

@@ -521,14 +521,14 @@ type Egress struct {
 	// addresses (the grace comes on top): min(TTL, cap). 0 means 5m; at
 	// most 24h. The answer's TTL is the answering server's choice.
 	AdmissionTTLCap Duration `yaml:"admission_ttl_cap"`
-	// Names open more ports at the addresses answered for some names;
+	// NamePorts open more ports at the addresses answered for some names;
 	// every answered address is open on TCP 80 and 443 only, and UDP or
 	// another port needs an entry here (or an allow rule).
 	//
-	//	names:
+	//	name_ports:
 	//	  - {name: github.com, ports: ["22"]}            # git over ssh
 	//	  - {name: .stun.example, ports: ["3478"], protocol: udp}
-	Names []EgressName `yaml:"names"`
+	NamePorts []EgressName `yaml:"name_ports"`
 	// Allow lists networks and ports always allowed.
 	Allow []EgressRule `yaml:"allow"`
 	// Loopback lists local services (on 127.0.0.0/8 and ::1) the sandbox
@@ -540,6 +540,65 @@ type Egress struct {
 	// sockets (the D-Bus system bus, systemd-resolved, nscd, docker.sock)
 	// and abstract ones are refused, judged on the path as passed.
 	Unix []string `yaml:"unix"`
+	// Names binds TCP connections to names (docs/egress-names.md).
+	Names EgressNames `yaml:"names"`
+}
+
+// EgressNames binds a sandbox's TCP connections to the names the DNS proxy
+// answered: with Bind, a connection to an answered address passes only
+// when the name it carries (the TLS ClientHello's server name, or the
+// Host header of plain HTTP) was answered with that address to the
+// sandbox, or is on its DNS allow list. Another name on a shared front end
+// (domain fronting), TLS without a name, and anything that carries no
+// name are refused and recorded. Only with egress default resolved.
+//
+//	names:
+//	  bind: true
+//	  read_only: [".docs.example.com"]  # GET, HEAD, OPTIONS only (plain HTTP)
+//	  ech: ["cloudflare-ech.com"]       # outer names Encrypted Client Hello may use
+//	  unnamed_ports: ["22"]             # SSH: passes without a name
+//	  quic: false                       # UDP 443 to answered addresses refused
+type EgressNames struct {
+	// Bind turns name binding on.
+	Bind bool `yaml:"bind"`
+	// ReadOnly lists names (DNS syntax) limited to GET, HEAD and OPTIONS
+	// on plain HTTP; other methods get a 403 that says why.
+	ReadOnly []string `yaml:"read_only"`
+	// ECH lists the outer names for which a ClientHello with Encrypted
+	// Client Hello passes (its real name is hidden); others are refused.
+	ECH []string `yaml:"ech"`
+	// UnnamedPorts are ports where connections to answered addresses pass
+	// without a name (protocols where the server speaks first: SSH).
+	UnnamedPorts []PortRange `yaml:"unnamed_ports"`
+	// QUIC allows UDP 443 to answered addresses. Off, clients fall back
+	// to TCP, where the name is judged.
+	QUIC bool `yaml:"quic"`
+	// Secrets are credentials the sandbox holds only placeholders for
+	// (credential brokering, docs/egress-names.md).
+	Secrets []EgressSecret `yaml:"secrets"`
+}
+
+// EgressSecret is a credential kept outside the sandbox: commands started
+// with watcher exec see Env set to a placeholder, and the agent's relay
+// swaps the placeholder for the real value in requests to Hosts only
+// (terminating TLS there with a per-sandbox CA the sandbox trusts).
+//
+//	secrets:
+//	  - name: openai
+//	    env: OPENAI_API_KEY              # the sandbox's variable: the placeholder
+//	    from_env: WATCHER_OPENAI_KEY     # the value, from the agent's environment
+//	    hosts: [api.openai.com]
+type EgressSecret struct {
+	// Name names the secret in events (letters, digits, - and _).
+	Name string `yaml:"name"`
+	// Env is the environment variable that holds the placeholder.
+	Env string `yaml:"env"`
+	// FromEnv names the agent's environment variable with the value.
+	FromEnv string `yaml:"from_env"`
+	// FromFile is a file (only the agent reads) with the value.
+	FromFile string `yaml:"from_file"`
+	// Hosts are the names (DNS syntax) the value may be sent to.
+	Hosts []string `yaml:"hosts"`
 }
 
 // Listen rules inbound servers: where a sandboxed process may bind and
@@ -608,7 +667,7 @@ type EgressName struct {
 	Protocol Protocol `yaml:"protocol"`
 }
 
-// MaxEgressNamePorts bounds the ports of one egress.names entry: an
+// MaxEgressNamePorts bounds the ports of one egress.name_ports entry: an
 // answered address carries at most 8 port spans, two of them the web
 // ports.
 const MaxEgressNamePorts = 6

@@ -242,8 +242,8 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	if d := sb.Egress.AdmissionTTLCap.Duration; d > 24*time.Hour || (d > 0 && d < time.Second) {
 		c.add(eg.key("admission_ttl_cap"), "%s out of range 1s-24h", d)
 	}
-	for i, n := range sb.Egress.Names {
-		np := eg.key("names").idx(i)
+	for i, n := range sb.Egress.NamePorts {
+		np := eg.key("name_ports").idx(i)
 		c.namePattern(np.key("name"), n.Name)
 		if len(n.Ports) == 0 {
 			c.add(np.key("ports"), "required: the ports to open at %q's addresses", n.Name)
@@ -281,6 +281,45 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	for i, u := range sb.Egress.Unix {
 		if !strings.HasPrefix(u, "/") || len(u) > 107 {
 			c.add(eg.key("unix").idx(i), "%q: want an absolute socket path (at most 107 bytes)", u)
+		}
+	}
+	nm := eg.key("names")
+	if sb.Egress.Names.Bind && sb.Egress.Default != "" && sb.Egress.Default != EgressResolved {
+		c.add(nm.key("bind"), "needs egress default resolved (names are bound to the DNS proxy's answers)")
+	}
+	for i, n := range sb.Egress.Names.ReadOnly {
+		c.namePattern(nm.key("read_only").idx(i), n)
+	}
+	for i, n := range sb.Egress.Names.ECH {
+		c.namePattern(nm.key("ech").idx(i), n)
+	}
+	for i, sec := range sb.Egress.Names.Secrets {
+		sp := nm.key("secrets").idx(i)
+		if !sb.Egress.Names.Bind {
+			c.add(sp, "secrets need names.bind: true (the relay swaps the placeholders)")
+		}
+		if !secretNameRE.MatchString(sec.Name) {
+			c.add(sp.key("name"), "%q: want letters, digits, - and _", sec.Name)
+		}
+		if !envNameRE.MatchString(sec.Env) {
+			c.add(sp.key("env"), "%q: want an environment variable name", sec.Env)
+		}
+		if (sec.FromEnv == "") == (sec.FromFile == "") {
+			c.add(sp, "give exactly one of from_env and from_file")
+		}
+		if sec.FromFile != "" && !strings.HasPrefix(sec.FromFile, "/") {
+			c.add(sp.key("from_file"), "%q: want an absolute path", sec.FromFile)
+		}
+		if len(sec.Hosts) == 0 {
+			c.add(sp.key("hosts"), "required: the names the secret may be sent to")
+		}
+		for j, h := range sec.Hosts {
+			c.namePattern(sp.key("hosts").idx(j), h)
+		}
+	}
+	for i, pr := range sb.Egress.Names.UnnamedPorts {
+		if _, _, err := pr.Bounds(); err != nil {
+			c.add(nm.key("unnamed_ports").idx(i), "%v", err)
 		}
 	}
 	c.listen(at.key("listen"), &sb.Listen)
@@ -490,3 +529,8 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 	}
 	return p, nil
 }
+
+var (
+	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	envNameRE    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+)

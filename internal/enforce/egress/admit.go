@@ -316,7 +316,7 @@ func (e *Egress) Admitted(id uint32, addr netip.Addr) ([]AdmittedSpan, error) {
 // Register does, and completes a refusal for a port (ReasonPort): its
 // message names what the address was admitted for ("admitted for
 // <names> on tcp/80, tcp/443"), so the refusal says which name needs an
-// egress.names entry.
+// egress.name_ports entry.
 func (e *Egress) RegisterEvents(r *enforce.Reader) {
 	r.Register(enforce.EvNet, audit.KindNet, cgroupbpf.Mechanism, func(raw []byte, ev *audit.Event) error {
 		if err := decodeNet(raw, ev); err != nil {

@@ -536,6 +536,7 @@ func (e *Egress) RemoveSandbox(id uint32) error {
 		}
 	}
 	del(e.objs.EgressConfigs, id)
+	del(e.objs.EgressRelayCfg, id)
 	if st := e.sandboxes[id]; st != nil {
 		for k := range st.cidrKeys {
 			del(e.objs.EgressCidr, k)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,6 +58,8 @@ type fixture struct {
 	dir                             *dnsbind.Directory
 	dnsEvents                       *eventLog
 	kernelEvents                    *eventLog
+	// onAnswer, when set, also sees every answer the proxy admits.
+	onAnswer atomic.Pointer[func(dnsproxy.Answer)]
 }
 
 type eventLog struct {
@@ -91,7 +94,7 @@ func (l *eventLog) wait(t *testing.T, what string, pred func(audit.Event) bool) 
 	}
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	eng := enforcetest.Engine(t)
 	if _, err := exec.LookPath("dig"); err != nil {
@@ -120,7 +123,12 @@ func setup(t *testing.T) *fixture {
 		Policy:    pol,
 		Sandboxes: dnsbind.Resolver{Egress: f.eg, Directory: dir},
 		Events:    f.dnsEvents,
-		OnAnswer:  f.admit.OnAnswer,
+		OnAnswer: func(a dnsproxy.Answer) {
+			f.admit.OnAnswer(a)
+			if h := f.onAnswer.Load(); h != nil {
+				(*h)(a)
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +193,7 @@ func setup(t *testing.T) *fixture {
 }
 
 // op runs a helper operation in cgroup cg and returns its result and pid.
-func (f *fixture) op(t *testing.T, cg, mode string, env ...string) (helperResult, int) {
+func (f *fixture) op(t testing.TB, cg, mode string, env ...string) (helperResult, int) {
 	t.Helper()
 	cmd := enforcetest.SelfCommand(t, cg, "TestEgress", mode, env...)
 	out, _ := cmd.CombinedOutput()

@@ -143,6 +143,29 @@ type egressPortSpan struct {
 	Hi uint16
 }
 
+type egressRelayConfig struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Flags       uint32
+	Ip4         uint32
+	Ip6         [4]uint32
+	Port4       uint16
+	Port6       uint16
+	_           [4]byte
+}
+
+type egressRelayConn struct {
+	_         structs.HostLayout
+	Cookie    uint64
+	TsNs      uint64
+	SandboxId uint32
+	Pid       uint32
+	Addr      [4]uint32
+	Port      uint16
+	Family    uint16
+	_         [4]byte
+}
+
 type egressSandbox struct {
 	_     structs.HostLayout
 	Id    uint32
@@ -177,6 +200,8 @@ const (
 	egressMapEgressDnsClients    = "egress_dns_clients"
 	egressMapEgressDnsOrig       = "egress_dns_orig"
 	egressMapEgressEphemeral     = "egress_ephemeral"
+	egressMapEgressRelayCfg      = "egress_relay_cfg"
+	egressMapEgressRelayConns    = "egress_relay_conns"
 	egressMapEgressUnix          = "egress_unix"
 	egressMapMembershipCache     = "membership_cache"
 	egressMapRingbufDrops        = "ringbuf_drops"
@@ -205,6 +230,8 @@ const (
 	egressVarUnusedEventHdr      = "unused_event_hdr"
 	egressVarUnusedNetEvent      = "unused_net_event"
 	egressVarUnusedPortSpan      = "unused_port_span"
+	egressVarUnusedRelayConfig   = "unused_relay_config"
+	egressVarUnusedRelayConn     = "unused_relay_conn"
 	egressVarUnusedSandbox       = "unused_sandbox"
 	egressVarUnusedUnixEvent     = "unused_unix_event"
 	egressVarUnusedUnixKey       = "unused_unix_key"
@@ -278,6 +305,8 @@ type egressMapSpecs struct {
 	EgressDnsClients *ebpf.MapSpec `ebpf:"egress_dns_clients"`
 	EgressDnsOrig    *ebpf.MapSpec `ebpf:"egress_dns_orig"`
 	EgressEphemeral  *ebpf.MapSpec `ebpf:"egress_ephemeral"`
+	EgressRelayCfg   *ebpf.MapSpec `ebpf:"egress_relay_cfg"`
+	EgressRelayConns *ebpf.MapSpec `ebpf:"egress_relay_conns"`
 	EgressUnix       *ebpf.MapSpec `ebpf:"egress_unix"`
 	MembershipCache  *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops     *ebpf.MapSpec `ebpf:"ringbuf_drops"`
@@ -302,6 +331,8 @@ type egressVariableSpecs struct {
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
 	UnusedNetEvent     *ebpf.VariableSpec `ebpf:"unused_net_event"`
 	UnusedPortSpan     *ebpf.VariableSpec `ebpf:"unused_port_span"`
+	UnusedRelayConfig  *ebpf.VariableSpec `ebpf:"unused_relay_config"`
+	UnusedRelayConn    *ebpf.VariableSpec `ebpf:"unused_relay_conn"`
 	UnusedSandbox      *ebpf.VariableSpec `ebpf:"unused_sandbox"`
 	UnusedUnixEvent    *ebpf.VariableSpec `ebpf:"unused_unix_event"`
 	UnusedUnixKey      *ebpf.VariableSpec `ebpf:"unused_unix_key"`
@@ -337,6 +368,8 @@ type egressMaps struct {
 	EgressDnsClients *ebpf.Map `ebpf:"egress_dns_clients"`
 	EgressDnsOrig    *ebpf.Map `ebpf:"egress_dns_orig"`
 	EgressEphemeral  *ebpf.Map `ebpf:"egress_ephemeral"`
+	EgressRelayCfg   *ebpf.Map `ebpf:"egress_relay_cfg"`
+	EgressRelayConns *ebpf.Map `ebpf:"egress_relay_conns"`
 	EgressUnix       *ebpf.Map `ebpf:"egress_unix"`
 	MembershipCache  *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops     *ebpf.Map `ebpf:"ringbuf_drops"`
@@ -357,6 +390,8 @@ func (m *egressMaps) Close() error {
 		m.EgressDnsClients,
 		m.EgressDnsOrig,
 		m.EgressEphemeral,
+		m.EgressRelayCfg,
+		m.EgressRelayConns,
 		m.EgressUnix,
 		m.MembershipCache,
 		m.RingbufDrops,
@@ -382,6 +417,8 @@ type egressVariables struct {
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
 	UnusedNetEvent     *ebpf.Variable `ebpf:"unused_net_event"`
 	UnusedPortSpan     *ebpf.Variable `ebpf:"unused_port_span"`
+	UnusedRelayConfig  *ebpf.Variable `ebpf:"unused_relay_config"`
+	UnusedRelayConn    *ebpf.Variable `ebpf:"unused_relay_conn"`
 	UnusedSandbox      *ebpf.Variable `ebpf:"unused_sandbox"`
 	UnusedUnixEvent    *ebpf.Variable `ebpf:"unused_unix_event"`
 	UnusedUnixKey      *ebpf.Variable `ebpf:"unused_unix_key"`

@@ -63,7 +63,7 @@ func run(t testing.TB, name string, args ...string) {
 
 // newTestNet builds the namespace, the veth pair and the servers; all of it
 // is removed at cleanup.
-func newTestNet(t *testing.T) *testNet {
+func newTestNet(t testing.TB) *testNet {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("iproute2 (ip) is not installed")
@@ -225,7 +225,7 @@ func (n *testNet) answer(w dns.ResponseWriter, r *dns.Msg) {
 
 // listen opens a listener inside the namespace: the socket belongs to the
 // namespace it was created in, whatever thread serves it later.
-func (n *testNet) listen(t *testing.T, network string, ap netip.AddrPort) io.Closer {
+func (n *testNet) listen(t testing.TB, network string, ap netip.AddrPort) io.Closer {
 	t.Helper()
 	var c io.Closer
 	err := n.inNetns(func() error {
@@ -428,6 +428,9 @@ func helperOp(mode string) (string, error) {
 		}
 		unix.Close(fd)
 		return "raw socket", nil
+	}
+	if h, ok := relayHelpers[mode]; ok {
+		return h(ctx)
 	}
 	return "", fmt.Errorf("unknown helper mode %q", mode)
 }

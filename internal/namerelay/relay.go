@@ -1,0 +1,615 @@
+// Package namerelay binds a sandbox's TCP connections to the names the
+// policy allowed. The kernel (bpf/include/relay.h) redirects a sandbox's
+// connect to an address the DNS proxy answered to this relay on loopback;
+// the relay reads the name the connection carries (the TLS ClientHello's
+// SNI, or the Host header of a plain HTTP request), checks it was answered
+// with that address to that sandbox (or that the sandbox's name policy
+// allows it), and only then dials the original destination and splices
+// the two sockets. A mismatch (domain fronting) is closed before any
+// application data leaves the host, and recorded with both names.
+package namerelay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/textesc"
+)
+
+// Mechanism names the relay in events.
+const Mechanism = "name-relay"
+
+// Conn is what the kernel recorded of a redirected connection.
+type Conn struct {
+	SandboxID uint32
+	// Dest is where the client connected, before the redirect.
+	Dest netip.AddrPort
+	PID  uint32
+}
+
+// Config configures a Relay.
+type Config struct {
+	// Listen are the relay's addresses ("127.0.0.1:0", "[::1]:0").
+	Listen []string
+	// Lookup tells where an accepted connection from src was going
+	// (egress.LookupRelayed).
+	Lookup func(src netip.AddrPort) (Conn, bool)
+	// Policy returns the name binding of a sandbox.
+	Policy func(sandboxID uint32) (*Policy, bool)
+	// Answers are the names the DNS proxy answered.
+	Answers *Answers
+	// Events receives refusals (and, in record-only mode, what would have
+	// been refused). Optional.
+	Events func(audit.Event)
+	// HelloTimeout bounds the wait for the first bytes. Default 10s.
+	HelloTimeout time.Duration
+	// DialTimeout bounds the connect to the original destination.
+	// Default 10s.
+	DialTimeout time.Duration
+	// MaxConnsPerSandbox bounds a sandbox's connections in the relay at
+	// once (each holds two of the agent's descriptors); beyond it new
+	// ones are closed and counted. Default 1024.
+	MaxConnsPerSandbox int
+	// UpstreamRoots verify destinations where the relay terminates TLS
+	// (credential brokering); nil means the host's roots.
+	UpstreamRoots *x509.CertPool
+}
+
+// Stats are the relay's counters.
+type Stats struct {
+	Accepted, Passed, Refused, Recorded, Unknown, DialFailed uint64
+	// Substituted counts requests whose placeholders were swapped.
+	Substituted uint64
+	// OverLimit counts connections closed because their sandbox had
+	// MaxConnsPerSandbox open.
+	OverLimit uint64
+}
+
+// Relay is the transparent relay.
+type Relay struct {
+	cfg   Config
+	lns   []net.Listener
+	wg    sync.WaitGroup
+	stats struct {
+		accepted, passed, refused, recorded, unknown, dialFailed, substituted, overLimit atomic.Uint64
+	}
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	open   map[uint32]int // connections per sandbox
+	closed bool
+}
+
+// New returns a relay that is not yet listening.
+func New(cfg Config) (*Relay, error) {
+	if cfg.Lookup == nil || cfg.Policy == nil || cfg.Answers == nil {
+		return nil, errors.New("namerelay: Lookup, Policy and Answers are required")
+	}
+	if len(cfg.Listen) == 0 {
+		return nil, errors.New("namerelay: no listen address")
+	}
+	if cfg.HelloTimeout <= 0 {
+		cfg.HelloTimeout = 10 * time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.MaxConnsPerSandbox <= 0 {
+		cfg.MaxConnsPerSandbox = 1024
+	}
+	return &Relay{cfg: cfg, conns: map[net.Conn]struct{}{}, open: map[uint32]int{}}, nil
+}
+
+// Start listens on every configured address; one that cannot be bound
+// (no IPv6 loopback) is skipped unless none can.
+func (r *Relay) Start() error {
+	var errs []error
+	for _, a := range r.cfg.Listen {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		r.lns = append(r.lns, ln)
+	}
+	if len(r.lns) == 0 {
+		return fmt.Errorf("namerelay: listen: %w", errors.Join(errs...))
+	}
+	for _, ln := range r.lns {
+		r.wg.Add(1)
+		go r.serve(ln)
+	}
+	return nil
+}
+
+// Addrs are the addresses the relay listens on.
+func (r *Relay) Addrs() []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, ln := range r.lns {
+		out = append(out, ln.Addr().(*net.TCPAddr).AddrPort())
+	}
+	return out
+}
+
+// Close stops listening and closes every relayed connection.
+func (r *Relay) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	for c := range r.conns {
+		c.Close()
+	}
+	r.mu.Unlock()
+	for _, ln := range r.lns {
+		ln.Close()
+	}
+	r.wg.Wait()
+	return nil
+}
+
+// Stats returns the counters.
+func (r *Relay) Stats() Stats {
+	s := &r.stats
+	return Stats{Accepted: s.accepted.Load(), Passed: s.passed.Load(), Refused: s.refused.Load(),
+		Recorded: s.recorded.Load(), Unknown: s.unknown.Load(), DialFailed: s.dialFailed.Load(), Substituted: s.substituted.Load(), OverLimit: s.overLimit.Load()}
+}
+
+func (r *Relay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+// admit counts a connection of sandbox id, unless it has the maximum open.
+func (r *Relay) admit(id uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open[id] >= r.cfg.MaxConnsPerSandbox {
+		return false
+	}
+	r.open[id]++
+	return true
+}
+
+func (r *Relay) release(id uint32) {
+	r.mu.Lock()
+	if r.open[id]--; r.open[id] <= 0 {
+		delete(r.open, id)
+	}
+	r.mu.Unlock()
+}
+
+func (r *Relay) untrack(c net.Conn) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
+}
+
+func (r *Relay) serve(ln net.Listener) {
+	defer r.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		r.stats.accepted.Add(1)
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if !r.track(c) {
+				c.Close()
+				return
+			}
+			defer r.untrack(c)
+			defer c.Close()
+			r.handle(c)
+		}()
+	}
+}
+
+// session is one relayed connection being judged.
+type session struct {
+	r      *Relay
+	client net.Conn
+	// tlsOut, once the relay terminated the client's TLS, is where
+	// refusals go.
+	tlsOut io.Writer
+	info   Conn
+	pol    *Policy
+}
+
+func (s *session) out() io.Writer {
+	if s.tlsOut != nil {
+		return s.tlsOut
+	}
+	return s.client
+}
+
+func (r *Relay) handle(c net.Conn) {
+	src := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+	info, ok := r.cfg.Lookup(src)
+	if !ok {
+		// Not redirected by the kernel: a process that dialled the relay
+		// itself. Nothing to relay to.
+		r.stats.unknown.Add(1)
+		return
+	}
+	if !r.admit(info.SandboxID) {
+		if n := r.stats.overLimit.Add(1); n&(n-1) == 0 {
+			// The 1st, 2nd, 4th, 8th... closed connection: a flood is
+			// recorded without flooding the record.
+			pol, _ := r.cfg.Policy(info.SandboxID)
+			if pol == nil {
+				pol = &Policy{}
+			}
+			r.event(info, pol, audit.VerdictDenied, "", fmt.Sprintf("the sandbox has %d connections open in the relay (%d closed so far)",
+				r.cfg.MaxConnsPerSandbox, n))
+		}
+		return
+	}
+	defer r.release(info.SandboxID)
+	pol, ok := r.cfg.Policy(info.SandboxID)
+	if !ok {
+		r.stats.refused.Add(1)
+		r.event(info, &Policy{}, audit.VerdictDenied, "", "no name-binding policy for the sandbox")
+		return
+	}
+	s := &session{r: r, client: c, info: info, pol: pol}
+	if pol.unnamed(info.Dest.Port()) {
+		s.pass(nil)
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(r.cfg.HelloTimeout))
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(c, first); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() &&
+			s.refuse("", "no bytes from the client before the timeout (a protocol where the server speaks first carries no name)", nil) {
+			s.pass(nil) // record-only
+		}
+		// A client that hung up before a byte (the loser of a happy
+		// eyeballs race, a port check) sent nothing anywhere: no event.
+		return
+	}
+	switch {
+	case first[0] == recordHandshake:
+		s.tls(first)
+	case first[0] >= 'A' && first[0] <= 'Z':
+		s.http(first)
+	default:
+		if s.refuse("", "neither TLS nor HTTP: the connection carries no name", nil) {
+			s.pass(first) // record-only
+		}
+	}
+}
+
+// tls reads the ClientHello, judges its SNI and relays the connection.
+func (s *session) tls(buf []byte) {
+	tmp := make([]byte, 16<<10)
+	var h Hello
+	for {
+		var err error
+		h, err = parseHello(buf)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errNeedMore) {
+			if s.refuse("", "malformed TLS ClientHello: "+err.Error(), tlsAlert) {
+				s.pass(buf) // record-only
+			}
+			return
+		}
+		if len(buf) > maxHello+1024 {
+			if s.refuse("", "TLS ClientHello larger than 64 KiB", tlsAlert) {
+				s.pass(buf)
+			}
+			return
+		}
+		n, rerr := s.client.Read(tmp)
+		buf = append(buf, tmp[:n]...)
+		if rerr != nil && n == 0 {
+			s.refuse("", "TLS ClientHello incomplete: "+rerr.Error(), nil)
+			return
+		}
+	}
+	if h.SNI == "" {
+		if s.refuse("", "TLS without a server name (SNI): the connection carries no name", tlsAlert) {
+			s.pass(buf) // record-only
+		}
+		return
+	}
+	if h.ECH && !s.pol.ECH.Match(h.SNI) {
+		if !s.refuse(h.SNI, "Encrypted Client Hello hides the real name; the outer name is not among egress.names.ech", tlsAlert) {
+			return
+		}
+	} else if !s.judge(h.SNI, tlsAlert) {
+		return
+	}
+	if s.pol.terminates(h.SNI) {
+		s.broker(buf, h.SNI)
+		return
+	}
+	s.pass(buf)
+}
+
+// tlsAlert is a fatal access_denied alert: the client reports a refusal
+// instead of a reset.
+var tlsAlert = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49}
+
+// judge checks name against the answers and the policy; it reports
+// whether the connection goes on (allowed, or refused in record-only
+// mode).
+func (s *session) judge(name string, refusal []byte) bool {
+	if isAddress(name) {
+		return s.refuse(name, "the connection names an address, not a name", refusal)
+	}
+	dest := s.info.Dest.Addr()
+	if s.r.cfg.Answers.Answered(s.info.SandboxID, dest, name) {
+		return true
+	}
+	if s.pol.NameAllowed != nil && s.pol.NameAllowed(name) {
+		return true
+	}
+	answered := s.r.cfg.Answers.Names(s.info.SandboxID, dest)
+	why := fmt.Sprintf("name %s was not answered with %s to this sandbox", quote(name), dest)
+	if len(answered) > 0 {
+		q := make([]string, len(answered))
+		for i, a := range answered {
+			q[i] = quote(a)
+		}
+		why += " (answered: " + strings.Join(q, ", ") + "): domain fronting"
+	}
+	return s.refuse(name, why, refusal)
+}
+
+// refuse records a refusal. In record-only mode it returns true (go on);
+// otherwise it writes refusal (if any) to the client and returns false.
+func (s *session) refuse(name, why string, refusal []byte) bool {
+	verdict := audit.VerdictDenied
+	if s.pol.RecordOnly {
+		verdict = audit.VerdictRecorded
+		s.r.stats.recorded.Add(1)
+	} else {
+		s.r.stats.refused.Add(1)
+	}
+	s.r.event(s.info, s.pol, verdict, name, why)
+	if verdict == audit.VerdictRecorded {
+		return true
+	}
+	if refusal != nil {
+		s.client.SetWriteDeadline(time.Now().Add(time.Second))
+		s.out().Write(refusal)
+	}
+	return false
+}
+
+// dial connects to the original destination.
+func (s *session) dial() (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	up, err := d.DialContext(ctx, "tcp", s.info.Dest.String())
+	if err != nil {
+		s.r.stats.dialFailed.Add(1)
+		return nil, err
+	}
+	return up, nil
+}
+
+// pass dials the destination, sends what was read and splices the rest.
+func (s *session) pass(head []byte) {
+	up, err := s.dial()
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	s.client.SetReadDeadline(time.Time{})
+	if len(head) > 0 {
+		if _, err := up.Write(head); err != nil {
+			return
+		}
+	}
+	s.r.stats.passed.Add(1)
+	splice(s.client, up, s.client)
+}
+
+// splice copies both ways until both ends are done; between two TCP
+// sockets io.Copy moves the bytes with splice(2), without a copy through
+// the relay. from is what the client side is read from (the socket, or a
+// reader holding bytes already read in front of it).
+func splice(client, up net.Conn, from io.Reader) {
+	done := make(chan struct{})
+	go func() {
+		io.Copy(client, up)
+		closeWrite(client)
+		close(done)
+	}()
+	io.Copy(up, from)
+	closeWrite(up)
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}
+
+// readMethods are the methods of a read-only name.
+var readMethods = map[string]bool{http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true}
+
+// http judges every request of a plain HTTP connection: its Host, and its
+// method where the name is read-only.
+func (s *session) http(first []byte) {
+	br := bufio.NewReader(io.MultiReader(bytes.NewReader(first), s.client))
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		s.refuse("", "not an HTTP request: the connection carries no name", nil)
+		return
+	}
+	if !s.checkRequest(req, true, s.client, "") {
+		return
+	}
+	up, err := s.dial()
+	if err != nil {
+		s.forbidden(http.StatusBadGateway, "watcher: the destination refused the connection\n")
+		return
+	}
+	defer up.Close()
+	s.client.SetReadDeadline(time.Time{})
+	s.r.stats.passed.Add(1)
+	s.requests(br, s.client, up, req, "")
+}
+
+// requests relays the requests read from br (the first already read and
+// judged) to up, judging each, while the responses flow back to client.
+// tlsHost is the terminated TLS name ("" on plain HTTP).
+func (s *session) requests(br *bufio.Reader, client, up net.Conn, req *http.Request, tlsHost string) {
+	done := make(chan struct{})
+	go func() {
+		io.Copy(client, up)
+		closeWrite(client)
+		close(done)
+	}()
+	defer func() { <-done }()
+	for {
+		if _, ok := req.Header["User-Agent"]; !ok {
+			req.Header["User-Agent"] = []string{""} // Write adds Go's otherwise
+		}
+		if err := req.Write(up); err != nil {
+			closeWrite(up)
+			return
+		}
+		if req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
+			// The bytes after an upgrade are not HTTP requests.
+			io.Copy(up, br)
+			closeWrite(up)
+			return
+		}
+		var err error
+		if req, err = http.ReadRequest(br); err != nil {
+			closeWrite(up)
+			return
+		}
+		if !s.checkRequest(req, false, client, tlsHost) {
+			// Responses to earlier requests may be in flight: the
+			// connection is cut, not answered.
+			up.Close()
+			client.Close()
+			return
+		}
+	}
+}
+
+// checkRequest judges one request and swaps its placeholders; first says
+// no byte went upstream yet, so a refusal can be answered with a 403
+// (written to w). tlsHost is the terminated TLS name, "" on plain HTTP.
+func (s *session) checkRequest(req *http.Request, first bool, w io.Writer, tlsHost string) bool {
+	if w != s.client {
+		s.tlsOut = w
+	}
+	host := req.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	var refusal []byte
+	if first {
+		refusal = forbidden403("")
+	}
+	if host == "" {
+		return s.refuse("", "HTTP request without a Host: the connection carries no name", refusal)
+	}
+	name := normName(host)
+	if first {
+		refusal = forbidden403(fmt.Sprintf("watcher: %s is not a name answered for %s to this sandbox\n", quote(name), s.info.Dest.Addr()))
+	}
+	if tlsHost != "" && name != tlsHost {
+		// The name the TLS session was judged (and its certificate
+		// issued) for is the only one it may carry.
+		if !s.refuse(name, fmt.Sprintf("Host %s differs from the TLS server name %s", quote(name), quote(tlsHost)), refusal) {
+			return false
+		}
+	} else if !s.judge(host, refusal) {
+		return false
+	}
+	if s.pol.ReadOnly.Match(host) && !readMethods[req.Method] {
+		refusal = nil
+		if first {
+			refusal = forbidden403(fmt.Sprintf("watcher: %s is read-only for this sandbox: %s refused (GET, HEAD, OPTIONS only)\n", quote(name), quote(req.Method)))
+		}
+		if !s.refuse(name, "read-only name: method "+quote(req.Method)+" refused", refusal) {
+			return false
+		}
+	}
+	if leak := s.substitute(req, name, tlsHost != ""); leak != "" {
+		refusal = nil
+		if first {
+			refusal = forbidden403(fmt.Sprintf("watcher: the placeholder of secret %s may not be sent to %s\n", quote(leak), quote(name)))
+		}
+		why := fmt.Sprintf("leak attempt: the placeholder of secret %s sent to %s, where it is not bound", quote(leak), quote(name))
+		if tlsHost == "" {
+			why += " (or over plain HTTP)"
+		}
+		if !s.refuse(name, why, refusal) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *session) forbidden(code int, body string) {
+	s.client.SetWriteDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(s.client, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		code, http.StatusText(code), len(body), body)
+}
+
+// forbidden403 is a 403 response whose body says why.
+func forbidden403(body string) []byte {
+	if body == "" {
+		body = "watcher: the request carries no name this sandbox may reach\n"
+	}
+	return fmt.Appendf(nil, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+}
+
+// quote escapes a name the sandbox chose before a human reads it.
+func quote(s string) string { return `"` + textesc.String(s) + `"` }
+
+func (r *Relay) event(info Conn, pol *Policy, verdict audit.Verdict, name, why string) {
+	if r.cfg.Events == nil {
+		return
+	}
+	family := uint16(2)
+	if info.Dest.Addr().Is6() && !info.Dest.Addr().Is4In6() {
+		family = 10
+	}
+	r.cfg.Events(audit.Event{
+		Time: time.Now(), Kind: audit.KindNet, Verdict: verdict, Severity: audit.SeverityAlert,
+		Rule: pol.Rule, RuleID: pol.RuleID, Mechanism: Mechanism,
+		Sandbox: audit.Sandbox{Name: pol.Sandbox, ID: info.SandboxID},
+		Process: audit.Process{TGID: info.PID},
+		Net: &audit.NetDetail{Op: "connect", Family: family, Protocol: 6, Addr: info.Dest.Addr().Unmap().String(),
+			Port: info.Dest.Port(), Reason: why, Name: textesc.String(name)},
+		Message: fmt.Sprintf("connection to %s %s by name binding: %s", info.Dest, map[bool]string{true: "refused", false: "recorded"}[verdict == audit.VerdictDenied], why),
+	})
+}
