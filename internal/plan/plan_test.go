@@ -461,7 +461,7 @@ sandboxes:
     egress:
       grace_seconds: 45
       admission_ttl_cap: 2m
-      names:
+      name_ports:
         - {name: github.com, ports: ["22"]}
         - {name: .stun.test, ports: ["3478-3479"], protocol: udp}
       allow:

@@ -179,6 +179,13 @@ func setupRelay(t testing.TB) *relayFixture {
 		t.Skipf("SO_NETNS_COOKIE (kernel 5.14+): %v", err)
 	}
 	rf := &relayFixture{fixture: f, cdn: newCDN(t, f.net), answers: namerelay.NewAnswers(grace)}
+	// The CDN also serves plain HTTP on 8080, TLS on 8443 and a
+	// server-first protocol on 2223: open them as egress.name_ports would
+	// (answers admit TCP 80 and 443 only by default).
+	open := []egress.PortSpan{{Lo: 80, Hi: 80, Protocol: egress.ProtoTCP}, {Lo: 443, Hi: 443, Protocol: egress.ProtoTCP},
+		{Lo: 8080, Hi: 8080, Protocol: egress.ProtoTCP}, {Lo: 8443, Hi: 8443, Protocol: egress.ProtoTCP},
+		{Lo: 2223, Hi: 2223, Protocol: egress.ProtoTCP}}
+	f.admit.Scopes = func(string) *egress.Scope { return &egress.Scope{Default: open} }
 	hook := func(a dnsproxy.Answer) {
 		if id, ok := f.dir.ID(a.Sandbox); ok {
 			rf.answers.Record(id, a.Name, a.Addrs, time.Duration(a.TTL)*time.Second)
