@@ -55,6 +55,10 @@ type Config struct {
 	StateDir string
 	// Emit records an event (the agent's fan-out to ledger and tail).
 	Emit func(audit.Event)
+	// HTTP, when set, serves the HTTP requests that come on a sandbox's
+	// socket (MCP's Streamable HTTP, internal/mcpserve); the socket tells
+	// them from the gateway's own protocol by their first byte.
+	HTTP HTTPHandler
 }
 
 // Manager runs one gateway per sandbox whose policy enables it, and the
