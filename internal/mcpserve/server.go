@@ -58,7 +58,7 @@ const (
 // Handler serves MCP for one sandbox of m. version is watcher's, shown to
 // clients as the server's.
 func Handler(m *gateway.Manager, sandbox, version string) http.Handler {
-	s := &server{m: m, sandbox: sandbox, version: version, }
+	s := &server{m: m, sandbox: sandbox, version: version}
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.newServer() }, &mcp.StreamableHTTPOptions{})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Del(hdrCred)
