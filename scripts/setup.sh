@@ -42,3 +42,21 @@ fi
 echo "== go mod download"
 go mod download
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+
+# MCP: the official Python (mcp on PyPI) and TypeScript
+# (@modelcontextprotocol/sdk) SDK clients the MCP tests run against
+# `watcher mcp serve`, and the MCP conformance suite. Under
+# $WATCHER_MCP_CACHE (default /var/cache/watcher-test/mcp): py/ is a venv,
+# node/ a node_modules prefix. Tests skip, naming the package, without them.
+mcp_cache=${WATCHER_MCP_CACHE:-/var/cache/watcher-test/mcp}
+mkdir -p "$mcp_cache/node"
+if [ ! -x "$mcp_cache/py/bin/python" ] || ! "$mcp_cache/py/bin/python" -c 'import mcp' 2>/dev/null; then
+	echo "== pip install mcp (venv $mcp_cache/py)"
+	python3 -m venv "$mcp_cache/py"
+	"$mcp_cache/py/bin/pip" install -q mcp || echo "== pip install mcp failed: the Python MCP client test will skip"
+fi
+if [ ! -d "$mcp_cache/node/node_modules/@modelcontextprotocol/sdk" ] || [ ! -d "$mcp_cache/node/node_modules/@modelcontextprotocol/conformance" ]; then
+	echo "== npm install @modelcontextprotocol/sdk @modelcontextprotocol/conformance ($mcp_cache/node)"
+	npm install --silent --no-audit --no-fund --prefix "$mcp_cache/node" @modelcontextprotocol/sdk @modelcontextprotocol/conformance ||
+		echo "== npm install failed: the TypeScript MCP client test and the conformance run will skip"
+fi

@@ -241,3 +241,52 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return http.DefaultTransport.RoundTrip(r)
 }
+
+// mcpCache is where scripts/setup.sh installs the official Python and
+// TypeScript MCP SDKs and the conformance suite.
+func mcpCache() string {
+	if d := os.Getenv("WATCHER_MCP_CACHE"); d != "" {
+		return d
+	}
+	return "/var/cache/watcher-test/mcp"
+}
+
+// TestMCPClientsSDKs: MCP clients on the official TypeScript and Python
+// SDKs spawn `watcher mcp serve`, list the sandbox's tools and get
+// readable refusals.
+func TestMCPClientsSDKs(t *testing.T) {
+	tb, _, _ := gatewayTestbed(t)
+	os.WriteFile(filepath.Join(tb.ws, "README"), []byte("benign\n"), 0o644)
+	want := []string{
+		"tools: read_file,shell,write_file",
+		`read_file: isError=false "benign\n"`,
+		`read_file: isError=true "REFUSED: /etc/shadow: refused by the kernel: the path resolves outside the workspace (EXDEV)`,
+		`list_dir: isError=true "REFUSED: the policy denies tool \"list_dir\" (rule no-listing)`,
+		`shell: isError=true "outcome exited, exit code 1`, "refused read /etc/shadow (rule cred-shadow, by landlock)",
+	}
+	cache := mcpCache()
+	t.Run("typescript", func(t *testing.T) {
+		mods := filepath.Join(cache, "node", "node_modules")
+		if _, err := os.Stat(filepath.Join(mods, "@modelcontextprotocol", "sdk")); err != nil {
+			t.Skipf("@modelcontextprotocol/sdk (npm) is not installed in %s (scripts/setup.sh installs it): %v", mods, err)
+		}
+		node, err := exec.LookPath("node")
+		if err != nil {
+			t.Skip("node is not installed")
+		}
+		script, _ := filepath.Abs("../../test/mcp/node_client.mjs")
+		cmd := exec.Command(node, script, tb.bin, tb.socketDir, "agents")
+		cmd.Env = append(os.Environ(), "NODE_PATH="+mods)
+		out, err := cmd.CombinedOutput()
+		check(t, "node_client.mjs", string(out), err, want)
+	})
+	t.Run("python", func(t *testing.T) {
+		py := filepath.Join(cache, "py", "bin", "python")
+		if err := exec.Command(py, "-c", "import mcp").Run(); err != nil {
+			t.Skipf("the Python MCP SDK (mcp on PyPI) is not installed in the venv %s (scripts/setup.sh installs it where PyPI is reachable): %v", filepath.Dir(filepath.Dir(py)), err)
+		}
+		script, _ := filepath.Abs("../../test/mcp/python_client.py")
+		out, err := exec.Command(py, script, tb.bin, tb.socketDir, "agents").CombinedOutput()
+		check(t, "python_client.py", string(out), err, want)
+	})
+}

@@ -1,0 +1,181 @@
+package mcpserve
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/pkg/toolclient"
+)
+
+type events struct {
+	mu  sync.Mutex
+	evs []audit.Event
+}
+
+func (r *events) emit(e audit.Event) {
+	r.mu.Lock()
+	r.evs = append(r.evs, e)
+	r.mu.Unlock()
+}
+
+func (r *events) tools() []audit.ToolDetail {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []audit.ToolDetail
+	for _, e := range r.evs {
+		if e.Tool != nil {
+			out = append(out, *e.Tool)
+		}
+	}
+	return out
+}
+
+// serve starts a gateway manager (no agent: shell cannot run) on pol with
+// MCP on its sockets, and connects the Go SDK's client to sandbox's.
+func serve(t *testing.T, pol *policy.Policy, sandbox string, opts *mcp.ClientOptions) (*mcp.ClientSession, *events, string) {
+	t.Helper()
+	rec := &events{}
+	dir := t.TempDir()
+	var m *gateway.Manager
+	m, err := gateway.Start(gateway.Config{SocketDir: dir, Emit: rec.emit,
+		HTTP: func(sb string) http.Handler { return Handler(m, sb, "test") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Apply(pol); err != nil {
+		t.Fatal(err)
+	}
+	sock := gateway.SocketPath(dir, sandbox)
+	c := mcp.NewClient(&mcp.Implementation{Name: "mcpserve-test", Version: "9.9"}, opts)
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: SocketURL, HTTPClient: SocketClient(sock)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs, rec, sock
+}
+
+func call(t *testing.T, cs *mcp.ClientSession, tool string, args map[string]any) (string, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: a protocol error instead of a tool result: %v", tool, err)
+	}
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String(), res.IsError
+}
+
+// TestDefaultPolicy: on the built-in default policy (its workspace moved to
+// a temporary directory) the gateway serves a working tool set over MCP:
+// the file tools work, shell is offered; the gateway's own protocol still
+// answers on the same socket; the ledger records the client and each
+// call's MCP session and request id.
+func TestDefaultPolicy(t *testing.T) {
+	pol := policy.Default()
+	ws := t.TempDir()
+	pol.Sandboxes[0].Workspace = []string{ws}
+	cs, rec, sock := serve(t, pol, pol.Sandboxes[0].Name, nil)
+
+	tl, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, x := range tl.Tools {
+		names = append(names, x.Name)
+	}
+	slices.Sort(names)
+	if strings.Join(names, ",") != "list_dir,read_file,shell,write_file" {
+		t.Fatalf("tools on the default policy: %v", names)
+	}
+	if text, isErr := call(t, cs, "write_file", map[string]any{"path": "a.txt", "content": "hello"}); isErr {
+		t.Fatalf("write_file: %s", text)
+	}
+	if text, isErr := call(t, cs, "read_file", map[string]any{"path": "a.txt"}); isErr || text != "hello" {
+		t.Fatalf("read_file: %v %q", isErr, text)
+	}
+	if text, isErr := call(t, cs, "list_dir", map[string]any{"path": "."}); isErr || !strings.Contains(text, "a.txt") {
+		t.Fatalf("list_dir: %v %s", isErr, text)
+	}
+	text, isErr := call(t, cs, "read_file", map[string]any{"path": "/etc/passwd"})
+	if !isErr || !strings.Contains(text, "REFUSED") || !strings.Contains(text, "outside the workspace") || !strings.Contains(text, "workspace: [\"/etc\"]") {
+		t.Errorf("read_file /etc/passwd: isError %v\n%s", isErr, text)
+	}
+	text, isErr = call(t, cs, "fetch", map[string]any{"url": "x"})
+	if !isErr || !strings.Contains(text, "default-deny") || !strings.Contains(text, "no policy line allows it") {
+		t.Errorf("unknown tool: isError %v\n%s", isErr, text)
+	}
+
+	// The gateway's own protocol on the same socket.
+	c, err := toolclient.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if l, err := c.List(context.Background()); err != nil || len(l.Tools) != 4 {
+		t.Errorf("tool.list on the same socket: %+v %v", l, err)
+	}
+
+	var inits, requests int
+	for _, d := range rec.tools() {
+		if d.Stage == "initialize" && strings.Contains(d.By, "mcpserve-test 9.9") && d.ProtocolSession != "" {
+			inits++
+		}
+		if d.Stage == "request" && d.Protocol == "mcp" && d.ProtocolSession == cs.ID() && d.ProtocolRequest != "" {
+			requests++
+		}
+	}
+	if inits != 1 || requests != 5 {
+		t.Errorf("records: %d initialize (want 1), %d MCP requests with session %s and a request id (want 5): %+v", inits, requests, cs.ID(), rec.tools())
+	}
+}
+
+// TestAskWithoutElicitation: a client that does not declare elicitation
+// waits for `watcher approve`, bounded by ask_timeout; the timeout is a
+// readable refusal.
+func TestAskWithoutElicitation(t *testing.T) {
+	ws := t.TempDir()
+	pol, err := policy.Parse("t.yaml", []byte(`version: 1
+sandboxes:
+  - name: s
+    select: {cgroups: [/mcpserve-test]}
+    preset: restricted
+    workspace: [`+ws+`]
+    tools:
+      enabled: true
+      ask_timeout: 300ms
+      rules:
+        - {tool: write_file, action: ask, name: writes-ask}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, _, _ := serve(t, pol, "s", nil)
+	text, isErr := call(t, cs, "write_file", map[string]any{"path": "x", "content": "y"})
+	if !isErr || !strings.Contains(text, "no approver answered") || !strings.Contains(text, "rule: writes-ask") || !strings.Contains(text, "layer: approval") {
+		t.Errorf("ask without elicitation: isError %v\n%s", isErr, text)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "x")); err == nil {
+		t.Error("the unapproved write happened")
+	}
+}
