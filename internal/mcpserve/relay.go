@@ -252,6 +252,26 @@ func (r *relay) end() {
 	}
 }
 
+// loopbackHost says whether a Host header names loopback (127.0.0.0/8,
+// ::1 or localhost), with or without a port.
+func loopbackHost(h string) bool {
+	host := h
+	if hh, _, err := net.SplitHostPort(h); err == nil {
+		host = hh
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func loopbackOrigin(o string) bool {
+	u, err := url.Parse(o)
+	return err == nil && u.Host != "" && loopbackHost(u.Host)
+}
+
 // Loopback serves the MCP endpoint on a loopback address, forwarding to
 // the sandbox's socket through client; each request must carry
 // "Authorization: Bearer TOKEN". It returns when ctx ends.
@@ -268,6 +288,13 @@ func Loopback(ctx context.Context, ln net.Listener, token string, client *http.C
 	proxy.FlushInterval = -1 // event streams as they come
 	want := []byte("Bearer " + token)
 	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		// A web page must not reach the port by a DNS name that resolves
+		// to loopback (DNS rebinding): the Host, and an Origin if sent,
+		// must name loopback.
+		if !loopbackHost(req.Host) || (req.Header.Get("Origin") != "" && !loopbackOrigin(req.Header.Get("Origin"))) {
+			http.Error(w, "Host and Origin must name a loopback address", http.StatusForbidden)
+			return
+		}
 		if subtle.ConstantTimeCompare([]byte(req.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="watcher"`)
 			http.Error(w, "a bearer token is required (the one `watcher mcp serve --http` printed or read)", http.StatusUnauthorized)
