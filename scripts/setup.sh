@@ -55,9 +55,10 @@ mkdir -p "$mcp_cache/node"
 if [ ! -x "$mcp_cache/py/bin/python" ] || ! "$mcp_cache/py/bin/python" -c 'import mcp' 2>/dev/null; then
 	echo "== pip install mcp (venv $mcp_cache/py)"
 	python3 -m venv "$mcp_cache/py"
-	"$mcp_cache/py/bin/pip" install -q mcp || echo "== pip install mcp failed: the Python MCP client test will skip"
+	"$mcp_cache/py/bin/pip" install -q --retries 1 --timeout 20 mcp || echo "== pip install mcp failed: the Python MCP client test will skip"
 fi
-if [ ! -d "$mcp_cache/node/node_modules/@modelcontextprotocol/sdk" ] || [ ! -d "$mcp_cache/node/node_modules/@modelcontextprotocol/conformance" ]; then
+if [ ! -d "$mcp_cache/node/node_modules/@modelcontextprotocol/sdk" ] ||
+	! grep -q '"version": "0.1.12"' "$mcp_cache/node/node_modules/@modelcontextprotocol/conformance/package.json" 2>/dev/null; then
 	echo "== npm install @modelcontextprotocol/sdk @modelcontextprotocol/conformance@0.1.12 ($mcp_cache/node)"
 	npm install --silent --no-audit --no-fund --prefix "$mcp_cache/node" @modelcontextprotocol/sdk @modelcontextprotocol/conformance@0.1.12 ||
 		echo "== npm install failed: the TypeScript MCP client test and the conformance run will skip"
