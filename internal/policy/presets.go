@@ -167,3 +167,6 @@ func Default() *Policy {
 	p.Source = ""
 	return p
 }
+
+// DefaultYAML is the built-in default policy as written.
+func DefaultYAML() []byte { return slices.Clone(defaultPolicy) }
