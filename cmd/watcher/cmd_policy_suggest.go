@@ -319,7 +319,7 @@ func renderSuggestion(data []byte, sandbox string, adds []*addition) ([]byte, er
 	for _, p := range places {
 		text := comment(p.a)
 		if p.key != "" {
-			cm[p.path+"."+p.key] = []*yaml.Comment{yaml.LineComment(" "+text)}
+			cm[p.path+"."+p.key] = []*yaml.Comment{yaml.LineComment(" " + text)}
 			continue
 		}
 		// Its index in the final list.
@@ -327,7 +327,7 @@ func renderSuggestion(data []byte, sandbox string, adds []*addition) ([]byte, er
 		if l, ok := sub.([]any); ok {
 			for i, x := range l {
 				if reflect.DeepEqual(x, p.elem) {
-					cm[fmt.Sprintf("%s[%d]", p.path, i)] = []*yaml.Comment{yaml.HeadComment(" "+text)}
+					cm[fmt.Sprintf("%s[%d]", p.path, i)] = []*yaml.Comment{yaml.HeadComment(" " + text)}
 				}
 			}
 		}
