@@ -184,6 +184,9 @@ func suggestAdditions(pol *policy.Policy, sb *policy.Sandbox, recs []suggestEven
 	baseline := baselineRules()
 	for _, r := range recs {
 		e := &r.ev
+		if e.Sandbox.Labels[audit.LabelCanary] != "" {
+			continue // the agent's own self-test, not the run
+		}
 		at := fmt.Sprintf("seq %d %s", r.seq, e.Time.UTC().Format("15:04:05"))
 		if t := e.Tool; t != nil {
 			if t.Stage == "decision" && t.Decision == "deny" && slices.Contains(policy.ToolNames(), t.Tool) && isToolRule(sb, e.Rule) {
