@@ -259,8 +259,14 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 			return
 		}
 		if b[0] >= 'A' && b[0] <= 'Z' {
-			if g.httpConns.hand(&bufConn{Conn: nc, r: r}) {
+			bc := &bufConn{Conn: nc, r: r, done: make(chan struct{})}
+			if g.httpConns.hand(bc) {
 				nc = nil // the http.Server closes it
+				// It counts against maxConns until then.
+				select {
+				case <-bc.done:
+				case <-g.ctx.Done():
+				}
 			}
 			return
 		}
@@ -307,13 +313,21 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 	}
 }
 
-// bufConn is a connection whose first bytes were read ahead into r.
+// bufConn is a connection whose first bytes were read ahead into r; done
+// is closed when it is closed.
 type bufConn struct {
 	net.Conn
-	r *bufio.Reader
+	r    *bufio.Reader
+	once sync.Once
+	done chan struct{}
 }
 
 func (c *bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *bufConn) Close() error {
+	c.once.Do(func() { close(c.done) })
+	return c.Conn.Close()
+}
 
 type credKey struct{}
 

@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
@@ -43,6 +44,9 @@ const (
 // Path is where the MCP endpoint is served on the socket.
 const Path = "/mcp"
 
+// sessionTimeout ends an MCP session idle this long.
+const sessionTimeout = time.Hour
+
 // maxBody caps one HTTP request body; the gateway's own limits
 // (max_request_bytes, max_argument_bytes) then apply to the call.
 const maxBody = 16 << 20
@@ -59,7 +63,10 @@ const (
 // clients as the server's.
 func Handler(m *gateway.Manager, sandbox, version string) http.Handler {
 	s := &server{m: m, sandbox: sandbox, version: version}
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.newServer() }, &mcp.StreamableHTTPOptions{})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.newServer() }, &mcp.StreamableHTTPOptions{
+		// A client that leaves without ending its session does not keep
+		// it (and its memory) for ever.
+		SessionTimeout: sessionTimeout})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Del(hdrCred)
 		r.Header.Del(hdrRequest)
