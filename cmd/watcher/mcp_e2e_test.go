@@ -267,6 +267,16 @@ func TestMCPClientsSDKs(t *testing.T) {
 		`list_dir: isError=true "REFUSED: the policy denies tool \"list_dir\" (rule no-listing)`,
 		`shell: isError=true "outcome exited, exit code 1`, "refused read /etc/shadow (rule cred-shadow, by landlock)",
 	}
+	t.Run("go-example", func(t *testing.T) {
+		bin := filepath.Join(t.TempDir(), "mcp-agent")
+		if out, err := exec.Command("go", "build", "-o", bin, "../../examples/mcp-agent").CombinedOutput(); err != nil {
+			t.Fatalf("build examples/mcp-agent: %v\n%s", err, out)
+		}
+		out, err := exec.Command(bin, tb.bin, "mcp", "serve", "--socket-dir", tb.socketDir, "--sandbox", "agents").CombinedOutput()
+		check(t, "examples/mcp-agent", string(out), err, []string{"tools: read_file, write_file, shell",
+			"1 list_dir (isError", "2 read_file (ok", "benign", "3 write_file (isError", "no approver answered",
+			"4 shell (isError", "refused read /etc/shadow", "5 read_file (isError", "6 http_fetch (isError", "default-deny"})
+	})
 	cache := mcpCache()
 	t.Run("typescript", func(t *testing.T) {
 		mods := filepath.Join(cache, "node", "node_modules")
