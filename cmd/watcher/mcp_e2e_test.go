@@ -142,6 +142,19 @@ func TestMCPServe(t *testing.T) {
 	}
 	cs.Close()
 
+	// 1b. stdio with elicitation: the relay carries the server's request
+	// and the client's answer while the call waits.
+	sclient := mcp.NewClient(&mcp.Implementation{Name: "watcher-e2e-stdio-elicit", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept"}, nil
+		}})
+	ss, err := sclient.Connect(ctx, &mcp.CommandTransport{Command: exec.Command(tb.bin, "mcp", "serve", "--socket-dir", tb.socketDir, "--sandbox", "agents")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantText(t, "write_file elicited over stdio", mcpCall(t, ss, "write_file", map[string]any{"path": "s.txt", "content": "stdio"}), false, `"bytes": 5`)
+	ss.Close()
+
 	// 2. Streamable HTTP on the sandbox's own socket, with elicitation:
 	// the client's user answers the ask.
 	var asked string

@@ -81,7 +81,19 @@ func Relay(ctx context.Context, in io.Reader, out io.Writer, client *http.Client
 			if len(bytes.TrimSpace(line)) == 0 {
 				continue
 			}
-			r.send(ctx, line, &streams)
+			var env envelope
+			json.Unmarshal(line, &env)
+			if env.Method == "initialize" || len(env.ID) == 0 || env.Method == "" {
+				// initialize's answer carries the session the rest need;
+				// notifications and answers to the server's requests
+				// (elicitation) are acknowledged at once: in order.
+				r.send(ctx, line, env, &streams)
+				continue
+			}
+			// A request may wait long for its answer (a call held for
+			// approval): the next messages must not wait behind it.
+			streams.Add(1)
+			go func() { defer streams.Done(); r.send(ctx, line, env, &streams) }()
 		}
 	}
 }
@@ -106,9 +118,7 @@ type envelope struct {
 // to the client as it comes, in the background except for initialize,
 // whose answer carries the session and protocol version later requests
 // need.
-func (r *relay) send(ctx context.Context, msg []byte, streams *sync.WaitGroup) {
-	var env envelope
-	json.Unmarshal(msg, &env)
+func (r *relay) send(ctx context.Context, msg []byte, env envelope, streams *sync.WaitGroup) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(msg))
 	if err != nil {
 		r.fail(env.ID, err.Error())
