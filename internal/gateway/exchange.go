@@ -26,7 +26,7 @@ func autoID(p *toolproto.ExchangeParams) {
 	}
 }
 
-func (g *sandboxGateway) exchangePut(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
+func (g *sandboxGateway) exchangePut(c *origin, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
 	var p toolproto.ExchangeParams
 	if e := decodeParams(raw, &p); e != nil {
 		return nil, e
@@ -38,7 +38,7 @@ func (g *sandboxGateway) exchangePut(c *conn, raw json.RawMessage, sb *policy.Sa
 		// Counted against the argument limit like any call's arguments.
 		tp.Arguments = json.RawMessage(raw)
 	}
-	return g.run(&c.origin, sb, tp, func(cl *call) (any, *toolproto.Error) {
+	return g.run(c, sb, tp, func(cl *call) (any, *toolproto.Error) {
 		ex := sb.Tools.Exchange
 		if ex.Dir == "" {
 			return nil, cl.deny("exchange", "this sandbox has no exchange directory")
@@ -71,7 +71,7 @@ func (g *sandboxGateway) exchangePut(c *conn, raw json.RawMessage, sb *policy.Sa
 	})
 }
 
-func (g *sandboxGateway) exchangeGet(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
+func (g *sandboxGateway) exchangeGet(c *origin, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
 	var p toolproto.ExchangeParams
 	if e := decodeParams(raw, &p); e != nil {
 		return nil, e
@@ -81,7 +81,7 @@ func (g *sandboxGateway) exchangeGet(c *conn, raw json.RawMessage, sb *policy.Sa
 	}
 	autoID(&p)
 	args, _ := json.Marshal(map[string]any{"name": p.Name})
-	return g.run(&c.origin, sb, toolproto.ToolParams{CallID: p.CallID, Tool: "exchange.get", Session: p.Session, Arguments: args}, func(cl *call) (any, *toolproto.Error) {
+	return g.run(c, sb, toolproto.ToolParams{CallID: p.CallID, Tool: "exchange.get", Session: p.Session, Arguments: args}, func(cl *call) (any, *toolproto.Error) {
 		ex := sb.Tools.Exchange
 		if ex.Dir == "" {
 			return nil, cl.deny("exchange", "this sandbox has no exchange directory")

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -72,13 +73,57 @@ func (m *Manager) Call(ctx context.Context, sandbox string, who Caller, p toolpr
 	if err != nil {
 		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "%v", err)
 	}
-	o := &origin{ctx: ctx, peer: credName(who.Cred), cred: who.Cred, proto: who.Protocol,
-		protoSession: who.Session, protoRequest: who.Request, elicit: who.Elicit}
-	out, rerr := g.request(o, p, g.sb.Load())
+	out, rerr := g.request(who.origin(ctx), p, g.sb.Load())
 	if rerr != nil {
 		return nil, rerr
 	}
 	return out.(*toolproto.CallResult), nil
+}
+
+// Exchange is exchange.put (put) or exchange.get for a caller of another
+// protocol: args ({"name", "content"} for put, {"name"} for get) are
+// decoded as strictly as any params, then the same checks, decision and
+// records.
+func (m *Manager) Exchange(ctx context.Context, sandbox string, who Caller, put bool, callID, session string, args json.RawMessage) (*toolproto.CallResult, *toolproto.Error) {
+	g, err := m.gateway(sandbox)
+	if err != nil {
+		return nil, rpcErr(toolproto.CodeToolFailed, toolproto.TypeToolFailed, "%v", err)
+	}
+	var a struct {
+		Name    string  `json:"name"`
+		Content *string `json:"content"`
+	}
+	if e := decodeParams(args, &a); e != nil {
+		return nil, e
+	}
+	if put != (a.Content != nil) {
+		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `exchange put takes "name" and "content", get "name" alone`)
+	}
+	p := toolproto.ExchangeParams{Name: a.Name, CallID: callID, Session: session}
+	if a.Content != nil {
+		p.Content = *a.Content
+	}
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return nil, rpcErr(toolproto.CodeInternal, toolproto.TypeInternal, "%v", err)
+	}
+	o := who.origin(ctx)
+	var out any
+	var rerr *toolproto.Error
+	if put {
+		out, rerr = g.exchangePut(o, raw, g.sb.Load())
+	} else {
+		out, rerr = g.exchangeGet(o, raw, g.sb.Load())
+	}
+	if rerr != nil {
+		return nil, rerr
+	}
+	return out.(*toolproto.CallResult), nil
+}
+
+func (who Caller) origin(ctx context.Context) *origin {
+	return &origin{ctx: ctx, peer: credName(who.Cred), cred: who.Cred, proto: who.Protocol,
+		protoSession: who.Session, protoRequest: who.Request, elicit: who.Elicit}
 }
 
 // Record records an event of a sandbox's gateway that belongs to no call

@@ -347,9 +347,9 @@ func (g *sandboxGateway) dispatch(c *conn, req *toolproto.Request, sb *policy.Sa
 	case "session.resume":
 		return g.resume(req.Params)
 	case "exchange.put":
-		return g.exchangePut(c, req.Params, sb)
+		return g.exchangePut(&c.origin, req.Params, sb)
 	case "exchange.get":
-		return g.exchangeGet(c, req.Params, sb)
+		return g.exchangeGet(&c.origin, req.Params, sb)
 	}
 	return nil, rpcErr(toolproto.CodeMethodNotFound, toolproto.TypeMethodNotFound, "no method %q (tool.list, tool.request, session.resume, exchange.put, exchange.get)", req.Method)
 }

@@ -187,7 +187,14 @@ func (s *server) call(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallTo
 	if req.Params != nil {
 		args, name = req.Params.Arguments, req.Params.Name
 	}
-	res, rerr := s.m.Call(ctx, s.sandbox, who, toolproto.ToolParams{CallID: callID, Session: session, Tool: name, Arguments: args})
+	var res *toolproto.CallResult
+	var rerr *toolproto.Error
+	switch name {
+	case toolExchangePut, toolExchangeGet:
+		res, rerr = s.m.Exchange(ctx, s.sandbox, who, name == toolExchangePut, callID, session, args)
+	default:
+		res, rerr = s.m.Call(ctx, s.sandbox, who, toolproto.ToolParams{CallID: callID, Session: session, Tool: name, Arguments: args})
+	}
 	var out *mcp.CallToolResult
 	if rerr != nil {
 		sb, _ := s.m.Sandbox(s.sandbox)
