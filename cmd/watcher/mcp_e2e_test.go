@@ -94,8 +94,8 @@ func TestMCPServe(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	if strings.Join(names, ",") != "read_file,shell,write_file" {
-		t.Errorf("tools/list: %v, want read_file, shell, write_file (list_dir is denied by the policy)", names)
+	if strings.Join(names, ",") != "exchange_get,exchange_put,read_file,shell,write_file" {
+		t.Errorf("tools/list: %v, want read_file, shell, write_file and the exchange (list_dir is denied by the policy)", names)
 	}
 
 	wantText(t, "read_file README", mcpCall(t, cs, "read_file", map[string]any{"path": "README"}), false, "benign")
@@ -274,7 +274,7 @@ func TestMCPClientsSDKs(t *testing.T) {
 	tb, _, _ := gatewayTestbed(t)
 	os.WriteFile(filepath.Join(tb.ws, "README"), []byte("benign\n"), 0o644)
 	want := []string{
-		"tools: read_file,shell,write_file",
+		"tools: exchange_get,exchange_put,read_file,shell,write_file",
 		`read_file: isError=false "benign\n"`,
 		`read_file: isError=true "REFUSED: /etc/shadow: refused by the kernel: the path resolves outside the workspace (EXDEV)`,
 		`list_dir: isError=true "REFUSED: the policy denies tool \"list_dir\" (rule no-listing)`,
