@@ -47,8 +47,8 @@ const Path = "/mcp"
 // sessionTimeout ends an MCP session idle this long.
 const sessionTimeout = time.Hour
 
-// maxBody caps one HTTP request body; the gateway's own limits
-// (max_request_bytes, max_argument_bytes) then apply to the call.
+// maxBody caps one HTTP request body, below the sandbox's
+// max_request_bytes; max_argument_bytes then applies to the call.
 const maxBody = 16 << 20
 
 // Headers the handler sets on each request for the MCP layer (any a client
@@ -74,9 +74,15 @@ func Handler(m *gateway.Manager, sandbox, version string) http.Handler {
 			r.Header.Set(hdrCred, fmt.Sprintf("%d:%d:%d", c.Pid, c.Uid, c.Gid))
 		}
 		if r.Method == http.MethodPost && r.Body != nil {
-			body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-			if err != nil || len(body) > maxBody {
-				http.Error(w, fmt.Sprintf("request body over %d bytes", maxBody), http.StatusRequestEntityTooLarge)
+			// A message is capped like a frame of the gateway's own
+			// protocol (tools.max_request_bytes).
+			limit := maxBody
+			if sb, err := s.m.Sandbox(sandbox); err == nil && sb.Tools.MaxRequestBytes > 0 {
+				limit = min(limit, sb.Tools.MaxRequestBytes)
+			}
+			body, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+			if err != nil || len(body) > limit {
+				http.Error(w, fmt.Sprintf("request body over %d bytes (tools.max_request_bytes)", limit), http.StatusRequestEntityTooLarge)
 				return
 			}
 			var msg struct {

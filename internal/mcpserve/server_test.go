@@ -126,6 +126,21 @@ func TestDefaultPolicy(t *testing.T) {
 		t.Errorf("unknown tool: isError %v\n%s", isErr, text)
 	}
 
+	// Arguments over max_argument_bytes: a readable refusal naming the
+	// limit; a message over max_request_bytes is not read at all.
+	big := strings.Repeat("x", 300<<10)
+	text, isErr = call(t, cs, "write_file", map[string]any{"path": "big", "content": big})
+	if !isErr || !strings.Contains(text, "over the limit") || !strings.Contains(text, "max_argument_bytes") {
+		t.Errorf("300 KiB of arguments: isError %v\n%.300s", isErr, text)
+	}
+	huge := strings.Repeat("x", 2<<20)
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "write_file", Arguments: map[string]any{"path": "huge", "content": huge}}); err == nil {
+		t.Error("a 2 MiB message was read (over the default max_request_bytes of 1 MiB)")
+	}
+	if _, err := os.Stat(filepath.Join(ws, "big")); err == nil {
+		t.Error("the oversized write happened")
+	}
+
 	// The gateway's own protocol on the same socket.
 	c, err := toolclient.Dial(sock)
 	if err != nil {
@@ -145,8 +160,8 @@ func TestDefaultPolicy(t *testing.T) {
 			requests++
 		}
 	}
-	if inits != 1 || requests != 5 {
-		t.Errorf("records: %d initialize (want 1), %d MCP requests with session %s and a request id (want 5): %+v", inits, requests, cs.ID(), rec.tools())
+	if inits != 1 || requests != 6 {
+		t.Errorf("records: %d initialize (want 1), %d MCP requests with session %s and a request id (want 6): %+v", inits, requests, cs.ID(), rec.tools())
 	}
 }
 
