@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -249,4 +250,53 @@ sandboxes:
 	if n != 3 {
 		t.Errorf("%d exchange requests recorded over MCP, want 3 (the strict decoding refuses the fourth before)", n)
 	}
+}
+
+// BenchmarkReadFileMCP: one read_file call over MCP (Streamable HTTP on
+// the sandbox's socket, the Go SDK's client) against the same call over
+// the gateway's own protocol on the same socket, in the same run: both go
+// through the one decision path and record the same ledger events, so
+// "x-native" is what the MCP transport costs on top.
+//
+//	go test ./internal/mcpserve -run '^$' -bench ReadFileMCP -benchtime 2000x
+func BenchmarkReadFileMCP(b *testing.B) {
+	t := &testing.T{}
+	pol := policy.Default()
+	ws := b.TempDir()
+	pol.Sandboxes[0].Workspace = []string{ws}
+	pol.Sandboxes[0].Tools.Rate = 0
+	if err := os.WriteFile(filepath.Join(ws, "f"), []byte(strings.Repeat("func main() { fmt.Println(\"hello\") }\n", 4096/40)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cs, _, sock := serve(t, pol, pol.Sandboxes[0].Name, nil)
+	if t.Failed() {
+		b.Fatal("gateway did not start")
+	}
+	c, err := toolclient.Dial(sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "read_file", Arguments: map[string]any{"path": "f"}})
+		if err != nil || res.IsError {
+			b.Fatal(err, res)
+		}
+	}
+	viaMCP := time.Since(start) / time.Duration(b.N)
+	b.StopTimer()
+	c.Session = "bench-native"
+	start = time.Now()
+	for i := 0; i < b.N; i++ {
+		if _, err := c.ReadFile(ctx, "n"+strconv.Itoa(i), "f"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	native := time.Since(start) / time.Duration(b.N)
+	b.ReportMetric(float64(viaMCP.Microseconds()), "us/mcp-call")
+	b.ReportMetric(float64(native.Microseconds()), "us/native-call")
+	b.ReportMetric(float64(viaMCP)/float64(native), "x-native")
 }
