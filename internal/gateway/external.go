@@ -177,6 +177,18 @@ func (l *httpConns) hand(c net.Conn) bool {
 	}
 }
 
+// PolicyFollower is an HTTP handler told when its sandbox's policy was
+// reloaded (MCP tells its clients the tool list changed). It is called
+// with the manager locked: it must not call back into it.
+type PolicyFollower interface{ PolicyChanged(*policy.Sandbox) }
+
+func (g *sandboxGateway) httpHandler() http.Handler {
+	if g.http == nil {
+		return nil
+	}
+	return g.http.Handler
+}
+
 // HTTPHandler makes the handler of a sandbox's HTTP requests (nil: the
 // socket speaks the gateway's protocol only).
 type HTTPHandler func(sandbox string) http.Handler

@@ -109,6 +109,9 @@ func (m *Manager) Apply(pol *policy.Policy) error {
 		if g := m.gateways[sb.Name]; g != nil {
 			if g.sameSocket(&sb) {
 				g.setPolicy(pol, &sb)
+				if n, ok := g.httpHandler().(PolicyFollower); ok {
+					n.PolicyChanged(g.sb.Load())
+				}
 				continue
 			}
 			g.close()

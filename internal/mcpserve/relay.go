@@ -106,6 +106,8 @@ type relay struct {
 	mu      sync.Mutex
 	session string
 	version string
+	// stopListen ends the standalone event stream.
+	stopListen context.CancelFunc
 }
 
 type envelope struct {
@@ -150,6 +152,10 @@ func (r *relay) send(ctx context.Context, msg []byte, env envelope, streams *syn
 	}
 	if env.Method == "initialize" {
 		copyBody()
+		// The server's own messages (tools/list_changed after a policy
+		// reload) come on a stream of their own.
+		streams.Add(1)
+		go func() { defer streams.Done(); r.listen(ctx) }()
 		return
 	}
 	streams.Add(1)
@@ -242,8 +248,56 @@ func (r *relay) fail(id json.RawMessage, why string) {
 	r.write(b, envelope{})
 }
 
+// listen copies the session's standalone event stream (GET) to the client
+// until the relay ends, reconnecting after a pause when it breaks; a
+// server that offers none (405) is left alone.
+func (r *relay) listen(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	r.mu.Lock()
+	r.stopListen = cancel
+	r.mu.Unlock()
+	defer cancel()
+	for ctx.Err() == nil {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url, nil)
+		if err != nil {
+			return
+		}
+		req.Header.Set("Accept", "text/event-stream")
+		r.mu.Lock()
+		if r.session == "" {
+			r.mu.Unlock()
+			return
+		}
+		req.Header.Set("Mcp-Session-Id", r.session)
+		if r.version != "" {
+			req.Header.Set("Mcp-Protocol-Version", r.version)
+		}
+		r.mu.Unlock()
+		resp, err := r.client.Do(req)
+		if err == nil {
+			ok := resp.StatusCode == http.StatusOK && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+			if ok {
+				r.events(resp.Body, envelope{})
+			}
+			resp.Body.Close()
+			if !ok && resp.StatusCode >= 400 && resp.StatusCode < 500 {
+				return // no stream for this session (405), or the session is gone
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // end closes the HTTP session.
 func (r *relay) end() {
+	r.mu.Lock()
+	if r.stopListen != nil {
+		r.stopListen()
+	}
+	r.mu.Unlock()
 	r.mu.Lock()
 	s := r.session
 	r.mu.Unlock()

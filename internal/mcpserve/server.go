@@ -23,6 +23,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/pkg/toolproto"
 )
 
@@ -60,49 +62,68 @@ const (
 )
 
 // Handler serves MCP for one sandbox of m. version is watcher's, shown to
-// clients as the server's.
+// clients as the server's. It follows the sandbox's policy: after a reload
+// (gateway.PolicyFollower) its clients are told the tool list changed.
 func Handler(m *gateway.Manager, sandbox, version string) http.Handler {
 	s := &server{m: m, sandbox: sandbox, version: version}
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.newServer() }, &mcp.StreamableHTTPOptions{
+	s.srv = s.newServer()
+	s.h = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{
 		// A client that leaves without ending its session does not keep
 		// it (and its memory) for ever.
 		SessionTimeout: sessionTimeout})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Header.Del(hdrCred)
-		r.Header.Del(hdrRequest)
-		if c := gateway.RequestCred(r); c != nil {
-			r.Header.Set(hdrCred, fmt.Sprintf("%d:%d:%d", c.Pid, c.Uid, c.Gid))
+	return s
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The tools are registered at the first request: the handler is made
+	// while the manager starts the sandbox's gateway.
+	s.once.Do(func() {
+		if sb, err := s.m.Sandbox(s.sandbox); err == nil {
+			s.PolicyChanged(sb)
 		}
-		if r.Method == http.MethodPost && r.Body != nil {
-			// A message is capped like a frame of the gateway's own
-			// protocol (tools.max_request_bytes).
-			limit := maxBody
-			if sb, err := s.m.Sandbox(sandbox); err == nil && sb.Tools.MaxRequestBytes > 0 {
-				limit = min(limit, sb.Tools.MaxRequestBytes)
-			}
-			body, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
-			if err != nil || len(body) > limit {
-				http.Error(w, fmt.Sprintf("request body over %d bytes (tools.max_request_bytes)", limit), http.StatusRequestEntityTooLarge)
-				return
-			}
-			var msg struct {
-				ID json.RawMessage `json:"id"`
-			}
-			if json.Unmarshal(body, &msg) == nil && len(msg.ID) > 0 {
-				r.Header.Set(hdrRequest, string(msg.ID))
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-		}
-		h.ServeHTTP(w, r)
 	})
+	r.Header.Del(hdrCred)
+	r.Header.Del(hdrRequest)
+	if c := gateway.RequestCred(r); c != nil {
+		r.Header.Set(hdrCred, fmt.Sprintf("%d:%d:%d", c.Pid, c.Uid, c.Gid))
+	}
+	if r.Method == http.MethodPost && r.Body != nil {
+		// A message is capped like a frame of the gateway's own
+		// protocol (tools.max_request_bytes).
+		limit := maxBody
+		if sb, err := s.m.Sandbox(s.sandbox); err == nil && sb.Tools.MaxRequestBytes > 0 {
+			limit = min(limit, sb.Tools.MaxRequestBytes)
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+		if err != nil || len(body) > limit {
+			http.Error(w, fmt.Sprintf("request body over %d bytes (tools.max_request_bytes)", limit), http.StatusRequestEntityTooLarge)
+			return
+		}
+		var msg struct {
+			ID json.RawMessage `json:"id"`
+		}
+		if json.Unmarshal(body, &msg) == nil && len(msg.ID) > 0 {
+			r.Header.Set(hdrRequest, string(msg.ID))
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	s.h.ServeHTTP(w, r)
 }
 
 type server struct {
 	m       *gateway.Manager
 	sandbox string
 	version string
+	srv     *mcp.Server
+	h       http.Handler
 	// calls numbers the calls served, for their call ids.
 	calls atomic.Uint64
+	// mu guards shown: the tools registered with the SDK (names and
+	// their JSON), which mirror the policy so that a change notifies the
+	// clients.
+	mu    sync.Mutex
+	shown map[string]string
+	once  sync.Once
 }
 
 func (s *server) newServer() *mcp.Server {
@@ -111,18 +132,43 @@ func (s *server) newServer() *mcp.Server {
 			Instructions: "Tools of the watcher sandbox " + s.sandbox + ". Every call is decided by the sandbox's policy " +
 				"and recorded; a refused call returns isError with what was refused and the policy lines that would allow it.",
 			InitializedHandler: s.initialized,
-			Capabilities:       &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
+			Capabilities:       &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 		})
-	// The tools are registered for the SDK to announce the capability;
-	// tools/list and tools/call are answered by the middleware, from the
-	// sandbox's policy as it is at each request.
-	for _, t := range toolNames {
-		srv.AddTool(&mcp.Tool{Name: t, InputSchema: map[string]any{"type": "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	srv.AddReceivingMiddleware(s.middleware)
+	return srv
+}
+
+// PolicyChanged mirrors the policy's tools in the SDK's registry; the SDK
+// sends notifications/tools/list_changed to every session when they
+// change. tools/list and tools/call themselves are answered by the
+// middleware from the policy as it is at each request.
+func (s *server) PolicyChanged(sb *policy.Sandbox) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := map[string]string{}
+	var changed []*mcp.Tool
+	for _, t := range listTools(sb) {
+		b, _ := json.Marshal(t)
+		now[t.Name] = string(b)
+		if s.shown[t.Name] != string(b) {
+			changed = append(changed, t)
+		}
+	}
+	var gone []string
+	for name := range s.shown {
+		if _, ok := now[name]; !ok {
+			gone = append(gone, name)
+		}
+	}
+	s.shown = now
+	if len(gone) > 0 {
+		s.srv.RemoveTools(gone...)
+	}
+	for _, t := range changed {
+		s.srv.AddTool(t, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			return nil, fmt.Errorf("not reached: calls go through the gateway")
 		})
 	}
-	srv.AddReceivingMiddleware(s.middleware)
-	return srv
 }
 
 func (s *server) middleware(next mcp.MethodHandler) mcp.MethodHandler {

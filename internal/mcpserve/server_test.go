@@ -2,6 +2,8 @@ package mcpserve
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -299,4 +301,97 @@ func BenchmarkReadFileMCP(b *testing.B) {
 	b.ReportMetric(float64(viaMCP.Microseconds()), "us/mcp-call")
 	b.ReportMetric(float64(native.Microseconds()), "us/native-call")
 	b.ReportMetric(float64(viaMCP)/float64(native), "x-native")
+}
+
+// TestToolListChanged: after a policy reload the clients are told the
+// tool list changed (over the socket, and through the stdio relay's
+// standalone stream), and tools/list follows the new policy.
+func TestToolListChanged(t *testing.T) {
+	ws := t.TempDir()
+	policyWith := func(writeAction string) *policy.Policy {
+		pol, err := policy.Parse("t.yaml", []byte(`version: 1
+sandboxes:
+  - name: s
+    select: {cgroups: [/mcpserve-test]}
+    preset: restricted
+    workspace: [`+ws+`]
+    tools:
+      enabled: true
+      rules:
+        - {tool: write_file, action: `+writeAction+`}
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pol
+	}
+	rec := &events{}
+	dir := t.TempDir()
+	var m *gateway.Manager
+	m, err := gateway.Start(gateway.Config{SocketDir: dir, Emit: rec.emit,
+		HTTP: func(sb string) http.Handler { return Handler(m, sb, "test") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Apply(policyWith("allow")); err != nil {
+		t.Fatal(err)
+	}
+	sock := gateway.SocketPath(dir, "s")
+	changed := make(chan string, 4)
+	opts := func(name string) *mcp.ClientOptions {
+		return &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- name }}
+	}
+	ctx := context.Background()
+	direct, err := mcp.NewClient(&mcp.Implementation{Name: "direct"}, opts("direct")).
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: SocketURL, HTTPClient: SocketClient(sock)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+
+	// A stdio client through the relay `watcher mcp serve` runs.
+	cin, rin := io.Pipe()
+	rout, cout := io.Pipe()
+	rctx, stop := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- Relay(rctx, cin, cout, SocketClient(sock), SocketURL) }()
+	relayed, err := mcp.NewClient(&mcp.Implementation{Name: "relayed"}, opts("relayed")).
+		Connect(ctx, &mcp.IOTransport{Reader: rout, Writer: rin}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(cs *mcp.ClientSession, tool string) bool {
+		l, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(l.Tools, func(x *mcp.Tool) bool { return x.Name == tool })
+	}
+	if !has(direct, "write_file") || !has(relayed, "write_file") {
+		t.Fatal("write_file not listed under a policy that allows it")
+	}
+	time.Sleep(200 * time.Millisecond) // the relay's standalone stream connects
+
+	if err := m.Apply(policyWith("deny")); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for timeout := time.After(5 * time.Second); !got["direct"] || !got["relayed"]; {
+		select {
+		case n := <-changed:
+			got[n] = true
+		case <-timeout:
+			t.Fatalf("tools/list_changed after the reload reached %v, want direct and relayed", got)
+		}
+	}
+	if has(direct, "write_file") || has(relayed, "write_file") {
+		t.Error("write_file still listed after the policy denies it")
+	}
+	relayed.Close()
+	cin.Close()
+	stop()
+	if err := <-relayDone; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("relay: %v", err)
+	}
 }
