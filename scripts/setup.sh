@@ -42,3 +42,24 @@ fi
 echo "== go mod download"
 go mod download
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+
+# MCP: the official Python (mcp on PyPI) and TypeScript
+# (@modelcontextprotocol/sdk) SDK clients the MCP tests run against
+# `watcher mcp serve`, and the MCP conformance suite. Under
+# $WATCHER_MCP_CACHE (default /var/cache/watcher-test/mcp): py/ is a venv,
+# node/ a node_modules prefix. Tests skip, naming the package, without them.
+# The conformance suite is pinned: 0.1.13 and later need Node 22 (fs.globSync)
+# and Debian 12 has Node 18/20.
+mcp_cache=${WATCHER_MCP_CACHE:-/var/cache/watcher-test/mcp}
+mkdir -p "$mcp_cache/node"
+if [ ! -x "$mcp_cache/py/bin/python" ] || ! "$mcp_cache/py/bin/python" -c 'import mcp' 2>/dev/null; then
+	echo "== pip install mcp (venv $mcp_cache/py)"
+	python3 -m venv "$mcp_cache/py"
+	"$mcp_cache/py/bin/pip" install -q --retries 1 --timeout 20 mcp || echo "== pip install mcp failed: the Python MCP client test will skip"
+fi
+if [ ! -d "$mcp_cache/node/node_modules/@modelcontextprotocol/sdk" ] ||
+	! grep -q '"version": "0.1.12"' "$mcp_cache/node/node_modules/@modelcontextprotocol/conformance/package.json" 2>/dev/null; then
+	echo "== npm install @modelcontextprotocol/sdk @modelcontextprotocol/conformance@0.1.12 ($mcp_cache/node)"
+	npm install --silent --no-audit --no-fund --prefix "$mcp_cache/node" @modelcontextprotocol/sdk @modelcontextprotocol/conformance@0.1.12 ||
+		echo "== npm install failed: the TypeScript MCP client test and the conformance run will skip"
+fi

@@ -59,5 +59,8 @@ func toolText(t *audit.ToolDetail, q func(string) string) string {
 	if t.SHA256 != "" {
 		fmt.Fprintf(&b, " sha256=%s", q(t.SHA256))
 	}
+	if t.Protocol != "" {
+		fmt.Fprintf(&b, " via=%s %s_session=%s %s_request=%s", q(t.Protocol), q(t.Protocol), q(t.ProtocolSession), q(t.Protocol), q(t.ProtocolRequest))
+	}
 	return b.String()
 }

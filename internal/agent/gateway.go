@@ -2,11 +2,13 @@ package agent
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/gateway"
+	"github.com/watcherhq/watcher/internal/mcpserve"
 )
 
 // startGateway serves the tool-call gateway of every sandbox whose policy
@@ -18,11 +20,16 @@ func (a *Agent) startGateway() error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	dir := a.pol.Agent.SocketDir
-	gw, err := gateway.Start(gateway.Config{SocketDir: dir, ExecPath: exe,
+	var gw *gateway.Manager
+	gw, err = gateway.Start(gateway.Config{SocketDir: dir, ExecPath: exe,
 		ControlSocket: filepath.Join(dir, "control.sock"), Emit: a.emit,
 		// Under the socket directory: root-only, covered by the agent-files
 		// rules, kept across agent restarts (not reboots).
-		StateDir: filepath.Join(dir, "gateway-state")})
+		StateDir: filepath.Join(dir, "gateway-state"),
+		// The sockets also serve MCP (Streamable HTTP): the same calls
+		// through the same decision path. gw is set before Apply starts
+		// any sandbox's socket.
+		HTTP: func(sandbox string) http.Handler { return mcpserve.Handler(gw, sandbox, Version) }})
 	if err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}

@@ -114,7 +114,10 @@ func refusalOf(p *policy.Policy, sb *policy.Sandbox, files []policy.FileRule, e 
 		if write {
 			r.Operation = "write"
 		}
-		exec := e.Syscall != nil && (e.Syscall.Name == "execve" || e.Syscall.Name == "execveat")
+		// An exec seen by the kernel hooks' path check says op=exec (the
+		// record of an execve the launcher refused names the syscall).
+		exec := e.Syscall != nil && (e.Syscall.Name == "execve" || e.Syscall.Name == "execveat") ||
+			strings.Contains(" "+e.Message+" ", " op=exec ")
 		if exec {
 			r.Operation = "exec"
 		} else if e.Syscall != nil && write && !strings.HasPrefix(e.Syscall.Name, "open") && e.Syscall.Name != "creat" && e.Syscall.Name != "" {

@@ -295,6 +295,12 @@ type ToolDetail struct {
 	// SHA256 is the hash of the content written or read, hex; in a
 	// request record, of the exact argument bytes.
 	SHA256 string `json:"sha256,omitempty"`
+	// Protocol is "mcp" for a call that came over the Model Context
+	// Protocol (empty: the gateway's own); ProtocolSession is then the MCP
+	// session id and ProtocolRequest the JSON-RPC id of the tools/call.
+	Protocol        string `json:"protocol,omitempty"`
+	ProtocolSession string `json:"protocol_session,omitempty"`
+	ProtocolRequest string `json:"protocol_request,omitempty"`
 }
 
 // SampleSummary says how many routine events were seen and kept per sandbox

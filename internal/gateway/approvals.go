@@ -51,9 +51,10 @@ type approvals struct {
 
 func newApprovals() *approvals { return &approvals{pending: map[string]*waiter{}} }
 
-// wait registers p and blocks until an answer, the timeout (denied) or the
+// wait registers p and blocks until an answer (from an approver, or on
+// client when not nil: the caller's own user), the timeout (denied) or the
 // end of ctx (the client left: denied).
-func (a *approvals) wait(ctx context.Context, p Pending, timeout time.Duration) toolproto.Answer {
+func (a *approvals) wait(ctx context.Context, p Pending, timeout time.Duration, client <-chan toolproto.Answer) toolproto.Answer {
 	p.ID = p.Sandbox + "/" + p.CallID
 	p.Since = now()
 	p.Deadline = p.Since.Add(timeout)
@@ -70,6 +71,7 @@ func (a *approvals) wait(ctx context.Context, p Pending, timeout time.Duration) 
 	var ans toolproto.Answer
 	select {
 	case ans = <-w.ch:
+	case ans = <-client:
 	case <-t.C:
 		ans = toolproto.Answer{TimedOut: true, By: "timeout"}
 	case <-ctx.Done():

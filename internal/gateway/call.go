@@ -49,6 +49,7 @@ type call struct {
 	g    *sandboxGateway
 	sb   *policy.Sandbox
 	act  *sessionCall
+	o    *origin
 	peer string
 	cred *unix.Ucred // the caller's, from the kernel
 	// args are the call's arguments, the exact bytes that are recorded,
@@ -57,13 +58,20 @@ type call struct {
 	argsSum string
 }
 
-func (g *sandboxGateway) toolRequest(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
+func (g *sandboxGateway) toolRequest(c *origin, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
 	var p toolproto.ToolParams
 	// The arguments are checked by run, so that their refusal is recorded
 	// as the call's; the rest of the params here.
 	if e := decodeParamsSkipping(raw, &p, "arguments"); e != nil {
 		return nil, e
 	}
+	return g.request(c, p, sb)
+}
+
+// request is the decision path of every tool call, whichever protocol
+// carries it (tool.request here, tools/call over MCP): the policy's rule
+// for the tool, approval, then the tool.
+func (g *sandboxGateway) request(c *origin, p toolproto.ToolParams, sb *policy.Sandbox) (any, *toolproto.Error) {
 	if p.Tool == "" {
 		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"tool" is required`)
 	}
@@ -95,7 +103,7 @@ func (g *sandboxGateway) toolRequest(c *conn, raw json.RawMessage, sb *policy.Sa
 
 // run wraps a call: checks ids, limits and duplicates, records the
 // request, runs body and records the result.
-func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolproto.ToolParams, body func(*call) (any, *toolproto.Error)) (any, *toolproto.Error) {
+func (g *sandboxGateway) run(c *origin, sb *policy.Sandbox, p toolproto.ToolParams, body func(*call) (any, *toolproto.Error)) (any, *toolproto.Error) {
 	if !idPattern.MatchString(p.CallID) {
 		return nil, rpcErr(toolproto.CodeInvalidParams, toolproto.TypeInvalidParams, `"call_id" must be 1-64 of letters, digits, '_', '.', '-' (starting with a letter, digit or '_')`)
 	}
@@ -124,7 +132,7 @@ func (g *sandboxGateway) run(c *conn, sb *policy.Sandbox, p toolproto.ToolParams
 		e.Data.CallID = p.CallID
 		return nil, e
 	}
-	cl := &call{g: g, sb: sb, act: act, peer: c.peer, cred: c.cred, args: p.Arguments, argsSum: argsSHA256(p.Arguments)}
+	cl := &call{g: g, sb: sb, act: act, o: c, peer: c.peer, cred: c.cred, args: p.Arguments, argsSum: argsSHA256(p.Arguments)}
 	cl.emit("request", "", c.peer, "", "", "", audit.VerdictRecorded)
 	var out any
 	var rerr *toolproto.Error
@@ -174,7 +182,8 @@ func (cl *call) emit(stage, decision, by, reason, result, sha string, v audit.Ve
 		Rule:    a.Rule,
 		Sandbox: audit.Sandbox{Name: cl.sb.Name, Labels: map[string]string{"label": a.CallID, "session": a.session}},
 		Tool: &audit.ToolDetail{CallID: a.CallID, Session: a.session, Seq: a.Seq, Tool: a.Tool, Stage: stage,
-			Decision: decision, By: by, Reason: reason, Result: result, SHA256: sha}}
+			Decision: decision, By: by, Reason: reason, Result: result, SHA256: sha,
+			Protocol: cl.o.proto, ProtocolSession: cl.o.protoSession, ProtocolRequest: cl.o.protoRequest}}
 	if stage == "request" {
 		// The exact arguments and their SHA-256 (cut only past
 		// maxRecordedArgs, which the reason then says).
@@ -211,9 +220,26 @@ func (cl *call) ask(ctx context.Context, rule, why string) *toolproto.Error {
 	cl.act.setDecision("ask", rule)
 	cl.emit("decision", "ask", "policy", why, "", "", audit.VerdictRecorded)
 	timeout := cl.sb.Tools.AskTimeout.Duration
-	ans := cl.g.m.approvals.wait(ctx, Pending{Sandbox: cl.sb.Name, Session: cl.act.session, CallID: cl.act.CallID,
+	pend := Pending{Sandbox: cl.sb.Name, Session: cl.act.session, CallID: cl.act.CallID,
 		Tool: cl.act.Tool, Arguments: string(cl.args), ArgumentsBytes: len(cl.args), ArgumentsSHA256: cl.argsSum,
-		Rule: rule, Why: why, Peer: cl.peer}, timeout)
+		Rule: rule, Why: why, Peer: cl.peer}
+	var client <-chan toolproto.Answer
+	if cl.o.elicit != nil {
+		// The client's user is asked too; `watcher approve` still
+		// answers (a client whose user never looks must not hold the call
+		// past the timeout, nor keep the operator from deciding).
+		ch := make(chan toolproto.Answer, 1)
+		ectx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		go func() {
+			ans, err := cl.o.elicit(ectx, pend)
+			if err == nil {
+				ch <- ans
+			}
+		}()
+		client = ch
+	}
+	ans := cl.g.m.approvals.wait(ctx, pend, timeout, client)
 	cl.act.setApproval(ans)
 	switch {
 	case ans.Approved:

@@ -26,7 +26,7 @@ func autoID(p *toolproto.ExchangeParams) {
 	}
 }
 
-func (g *sandboxGateway) exchangePut(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
+func (g *sandboxGateway) exchangePut(c *origin, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
 	var p toolproto.ExchangeParams
 	if e := decodeParams(raw, &p); e != nil {
 		return nil, e
@@ -71,7 +71,7 @@ func (g *sandboxGateway) exchangePut(c *conn, raw json.RawMessage, sb *policy.Sa
 	})
 }
 
-func (g *sandboxGateway) exchangeGet(c *conn, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
+func (g *sandboxGateway) exchangeGet(c *origin, raw json.RawMessage, sb *policy.Sandbox) (any, *toolproto.Error) {
 	var p toolproto.ExchangeParams
 	if e := decodeParams(raw, &p); e != nil {
 		return nil, e

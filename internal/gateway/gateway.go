@@ -55,6 +55,10 @@ type Config struct {
 	StateDir string
 	// Emit records an event (the agent's fan-out to ledger and tail).
 	Emit func(audit.Event)
+	// HTTP, when set, serves the HTTP requests that come on a sandbox's
+	// socket (MCP's Streamable HTTP, internal/mcpserve); the socket tells
+	// them from the gateway's own protocol by their first byte.
+	HTTP HTTPHandler
 }
 
 // Manager runs one gateway per sandbox whose policy enables it, and the
@@ -105,6 +109,9 @@ func (m *Manager) Apply(pol *policy.Policy) error {
 		if g := m.gateways[sb.Name]; g != nil {
 			if g.sameSocket(&sb) {
 				g.setPolicy(pol, &sb)
+				if n, ok := g.httpHandler().(PolicyFollower); ok {
+					n.PolicyChanged(g.sb.Load())
+				}
 				continue
 			}
 			g.close()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -44,6 +45,10 @@ type sandboxGateway struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
+	// http serves the socket's connections that speak HTTP (MCP), when
+	// the manager has an HTTP handler.
+	http      *http.Server
+	httpConns *httpConns
 }
 
 func (m *Manager) startSandbox(pol *policy.Policy, sb *policy.Sandbox) (*sandboxGateway, error) {
@@ -94,6 +99,18 @@ func (m *Manager) startSandbox(pol *policy.Policy, sb *policy.Sandbox) (*sandbox
 	g.fold = &rateFold{g: g}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.setPolicy(pol, sb)
+	if m.cfg.HTTP != nil {
+		g.httpConns = newHTTPConns(ln.Addr())
+		g.http = &http.Server{Handler: m.cfg.HTTP(sb.Name), ReadHeaderTimeout: writeTimeout,
+			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+				if bc, ok := c.(*bufConn); ok {
+					ctx = context.WithValue(ctx, credKey{}, peerCred(bc.Conn))
+				}
+				return ctx
+			}}
+		g.wg.Add(1)
+		go func() { defer g.wg.Done(); g.http.Serve(g.httpConns) }()
+	}
 	g.wg.Add(1)
 	go func() { defer g.wg.Done(); g.accept() }()
 	return g, nil
@@ -104,6 +121,14 @@ func (g *sandboxGateway) setPolicy(pol *policy.Policy, sb *policy.Sandbox) {
 	g.fileRules.Store(&rules)
 	if d := sb.Tools.Exchange.Dir; d != "" {
 		os.MkdirAll(d, 0o755) // an error shows at the first exchange call
+	}
+	// A workspace that does not exist yet (the default policy's, on a new
+	// host) is made, so the file tools have somewhere to work; an error
+	// shows at the first call.
+	for _, w := range sb.Workspace {
+		if _, err := os.Lstat(w); errors.Is(err, os.ErrNotExist) {
+			os.MkdirAll(w, 0o755)
+		}
 	}
 	g.sb.Store(withDefaults(sb))
 	g.limiter.set(sb.Tools.Rate, sb.Tools.Burst)
@@ -116,6 +141,10 @@ func (g *sandboxGateway) sameSocket(sb *policy.Sandbox) bool {
 func (g *sandboxGateway) close() {
 	g.cancel()
 	g.ln.Close()
+	if g.http != nil {
+		g.httpConns.Close()
+		g.http.Close()
+	}
 	g.mu.Lock()
 	for c := range g.conns {
 		c.Close()
@@ -154,12 +183,27 @@ func (g *sandboxGateway) accept() {
 
 // conn is one client connection.
 type conn struct {
+	origin
 	c        net.Conn
 	wmu      sync.Mutex
 	inflight atomic.Int32
-	ctx      context.Context
-	peer     string
-	cred     *unix.Ucred
+}
+
+// origin is where a call comes from: the connection's context and the
+// kernel's credentials of its process, and for a call over MCP the
+// protocol's session and request id and a way to ask the client's user.
+type origin struct {
+	ctx  context.Context
+	peer string
+	cred *unix.Ucred
+	// proto is "mcp" for calls over MCP ("" for the gateway's own
+	// protocol); protoSession and protoRequest are MCP's session and
+	// JSON-RPC request id, recorded with each step of the call.
+	proto, protoSession, protoRequest string
+	// elicit, when set, asks the client's user about a call the policy
+	// holds for approval (MCP elicitation); its answer and `watcher
+	// approve` race, the first decides.
+	elicit func(context.Context, Pending) (toolproto.Answer, error)
 }
 
 func (c *conn) reply(id json.RawMessage, result any, rerr *toolproto.Error) {
@@ -197,12 +241,36 @@ func writeFrame(w io.Writer, resp *toolproto.Response) error {
 // this one) is closed, since the stream can no longer be trusted to be in
 // step.
 func (g *sandboxGateway) serveConn(nc net.Conn) {
-	defer nc.Close()
+	defer func() {
+		if nc != nil {
+			nc.Close()
+		}
+	}()
 	ctx, cancel := context.WithCancel(g.ctx)
 	defer cancel()
 	cred := peerCred(nc)
-	c := &conn{c: nc, ctx: ctx, peer: credName(cred), cred: cred}
+	c := &conn{c: nc, origin: origin{ctx: ctx, peer: credName(cred), cred: cred}}
 	r := bufio.NewReaderSize(nc, 64<<10)
+	if g.http != nil {
+		// A request line (POST /mcp HTTP/1.1) starts with a capital
+		// letter, a frame of the gateway's protocol with '{'.
+		b, err := r.Peek(1)
+		if err != nil {
+			return
+		}
+		if b[0] >= 'A' && b[0] <= 'Z' {
+			bc := &bufConn{Conn: nc, r: r, done: make(chan struct{})}
+			if g.httpConns.hand(bc) {
+				nc = nil // the http.Server closes it
+				// It counts against maxConns until then.
+				select {
+				case <-bc.done:
+				case <-g.ctx.Done():
+				}
+			}
+			return
+		}
+	}
 	// Calls in flight finish when the client leaves (an agent that crashed
 	// reads their results with session.resume); the connection counts
 	// against maxConns until they do.
@@ -245,18 +313,43 @@ func (g *sandboxGateway) serveConn(nc net.Conn) {
 	}
 }
 
+// bufConn is a connection whose first bytes were read ahead into r; done
+// is closed when it is closed.
+type bufConn struct {
+	net.Conn
+	r    *bufio.Reader
+	once sync.Once
+	done chan struct{}
+}
+
+func (c *bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *bufConn) Close() error {
+	c.once.Do(func() { close(c.done) })
+	return c.Conn.Close()
+}
+
+type credKey struct{}
+
+// RequestCred is the credentials of the process that sent an HTTP request
+// on a sandbox socket, from the kernel (nil when unknown).
+func RequestCred(r *http.Request) *unix.Ucred {
+	c, _ := r.Context().Value(credKey{}).(*unix.Ucred)
+	return c
+}
+
 func (g *sandboxGateway) dispatch(c *conn, req *toolproto.Request, sb *policy.Sandbox) (any, *toolproto.Error) {
 	switch req.Method {
 	case "tool.list":
 		return g.toolList(sb), nil
 	case "tool.request":
-		return g.toolRequest(c, req.Params, sb)
+		return g.toolRequest(&c.origin, req.Params, sb)
 	case "session.resume":
 		return g.resume(req.Params)
 	case "exchange.put":
-		return g.exchangePut(c, req.Params, sb)
+		return g.exchangePut(&c.origin, req.Params, sb)
 	case "exchange.get":
-		return g.exchangeGet(c, req.Params, sb)
+		return g.exchangeGet(&c.origin, req.Params, sb)
 	}
 	return nil, rpcErr(toolproto.CodeMethodNotFound, toolproto.TypeMethodNotFound, "no method %q (tool.list, tool.request, session.resume, exchange.put, exchange.get)", req.Method)
 }

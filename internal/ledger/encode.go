@@ -489,6 +489,9 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 		b = strField(b, "arguments", t.Arguments, true)
 		b = strField(b, "result", t.Result, true)
 		b = strField(b, "sha256", t.SHA256, true)
+		b = strField(b, "protocol", t.Protocol, true)
+		b = strField(b, "protocol_session", t.ProtocolSession, true)
+		b = strField(b, "protocol_request", t.ProtocolRequest, true)
 		b = closeObject(b, n)
 	}
 	if p := e.Posture; p != nil {

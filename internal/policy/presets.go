@@ -178,3 +178,6 @@ func Default() *Policy {
 	p.Source = ""
 	return p
 }
+
+// DefaultYAML is the built-in default policy as written.
+func DefaultYAML() []byte { return slices.Clone(defaultPolicy) }
