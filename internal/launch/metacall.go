@@ -25,6 +25,7 @@ const (
 	metaSetxattr
 	metaRemovexattr
 	metaUtimes
+	metaNotify // inotify_add_watch
 )
 
 // metaCall is one decoded call, its target opened with O_PATH.
@@ -40,6 +41,9 @@ type metaCall struct {
 	value    []byte
 	flags    int
 	times    *[2]unix.Timespec // nil: now
+	notifyFd int               // inotify_add_watch: the caller's inotify descriptor
+	mask     uint32            // and its mask
+	result   int64             // what the call returns when performed (a watch descriptor)
 }
 
 func (c *metaCall) close() { unix.Close(c.fd) }
@@ -138,6 +142,9 @@ func (s *metaSupervisor) decode(req *seccompNotif, name string) (*metaCall, erro
 			}
 			c.times = &ts
 		}
+	case "inotify_add_watch":
+		c.kind, c.notifyFd, c.mask = metaNotify, int(int32(a[0])), uint32(a[2])
+		t = target{dirfd: unix.AT_FDCWD, pathPtr: a[1], nofollow: c.mask&unix.IN_DONT_FOLLOW != 0}
 	default:
 		// setxattrat and removexattrat (6.13): callers fall back to the
 		// older calls on ENOSYS.
@@ -247,10 +254,11 @@ func (c *metaCall) open(tid int, t target) error {
 
 // Capabilities the checks below need (linux/capability.h).
 const (
-	capChown       = 0
-	capDACOverride = 1
-	capFowner      = 3
-	capFsetid      = 4
+	capChown         = 0
+	capDACOverride   = 1
+	capDACReadSearch = 2
+	capFowner        = 3
+	capFsetid        = 4
 )
 
 // perform makes the change on c.fd, after the checks the kernel would
@@ -321,8 +329,50 @@ func (c *metaCall) perform() error {
 			ts = []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
 		}
 		return unix.UtimesNanoAt(c.fd, "", ts, unix.AT_EMPTY_PATH)
+	case metaNotify:
+		return c.addWatch()
 	}
 	return unix.ENOSYS
+}
+
+// addWatch adds the watch to the caller's own inotify instance (a copy of
+// its descriptor, pidfd_getfd) on the file resolved and judged, not on
+// the path in the caller's memory, which another thread could change.
+func (c *metaCall) addWatch() error {
+	pidfd, err := unix.PidfdOpen(c.who.tgid, 0)
+	if err != nil {
+		return unix.ESRCH
+	}
+	defer unix.Close(pidfd)
+	ifd, err := unix.PidfdGetfd(pidfd, c.notifyFd, 0)
+	if err != nil {
+		return unix.EBADF
+	}
+	defer unix.Close(ifd)
+	// Read access, as the kernel asks of the caller (the supervisor holds
+	// more): the file must be readable by it.
+	if !c.who.has(capDACOverride) && !c.who.has(capDACReadSearch) && !c.readableBy() {
+		return unix.EACCES
+	}
+	// The descriptor is the file already resolved (no-follow honoured):
+	// the magic link is followed to it whatever the mask says.
+	wd, err := unix.InotifyAddWatch(ifd, "/proc/self/fd/"+strconv.Itoa(c.fd), c.mask&^unix.IN_DONT_FOLLOW)
+	if err != nil {
+		return err
+	}
+	c.result = int64(wd)
+	return nil
+}
+
+// readableBy reports whether the mode bits let the caller read the file.
+func (c *metaCall) readableBy() bool {
+	switch {
+	case c.who.fsuid == c.st.Uid:
+		return c.st.Mode&0o400 != 0
+	case c.who.inGroup(c.st.Gid):
+		return c.st.Mode&0o040 != 0
+	}
+	return c.st.Mode&0o004 != 0
 }
 
 // writableBy reports whether the mode bits let the caller write the file.

@@ -31,6 +31,11 @@ var metaSyscalls = []string{
 	"setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
 	"setxattrat", "removexattrat",
 	"utime", "utimes", "utimensat", "futimesat",
+	// A file-notification mark tells when a file is opened, read or
+	// written and the names made in a directory: the sandbox's own
+	// subtree only (the writable paths). fanotify needs CAP_SYS_ADMIN,
+	// which commands do not hold.
+	"inotify_add_watch",
 }
 
 // metaNR maps this ABI's numbers of metaSyscalls to their names.

@@ -75,6 +75,23 @@ for i in range(300):
         ok += 1
 stop = True; th.join()
 print("race-done=ok")
+# File-notification marks: in the workspace (a file watcher) the watch is
+# added to the caller's own instance and its events arrive; outside,
+# refused.
+libc.inotify_init1.restype = ctypes.c_int
+ifd = libc.inotify_init1(0)
+def watch(p, mask=0x100):  # IN_CREATE
+    wd = libc.inotify_add_watch(ifd, p.encode(), mask)
+    if wd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_add_watch")
+    return wd
+t("out-inotify", lambda: watch(OUT))
+t("out-inotify-link", lambda: watch(WS + "/link", 0x2))
+wd = watch(WS)
+print("ws-inotify=ok")
+open(WS + "/created", "w").close()
+ev = os.read(ifd, 4096)
+print("ws-inotify-event=" + ("ok" if b"created" in ev and int.from_bytes(ev[0:4], "little") == wd else repr(ev)))
 `
 
 func TestMetadataSupervised(t *testing.T) {
@@ -133,6 +150,7 @@ func TestMetadataSupervised(t *testing.T) {
 		"ws-chmod":         "ok", "ws-chown": "ok", "ws-setxattr": "ok", "ws-getxattr": "v1", "ws-removexattr": "ok",
 		"ws-security-xattr": "EPERM", "ws-utime": "ok", "ws-relative-chmod": "ok", "ws-lchown-link": "ok",
 		"ws-fchmod": "ok", "race-done": "ok", "ws-acl": "ok", "out-acl": "EPERM",
+		"out-inotify": "EPERM", "out-inotify-link": "EPERM", "ws-inotify": "ok", "ws-inotify-event": "ok",
 	}
 	for k, w := range want {
 		if got[k] != w {

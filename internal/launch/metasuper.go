@@ -191,7 +191,11 @@ func (s *metaSupervisor) handle(req *seccompNotif) (int64, unix.Errno) {
 	s.handled++
 	s.mu.Unlock()
 	if !s.writable(c.path) {
-		s.refuse(req.PID, name, c.path, "not writable under the policy (outside the writable paths)")
+		reason := "not writable under the policy (outside the writable paths)"
+		if c.kind == metaNotify {
+			reason = "a file-notification mark outside the sandbox's writable paths"
+		}
+		s.refuse(req.PID, name, c.path, reason)
 		return -1, unix.EPERM
 	}
 	if err := c.perform(); err != nil {
@@ -204,7 +208,7 @@ func (s *metaSupervisor) handle(req *seccompNotif) (int64, unix.Errno) {
 		}
 		return -1, unix.EPERM
 	}
-	return 0, 0
+	return c.result, 0
 }
 
 func (s *metaSupervisor) refuse(tid uint32, name, path, reason string) {
@@ -221,7 +225,7 @@ func (s *metaSupervisor) refuse(tid uint32, name, path, reason string) {
 
 // caller is what the supervisor knows of the calling thread.
 type caller struct {
-	tid           int
+	tid, tgid     int
 	fsuid, fsgid  uint32
 	capEff        uint64
 	supplementary []uint32
@@ -252,6 +256,10 @@ func readCaller(tid int) (caller, error) {
 		k, v, _ := strings.Cut(line, ":")
 		f := strings.Fields(v)
 		switch k {
+		case "Tgid":
+			if len(f) == 1 {
+				c.tgid, _ = strconv.Atoi(f[0])
+			}
 		case "Uid":
 			if len(f) == 4 {
 				n, _ := strconv.ParseUint(f[3], 10, 32)

@@ -42,7 +42,7 @@ func (c *compiler) launch(sb *policy.Sandbox) {
 		res.Files = files
 		notes = append(notes, why)
 		if files != nil {
-			notes = append(notes, "chmod, chown, user xattrs and times outside the writable paths refused before they happen "+
+			notes = append(notes, "chmod, chown, user xattrs, times and inotify marks outside the writable paths refused before they happen "+
 				"(seccomp user notification: the launcher decides on the file the kernel resolves and makes allowed changes itself)")
 		}
 		var conflicts []string
