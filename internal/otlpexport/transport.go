@@ -1,0 +1,155 @@
+package otlpexport
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// transport sends one request and returns how many records the Collector
+// rejected (OTLP partial success).
+type transport interface {
+	export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (rejected uint64, err error)
+	close() error
+}
+
+// permanentError is a refusal that retrying cannot change (a malformed
+// request, an unknown endpoint); the batch is counted as rejected.
+type permanentError struct{ err error }
+
+func (p *permanentError) Error() string { return p.err.Error() }
+func (p *permanentError) Unwrap() error { return p.err }
+
+func newTransport(c *Config) (transport, error) {
+	if c.Protocol == ProtocolHTTP {
+		return newHTTP(c)
+	}
+	return newGRPC(c)
+}
+
+// send exports one batch with the request timeout.
+func (e *Exporter) send(ctx context.Context, batch []*item) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	return e.tr.export(ctx, e.request(batch))
+}
+
+type grpcTransport struct {
+	conn   *grpc.ClientConn
+	client collogs.LogsServiceClient
+	md     metadata.MD
+}
+
+func newGRPC(c *Config) (transport, error) {
+	creds := insecure.NewCredentials()
+	if !c.Insecure {
+		tc, err := c.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(c.Endpoint, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("export %s: %w", c.Name, err)
+	}
+	md := metadata.MD{}
+	for k, v := range c.Headers {
+		md.Append(strings.ToLower(k), v)
+	}
+	return &grpcTransport{conn: conn, client: collogs.NewLogsServiceClient(conn), md: md}, nil
+}
+
+func (g *grpcTransport) export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (uint64, error) {
+	if len(g.md) > 0 {
+		ctx = metadata.NewOutgoingContext(ctx, g.md)
+	}
+	resp, err := g.client.Export(ctx, req)
+	if err != nil {
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
+			return 0, &permanentError{fmt.Errorf("otlp grpc export: %w", err)}
+		}
+		return 0, fmt.Errorf("otlp grpc export: %w", err)
+	}
+	if ps := resp.GetPartialSuccess(); ps != nil {
+		return uint64(ps.GetRejectedLogRecords()), nil
+	}
+	return 0, nil
+}
+
+func (g *grpcTransport) close() error { return g.conn.Close() }
+
+type httpTransport struct {
+	url     string
+	client  *http.Client
+	headers map[string]string
+}
+
+func newHTTP(c *Config) (transport, error) {
+	u, err := url.Parse(c.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("export %s: endpoint: %w", c.Name, err)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = "/v1/logs"
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if u.Scheme == "https" {
+		tc, err := c.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		tr.TLSClientConfig = tc
+	}
+	return &httpTransport{url: u.String(), client: &http.Client{Transport: tr}, headers: c.Headers}, nil
+}
+
+func (h *httpTransport) export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (uint64, error) {
+	body, err := proto.Marshal(req)
+	if err != nil {
+		return 0, &permanentError{fmt.Errorf("otlp http export: encode: %w", err)}
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, &permanentError{fmt.Errorf("otlp http export: %w", err)}
+	}
+	r.Header.Set("Content-Type", "application/x-protobuf")
+	for k, v := range h.headers {
+		r.Header.Set(k, v)
+	}
+	resp, err := h.client.Do(r)
+	if err != nil {
+		return 0, fmt.Errorf("otlp http export: %w", err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		var out collogs.ExportLogsServiceResponse
+		if proto.Unmarshal(data, &out) == nil && out.GetPartialSuccess() != nil {
+			return uint64(out.GetPartialSuccess().GetRejectedLogRecords()), nil
+		}
+		return 0, nil
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusBadGateway ||
+		resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGatewayTimeout:
+		return 0, fmt.Errorf("otlp http export: %s", resp.Status)
+	default:
+		return 0, &permanentError{fmt.Errorf("otlp http export: %s", resp.Status)}
+	}
+}
+
+func (h *httpTransport) close() error { h.client.CloseIdleConnections(); return nil }
