@@ -16,6 +16,11 @@ import (
 // and loss records); they bypass filters and rate limits.
 const mechanism = "export"
 
+// ownReserve is room past the buffer for the exporter's own records
+// (loss, throttle): the record saying that records were dropped must not
+// be dropped for the same reason.
+const ownReserve = 64
+
 // Gap reasons: why records of the ledger are not in the export.
 const (
 	ReasonFiltered  = "filtered"      // the exporter's filter left them out
@@ -87,6 +92,9 @@ type Exporter struct {
 	ckptSize uint64 // size of the last checkpoint queued
 	closing  bool
 
+	closeOnce sync.Once
+	closeErr  error
+
 	wake chan struct{}
 	stop chan struct{}
 	done chan struct{}
@@ -157,7 +165,7 @@ func (e *Exporter) Tap(t ledger.Tapped) {
 	case !e.allow(ev):
 		reason = ReasonThrottled
 		e.stats.Throttled++
-	case e.nrec >= e.cfg.BufferRecords:
+	case e.nrec >= e.cfg.BufferRecords+ownReserve || (e.nrec >= e.cfg.BufferRecords && ev.Mechanism != mechanism):
 		reason = ReasonDropped
 		e.stats.Dropped++
 	}
@@ -367,6 +375,11 @@ func (e *Exporter) lossEvent(stage string, n uint64) audit.Event {
 // are recorded as lost (stage export:NAME:shutdown). Call it before the
 // ledger closes.
 func (e *Exporter) Close(wait time.Duration) error {
+	e.closeOnce.Do(func() { e.closeErr = e.close(wait) })
+	return e.closeErr
+}
+
+func (e *Exporter) close(wait time.Duration) error {
 	e.mu.Lock()
 	started := e.started
 	e.mu.Unlock()

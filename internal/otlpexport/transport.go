@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -62,7 +64,11 @@ func newGRPC(c *Config) (transport, error) {
 		}
 		creds = credentials.NewTLS(tc)
 	}
-	conn, err := grpc.NewClient(c.Endpoint, grpc.WithTransportCredentials(creds))
+	// Reconnect within seconds of a Collector coming back (gRPC's default
+	// backoff grows to two minutes), so the buffer drains soon after.
+	conn, err := grpc.NewClient(c.Endpoint, grpc.WithTransportCredentials(creds),
+		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
+			Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}}))
 	if err != nil {
 		return nil, fmt.Errorf("export %s: %w", c.Name, err)
 	}

@@ -12,11 +12,11 @@ import (
 	"strings"
 
 	"github.com/watcherhq/watcher/internal/ledger"
-	"golang.org/x/mod/sumdb/note"
-	"golang.org/x/mod/sumdb/tlog"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	common "go.opentelemetry.io/proto/otlp/common/v1"
 	logs "go.opentelemetry.io/proto/otlp/logs/v1"
+	"golang.org/x/mod/sumdb/note"
+	"golang.org/x/mod/sumdb/tlog"
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
@@ -343,14 +343,16 @@ func (t *tree) ReadHashes(indexes []int64) ([]tlog.Hash, error) {
 }
 
 // hashAt computes the subtree hash at (level, index), preferring received
-// leaves; used counts the received leaves it came from.
+// leaves over a gap's subtree hash; used counts the received leaves it
+// came from.
 func (t *tree) hashAt(level int, index uint64) (tlog.Hash, int, bool) {
-	lo, hi := index<<level, (index+1)<<level
 	if level == 0 {
 		if r, ok := t.recs[index]; ok {
 			return r.leaf, 1, true
 		}
-	} else if t.anyRecord(lo, hi) {
+	}
+	node, haveNode := t.nodes[[2]uint64{uint64(level), index}]
+	if level > 0 && (!haveNode || t.anyRecord(index<<level, (index+1)<<level)) {
 		l, nl, ok1 := t.hashAt(level-1, 2*index)
 		if ok1 {
 			if r, nr, ok2 := t.hashAt(level-1, 2*index+1); ok2 {
@@ -358,8 +360,7 @@ func (t *tree) hashAt(level int, index uint64) (tlog.Hash, int, bool) {
 			}
 		}
 	}
-	h, ok := t.nodes[[2]uint64{uint64(level), index}]
-	return h, 0, ok
+	return node, 0, haveNode
 }
 
 func (t *tree) anyRecord(lo, hi uint64) bool {

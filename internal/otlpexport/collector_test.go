@@ -1,0 +1,153 @@
+package otlpexport
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// collectorBinary returns a real OpenTelemetry Collector built from the
+// Collector's Go modules (test/otelcol: OTLP receiver, file exporter):
+// $WATCHER_OTELCOL, or built once into the user cache, keyed by the
+// module's files.
+func collectorBinary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("WATCHER_OTELCOL"); p != "" {
+		return p
+	}
+	src, err := filepath.Abs("../../test/otelcol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	for _, f := range []string{"main.go", "go.mod", "go.sum"} {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatalf("collector source: %v", err)
+		}
+		h.Write(data)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	bin := filepath.Join(cache, "watcher", "otelcol-"+hex.EncodeToString(h.Sum(nil))[:16])
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	t.Logf("building the OpenTelemetry Collector from test/otelcol into %s (once)", bin)
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build collector: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// collector is a running Collector writing what it receives to out.
+type collector struct {
+	t          testing.TB
+	bin, dir   string
+	grpc, http string // host:port
+	out        string
+	cmd        *exec.Cmd
+}
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startCollector(t testing.TB) *collector {
+	t.Helper()
+	c := &collector{t: t, bin: collectorBinary(t), dir: t.TempDir(), grpc: freePort(t), http: freePort(t)}
+	c.out = filepath.Join(c.dir, "logs.json")
+	cfg := fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: %s
+      http:
+        endpoint: %s
+exporters:
+  file:
+    path: %s
+    append: true
+    flush_interval: 50ms
+service:
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+  pipelines:
+    logs:
+      receivers: [otlp]
+      exporters: [file]
+`, c.grpc, c.http, c.out)
+	if err := os.WriteFile(filepath.Join(c.dir, "config.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.start()
+	t.Cleanup(c.stop)
+	return c
+}
+
+// start runs the collector and waits for both receivers to listen.
+func (c *collector) start() {
+	c.t.Helper()
+	log, err := os.OpenFile(filepath.Join(c.dir, "collector.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer log.Close()
+	c.cmd = exec.Command(c.bin, "--config", filepath.Join(c.dir, "config.yaml"))
+	c.cmd.Stdout, c.cmd.Stderr = log, log
+	if err := c.cmd.Start(); err != nil {
+		c.t.Fatalf("start collector: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range []string{c.grpc, c.http} {
+		for {
+			conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				data, _ := os.ReadFile(filepath.Join(c.dir, "collector.log"))
+				c.t.Fatalf("collector did not listen on %s: %s", addr, data)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// stop ends the collector (SIGTERM: it flushes the file) and waits.
+func (c *collector) stop() {
+	if c.cmd == nil {
+		return
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+	c.cmd = nil
+}

@@ -1,0 +1,349 @@
+package otlpexport
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/ledger"
+	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	logs "go.opentelemetry.io/proto/otlp/logs/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// rig is a ledger feeding one exporter, as the agent wires them.
+type rig struct {
+	t   *testing.T
+	led *ledger.Ledger
+	exp *Exporter
+}
+
+func newRig(t *testing.T, cfg Config) *rig {
+	t.Helper()
+	led, err := ledger.Open(t.TempDir(), ledger.Options{SyncInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, led: led}
+	exp, err := New(cfg, led, func(ev audit.Event) { led.Append(ev) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.exp = exp
+	exp.Begin(led.Tap(exp.Tap))
+	t.Cleanup(func() { exp.Close(time.Second); led.Close() })
+	return r
+}
+
+func event(i int, sandbox string, kind audit.Kind) audit.Event {
+	return audit.Event{Time: time.Unix(1_800_000_000, int64(i)).UTC(), Kind: kind, Verdict: audit.VerdictAllowed,
+		Severity: audit.SeverityRoutine, Mechanism: "tracepoint", Rule: "r1",
+		Sandbox: audit.Sandbox{Name: sandbox, CgroupID: 77},
+		Process: audit.Process{PID: uint32(4000 + i), TGID: uint32(4000 + i), PPID: 1, UID: 1000, Comm: "python3", Exe: "/usr/bin/python3"},
+		File:    &audit.FileDetail{Path: fmt.Sprintf("/work/f%d", i)},
+		Message: "token=hunter2secret " + fmt.Sprint(i)}
+}
+
+// waitFor polls cond for up to 20s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exported reads the collector's file: every watcher log record.
+func exported(t *testing.T, path string) []*logs.LogRecord {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("collector output: %v", err)
+	}
+	var out []*logs.LogRecord
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 64<<20)
+	for sc.Scan() {
+		var req collogs.ExportLogsServiceRequest
+		if err := protojson.Unmarshal(sc.Bytes(), &req); err != nil {
+			t.Fatalf("collector output line: %v", err)
+		}
+		for _, rl := range req.ResourceLogs {
+			for _, sl := range rl.ScopeLogs {
+				out = append(out, sl.LogRecords...)
+			}
+		}
+	}
+	return out
+}
+
+func verifyFile(t *testing.T, path string) *LedgerReport {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	reps, err := Verify(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 1 {
+		t.Fatalf("Verify found %d ledgers, want 1", len(reps))
+	}
+	return reps[0]
+}
+
+// TestExportToCollector sends records over gRPC and HTTP to a real
+// Collector and checks what its file exporter wrote: the attributes, the
+// redacted body, the filter's gap, and that Verify proves the copy
+// against the exported checkpoint.
+func TestExportToCollector(t *testing.T) {
+	col := startCollector(t)
+	for _, proto := range []string{ProtocolGRPC, ProtocolHTTP} {
+		t.Run(proto, func(t *testing.T) {
+			endpoint := col.grpc
+			if proto == ProtocolHTTP {
+				endpoint = "http://" + col.http
+			}
+			r := newRig(t, Config{Name: "c-" + proto, Protocol: proto, Endpoint: endpoint, Insecure: true,
+				Headers: map[string]string{"x-watcher-test": "1"}, BatchRecords: 64, BatchInterval: 50 * time.Millisecond,
+				Filter: Filter{Sandboxes: []string{"keep"}}})
+			for i := range 300 {
+				sb := "keep"
+				if i%3 == 0 {
+					sb = "other"
+				}
+				if _, _, err := r.led.Append(event(i, sb, audit.KindFileOpen)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.led.Checkpoint(); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.exp.Close(10 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			st := r.exp.Stats()
+			if st.Sent != 200 || st.Filtered != 100 || st.Queued != 0 || st.Dropped != 0 {
+				t.Fatalf("stats %+v: want 200 sent, 100 filtered", st)
+			}
+			waitFor(t, "the collector's file", func() bool {
+				n := 0
+				for _, lr := range exported(t, col.out) {
+					if lr.EventName == EventCkpt {
+						n++
+					}
+				}
+				return n == map[string]int{ProtocolGRPC: 1, ProtocolHTTP: 2}[proto]
+			})
+			var got *logs.LogRecord
+			for _, lr := range exported(t, col.out) {
+				a := attrMap(lr.Attributes)
+				if lr.EventName == EventRecord && a["file.path"].GetStringValue() == "/work/f5" {
+					got = lr
+				}
+			}
+			if got == nil {
+				t.Fatal("record of /work/f5 not in the collector's output")
+			}
+			a := attrMap(got.Attributes)
+			for k, want := range map[string]string{AttrSandbox: "keep", AttrRule: "r1", AttrLayer: "tracepoint",
+				AttrKind: "file_open", "process.executable.name": "python3", "process.executable.path": "/usr/bin/python3"} {
+				if v := a[k].GetStringValue(); v != want {
+					t.Errorf("attribute %s = %q, want %q", k, v, want)
+				}
+			}
+			if a["process.pid"].GetIntValue() != 4005 || len(a[AttrLeaf].GetStringValue()) != 64 {
+				t.Errorf("process.pid %v, leaf %q", a["process.pid"], a[AttrLeaf].GetStringValue())
+			}
+			if body := got.GetBody().GetStringValue(); bytes.Contains([]byte(body), []byte("hunter2secret")) {
+				t.Errorf("secret not redacted in the exported body: %s", body)
+			}
+			if got.SeverityNumber != logs.SeverityNumber_SEVERITY_NUMBER_INFO {
+				t.Errorf("severity %v", got.SeverityNumber)
+			}
+		})
+	}
+	// One file, two ledgers: each proven on its own.
+	col.stop()
+	f, err := os.Open(col.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	reps, err := Verify(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 {
+		t.Fatalf("%d ledgers in the export, want 2", len(reps))
+	}
+	for _, rep := range reps {
+		if !rep.OK() || rep.Proven != 200 || rep.Gaps[ReasonFiltered] != 100 || rep.Checkpoint != 301 {
+			t.Errorf("ledger %s: %+v", rep.ID, rep)
+		}
+	}
+}
+
+// TestCollectorRestart stops the Collector while records arrive: what fits
+// in the buffer arrives after the restart, what did not is counted, covered
+// by a gap and recorded in the ledger as a loss of exactly that many; the
+// copy still verifies.
+func TestCollectorRestart(t *testing.T) {
+	col := startCollector(t)
+	r := newRig(t, Config{Name: "restart", Endpoint: col.grpc, Insecure: true,
+		BatchRecords: 50, BatchInterval: 20 * time.Millisecond, BufferRecords: 100})
+	for i := range 50 {
+		r.led.Append(event(i, "sb", audit.KindFileOpen))
+	}
+	waitFor(t, "the first 50 records sent", func() bool { return r.exp.Stats().Sent >= 50 })
+	col.stop()
+	for i := 50; i < 300; i++ {
+		r.led.Append(event(i, "sb", audit.KindFileOpen))
+	}
+	waitFor(t, "the loss record", func() bool {
+		st := r.exp.Stats()
+		return st.Dropped == 150 && st.Failures > 0 && st.Queued > 100
+	})
+	col.start()
+	waitFor(t, "the buffer drained", func() bool { return r.exp.Stats().Queued == 0 })
+	if _, err := r.led.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.exp.Close(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st := r.exp.Stats()
+	if st.Dropped != 150 || st.Rejected != 0 {
+		t.Fatalf("stats %+v: want exactly 150 dropped", st)
+	}
+	col.stop()
+	events := map[string]bool{}
+	for _, lr := range exported(t, col.out) {
+		if a := attrMap(lr.Attributes); lr.EventName == EventRecord && a[AttrKind].GetStringValue() == "file_open" {
+			events[a["file.path"].GetStringValue()] = true
+		}
+	}
+	// 50 before the stop, the 100 the buffer held after it.
+	if len(events) != 150 {
+		t.Errorf("%d events arrived, want 150", len(events))
+	}
+	for i := range 150 {
+		if !events[fmt.Sprintf("/work/f%d", i)] {
+			t.Errorf("event %d (sent or buffered) did not arrive", i)
+		}
+	}
+	rep := verifyFile(t, col.out)
+	if !rep.OK() || rep.Gaps[ReasonDropped] != 150 || rep.Losses["export:restart:buffer"] != 150 || rep.Proven != rep.Records {
+		t.Fatalf("verify: %+v", rep)
+	}
+}
+
+// TestRateLimit holds back a noisy sandbox's records past its rate,
+// records the throttle's start and stop (with the count held back) in the
+// ledger, exports those records, and covers the held-back records by gaps.
+func TestRateLimit(t *testing.T) {
+	col := startCollector(t)
+	r := newRig(t, Config{Name: "rl", Endpoint: col.grpc, Insecure: true, BatchInterval: 20 * time.Millisecond,
+		RateLimit: 20, RateBurst: 20})
+	for i := range 100 {
+		r.led.Append(event(i, "noisy", audit.KindExec))
+	}
+	for i := 100; i < 110; i++ {
+		r.led.Append(event(i, "calm", audit.KindExec))
+	}
+	st := r.exp.Stats()
+	if st.Throttled < 70 || st.Throttled > 80 {
+		t.Fatalf("%d throttled of 100 at 20/s with a burst of 20", st.Throttled)
+	}
+	held := st.Throttled
+	waitFor(t, "the throttle stop", func() bool { return r.led.Stats().Records >= 113 }) // genesis, 110, start, stop
+	if _, err := r.led.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	r.exp.Close(10 * time.Second)
+	col.stop()
+	var start, stop int
+	var stopCount int64
+	noisy := 0
+	for _, lr := range exported(t, col.out) {
+		a := attrMap(lr.Attributes)
+		switch {
+		case a[AttrLayer].GetStringValue() == mechanism && a[AttrKind].GetStringValue() == "agent":
+			start++
+		case a[AttrLossStage].GetStringValue() == "export:rl:throttle":
+			stop++
+			stopCount = a[AttrLossCount].GetIntValue()
+		case a[AttrSandbox].GetStringValue() == "noisy":
+			noisy++
+		}
+	}
+	if start != 1 || stop != 1 || uint64(stopCount) != held || uint64(noisy) != 100-held {
+		t.Fatalf("throttle start %d, stop %d (count %d), noisy records %d; held back %d", start, stop, stopCount, noisy, held)
+	}
+	rep := verifyFile(t, col.out)
+	if !rep.OK() || rep.Gaps[ReasonThrottled] != held {
+		t.Fatalf("verify: %+v", rep)
+	}
+}
+
+// TestVerifyCatches edits a Collector's copy: a changed body, a record
+// removed without a gap and a forged checkpoint are each reported.
+func TestVerifyCatches(t *testing.T) {
+	col := startCollector(t)
+	r := newRig(t, Config{Name: "v", Endpoint: col.grpc, Insecure: true, BatchRecords: 10, BatchInterval: 20 * time.Millisecond})
+	for i := range 40 {
+		r.led.Append(event(i, "sb", audit.KindFileOpen))
+	}
+	r.led.Checkpoint()
+	r.exp.Close(10 * time.Second)
+	col.stop()
+	data, err := os.ReadFile(col.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string, edit func([]byte) []byte, want string) {
+		t.Run(name, func(t *testing.T) {
+			reps, err := Verify(bytes.NewReader(edit(bytes.Clone(data))), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep := reps[0]
+			if rep.OK() {
+				t.Fatalf("edited copy verified: %+v", rep)
+			}
+			if !bytes.Contains([]byte(fmt.Sprint(rep.Problems, rep.Unaccounted)), []byte(want)) {
+				t.Fatalf("report %v %v does not say %q", rep.Problems, rep.Unaccounted, want)
+			}
+		})
+	}
+	if rep := verifyFile(t, col.out); !rep.OK() || rep.Proven != 40 {
+		t.Fatalf("unedited copy: %+v", rep)
+	}
+	check("body", func(b []byte) []byte {
+		return bytes.Replace(b, []byte(`/work/f7\"`), []byte(`/work/f8\"`), 1)
+	}, "body is not its ledger record")
+	check("removed", func(b []byte) []byte {
+		// Drop one record from its request (the first of the second line).
+		lines := bytes.Split(b, []byte("\n"))
+		var req collogs.ExportLogsServiceRequest
+		if err := protojson.Unmarshal(lines[1], &req); err != nil {
+			t.Fatal(err)
+		}
+		sl := req.ResourceLogs[0].ScopeLogs[0]
+		sl.LogRecords = sl.LogRecords[1:]
+		lines[1], _ = protojson.Marshal(&req)
+		return bytes.Join(lines, []byte("\n"))
+	}, "{")
+	check("checkpoint", func(b []byte) []byte {
+		return bytes.Replace(b, []byte(`\n41\n`), []byte(`\n42\n`), 1)
+	}, "checkpoint")
+}
