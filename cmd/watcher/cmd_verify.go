@@ -29,6 +29,9 @@ func (c *checkpointFiles) Set(s string) error { *c = append(*c, s); return nil }
 const progressThreshold = 64 << 20
 
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if wantsExport(args) {
+		return runVerifyExport(args, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	pub := fs.String("pubkey", "", "checkpoint verifier key file (default DIR/ledger.pub; use a copy kept off the host)")
 	var ckpts checkpointFiles

@@ -38,6 +38,7 @@ import (
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
+	"github.com/watcherhq/watcher/internal/otlpexport"
 	"github.com/watcherhq/watcher/internal/pipeline"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -109,15 +110,17 @@ type Agent struct {
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses
-	pipe     *pipeline.Pipeline
-	tail     *tail.Server
-	metrics  *metrics.Metrics
-	bpfStats *metrics.BPFStats
-	httpSrv  *http.Server
-	control  *control.Server
-	gateway  *gateway.Manager
-	escape   *escape.Scorer
-	watcher  *containers.Watcher
+	// exporters send the ledger's records over OTLP (agent.export).
+	exporters []*otlpexport.Exporter
+	pipe      *pipeline.Pipeline
+	tail      *tail.Server
+	metrics   *metrics.Metrics
+	bpfStats  *metrics.BPFStats
+	httpSrv   *http.Server
+	control   *control.Server
+	gateway   *gateway.Manager
+	escape    *escape.Scorer
+	watcher   *containers.Watcher
 
 	reloader *policy.Reloader
 	applyErr error // of the last policy applied by the reloader
@@ -206,6 +209,11 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.startup.done("open sinks")
 	a.escape = escape.New(escape.Config{Limits: a.escapeLimits, Leaf: a.escapeLeaf})
 	a.pipe = a.newPipeline()
+	// Exporters start before the first event so the startup's records
+	// are exported too.
+	if err := a.startExport(pol); err != nil {
+		return a, fmt.Errorf("export: %w", err)
+	}
 	switch {
 	case oomErr != nil:
 		// Root without CAP_SYS_RESOURCE (this project's CI machines) may
@@ -718,6 +726,7 @@ func (a *Agent) Stop() error {
 			a.httpSrv.Close()
 		}
 		a.stopWitnessing()
+		a.stopExport()
 		if a.pipe != nil {
 			errs = append(errs, a.pipe.Close()) // closes the ledger (final checkpoint) and the tail
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
+	"github.com/watcherhq/watcher/internal/otlpexport/otelcoltest"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	logs "go.opentelemetry.io/proto/otlp/logs/v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -106,12 +107,12 @@ func verifyFile(t *testing.T, path string) *LedgerReport {
 // redacted body, the filter's gap, and that Verify proves the copy
 // against the exported checkpoint.
 func TestExportToCollector(t *testing.T) {
-	col := startCollector(t)
+	col := otelcoltest.Start(t)
 	for _, proto := range []string{ProtocolGRPC, ProtocolHTTP} {
 		t.Run(proto, func(t *testing.T) {
-			endpoint := col.grpc
+			endpoint := col.GRPC
 			if proto == ProtocolHTTP {
-				endpoint = "http://" + col.http
+				endpoint = "http://" + col.HTTP
 			}
 			r := newRig(t, Config{Name: "c-" + proto, Protocol: proto, Endpoint: endpoint, Insecure: true,
 				Headers: map[string]string{"x-watcher-test": "1"}, BatchRecords: 64, BatchInterval: 50 * time.Millisecond,
@@ -137,7 +138,7 @@ func TestExportToCollector(t *testing.T) {
 			}
 			waitFor(t, "the collector's file", func() bool {
 				n := 0
-				for _, lr := range exported(t, col.out) {
+				for _, lr := range exported(t, col.Out) {
 					if lr.EventName == EventCkpt {
 						n++
 					}
@@ -145,7 +146,7 @@ func TestExportToCollector(t *testing.T) {
 				return n == map[string]int{ProtocolGRPC: 1, ProtocolHTTP: 2}[proto]
 			})
 			var got *logs.LogRecord
-			for _, lr := range exported(t, col.out) {
+			for _, lr := range exported(t, col.Out) {
 				a := attrMap(lr.Attributes)
 				if lr.EventName == EventRecord && a["file.path"].GetStringValue() == "/work/f5" {
 					got = lr
@@ -173,8 +174,8 @@ func TestExportToCollector(t *testing.T) {
 		})
 	}
 	// One file, two ledgers: each proven on its own.
-	col.stop()
-	f, err := os.Open(col.out)
+	col.Stop()
+	f, err := os.Open(col.Out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,14 +199,14 @@ func TestExportToCollector(t *testing.T) {
 // by a gap and recorded in the ledger as a loss of exactly that many; the
 // copy still verifies.
 func TestCollectorRestart(t *testing.T) {
-	col := startCollector(t)
-	r := newRig(t, Config{Name: "restart", Endpoint: col.grpc, Insecure: true,
+	col := otelcoltest.Start(t)
+	r := newRig(t, Config{Name: "restart", Endpoint: col.GRPC, Insecure: true,
 		BatchRecords: 50, BatchInterval: 20 * time.Millisecond, BufferRecords: 100})
 	for i := range 50 {
 		r.led.Append(event(i, "sb", audit.KindFileOpen))
 	}
 	waitFor(t, "the first 50 records sent", func() bool { return r.exp.Stats().Sent >= 50 })
-	col.stop()
+	col.Stop()
 	for i := 50; i < 300; i++ {
 		r.led.Append(event(i, "sb", audit.KindFileOpen))
 	}
@@ -213,7 +214,7 @@ func TestCollectorRestart(t *testing.T) {
 		st := r.exp.Stats()
 		return st.Dropped == 150 && st.Failures > 0 && st.Queued > 100
 	})
-	col.start()
+	col.Restart()
 	waitFor(t, "the buffer drained", func() bool { return r.exp.Stats().Queued == 0 })
 	if _, err := r.led.Checkpoint(); err != nil {
 		t.Fatal(err)
@@ -225,9 +226,9 @@ func TestCollectorRestart(t *testing.T) {
 	if st.Dropped != 150 || st.Rejected != 0 {
 		t.Fatalf("stats %+v: want exactly 150 dropped", st)
 	}
-	col.stop()
+	col.Stop()
 	events := map[string]bool{}
-	for _, lr := range exported(t, col.out) {
+	for _, lr := range exported(t, col.Out) {
 		if a := attrMap(lr.Attributes); lr.EventName == EventRecord && a[AttrKind].GetStringValue() == "file_open" {
 			events[a["file.path"].GetStringValue()] = true
 		}
@@ -241,7 +242,7 @@ func TestCollectorRestart(t *testing.T) {
 			t.Errorf("event %d (sent or buffered) did not arrive", i)
 		}
 	}
-	rep := verifyFile(t, col.out)
+	rep := verifyFile(t, col.Out)
 	if !rep.OK() || rep.Gaps[ReasonDropped] != 150 || rep.Losses["export:restart:buffer"] != 150 || rep.Proven != rep.Records {
 		t.Fatalf("verify: %+v", rep)
 	}
@@ -251,8 +252,8 @@ func TestCollectorRestart(t *testing.T) {
 // records the throttle's start and stop (with the count held back) in the
 // ledger, exports those records, and covers the held-back records by gaps.
 func TestRateLimit(t *testing.T) {
-	col := startCollector(t)
-	r := newRig(t, Config{Name: "rl", Endpoint: col.grpc, Insecure: true, BatchInterval: 20 * time.Millisecond,
+	col := otelcoltest.Start(t)
+	r := newRig(t, Config{Name: "rl", Endpoint: col.GRPC, Insecure: true, BatchInterval: 20 * time.Millisecond,
 		RateLimit: 20, RateBurst: 20})
 	for i := range 100 {
 		r.led.Append(event(i, "noisy", audit.KindExec))
@@ -270,11 +271,11 @@ func TestRateLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.exp.Close(10 * time.Second)
-	col.stop()
+	col.Stop()
 	var start, stop int
 	var stopCount int64
 	noisy := 0
-	for _, lr := range exported(t, col.out) {
+	for _, lr := range exported(t, col.Out) {
 		a := attrMap(lr.Attributes)
 		switch {
 		case a[AttrLayer].GetStringValue() == mechanism && a[AttrKind].GetStringValue() == "agent":
@@ -289,7 +290,7 @@ func TestRateLimit(t *testing.T) {
 	if start != 1 || stop != 1 || uint64(stopCount) != held || uint64(noisy) != 100-held {
 		t.Fatalf("throttle start %d, stop %d (count %d), noisy records %d; held back %d", start, stop, stopCount, noisy, held)
 	}
-	rep := verifyFile(t, col.out)
+	rep := verifyFile(t, col.Out)
 	if !rep.OK() || rep.Gaps[ReasonThrottled] != held {
 		t.Fatalf("verify: %+v", rep)
 	}
@@ -298,15 +299,15 @@ func TestRateLimit(t *testing.T) {
 // TestVerifyCatches edits a Collector's copy: a changed body, a record
 // removed without a gap and a forged checkpoint are each reported.
 func TestVerifyCatches(t *testing.T) {
-	col := startCollector(t)
-	r := newRig(t, Config{Name: "v", Endpoint: col.grpc, Insecure: true, BatchRecords: 10, BatchInterval: 20 * time.Millisecond})
+	col := otelcoltest.Start(t)
+	r := newRig(t, Config{Name: "v", Endpoint: col.GRPC, Insecure: true, BatchRecords: 10, BatchInterval: 20 * time.Millisecond})
 	for i := range 40 {
 		r.led.Append(event(i, "sb", audit.KindFileOpen))
 	}
 	r.led.Checkpoint()
 	r.exp.Close(10 * time.Second)
-	col.stop()
-	data, err := os.ReadFile(col.out)
+	col.Stop()
+	data, err := os.ReadFile(col.Out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +326,7 @@ func TestVerifyCatches(t *testing.T) {
 			}
 		})
 	}
-	if rep := verifyFile(t, col.out); !rep.OK() || rep.Proven != 40 {
+	if rep := verifyFile(t, col.Out); !rep.OK() || rep.Proven != 40 {
 		t.Fatalf("unedited copy: %+v", rep)
 	}
 	check("body", func(b []byte) []byte {

@@ -1,4 +1,7 @@
-package otlpexport
+// Package otelcoltest runs a real OpenTelemetry Collector for tests: the
+// one test/otelcol builds from the Collector's Go modules (OTLP receiver
+// on gRPC and HTTP, file exporter writing OTLP JSON lines).
+package otelcoltest
 
 import (
 	"crypto/sha256"
@@ -17,12 +20,12 @@ import (
 // Collector's Go modules (test/otelcol: OTLP receiver, file exporter):
 // $WATCHER_OTELCOL, or built once into the user cache, keyed by the
 // module's files.
-func collectorBinary(t testing.TB) string {
+func Binary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("WATCHER_OTELCOL"); p != "" {
 		return p
 	}
-	src, err := filepath.Abs("../../test/otelcol")
+	src, err := sourceDir()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,13 +54,33 @@ func collectorBinary(t testing.TB) string {
 	return bin
 }
 
-// collector is a running Collector writing what it receives to out.
-type collector struct {
+// Collector is a running Collector writing what it receives to Out.
+type Collector struct {
 	t          testing.TB
 	bin, dir   string
-	grpc, http string // host:port
-	out        string
+	GRPC, HTTP string // host:port of the OTLP receivers
+	Out        string // the file exporter's output
 	cmd        *exec.Cmd
+}
+
+// sourceDir finds test/otelcol from this file's package directory or any
+// directory above the working directory.
+func sourceDir() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, "test", "otelcol")
+		if _, err := os.Stat(filepath.Join(p, "main.go")); err == nil {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("test/otelcol not found above the working directory")
+		}
+		dir = parent
+	}
 }
 
 func freePort(t testing.TB) string {
@@ -70,10 +93,11 @@ func freePort(t testing.TB) string {
 	return l.Addr().String()
 }
 
-func startCollector(t testing.TB) *collector {
+// Start runs a Collector for the test; it is stopped at cleanup.
+func Start(t testing.TB) *Collector {
 	t.Helper()
-	c := &collector{t: t, bin: collectorBinary(t), dir: t.TempDir(), grpc: freePort(t), http: freePort(t)}
-	c.out = filepath.Join(c.dir, "logs.json")
+	c := &Collector{t: t, bin: Binary(t), dir: t.TempDir(), GRPC: freePort(t), HTTP: freePort(t)}
+	c.Out = filepath.Join(c.dir, "logs.json")
 	cfg := fmt.Sprintf(`receivers:
   otlp:
     protocols:
@@ -96,17 +120,18 @@ service:
     logs:
       receivers: [otlp]
       exporters: [file]
-`, c.grpc, c.http, c.out)
+`, c.GRPC, c.HTTP, c.Out)
 	if err := os.WriteFile(filepath.Join(c.dir, "config.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c.start()
-	t.Cleanup(c.stop)
+	c.Restart()
+	t.Cleanup(c.Stop)
 	return c
 }
 
-// start runs the collector and waits for both receivers to listen.
-func (c *collector) start() {
+// Restart runs the collector (again, after Stop, on the same ports and
+// file) and waits for both receivers to listen.
+func (c *Collector) Restart() {
 	c.t.Helper()
 	log, err := os.OpenFile(filepath.Join(c.dir, "collector.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -119,7 +144,7 @@ func (c *collector) start() {
 		c.t.Fatalf("start collector: %v", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for _, addr := range []string{c.grpc, c.http} {
+	for _, addr := range []string{c.GRPC, c.HTTP} {
 		for {
 			conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 			if err == nil {
@@ -135,8 +160,8 @@ func (c *collector) start() {
 	}
 }
 
-// stop ends the collector (SIGTERM: it flushes the file) and waits.
-func (c *collector) stop() {
+// Stop ends the collector (SIGTERM: it flushes the file) and waits.
+func (c *Collector) Stop() {
 	if c.cmd == nil {
 		return
 	}
