@@ -42,3 +42,11 @@ fi
 echo "== go mod download"
 go mod download
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+
+# internal/otlpexport's tests send to a real OpenTelemetry Collector built
+# from the Collector's Go modules (test/otelcol, its own module so they
+# stay out of watcher's go.mod); built once into the cache the tests use.
+echo "== build the test OpenTelemetry Collector (test/otelcol)"
+otelcol_key=$(cat test/otelcol/main.go test/otelcol/go.mod test/otelcol/go.sum | sha256sum | cut -c1-16)
+otelcol_bin="${XDG_CACHE_HOME:-$HOME/.cache}/watcher/otelcol-$otelcol_key"
+[ -x "$otelcol_bin" ] || (cd test/otelcol && go build -o "$otelcol_bin" .)

@@ -81,7 +81,7 @@ type Agent struct {
 	// Export sends the ledger's records, as OpenTelemetry log records, to
 	// OTLP endpoints (an OpenTelemetry Collector); see docs/otlp.md.
 	// Read at agent start (a reload does not change it). Empty: none.
-	Export []Export `yaml:"export"`
+	Export []Export `yaml:"export,omitempty"`
 }
 
 // Export is one OTLP destination for the ledger's records.
