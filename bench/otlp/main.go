@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,12 +28,23 @@ import (
 func main() {
 	collector := flag.String("collector", "", "the test Collector binary (built from test/otelcol)")
 	n := flag.Int("n", 200000, "events per run")
+	prof := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	if *collector == "" {
 		fmt.Fprintln(os.Stderr, "usage: otlp -collector BIN [-n N]")
 		os.Exit(2)
 	}
 	if err := run(*collector, *n); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "otlp bench:", err)
 		os.Exit(1)
 	}
