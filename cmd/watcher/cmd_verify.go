@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	register("verify", command{Summary: "verify a ledger offline: exit 0 clean, 1 tampered, 2 unreadable", Run: runVerify})
+	register("verify", command{Summary: "verify a ledger (or, with --export, a Collector's copy) offline: exit 0 clean, 1 tampered, 2 unreadable", Run: runVerify})
 }
 
 // checkpointFiles collects repeated --checkpoint flags.
