@@ -11,6 +11,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/otlpexport/otelcoltest"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
@@ -25,11 +26,11 @@ func TestRunningAgentExportsToCollector(t *testing.T) {
 	col := otelcoltest.Start(t)
 	pol, _ := os.ReadFile(tb.policy)
 	export := "agent:\n  export:\n    - name: central\n      endpoint: " + col.GRPC +
-		"\n      insecure: true\n      batch_interval: 100ms\n      headers: {x-tenant: e2e}\n"
+		"\n      insecure: true\n      batch_interval: 100ms\n      metrics_interval: 1s\n      headers: {x-tenant: e2e}\n"
 	os.WriteFile(tb.policy, []byte(strings.Replace(string(pol), "agent:\n", export, 1)), 0o600)
 	tb.startAgent()
 	ctl := filepath.Join(tb.socketDir, "control.sock")
-	if out, code := tb.watcher("exec", "--socket", ctl, "--label", "otlp-call", "--", "sh", "-c", "cat /etc/hostname >/dev/null; echo done"); code != 0 || !strings.Contains(out, "done") {
+	if out, code := tb.watcher("exec", "--socket", ctl, "--label", "otlp-call", "--", "sh", "-c", "cat /etc/hostname >/dev/null; sleep 1.5; echo done"); code != 0 || !strings.Contains(out, "done") {
 		t.Fatalf("exec: %d\n%s\nagent:\n%s", code, out, tb.agentLog)
 	}
 	tb.stopAgent(syscall.SIGTERM)
@@ -40,11 +41,23 @@ func TestRunningAgentExportsToCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sawCat bool
+	metrics := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(nil, 64<<20)
 	for sc.Scan() {
+		var mreq colmetrics.ExportMetricsServiceRequest
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(sc.Bytes(), &mreq); err != nil {
+			t.Fatal(err)
+		}
+		for _, rm := range mreq.ResourceMetrics {
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					metrics[m.Name] = true
+				}
+			}
+		}
 		var req collogs.ExportLogsServiceRequest
-		if err := protojson.Unmarshal(sc.Bytes(), &req); err != nil {
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(sc.Bytes(), &req); err != nil {
 			t.Fatal(err)
 		}
 		for _, rl := range req.ResourceLogs {
@@ -66,6 +79,9 @@ func TestRunningAgentExportsToCollector(t *testing.T) {
 	}
 	if !sawCat {
 		t.Fatalf("the exec of cat is not in the collector's output (%d bytes)\nagent:\n%s", len(data), tb.agentLog)
+	}
+	if !metrics["watcher_events_total"] || !metrics["watcher_export_records_total"] {
+		t.Errorf("agent metrics not exported as OTLP metrics: %v", metrics)
 	}
 	pub := filepath.Join(tb.ledger, "ledger.pub")
 	out, code := tb.watcher("verify", "--export", col.Out, "--pubkey", pub)

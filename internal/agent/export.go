@@ -42,11 +42,14 @@ func (a *Agent) startExport(pol *policy.Policy) error {
 	if len(cfgs) == 0 {
 		return nil
 	}
-	for _, c := range cfgs {
+	for i, c := range cfgs {
 		x, err := otlpexport.New(c, a.ledger, a.emit)
 		if err != nil {
 			a.stopExport()
 			return err
+		}
+		if d := pol.Agent.Export[i].MetricsInterval.Duration; d > 0 {
+			x.SetMetrics(a.metrics.Registry, d)
 		}
 		a.exporters = append(a.exporters, x)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"golang.org/x/mod/sumdb/tlog"
@@ -70,7 +71,9 @@ type Stats struct {
 	Failures  uint64 // failed requests (retried)
 	Gaps      uint64 // gap records sent
 	Ckpts     uint64 // checkpoints sent
-	LastError string
+	// MetricExports and MetricFailures count metrics requests (SetMetrics).
+	MetricExports, MetricFailures uint64
+	LastError                     string
 }
 
 // Exporter sends the ledger's records to one Collector.
@@ -91,6 +94,10 @@ type Exporter struct {
 	lossSent uint64 // Dropped+Rejected already recorded in the ledger
 	ckptSize uint64 // size of the last checkpoint queued
 	closing  bool
+
+	gatherer     prometheus.Gatherer
+	metricsEvery time.Duration
+	metricsDone  chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -145,6 +152,10 @@ func (e *Exporter) Begin(start uint64, prefix []ledger.Subtree) {
 	e.started = true
 	e.mu.Unlock()
 	go e.loop()
+	if e.gatherer != nil && e.metricsEvery > 0 {
+		e.metricsDone = make(chan struct{})
+		go e.metricsLoop()
+	}
 }
 
 // Tap takes one ledger record (ledger.Tap's callback, under the ledger's
@@ -386,6 +397,9 @@ func (e *Exporter) close(wait time.Duration) error {
 	if started {
 		close(e.stop)
 		<-e.done
+		if e.metricsDone != nil {
+			<-e.metricsDone
+		}
 		e.report()
 		e.queueCheckpoint()
 		ctx, cancel := context.WithTimeout(context.Background(), wait)

@@ -5,13 +5,17 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/otlpexport/otelcoltest"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	logs "go.opentelemetry.io/proto/otlp/logs/v1"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -347,4 +351,73 @@ func TestVerifyCatches(t *testing.T) {
 	check("checkpoint", func(b []byte) []byte {
 		return bytes.Replace(b, []byte(`\n41\n`), []byte(`\n42\n`), 1)
 	}, "checkpoint")
+}
+
+// TestMetricsToCollector sends a Prometheus registry as OTLP metrics: a
+// labelled counter as a monotonic cumulative sum, a histogram with its
+// buckets, over gRPC and HTTP.
+func TestMetricsToCollector(t *testing.T) {
+	col := otelcoltest.Start(t)
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watcher_test_events_total", Help: "h"}, []string{"sandbox"})
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watcher_test_seconds", Help: "h", Buckets: []float64{0.1, 1}})
+	reg.MustRegister(c, h)
+	c.WithLabelValues("agents").Add(7)
+	h.Observe(0.05)
+	h.Observe(0.5)
+	h.Observe(5)
+	for _, proto := range []string{ProtocolGRPC, ProtocolHTTP} {
+		endpoint := col.GRPC
+		if proto == ProtocolHTTP {
+			endpoint = "http://" + col.HTTP
+		}
+		led, err := ledger.Open(t.TempDir(), ledger.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		exp, err := New(Config{Name: "m", Protocol: proto, Endpoint: endpoint, Insecure: true}, led, func(audit.Event) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		exp.SetMetrics(reg, 50*time.Millisecond)
+		exp.Begin(led.Tap(exp.Tap))
+		waitFor(t, proto+" metrics sent", func() bool { return exp.Stats().MetricExports >= 2 })
+		exp.Close(time.Second)
+		led.Close()
+	}
+	col.Stop()
+	data, err := os.ReadFile(col.Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sums, hists int
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var req colmetrics.ExportMetricsServiceRequest
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(line, &req); err != nil {
+			t.Fatal(err)
+		}
+		for _, rm := range req.ResourceMetrics {
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					switch m.Name {
+					case "watcher_test_events_total":
+						dp := m.GetSum().GetDataPoints()[0]
+						if !m.GetSum().IsMonotonic || dp.GetAsDouble() != 7 || dp.Attributes[0].Value.GetStringValue() != "agents" {
+							t.Errorf("counter as %v", m)
+						}
+						sums++
+					case "watcher_test_seconds":
+						dp := m.GetHistogram().GetDataPoints()[0]
+						if dp.Count != 3 || !slices.Equal(dp.BucketCounts, []uint64{1, 1, 1}) || !slices.Equal(dp.ExplicitBounds, []float64{0.1, 1}) {
+							t.Errorf("histogram as %v", dp)
+						}
+						hists++
+					}
+				}
+			}
+		}
+	}
+	if sums < 4 || hists < 4 {
+		t.Fatalf("%d sums, %d histograms in the collector's output, want at least 2 per protocol", sums, hists)
+	}
 }

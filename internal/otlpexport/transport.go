@@ -11,6 +11,7 @@ import (
 	"time"
 
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -25,6 +26,7 @@ import (
 // rejected (OTLP partial success).
 type transport interface {
 	export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (rejected uint64, err error)
+	exportMetrics(ctx context.Context, req *colmetrics.ExportMetricsServiceRequest) error
 	close() error
 }
 
@@ -50,9 +52,10 @@ func (e *Exporter) send(ctx context.Context, batch []*item) (uint64, error) {
 }
 
 type grpcTransport struct {
-	conn   *grpc.ClientConn
-	client collogs.LogsServiceClient
-	md     metadata.MD
+	conn    *grpc.ClientConn
+	client  collogs.LogsServiceClient
+	metrics colmetrics.MetricsServiceClient
+	md      metadata.MD
 }
 
 func newGRPC(c *Config) (transport, error) {
@@ -76,7 +79,8 @@ func newGRPC(c *Config) (transport, error) {
 	for k, v := range c.Headers {
 		md.Append(strings.ToLower(k), v)
 	}
-	return &grpcTransport{conn: conn, client: collogs.NewLogsServiceClient(conn), md: md}, nil
+	return &grpcTransport{conn: conn, client: collogs.NewLogsServiceClient(conn),
+		metrics: colmetrics.NewMetricsServiceClient(conn), md: md}, nil
 }
 
 func (g *grpcTransport) export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (uint64, error) {
@@ -97,10 +101,21 @@ func (g *grpcTransport) export(ctx context.Context, req *collogs.ExportLogsServi
 	return 0, nil
 }
 
+func (g *grpcTransport) exportMetrics(ctx context.Context, req *colmetrics.ExportMetricsServiceRequest) error {
+	if len(g.md) > 0 {
+		ctx = metadata.NewOutgoingContext(ctx, g.md)
+	}
+	if _, err := g.metrics.Export(ctx, req); err != nil {
+		return fmt.Errorf("otlp grpc metrics export: %w", err)
+	}
+	return nil
+}
+
 func (g *grpcTransport) close() error { return g.conn.Close() }
 
 type httpTransport struct {
 	url     string
+	metrics string // the /v1/metrics URL beside url
 	client  *http.Client
 	headers map[string]string
 }
@@ -113,6 +128,12 @@ func newHTTP(c *Config) (transport, error) {
 	if u.Path == "" || u.Path == "/" {
 		u.Path = "/v1/logs"
 	}
+	mu := *u
+	mu.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/logs")
+	if mu.Path == u.Path {
+		mu.Path += "/v1"
+	}
+	mu.Path += "/metrics"
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if u.Scheme == "https" {
 		tc, err := c.tlsConfig()
@@ -121,17 +142,35 @@ func newHTTP(c *Config) (transport, error) {
 		}
 		tr.TLSClientConfig = tc
 	}
-	return &httpTransport{url: u.String(), client: &http.Client{Transport: tr}, headers: c.Headers}, nil
+	return &httpTransport{url: u.String(), metrics: mu.String(), client: &http.Client{Transport: tr}, headers: c.Headers}, nil
 }
 
 func (h *httpTransport) export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (uint64, error) {
+	data, err := h.post(ctx, h.url, req)
+	if err != nil {
+		return 0, err
+	}
+	var out collogs.ExportLogsServiceResponse
+	if proto.Unmarshal(data, &out) == nil && out.GetPartialSuccess() != nil {
+		return uint64(out.GetPartialSuccess().GetRejectedLogRecords()), nil
+	}
+	return 0, nil
+}
+
+func (h *httpTransport) exportMetrics(ctx context.Context, req *colmetrics.ExportMetricsServiceRequest) error {
+	_, err := h.post(ctx, h.metrics, req)
+	return err
+}
+
+// post sends one OTLP/HTTP protobuf request and returns the response body.
+func (h *httpTransport) post(ctx context.Context, url string, req proto.Message) ([]byte, error) {
 	body, err := proto.Marshal(req)
 	if err != nil {
-		return 0, &permanentError{fmt.Errorf("otlp http export: encode: %w", err)}
+		return nil, &permanentError{fmt.Errorf("otlp http export: encode: %w", err)}
 	}
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return 0, &permanentError{fmt.Errorf("otlp http export: %w", err)}
+		return nil, &permanentError{fmt.Errorf("otlp http export: %w", err)}
 	}
 	r.Header.Set("Content-Type", "application/x-protobuf")
 	for k, v := range h.headers {
@@ -139,22 +178,18 @@ func (h *httpTransport) export(ctx context.Context, req *collogs.ExportLogsServi
 	}
 	resp, err := h.client.Do(r)
 	if err != nil {
-		return 0, fmt.Errorf("otlp http export: %w", err)
+		return nil, fmt.Errorf("otlp http export: %w", err)
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	switch {
 	case resp.StatusCode == http.StatusOK:
-		var out collogs.ExportLogsServiceResponse
-		if proto.Unmarshal(data, &out) == nil && out.GetPartialSuccess() != nil {
-			return uint64(out.GetPartialSuccess().GetRejectedLogRecords()), nil
-		}
-		return 0, nil
+		return data, nil
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusBadGateway ||
 		resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGatewayTimeout:
-		return 0, fmt.Errorf("otlp http export: %s", resp.Status)
+		return nil, fmt.Errorf("otlp http export: %s", resp.Status)
 	default:
-		return 0, &permanentError{fmt.Errorf("otlp http export: %s", resp.Status)}
+		return nil, &permanentError{fmt.Errorf("otlp http export: %s", resp.Status)}
 	}
 }
 

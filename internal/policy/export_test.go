@@ -19,6 +19,7 @@ func TestExport(t *testing.T) {
       batch_interval: 250ms
       buffer_records: 1000
       rate_limit: 50
+      metrics_interval: 30s
     - name: lake
       protocol: http
       endpoint: https://otlp.example/v1/logs
@@ -28,7 +29,8 @@ func TestExport(t *testing.T) {
 	}
 	x := p.Agent.Export
 	if len(x) != 2 || x[0].Filter.MinSeverity != "alert" || x[0].BatchInterval.Duration != 250*time.Millisecond ||
-		x[0].Headers["authorization"] != "Bearer t" || x[1].Protocol != "http" || x[0].TLS.CAFile != "/etc/watcher/ca.pem" {
+		x[0].Headers["authorization"] != "Bearer t" || x[1].Protocol != "http" || x[0].TLS.CAFile != "/etc/watcher/ca.pem" ||
+		x[0].MetricsInterval.Duration != 30*time.Second {
 		t.Fatalf("export %+v", x)
 	}
 	for _, tc := range []struct{ yaml, want string }{
@@ -42,6 +44,7 @@ func TestExport(t *testing.T) {
 		{"    - name: c\n      endpoint: h:1\n    - name: c\n      endpoint: h:2\n", "listed twice"},
 		{"    - endpoint: h:1\n", "export[0].name: required"},
 		{"    - name: c\n      endpoint: h:1\n      rate_limit: -1\n", "rate_limit"},
+		{"    - name: c\n      endpoint: h:1\n      metrics_interval: 10ms\n", "minimum of 1s"},
 	} {
 		_, err := Parse("e.yaml", []byte(exportPolicy(tc.yaml)))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -114,6 +114,9 @@ type Export struct {
 	// how many may go at once (default twice the rate).
 	RateLimit float64 `yaml:"rate_limit"`
 	RateBurst int     `yaml:"rate_burst"`
+	// MetricsInterval sends the agent's metrics (those on /metrics) as
+	// OTLP metrics this often, cumulative; 0 (default) sends none.
+	MetricsInterval Duration `yaml:"metrics_interval"`
 }
 
 // ExportTLS names the files of an exporter's TLS client.

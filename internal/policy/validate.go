@@ -196,6 +196,10 @@ func (c *checker) exports(at path, exps []Export) {
 			c.add(at.key("rate_limit"), "must not be negative")
 		}
 		c.duration(at.key("batch_interval"), x.BatchInterval)
+		c.duration(at.key("metrics_interval"), x.MetricsInterval)
+		if d := x.MetricsInterval.Duration; d > 0 && d < time.Second {
+			c.add(at.key("metrics_interval"), "%v is below the minimum of 1s", d)
+		}
 	}
 }
 

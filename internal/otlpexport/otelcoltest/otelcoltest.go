@@ -120,6 +120,9 @@ service:
     logs:
       receivers: [otlp]
       exporters: [file]
+    metrics:
+      receivers: [otlp]
+      exporters: [file]
 `, c.GRPC, c.HTTP, c.Out)
 	if err := os.WriteFile(filepath.Join(c.dir, "config.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
