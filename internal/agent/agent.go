@@ -110,6 +110,12 @@ type Agent struct {
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses
+	// dockerLabels reads containers' labels for label selectors;
+	// ctrLabels maps a container sandbox root's cgroup id to the
+	// container and Kubernetes identity its events carry.
+	dockerLabels *containers.DockerLabels
+	ctrLabels    sync.Map
+	labelErrs    sync.Map
 	// exporters send the ledger's records over OTLP (agent.export).
 	exporters []*otlpexport.Exporter
 	pipe      *pipeline.Pipeline
@@ -352,7 +358,9 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.registerSandboxes(); err != nil {
 		return a, err
 	}
-	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup}); err != nil {
+	a.dockerLabels = &containers.DockerLabels{Socket: pol.Agent.DockerSocket}
+	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup,
+		Labels: a.dockerLabels, OnError: a.labelError}); err != nil {
 		return a, err
 	}
 	a.startup.done("register sandboxes")

@@ -52,3 +52,25 @@ func TestExport(t *testing.T) {
 		}
 	}
 }
+
+func TestSelectLabels(t *testing.T) {
+	p, err := Parse("l.yaml", []byte(`version: 1
+agent:
+  docker_socket: /run/docker.sock
+sandboxes:
+  - name: pods
+    select:
+      labels: {io.kubernetes.pod.namespace: agents, app: "*"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := p.WatchTargets()
+	if len(ts) != 1 || ts[0].Name != "pods" || ts[0].Labels["io.kubernetes.pod.namespace"] != "agents" || p.Agent.DockerSocket != "/run/docker.sock" {
+		t.Fatalf("targets %+v", ts)
+	}
+	_, err = Parse("l.yaml", []byte("version: 1\nsandboxes:\n  - name: p\n    select:\n      labels: {app: \"\"}\n"))
+	if err == nil || !strings.Contains(err.Error(), "select.labels") {
+		t.Fatalf("empty label value: %v", err)
+	}
+}

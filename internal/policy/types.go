@@ -82,6 +82,9 @@ type Agent struct {
 	// OTLP endpoints (an OpenTelemetry Collector); see docs/otlp.md.
 	// Read at agent start (a reload does not change it). Empty: none.
 	Export []Export `yaml:"export,omitempty"`
+	// DockerSocket is dockerd's API socket, read for sandboxes that select
+	// containers by labels. Default /var/run/docker.sock.
+	DockerSocket string `yaml:"docker_socket,omitempty"`
 }
 
 // Export is one OTLP destination for the ledger's records.
@@ -363,6 +366,13 @@ type Selector struct {
 	// Containers are runtime-qualified container ids (docker://ID,
 	// containerd://ID, cri-o://ID; 12 to 64 hex digits) or pod://UID.
 	Containers []string `yaml:"containers"`
+	// Labels select containers by the labels their runtime holds (Docker
+	// labels; for a Kubernetes container the ones kubelet sets:
+	// io.kubernetes.pod.namespace, io.kubernetes.pod.name,
+	// io.kubernetes.container.name). Every key must be present with the
+	// value given ("*": any value). Read from dockerd's API
+	// (agent.docker_socket) as each container's cgroup appears.
+	Labels map[string]string `yaml:"labels,omitempty"`
 }
 
 // Match says how a file rule's path is compared with the resolved path.

@@ -130,6 +130,9 @@ func (c *checker) agent(at path, a *Agent) {
 		}
 	}
 	c.exports(at.key("export"), a.Export)
+	if a.DockerSocket != "" {
+		c.absPath(at.key("docker_socket"), a.DockerSocket, false)
+	}
 }
 
 // exports checks the OTLP exporters: unique names, an endpoint of the
@@ -225,6 +228,11 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	for i, ref := range sb.Select.Containers {
 		if _, err := containers.ParseRef(ref); err != nil {
 			c.add(sel.key("containers").idx(i), "%v", err)
+		}
+	}
+	for k, v := range sb.Select.Labels {
+		if k == "" || v == "" {
+			c.add(sel.key("labels"), "label %q=%q: key and value must not be empty (\"*\": any value)", k, v)
 		}
 	}
 	if sb.Preset != "" && !isPreset(sb.Preset) {
@@ -374,8 +382,8 @@ func (c *checker) sandboxRequired(at path, sb *Sandbox) {
 	if sb.Name == "" {
 		c.add(at.key("name"), "required")
 	}
-	if len(sb.Select.Cgroups)+len(sb.Select.Globs)+len(sb.Select.Containers) == 0 {
-		c.add(at.key("select"), "select at least one cgroup, glob or container")
+	if len(sb.Select.Cgroups)+len(sb.Select.Globs)+len(sb.Select.Containers)+len(sb.Select.Labels) == 0 {
+		c.add(at.key("select"), "select at least one cgroup, glob, container or label")
 	}
 	if sb.Mode == "" {
 		c.add(at.key("mode"), "required (enforce or record)")
