@@ -110,12 +110,14 @@ type Agent struct {
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses
-	// dockerLabels reads containers' labels for label selectors;
-	// ctrLabels maps a container sandbox root's cgroup id to the
+	// dockerLabels and containerdLabels read containers' labels for
+	// label selectors (labelSource tries both); ctrLabels maps a container sandbox root's cgroup id to the
 	// container and Kubernetes identity its events carry.
-	dockerLabels *containers.DockerLabels
-	ctrLabels    sync.Map
-	labelErrs    sync.Map
+	dockerLabels     *containers.DockerLabels
+	containerdLabels *containers.ContainerdLabels
+	labelSource      containers.LabelSource
+	ctrLabels        sync.Map
+	labelErrs        sync.Map
 	// exporters send the ledger's records over OTLP (agent.export).
 	exporters []*otlpexport.Exporter
 	pipe      *pipeline.Pipeline
@@ -359,8 +361,10 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.dockerLabels = &containers.DockerLabels{Socket: pol.Agent.DockerSocket}
+	a.containerdLabels = &containers.ContainerdLabels{Socket: pol.Agent.ContainerdSocket}
+	a.labelSource = containers.Runtimes{a.dockerLabels, a.containerdLabels}
 	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup,
-		Labels: a.dockerLabels, OnError: a.labelError}); err != nil {
+		Labels: a.labelSource, OnError: a.labelError}); err != nil {
 		return a, err
 	}
 	a.startup.done("register sandboxes")
@@ -735,6 +739,9 @@ func (a *Agent) Stop() error {
 		}
 		a.stopWitnessing()
 		a.stopExport()
+		if a.containerdLabels != nil {
+			a.containerdLabels.Close()
+		}
 		if a.pipe != nil {
 			errs = append(errs, a.pipe.Close()) // closes the ledger (final checkpoint) and the tail
 		}

@@ -191,6 +191,7 @@ func (a *Agent) onCgroup(ev containers.Event) {
 			id := ev.ID
 			time.AfterFunc(time.Minute, func() { a.ctrLabels.Delete(id) })
 			a.dockerLabels.Forget(ev.Info.ContainerID)
+			a.containerdLabels.Forget(ev.Info.ContainerID)
 		}
 	}
 }
@@ -226,7 +227,7 @@ func (a *Agent) noteContainer(ev containers.Event) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if labels, ok, _ := a.dockerLabels.Labels(ctx, ev.Info); ok {
+	if labels, ok, _ := a.labelSource.Labels(ctx, ev.Info); ok {
 		for k, attr := range kubeletLabels {
 			if v := labels[k]; v != "" {
 				id[attr] = v

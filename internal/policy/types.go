@@ -85,6 +85,10 @@ type Agent struct {
 	// DockerSocket is dockerd's API socket, read for sandboxes that select
 	// containers by labels. Default /var/run/docker.sock.
 	DockerSocket string `yaml:"docker_socket,omitempty"`
+	// ContainerdSocket is containerd's API socket, read likewise (the
+	// CRI's containers: kubelet's labels and the pod's labels). Default
+	// /run/containerd/containerd.sock.
+	ContainerdSocket string `yaml:"containerd_socket,omitempty"`
 }
 
 // Export is one OTLP destination for the ledger's records.

@@ -133,6 +133,9 @@ func (c *checker) agent(at path, a *Agent) {
 	if a.DockerSocket != "" {
 		c.absPath(at.key("docker_socket"), a.DockerSocket, false)
 	}
+	if a.ContainerdSocket != "" {
+		c.absPath(at.key("containerd_socket"), a.ContainerdSocket, false)
+	}
 }
 
 // exports checks the OTLP exporters: unique names, an endpoint of the
