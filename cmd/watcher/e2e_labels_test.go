@@ -68,5 +68,9 @@ func TestRunningAgentSelectsByLabels(t *testing.T) {
 	}
 	t.Logf("caging gap: the first caged exec is cat #%s of the entrypoint's loop, %v after docker's StartedAt",
 		first.Process.Args[2], first.Time.Sub(started))
+	out, code := tb.watcher("status", "--socket", tb.ControlSocket())
+	if code != 0 && code != 1 || !strings.Contains(out, "pod agents/coder-0 container agent") || !strings.Contains(out, c.ID[:12]) {
+		t.Errorf("status does not name the member pod: exit %d\n%s", code, out)
+	}
 	tb.stopAgent(syscall.SIGTERM)
 }

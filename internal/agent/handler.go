@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"time"
@@ -107,6 +108,9 @@ func (a *Agent) Status() control.Status {
 			ss.Events[string(v)] = n
 		}
 		ss.Frozen = a.frozen.any(r.sandbox)
+		if id, ok := a.ctrLabels.Load(cg); ok {
+			ss.Member = maps.Clone(id.(map[string]string))
+		}
 		ss.Canary = a.canaryReport(r.sandbox)
 		ss.Usage = rootUsage(a.pol, a.pol.Sandbox(r.sandbox), r.path)
 		ss.Posture = a.posture.recorded(r.path)

@@ -86,6 +86,10 @@ type SandboxStatus struct {
 	// Canary is the sandbox's last self-test (nil before the first);
 	// failures make `watcher status` exit non-zero.
 	Canary *CanaryReport `json:"canary,omitempty"`
+	// Member names the container in this cgroup, when it is one:
+	// container.id and, from its runtime's labels, k8s.pod.name,
+	// k8s.namespace.name, k8s.container.name, k8s.pod.uid.
+	Member map[string]string `json:"member,omitempty"`
 }
 
 // ResourceUsage is a sandbox cgroup's use of its limits (0 = no limit).
