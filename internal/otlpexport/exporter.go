@@ -95,6 +95,8 @@ type Exporter struct {
 	ckptSize uint64 // size of the last checkpoint queued
 	closing  bool
 
+	buf []byte // the encoded request, reused; owned by the sending goroutine
+
 	gatherer     prometheus.Gatherer
 	metricsEvery time.Duration
 	metricsDone  chan struct{}

@@ -4,11 +4,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	common "go.opentelemetry.io/proto/otlp/common/v1"
@@ -89,7 +88,8 @@ func (e *Exporter) request(batch []*item) *collogs.ExportLogsServiceRequest {
 
 // recordLog is a ledger record as an OTel log record: the body is the
 // ledger line (so its hash can be recomputed), attributes follow the
-// semantic conventions where one exists.
+// semantic conventions where one exists. The exporter sends the same
+// fields encoded by hand (wire.go); this form is the reference.
 func recordLog(it *item) *logs.LogRecord {
 	ev := &it.ev
 	attrs := []*common.KeyValue{
@@ -98,56 +98,9 @@ func recordLog(it *item) *logs.LogRecord {
 		str(AttrKind, string(ev.Kind)),
 		str(AttrVerdict, string(ev.Verdict)),
 	}
-	add := func(k, v string) {
-		if v != "" {
-			attrs = append(attrs, str(k, v))
-		}
-	}
-	add(AttrSandbox, ev.Sandbox.Name)
-	add(AttrRule, ev.Rule)
-	add(AttrLayer, ev.Mechanism)
-	if p := ev.Process; p.TGID != 0 || p.PID != 0 {
-		attrs = append(attrs, num("process.pid", int64(max(p.TGID, p.PID))))
-		if p.PPID != 0 {
-			attrs = append(attrs, num("process.parent_pid", int64(p.PPID)))
-		}
-		attrs = append(attrs, str("process.owner", strconv.FormatUint(uint64(p.UID), 10)))
-		add("process.executable.name", p.Comm)
-		add("process.executable.path", p.Exe)
-	}
-	for k, v := range ev.Sandbox.Labels {
-		switch k {
-		case "container.id", "container.name", "k8s.pod.name", "k8s.namespace.name", "k8s.container.name":
-			add(k, v)
-		default:
-			add("watcher.label."+k, v)
-		}
-	}
-	if ev.File != nil {
-		add("file.path", ev.File.Path)
-	}
-	if ev.Net != nil && ev.Net.Addr != "" {
-		add("network.peer.address", ev.Net.Addr)
-		attrs = append(attrs, num("network.peer.port", int64(ev.Net.Port)))
-	}
-	if ev.DNS != nil {
-		add("dns.question.name", ev.DNS.Name)
-	}
-	if ev.Tool != nil {
-		add(AttrCallID, ev.Tool.CallID)
-		add(AttrTool, ev.Tool.Tool)
-	}
-	if ev.Loss != nil {
-		add(AttrLossStage, ev.Loss.Stage)
-		attrs = append(attrs, num(AttrLossCount, int64(ev.Loss.Count)))
-	}
-	sev, text := logs.SeverityNumber_SEVERITY_NUMBER_INFO, string(ev.Severity)
-	switch {
-	case ev.Verdict == audit.VerdictKilled || ev.Kind == audit.KindLoss:
-		sev = logs.SeverityNumber_SEVERITY_NUMBER_ERROR
-	case ev.Severity == audit.SeverityAlert:
-		sev = logs.SeverityNumber_SEVERITY_NUMBER_WARN
-	}
+	eachAttr(ev, func(k, v string) { attrs = append(attrs, str(k, v)) },
+		func(k string, v int64) { attrs = append(attrs, num(k, v)) })
+	sev, text := severityOf(ev)
 	return &logs.LogRecord{
 		TimeUnixNano:   uint64(ev.Time.UnixNano()),
 		SeverityNumber: sev,
@@ -156,6 +109,20 @@ func recordLog(it *item) *logs.LogRecord {
 		Body:           &common.AnyValue{Value: &common.AnyValue_StringValue{StringValue: string(it.line)}},
 		Attributes:     attrs,
 	}
+}
+
+// sortedKeys returns m's keys in order, so records encode the same way
+// every time.
+func sortedKeys(m map[string]string) []string {
+	if len(m) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // gapLog is a gap: the range, the count per reason, and the subtrees as

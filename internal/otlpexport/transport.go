@@ -25,7 +25,8 @@ import (
 // transport sends one request and returns how many records the Collector
 // rejected (OTLP partial success).
 type transport interface {
-	export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (rejected uint64, err error)
+	// export sends an encoded ExportLogsServiceRequest.
+	export(ctx context.Context, req []byte) (rejected uint64, err error)
 	exportMetrics(ctx context.Context, req *colmetrics.ExportMetricsServiceRequest) error
 	close() error
 }
@@ -44,16 +45,34 @@ func newTransport(c *Config) (transport, error) {
 	return newGRPC(c)
 }
 
-// send exports one batch with the request timeout.
+// send exports one batch with the request timeout. It runs on the
+// exporter's goroutine alone, which owns e.buf.
 func (e *Exporter) send(ctx context.Context, batch []*item) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	return e.tr.export(ctx, e.request(batch))
+	e.buf = e.encodeRequest(e.buf, batch)
+	return e.tr.export(ctx, e.buf)
 }
+
+// rawRequest is an already encoded request; rawCodec sends it as is and
+// decodes responses as protobuf.
+type rawRequest []byte
+
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	if r, ok := v.(rawRequest); ok {
+		return r, nil
+	}
+	return proto.Marshal(v.(proto.Message))
+}
+
+func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(data, v.(proto.Message)) }
 
 type grpcTransport struct {
 	conn    *grpc.ClientConn
-	client  collogs.LogsServiceClient
 	metrics colmetrics.MetricsServiceClient
 	md      metadata.MD
 }
@@ -79,15 +98,15 @@ func newGRPC(c *Config) (transport, error) {
 	for k, v := range c.Headers {
 		md.Append(strings.ToLower(k), v)
 	}
-	return &grpcTransport{conn: conn, client: collogs.NewLogsServiceClient(conn),
-		metrics: colmetrics.NewMetricsServiceClient(conn), md: md}, nil
+	return &grpcTransport{conn: conn, metrics: colmetrics.NewMetricsServiceClient(conn), md: md}, nil
 }
 
-func (g *grpcTransport) export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (uint64, error) {
+func (g *grpcTransport) export(ctx context.Context, req []byte) (uint64, error) {
 	if len(g.md) > 0 {
 		ctx = metadata.NewOutgoingContext(ctx, g.md)
 	}
-	resp, err := g.client.Export(ctx, req)
+	resp := new(collogs.ExportLogsServiceResponse)
+	err := g.conn.Invoke(ctx, collogs.LogsService_Export_FullMethodName, rawRequest(req), resp, grpc.ForceCodec(rawCodec{}))
 	if err != nil {
 		switch status.Code(err) {
 		case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
@@ -145,7 +164,7 @@ func newHTTP(c *Config) (transport, error) {
 	return &httpTransport{url: u.String(), metrics: mu.String(), client: &http.Client{Transport: tr}, headers: c.Headers}, nil
 }
 
-func (h *httpTransport) export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (uint64, error) {
+func (h *httpTransport) export(ctx context.Context, req []byte) (uint64, error) {
 	data, err := h.post(ctx, h.url, req)
 	if err != nil {
 		return 0, err
@@ -158,16 +177,16 @@ func (h *httpTransport) export(ctx context.Context, req *collogs.ExportLogsServi
 }
 
 func (h *httpTransport) exportMetrics(ctx context.Context, req *colmetrics.ExportMetricsServiceRequest) error {
-	_, err := h.post(ctx, h.metrics, req)
+	body, err := proto.Marshal(req)
+	if err != nil {
+		return &permanentError{fmt.Errorf("otlp http metrics export: encode: %w", err)}
+	}
+	_, err = h.post(ctx, h.metrics, body)
 	return err
 }
 
 // post sends one OTLP/HTTP protobuf request and returns the response body.
-func (h *httpTransport) post(ctx context.Context, url string, req proto.Message) ([]byte, error) {
-	body, err := proto.Marshal(req)
-	if err != nil {
-		return nil, &permanentError{fmt.Errorf("otlp http export: encode: %w", err)}
-	}
+func (h *httpTransport) post(ctx context.Context, url string, body []byte) ([]byte, error) {
 	r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, &permanentError{fmt.Errorf("otlp http export: %w", err)}
