@@ -9,7 +9,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/otlpexport/otelcoltest"
+	"github.com/watcherhq/watcher/internal/witness/witnesstest"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -24,8 +26,17 @@ import (
 func TestRunningAgentExportsToCollector(t *testing.T) {
 	tb := newTestbed(t, "", "{enabled: false}")
 	col := otelcoltest.Start(t)
+	// A real witness (litewitness) cosigns the checkpoints the agent
+	// exports; the ledger is registered with it first, as an operator does.
+	w := witnesstest.Start(t)
+	l, err := ledger.Open(tb.ledger, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.AddLog("watcher-ledger/"+l.ID(), l.PublicKey())
+	l.Close()
 	pol, _ := os.ReadFile(tb.policy)
-	export := "agent:\n  export:\n    - name: central\n      endpoint: " + col.GRPC +
+	export := "agent:\n  witnesses:\n    - {url: \"" + w.URL + "\", key: \"" + w.VKey + "\"}\n  export:\n    - name: central\n      endpoint: " + col.GRPC +
 		"\n      insecure: true\n      batch_interval: 100ms\n      metrics_interval: 1s\n      headers: {x-tenant: e2e}\n"
 	os.WriteFile(tb.policy, []byte(strings.Replace(string(pol), "agent:\n", export, 1)), 0o600)
 	tb.startAgent()
@@ -84,8 +95,9 @@ func TestRunningAgentExportsToCollector(t *testing.T) {
 		t.Errorf("agent metrics not exported as OTLP metrics: %v", metrics)
 	}
 	pub := filepath.Join(tb.ledger, "ledger.pub")
-	out, code := tb.watcher("verify", "--export", col.Out, "--pubkey", pub)
-	if code != 0 || !strings.Contains(out, "ok: complete and proven") || !strings.Contains(out, "key given") {
+	out, code := tb.watcher("verify", "--export", col.Out, "--pubkey", pub, "--witness", w.VKey)
+	if code != 0 || !strings.Contains(out, "ok: complete and proven") || !strings.Contains(out, "key given") ||
+		!strings.Contains(out, "cosigned by "+w.Name) {
 		t.Fatalf("verify --export: exit %d\n%s", code, out)
 	}
 	t.Logf("verify --export:\n%s", out)

@@ -12,6 +12,7 @@ import (
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/otlpexport"
 	"github.com/watcherhq/watcher/internal/textesc"
+	"golang.org/x/mod/sumdb/note"
 )
 
 // wantsExport reports whether verify's arguments ask for --export.
@@ -34,8 +35,11 @@ func runVerifyExport(args []string, stdout, stderr io.Writer) error {
 	file := fs.String("export", "", "a Collector file exporter's output (OTLP JSON lines) holding watcher's exported records")
 	var pubs checkpointFiles
 	fs.Var(&pubs, "pubkey", "a host's ledger verifier key file (ledger.pub), kept off the host (repeatable, one per ledger)")
+	var witnesses checkpointFiles
+	fs.Var(&witnesses, "witness", "a trusted witness's verifier key, or a file holding it (repeatable): the proving checkpoint must carry their cosignatures")
+	quorum := fs.Int("quorum", 0, "how many of the --witness keys must have cosigned (default all)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	if _, err := ledgerParse(fs, args, stderr, "Usage: watcher verify --export FILE [--pubkey FILE]...\n\nProves records a central store received from watcher's OTLP export: each is\nincluded in its host's signed checkpoint, and nothing between received records\nis missing without a gap or loss the host recorded.\nExit status: 0 proven, 1 missing or tampered, 2 unreadable.", 0); err != nil {
+	if _, err := ledgerParse(fs, args, stderr, "Usage: watcher verify --export FILE [--pubkey FILE]... [--witness KEY]...\n\nProves records a central store received from watcher's OTLP export: each is\nincluded in its host's signed checkpoint, and nothing between received records\nis missing without a gap or loss the host recorded.\nExit status: 0 proven, 1 missing or tampered, 2 unreadable.", 0); err != nil {
 		return err
 	}
 	keys := map[string]string{}
@@ -47,12 +51,27 @@ func runVerifyExport(args []string, stdout, stderr io.Writer) error {
 		name, _, _ := strings.Cut(vkey, "+")
 		keys[strings.TrimPrefix(name, "watcher-ledger/")] = vkey
 	}
+	wkeys, err := witnessKeys(witnesses)
+	if err != nil {
+		return err
+	}
+	if *quorum < 0 || *quorum > len(wkeys) {
+		return &exitError{Code: 2, Err: fmt.Errorf("--quorum %d: want 1..%d (the number of --witness keys)", *quorum, len(wkeys))}
+	}
+	var wvs []note.Verifier
+	for _, k := range wkeys {
+		v, err := ledger.ParseWitnessKey(k)
+		if err != nil {
+			return &exitError{Code: 2, Err: err}
+		}
+		wvs = append(wvs, v)
+	}
 	f, err := os.Open(*file)
 	if err != nil {
 		return &exitError{Code: 2, Err: fmt.Errorf("export file: %w", err)}
 	}
 	defer f.Close()
-	reps, err := otlpexport.Verify(f, keys)
+	reps, err := otlpexport.VerifyWitnessed(f, keys, wvs, *quorum)
 	if err != nil {
 		return &exitError{Code: 2, Err: err}
 	}
@@ -95,6 +114,9 @@ func printExportReport(w io.Writer, r *otlpexport.LedgerReport) {
 			fmt.Fprintf(w, ", %d covered by a gap as well (chain checked only)", r.Unproven)
 		}
 		fmt.Fprintf(w, "; %d past it await the next checkpoint\n", r.Pending)
+		if len(r.Cosigners) > 0 {
+			fmt.Fprintf(w, "  checkpoint cosigned by %s\n", textesc.String(strings.Join(r.Cosigners, ", ")))
+		}
 	} else {
 		fmt.Fprintf(w, "  no valid checkpoint received: inclusion not proven\n")
 	}

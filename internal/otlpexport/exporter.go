@@ -93,6 +93,7 @@ type Exporter struct {
 	stats    Stats
 	lossSent uint64 // Dropped+Rejected already recorded in the ledger
 	ckptSize uint64 // size of the last checkpoint queued
+	ckptSigs int    // and the length of its cosignatures
 	closing  bool
 
 	buf []byte // the encoded request, reused; owned by the sending goroutine
@@ -340,10 +341,11 @@ func (e *Exporter) queueCheckpoint() {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c.Size <= e.ckptSize {
+	// A new checkpoint, or the same one with more witness cosignatures.
+	if c.Size < e.ckptSize || (c.Size == e.ckptSize && len(c.Cosigs) <= e.ckptSigs) {
 		return
 	}
-	e.ckptSize = c.Size
+	e.ckptSize, e.ckptSigs = c.Size, len(c.Cosigs)
 	e.q = append(e.q, &item{kind: itemCheckpoint, ckpt: c})
 }
 

@@ -33,6 +33,9 @@ type LedgerReport struct {
 	Records       int    // distinct records received
 	Duplicates    int    // the same record received more than once
 	Checkpoint    uint64 // size of the newest valid checkpoint received (0: none)
+	// Cosigners are the witnesses (of those Verify was given) whose
+	// cosignature on that checkpoint verifies.
+	Cosigners []string
 	Proven        int    // received records proven included in it
 	// Unproven are received records below the checkpoint that a gap also
 	// covers (sent before a restart lost their neighbours): their chain
@@ -79,6 +82,17 @@ type recvRecord struct {
 // verifier keys; a ledger without one is checked with the key its own
 // export carries (KeyFromExport).
 func Verify(r io.Reader, keys map[string]string) ([]*LedgerReport, error) {
+	return VerifyWitnessed(r, keys, nil, 0)
+}
+
+// VerifyWitnessed is Verify that also requires the checkpoint proving the
+// copy to carry cosignatures of quorum of the witnesses (verifier keys;
+// quorum 0: all): a host that rewrote its history and re-signed it cannot
+// have the rewrite cosigned.
+func VerifyWitnessed(r io.Reader, keys map[string]string, witnesses []note.Verifier, quorum int) ([]*LedgerReport, error) {
+	if quorum <= 0 || quorum > len(witnesses) {
+		quorum = len(witnesses)
+	}
 	byID := map[string]*received{}
 	var order []string
 	sc := bufio.NewScanner(r)
@@ -118,7 +132,7 @@ func Verify(r io.Reader, keys map[string]string) ([]*LedgerReport, error) {
 	}
 	var out []*LedgerReport
 	for _, id := range order {
-		out = append(out, byID[id].verify(keys[id]))
+		out = append(out, byID[id].verify(keys[id], witnesses, quorum))
 	}
 	return out, nil
 }
@@ -216,7 +230,7 @@ func checkCover(from, to uint64, nodes []ledger.Subtree) error {
 }
 
 // verify checks one ledger's copy.
-func (lr *received) verify(key string) *LedgerReport {
+func (lr *received) verify(key string, witnesses []note.Verifier, quorum int) *LedgerReport {
 	rep := &LedgerReport{ID: lr.id, Key: key, Records: len(lr.recs), Duplicates: lr.dups,
 		Gaps: map[string]uint64{}, Losses: lr.losses, Problems: lr.probs}
 	if key == "" {
@@ -252,8 +266,18 @@ func (lr *received) verify(key string) *LedgerReport {
 				rep.Problems = append(rep.Problems, fmt.Sprintf("checkpoint of %s exported as ledger %s", c.Origin, lr.id))
 				continue
 			}
-			if ckpt == nil || c.Size > ckpt.Size {
-				ckpt = c
+			var names []string
+			if len(witnesses) > 0 {
+				if names, err = c.Cosigners(witnesses); err != nil {
+					rep.Problems = append(rep.Problems, fmt.Sprintf("checkpoint %d: %v", c.Size, err))
+					continue
+				}
+				if len(names) < quorum {
+					continue // not (yet) cosigned enough: a later copy may be
+				}
+			}
+			if ckpt == nil || c.Size > ckpt.Size || (c.Size == ckpt.Size && len(names) > len(rep.Cosigners)) {
+				ckpt, rep.Cosigners = c, names
 			}
 		}
 	}
@@ -285,6 +309,9 @@ func (lr *received) verify(key string) *LedgerReport {
 	}
 	if ckpt == nil {
 		rep.Pending = len(seqs)
+		if len(witnesses) > 0 && len(lr.ckpts) > 0 {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("no checkpoint in the export carries %d of the %d witnesses' cosignatures", quorum, len(witnesses)))
+		}
 		return rep
 	}
 	rep.Checkpoint = ckpt.Size
