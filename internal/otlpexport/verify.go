@@ -36,7 +36,7 @@ type LedgerReport struct {
 	// Cosigners are the witnesses (of those Verify was given) whose
 	// cosignature on that checkpoint verifies.
 	Cosigners []string
-	Proven        int    // received records proven included in it
+	Proven    int // received records proven included in it
 	// Unproven are received records below the checkpoint that a gap also
 	// covers (sent before a restart lost their neighbours): their chain
 	// links are checked, their inclusion is not.
