@@ -3,9 +3,19 @@ package otlpexport
 import (
 	"bufio"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -420,4 +430,67 @@ func TestMetricsToCollector(t *testing.T) {
 	if sums < 4 || hists < 4 {
 		t.Fatalf("%d sums, %d histograms in the collector's output, want at least 2 per protocol", sums, hists)
 	}
+}
+
+// TestExportTLS: the Collector's receivers serve TLS with a certificate
+// of a CA the test makes; the exporter trusts that CA (ca_file) over gRPC
+// and HTTPS, and one that does not trust it fails, records lost as
+// dropped once its buffer is full.
+func TestExportTLS(t *testing.T) {
+	dir := t.TempDir()
+	caFile, certFile, keyFile := writeTestPKI(t, dir)
+	col := otelcoltest.StartTLS(t, certFile, keyFile)
+	for _, c := range []Config{
+		{Name: "tls-grpc", Endpoint: col.GRPC, CAFile: caFile, ServerName: "127.0.0.1"},
+		{Name: "tls-http", Protocol: ProtocolHTTP, Endpoint: "https://" + col.HTTP, CAFile: caFile},
+	} {
+		c.BatchInterval = 20 * time.Millisecond
+		r := newRig(t, c)
+		for i := range 20 {
+			r.led.Append(event(i, "sb", audit.KindExec))
+		}
+		waitFor(t, c.Name+" records sent", func() bool { return r.exp.Stats().Sent >= 20 })
+	}
+	// Without the CA: the handshake fails, nothing is sent.
+	r := newRig(t, Config{Name: "untrusted", Endpoint: col.GRPC, BatchInterval: 20 * time.Millisecond, BufferRecords: 5})
+	for i := range 10 {
+		r.led.Append(event(i, "sb", audit.KindExec))
+	}
+	waitFor(t, "failed requests", func() bool { st := r.exp.Stats(); return st.Failures >= 2 && st.Dropped >= 5 })
+	if st := r.exp.Stats(); st.Sent != 0 || !strings.Contains(st.LastError, "certificate") {
+		t.Fatalf("untrusted collector: %+v", st)
+	}
+}
+
+// writeTestPKI writes a CA and a server certificate for 127.0.0.1 signed
+// by it; it returns the CA, certificate and key file names.
+func writeTestPKI(t *testing.T, dir string) (ca, cert, key string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "watcher test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srvTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(srvKey)
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return write("ca.pem", "CERTIFICATE", caDER), write("server.pem", "CERTIFICATE", srvDER), write("server.key", "EC PRIVATE KEY", keyDER)
 }

@@ -94,17 +94,27 @@ func freePort(t testing.TB) string {
 }
 
 // Start runs a Collector for the test; it is stopped at cleanup.
-func Start(t testing.TB) *Collector {
+func Start(t testing.TB) *Collector { return start(t, "", "") }
+
+// StartTLS runs a Collector whose receivers serve TLS with the given
+// certificate and key files.
+func StartTLS(t testing.TB, certFile, keyFile string) *Collector { return start(t, certFile, keyFile) }
+
+func start(t testing.TB, certFile, keyFile string) *Collector {
 	t.Helper()
+	tls := ""
+	if certFile != "" {
+		tls = fmt.Sprintf("\n        tls:\n          cert_file: %s\n          key_file: %s", certFile, keyFile)
+	}
 	c := &Collector{t: t, bin: Binary(t), dir: t.TempDir(), GRPC: freePort(t), HTTP: freePort(t)}
 	c.Out = filepath.Join(c.dir, "logs.json")
 	cfg := fmt.Sprintf(`receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: %s
+        endpoint: %s%s
       http:
-        endpoint: %s
+        endpoint: %s%s
 exporters:
   file:
     path: %s
@@ -123,7 +133,7 @@ service:
     metrics:
       receivers: [otlp]
       exporters: [file]
-`, c.GRPC, c.HTTP, c.Out)
+`, c.GRPC, tls, c.HTTP, tls, c.Out)
 	if err := os.WriteFile(filepath.Join(c.dir, "config.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
