@@ -146,6 +146,7 @@ func printStatus(w io.Writer, st *control.Status) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	printMembers(w, st)
+	printExports(w, st)
 	printUsage(w, st)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tENFORCED BY\tNOTE")
@@ -273,6 +274,22 @@ func printMembers(w io.Writer, st *control.Status) {
 	fmt.Fprintln(tw, "SANDBOX\tMEMBER\tCONTAINER")
 	for _, r := range rows {
 		fmt.Fprintln(tw, r)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+// printExports shows the OTLP exporters' counters, when there are any.
+func printExports(w io.Writer, st *control.Status) {
+	if len(st.Exports) == 0 {
+		return
+	}
+	q := textesc.String
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EXPORT\tENDPOINT\tSENT\tQUEUED\tFILTERED\tTHROTTLED\tDROPPED\tREJECTED\tFAILURES\tLAST ERROR")
+	for _, x := range st.Exports {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", q(x.Name), q(x.Endpoint), x.Sent, x.Queued,
+			x.Filtered, x.Throttled, x.Dropped, x.Rejected, x.Failures, q(x.LastError))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

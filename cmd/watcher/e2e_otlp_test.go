@@ -44,6 +44,9 @@ func TestRunningAgentExportsToCollector(t *testing.T) {
 	if out, code := tb.watcher("exec", "--socket", ctl, "--label", "otlp-call", "--", "sh", "-c", "cat /etc/hostname >/dev/null; sleep 1.5; echo done"); code != 0 || !strings.Contains(out, "done") {
 		t.Fatalf("exec: %d\n%s\nagent:\n%s", code, out, tb.agentLog)
 	}
+	if out, _ := tb.watcher("status", "--socket", tb.ControlSocket()); !strings.Contains(out, "EXPORT") || !strings.Contains(out, col.GRPC) {
+		t.Errorf("status does not show the exporter:\n%s", out)
+	}
 	tb.stopAgent(syscall.SIGTERM)
 	col.Stop()
 

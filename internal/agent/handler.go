@@ -96,6 +96,12 @@ func (a *Agent) Status() control.Status {
 	// Events and losses are the pipeline's counts, the ones /metrics exports.
 	s := control.Status{PID: os.Getpid(), Started: a.started, Version: Version, Kernel: ks,
 		Losses: a.metrics.LossesByStage(), Policy: a.opts.PolicyPath}
+	for _, x := range a.exporters {
+		st := x.Stats()
+		s.Exports = append(s.Exports, control.ExportStatus{Name: x.Name(), Endpoint: x.Endpoint(), Sent: st.Sent,
+			Queued: st.Queued, Filtered: st.Filtered, Throttled: st.Throttled, Dropped: st.Dropped,
+			Rejected: st.Rejected, Failures: st.Failures, LastError: st.LastError})
+	}
 	events := a.metrics.EventsBySandbox()
 	a.mu.Lock()
 	s.Layers, s.Missing = append(append([]control.Layer(nil), a.layers...), limitLayers(a.pol)...), a.missing

@@ -140,6 +140,9 @@ func New(cfg Config, src Source, emit func(audit.Event)) (*Exporter, error) {
 // Name returns the exporter's name.
 func (e *Exporter) Name() string { return e.cfg.Name }
 
+// Endpoint returns where the exporter sends.
+func (e *Exporter) Endpoint() string { return e.cfg.Endpoint }
+
 // Begin starts sending. start and prefix are what ledger.Tap returned:
 // the records before start are covered by one gap of their subtrees.
 func (e *Exporter) Begin(start uint64, prefix []ledger.Subtree) {
