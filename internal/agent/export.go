@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +44,9 @@ func (a *Agent) startExport(pol *policy.Policy) error {
 		return nil
 	}
 	for i, c := range cfgs {
+		// Beside the ledger directory (which holds only the ledger's
+		// files): where the Collector's acknowledgements reached.
+		c.CursorFile = filepath.Join(filepath.Dir(filepath.Clean(pol.Agent.LedgerDir)), "export-"+c.Name+".cursor")
 		x, err := otlpexport.New(c, a.ledger, a.emit)
 		if err != nil {
 			a.stopExport()
@@ -54,6 +58,12 @@ func (a *Agent) startExport(pol *policy.Policy) error {
 		a.exporters = append(a.exporters, x)
 	}
 	exps := a.exporters
+	// Resuming reads the records before the tap from the files: write
+	// them out first.
+	if err := a.ledger.Sync(); err != nil {
+		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+			Message: "export: ledger sync before resuming: " + err.Error()})
+	}
 	start, prefix := a.ledger.Tap(func(t ledger.Tapped) {
 		for _, x := range exps {
 			x.Tap(t)

@@ -49,3 +49,6 @@ func (l *Ledger) Tap(fn func(Tapped)) (start uint64, prefix []Subtree) {
 	}
 	return start, prefix
 }
+
+// Dir returns the ledger's directory.
+func (l *Ledger) Dir() string { return l.dir }

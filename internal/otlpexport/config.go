@@ -61,6 +61,9 @@ type Config struct {
 	RateBurst int
 	// Timeout bounds one request (default 10s).
 	Timeout time.Duration
+	// CursorFile keeps how far the Collector acknowledged, so a restarted
+	// agent sends what the last run could not (empty: no resume).
+	CursorFile string
 }
 
 // Filter selects the records an exporter sends. Empty lists match all.

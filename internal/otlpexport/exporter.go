@@ -33,6 +33,7 @@ const (
 // Source is the ledger as the exporter sees it.
 type Source interface {
 	ID() string
+	Dir() string
 	PublicKey() string
 	LastCheckpoint() *ledger.Checkpoint
 }
@@ -102,6 +103,11 @@ type Exporter struct {
 	metricsEvery time.Duration
 	metricsDone  chan struct{}
 
+	// acked: every record below it was sent or covered by a sent gap;
+	// saved to the cursor file so a restarted agent resumes there.
+	acked, savedAcked uint64
+	savedAt           time.Time
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -143,11 +149,32 @@ func (e *Exporter) Name() string { return e.cfg.Name }
 // Endpoint returns where the exporter sends.
 func (e *Exporter) Endpoint() string { return e.cfg.Endpoint }
 
-// Begin starts sending. start and prefix are what ledger.Tap returned:
-// the records before start are covered by one gap of their subtrees.
+// Begin starts sending. start and prefix are what ledger.Tap returned.
+// With a cursor file from an earlier run of this exporter on this ledger,
+// the records from the cursor to start are read from the ledger's files
+// and sent first (what the last run still held at its stop, and the loss
+// record it wrote); otherwise the records before start are covered by one
+// gap of their subtrees.
 func (e *Exporter) Begin(start uint64, prefix []ledger.Subtree) {
+	resumed, ok := e.readResume(start)
 	e.mu.Lock()
-	if start > 0 {
+	if ok {
+		tapped, n := e.q, e.nrec
+		e.q, e.nrec = nil, 0
+		for i := range resumed {
+			r := &resumed[i]
+			if r.dropped {
+				e.stats.Dropped++
+				e.skip(r.seq, r.leaf, ReasonDropped)
+				continue
+			}
+			e.admitLocked(r.seq, r.leaf, r.line, &r.ev)
+		}
+		if k := len(e.q); k > 0 && e.q[k-1].kind == itemGap {
+			e.q[k-1].gap.sealed = true
+		}
+		e.q, e.nrec = append(e.q, tapped...), e.nrec+n
+	} else if start > 0 {
 		g := &gap{from: 0, to: start, nodes: prefix, sealed: true}
 		g.count[reasonIndex(ReasonBefore)] = start
 		e.q = append([]*item{{kind: itemGap, gap: g}}, e.q...)
@@ -173,7 +200,11 @@ func (e *Exporter) Tap(t ledger.Tapped) {
 		return
 	}
 	e.next = t.Seq + 1
-	ev := t.Event
+	e.admitLocked(t.Seq, t.Leaf, t.Line, t.Event)
+}
+
+// admitLocked queues a record, or accounts for it in a gap.
+func (e *Exporter) admitLocked(seq uint64, leaf tlog.Hash, line []byte, ev *audit.Event) {
 	reason := ""
 	switch {
 	case !e.cfg.Filter.selected(ev):
@@ -187,14 +218,13 @@ func (e *Exporter) Tap(t ledger.Tapped) {
 		e.stats.Dropped++
 	}
 	if reason != "" {
-		e.skip(t.Seq, t.Leaf, reason)
+		e.skip(seq, leaf, reason)
 		return
 	}
-	line := t.Line
 	if n := len(line); n > 0 && line[n-1] == '\n' {
 		line = line[:n-1]
 	}
-	e.q = append(e.q, &item{kind: itemRecord, seq: t.Seq, leaf: t.Leaf,
+	e.q = append(e.q, &item{kind: itemRecord, seq: seq, leaf: leaf,
 		line: append([]byte(nil), line...), ev: *ev})
 	e.nrec++
 	if e.nrec >= e.cfg.BatchRecords {
@@ -274,7 +304,9 @@ func (e *Exporter) loop() {
 		}
 		e.report()
 		e.queueCheckpoint()
-		if err := e.flush(context.Background()); err != nil {
+		err := e.flush(context.Background())
+		e.saveCursor(false)
+		if err != nil {
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 		} else {
 			backoff = 0
@@ -321,8 +353,10 @@ func (e *Exporter) flush(ctx context.Context) error {
 			case itemRecord:
 				e.nrec--
 				e.stats.Sent++
+				e.acked = max(e.acked, it.seq+1)
 			case itemGap:
 				e.stats.Gaps++
+				e.acked = max(e.acked, it.gap.to)
 			case itemCheckpoint:
 				e.stats.Ckpts++
 			}
@@ -421,6 +455,7 @@ func (e *Exporter) close(wait time.Duration) error {
 		}
 		cancel()
 		e.report()
+		e.saveCursor(true)
 	}
 	e.mu.Lock()
 	e.closing = true

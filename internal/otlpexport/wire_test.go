@@ -15,6 +15,7 @@ import (
 type fakeSource struct{}
 
 func (fakeSource) ID() string                         { return "0123abcd" }
+func (fakeSource) Dir() string                        { return "" }
 func (fakeSource) PublicKey() string                  { return "watcher-ledger/0123abcd+01234567+AAAA" }
 func (fakeSource) LastCheckpoint() *ledger.Checkpoint { return nil }
 
