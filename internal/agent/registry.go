@@ -178,8 +178,9 @@ func (a *Agent) onCgroup(ev containers.Event) {
 	}
 	switch ev.Op {
 	case containers.Appeared:
-		a.noteContainer(ev)
 		err := a.addRoot(ev.Target, ev.Abs, false)
+		// After caging: a label lookup must not widen the gap.
+		a.noteContainer(ev)
 		msg := fmt.Sprintf("cgroup %s joined sandbox %s", ev.Path, ev.Target)
 		if err != nil {
 			msg = fmt.Sprintf("cgroup %s matched sandbox %s but could not be registered: %v", ev.Path, ev.Target, err)
