@@ -918,6 +918,11 @@ func (l *Ledger) recoverLocked() {
 	}
 	l.stats.Bytes += uint64(n)
 	l.stats.Syncs++
+	if l.tap != nil {
+		// The tap learns here that the records it saw from this seq on
+		// were cut back.
+		l.tap(Tapped{Seq: l.cur.next, Leaf: h, Line: rec, Event: &e})
+	}
 	l.cur.fr.add(h, l.onNode)
 	l.leaves = append(l.leaves, h)
 	l.cur.prev = h

@@ -26,7 +26,10 @@ type Subtree struct {
 }
 
 // Tap makes fn see every record appended from now on, in sequence order,
-// the ledger's own records (summaries, losses, recoveries) included. fn
+// the ledger's own records (summaries, losses, recoveries) included. After
+// a failed write the ledger cuts its unwritten tail back and reuses those
+// sequence numbers: fn then sees a sequence number it saw before, and
+// must forget what it kept from there on. fn
 // runs under the ledger's lock: it must copy what it keeps and return at
 // once. Tap returns the next sequence number and the perfect subtrees
 // that cover the records before it, largest first, so a copy of the

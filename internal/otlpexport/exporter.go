@@ -34,6 +34,12 @@ const (
 type Source interface {
 	ID() string
 	Dir() string
+	// Durable is the sequence number below which records are on stable
+	// storage; only those are sent, so a ledger that fails a write and
+	// rolls its tail back never takes back a record already exported.
+	Durable() uint64
+	// Sync makes everything appended durable (at Close).
+	Sync() error
 	PublicKey() string
 	LastCheckpoint() *ledger.Checkpoint
 }
@@ -199,8 +205,43 @@ func (e *Exporter) Tap(t ledger.Tapped) {
 	if e.closing {
 		return
 	}
+	if t.Seq < e.next {
+		e.rollbackLocked(t.Seq)
+	}
 	e.next = t.Seq + 1
 	e.admitLocked(t.Seq, t.Leaf, t.Line, t.Event)
+}
+
+// durable reports whether it may be sent: all of its records are below
+// the ledger's durable point.
+func (it *item) durable(durable uint64) bool {
+	switch it.kind {
+	case itemRecord:
+		return it.seq < durable
+	case itemGap:
+		return it.gap.to <= durable
+	}
+	return true
+}
+
+// rollbackLocked forgets the queued records from seq on: the ledger
+// failed to write them and reuses their sequence numbers. None was sent
+// (only durable records are). A gap that starts before seq and reaches
+// past it cannot be cut (its subtree hashes are merged); it stays, and a
+// verifier will find its root does not match: the ledger's loss record
+// says why.
+func (e *Exporter) rollbackLocked(seq uint64) {
+	for k := len(e.q) - 1; k >= 0; k-- {
+		it := e.q[k]
+		switch {
+		case it.kind == itemRecord && it.seq >= seq:
+			e.nrec--
+		case it.kind == itemGap && it.gap.from >= seq:
+		default:
+			continue
+		}
+		e.q = append(e.q[:k], e.q[k+1:]...)
+	}
 }
 
 // admitLocked queues a record, or accounts for it in a gap.
@@ -318,8 +359,12 @@ func (e *Exporter) loop() {
 // it stops at the first failure. The ticker and a full batch call it.
 func (e *Exporter) flush(ctx context.Context) error {
 	for {
+		durable := e.src.Durable()
 		e.mu.Lock()
-		n := min(len(e.q), e.cfg.BatchRecords)
+		n := 0
+		for n < len(e.q) && n < e.cfg.BatchRecords && e.q[n].durable(durable) {
+			n++
+		}
 		if n == 0 {
 			e.mu.Unlock()
 			return nil
@@ -440,6 +485,11 @@ func (e *Exporter) close(wait time.Duration) error {
 		<-e.done
 		if e.metricsDone != nil {
 			<-e.metricsDone
+		}
+		if err := e.src.Sync(); err != nil {
+			e.mu.Lock()
+			e.stats.LastError = "ledger sync at close: " + err.Error()
+			e.mu.Unlock()
 		}
 		e.report()
 		e.queueCheckpoint()

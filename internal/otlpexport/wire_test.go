@@ -16,6 +16,8 @@ type fakeSource struct{}
 
 func (fakeSource) ID() string                         { return "0123abcd" }
 func (fakeSource) Dir() string                        { return "" }
+func (fakeSource) Durable() uint64                    { return 1 << 62 }
+func (fakeSource) Sync() error                        { return nil }
 func (fakeSource) PublicKey() string                  { return "watcher-ledger/0123abcd+01234567+AAAA" }
 func (fakeSource) LastCheckpoint() *ledger.Checkpoint { return nil }
 
