@@ -353,6 +353,19 @@ func TestKubernetesDaemonSet(t *testing.T) {
 	if err != nil {
 		t.Fatalf("shipped policy: %v", err)
 	}
+	// Pods are chosen by namespace and label, read from containerd's
+	// socket, which the DaemonSet mounts where the agent looks.
+	var byLabel bool
+	for _, sb := range p.Sandboxes {
+		byLabel = byLabel || (sb.Select.Labels["io.kubernetes.pod.namespace"] != "" && len(sb.Select.Labels) > 1)
+	}
+	if !byLabel {
+		t.Error("no sandbox selects pods by namespace and label")
+	}
+	if m, ok := mounts["/run/containerd/containerd.sock"]; !ok || volumes[m.Name].HostPath == nil ||
+		volumes[m.Name].HostPath.Path != "/run/containerd/containerd.sock" {
+		t.Error("containerd's socket is not mounted for the label selectors")
+	}
 	_, port, err := net.SplitHostPort(p.Agent.MetricsAddr)
 	if err != nil || port != strconv.Itoa(int(metricsPort)) {
 		t.Errorf("policy metrics_addr %q, DaemonSet port %d", p.Agent.MetricsAddr, metricsPort)

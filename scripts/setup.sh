@@ -63,3 +63,11 @@ if [ ! -d "$mcp_cache/node/node_modules/@modelcontextprotocol/sdk" ] ||
 	npm install --silent --no-audit --no-fund --prefix "$mcp_cache/node" @modelcontextprotocol/sdk @modelcontextprotocol/conformance@0.1.12 ||
 		echo "== npm install failed: the TypeScript MCP client test and the conformance run will skip"
 fi
+
+# internal/otlpexport's tests send to a real OpenTelemetry Collector built
+# from the Collector's Go modules (test/otelcol, its own module so they
+# stay out of watcher's go.mod); built once into the cache the tests use.
+echo "== build the test OpenTelemetry Collector (test/otelcol)"
+otelcol_key=$(cat test/otelcol/main.go test/otelcol/go.mod test/otelcol/go.sum | sha256sum | cut -c1-16)
+otelcol_bin="${XDG_CACHE_HOME:-$HOME/.cache}/watcher/otelcol-$otelcol_key"
+[ -x "$otelcol_bin" ] || (cd test/otelcol && go build -o "$otelcol_bin" .)

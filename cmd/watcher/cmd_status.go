@@ -152,6 +152,8 @@ func printStatus(w io.Writer, st *control.Status) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
+	printMembers(w, st)
+	printExports(w, st)
 	printUsage(w, st)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tENFORCED BY\tNOTE")
@@ -249,4 +251,53 @@ func canarySummary(st *control.Status) string {
 		return "no sandboxes"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// printMembers names the containers in the sandboxes (pod, namespace,
+// container, id), when any sandbox holds one. Names come from container
+// labels: escaped.
+func printMembers(w io.Writer, st *control.Status) {
+	q := textesc.String
+	var rows []string
+	for _, s := range st.Sandboxes {
+		m := s.Member
+		if len(m) == 0 {
+			continue
+		}
+		who := "container"
+		if pod := m["k8s.pod.name"]; pod != "" {
+			who = "pod " + q(m["k8s.namespace.name"]) + "/" + q(pod)
+			if c := m["k8s.container.name"]; c != "" {
+				who += " container " + q(c)
+			}
+		}
+		rows = append(rows, fmt.Sprintf("%s\t%s\t%.12s", q(s.Name), who, q(m["container.id"])))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	sort.Strings(rows)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SANDBOX\tMEMBER\tCONTAINER")
+	for _, r := range rows {
+		fmt.Fprintln(tw, r)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+// printExports shows the OTLP exporters' counters, when there are any.
+func printExports(w io.Writer, st *control.Status) {
+	if len(st.Exports) == 0 {
+		return
+	}
+	q := textesc.String
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EXPORT\tENDPOINT\tSENT\tQUEUED\tFILTERED\tTHROTTLED\tDROPPED\tREJECTED\tFAILURES\tLAST ERROR")
+	for _, x := range st.Exports {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", q(x.Name), q(x.Endpoint), x.Sent, x.Queued,
+			x.Filtered, x.Throttled, x.Dropped, x.Rejected, x.Failures, q(x.LastError))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
 }

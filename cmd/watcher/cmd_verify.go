@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	register("verify", command{Summary: "verify a ledger offline: exit 0 clean, 1 tampered, 2 unreadable", Run: runVerify})
+	register("verify", command{Summary: "verify a ledger (or, with --export, a Collector's copy) offline: exit 0 clean, 1 tampered, 2 unreadable", Run: runVerify})
 }
 
 // checkpointFiles collects repeated --checkpoint flags.
@@ -29,6 +29,9 @@ func (c *checkpointFiles) Set(s string) error { *c = append(*c, s); return nil }
 const progressThreshold = 64 << 20
 
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if wantsExport(args) {
+		return runVerifyExport(args, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	pub := fs.String("pubkey", "", "checkpoint verifier key file (default DIR/ledger.pub; use a copy kept off the host)")
 	var ckpts checkpointFiles

@@ -39,6 +39,7 @@ import (
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/metrics"
 	"github.com/watcherhq/watcher/internal/namerelay"
+	"github.com/watcherhq/watcher/internal/otlpexport"
 	"github.com/watcherhq/watcher/internal/pipeline"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -118,15 +119,25 @@ type Agent struct {
 
 	ledger   *ledger.Ledger
 	cosigner *witness.Cosigner // nil without witnesses
-	pipe     *pipeline.Pipeline
-	tail     *tail.Server
-	metrics  *metrics.Metrics
-	bpfStats *metrics.BPFStats
-	httpSrv  *http.Server
-	control  *control.Server
-	gateway  *gateway.Manager
-	escape   *escape.Scorer
-	watcher  *containers.Watcher
+	// dockerLabels and containerdLabels read containers' labels for
+	// label selectors (labelSource tries both); ctrLabels maps a container sandbox root's cgroup id to the
+	// container and Kubernetes identity its events carry.
+	dockerLabels     *containers.DockerLabels
+	containerdLabels *containers.ContainerdLabels
+	labelSource      containers.LabelSource
+	ctrLabels        sync.Map
+	labelErrs        sync.Map
+	// exporters send the ledger's records over OTLP (agent.export).
+	exporters []*otlpexport.Exporter
+	pipe      *pipeline.Pipeline
+	tail      *tail.Server
+	metrics   *metrics.Metrics
+	bpfStats  *metrics.BPFStats
+	httpSrv   *http.Server
+	control   *control.Server
+	gateway   *gateway.Manager
+	escape    *escape.Scorer
+	watcher   *containers.Watcher
 
 	reloader *policy.Reloader
 	applyErr error // of the last policy applied by the reloader
@@ -215,6 +226,11 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	a.startup.done("open sinks")
 	a.escape = escape.New(escape.Config{Limits: a.escapeLimits, Leaf: a.escapeLeaf})
 	a.pipe = a.newPipeline()
+	// Exporters start before the first event so the startup's records
+	// are exported too.
+	if err := a.startExport(pol); err != nil {
+		return a, fmt.Errorf("export: %w", err)
+	}
 	switch {
 	case oomErr != nil:
 		// Root without CAP_SYS_RESOURCE (this project's CI machines) may
@@ -354,7 +370,11 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.registerSandboxes(); err != nil {
 		return a, err
 	}
-	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup}); err != nil {
+	a.dockerLabels = &containers.DockerLabels{Socket: pol.Agent.DockerSocket}
+	a.containerdLabels = &containers.ContainerdLabels{Socket: pol.Agent.ContainerdSocket}
+	a.labelSource = containers.Runtimes{a.dockerLabels, a.containerdLabels}
+	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup,
+		Labels: a.labelSource, OnError: a.labelError}); err != nil {
 		return a, err
 	}
 	a.startup.done("register sandboxes")
@@ -769,6 +789,10 @@ func (a *Agent) Stop() error {
 			a.httpSrv.Close()
 		}
 		a.stopWitnessing()
+		a.stopExport()
+		if a.containerdLabels != nil {
+			a.containerdLabels.Close()
+		}
 		if a.pipe != nil {
 			errs = append(errs, a.pipe.Close()) // closes the ledger (final checkpoint) and the tail
 		}

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"time"
@@ -95,6 +96,12 @@ func (a *Agent) Status() control.Status {
 	// Events and losses are the pipeline's counts, the ones /metrics exports.
 	s := control.Status{PID: os.Getpid(), Started: a.started, Version: Version, Kernel: ks,
 		Losses: a.metrics.LossesByStage(), Policy: a.opts.PolicyPath}
+	for _, x := range a.exporters {
+		st := x.Stats()
+		s.Exports = append(s.Exports, control.ExportStatus{Name: x.Name(), Endpoint: x.Endpoint(), Sent: st.Sent,
+			Queued: st.Queued, Filtered: st.Filtered, Throttled: st.Throttled, Dropped: st.Dropped,
+			Rejected: st.Rejected, Failures: st.Failures, LastError: st.LastError})
+	}
 	events := a.metrics.EventsBySandbox()
 	a.mu.Lock()
 	s.Layers, s.Missing = append(append([]control.Layer(nil), a.layers...), limitLayers(a.pol)...), a.missing
@@ -107,6 +114,9 @@ func (a *Agent) Status() control.Status {
 			ss.Events[string(v)] = n
 		}
 		ss.Frozen = a.frozen.any(r.sandbox)
+		if id, ok := a.ctrLabels.Load(cg); ok {
+			ss.Member = maps.Clone(id.(map[string]string))
+		}
 		ss.Canary = a.canaryReport(r.sandbox)
 		ss.Usage = rootUsage(a.pol, a.pol.Sandbox(r.sandbox), r.path)
 		ss.Posture = a.posture.recorded(r.path)

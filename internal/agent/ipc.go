@@ -16,7 +16,7 @@ func ipcTracking(pol *policy.Policy) bool {
 	for i := range pol.Sandboxes {
 		sb := &pol.Sandboxes[i]
 		if sb.WorkspaceOptions.Mode == policy.WorkspaceOverlay &&
-			(len(sb.Select.Cgroups) > 0 || len(sb.Select.Globs) > 0 || len(sb.Select.Containers) > 0) {
+			(len(sb.Select.Cgroups) > 0 || len(sb.Select.Globs) > 0 || len(sb.Select.Containers) > 0 || len(sb.Select.Labels) > 0) {
 			return true
 		}
 	}

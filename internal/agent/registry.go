@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -135,6 +136,9 @@ func (a *Agent) watchTargets() []containers.Target {
 		for _, ref := range sb.Select.Refs() {
 			ts = append(ts, containers.Target{Name: sb.Name, Ref: &ref})
 		}
+		if len(sb.Select.Labels) > 0 {
+			ts = append(ts, containers.Target{Name: sb.Name, Labels: sb.Select.Labels})
+		}
 		// The leaves `watcher exec` creates, to learn their labels while
 		// they exist: events are often read after the leaf is gone.
 		for _, parent := range ExecParents(a.pol, &sb) {
@@ -175,6 +179,8 @@ func (a *Agent) onCgroup(ev containers.Event) {
 	switch ev.Op {
 	case containers.Appeared:
 		err := a.addRoot(ev.Target, ev.Abs, false)
+		// After caging: a label lookup must not widen the gap.
+		a.noteContainer(ev)
 		msg := fmt.Sprintf("cgroup %s joined sandbox %s", ev.Path, ev.Target)
 		if err != nil {
 			msg = fmt.Sprintf("cgroup %s matched sandbox %s but could not be registered: %v", ev.Path, ev.Target, err)
@@ -182,6 +188,12 @@ func (a *Agent) onCgroup(ev containers.Event) {
 		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Sandbox: audit.Sandbox{Name: ev.Target}, Message: msg})
 	case containers.Gone:
 		a.removeRoot(ev.Abs)
+		if ev.Info.ContainerID != "" {
+			id := ev.ID
+			time.AfterFunc(time.Minute, func() { a.ctrLabels.Delete(id) })
+			a.dockerLabels.Forget(ev.Info.ContainerID)
+			a.containerdLabels.Forget(ev.Info.ContainerID)
+		}
 	}
 }
 
@@ -192,4 +204,45 @@ func (a *Agent) sandboxName(id uint32) string {
 		return (*names)[id]
 	}
 	return ""
+}
+
+// kubeletLabels maps the labels kubelet sets on a container to the
+// OpenTelemetry resource attributes events carry as sandbox labels.
+var kubeletLabels = map[string]string{
+	"io.kubernetes.pod.name":       "k8s.pod.name",
+	"io.kubernetes.pod.namespace":  "k8s.namespace.name",
+	"io.kubernetes.container.name": "k8s.container.name",
+	"io.kubernetes.pod.uid":        "k8s.pod.uid",
+}
+
+// noteContainer remembers the identity of a container that joined a
+// sandbox, for the enrich stage: its id and, from its runtime labels,
+// its pod, namespace and container name.
+func (a *Agent) noteContainer(ev containers.Event) {
+	if ev.Info.ContainerID == "" {
+		return
+	}
+	id := map[string]string{"container.id": ev.Info.ContainerID}
+	if ev.Info.PodUID != "" {
+		id["k8s.pod.uid"] = ev.Info.PodUID
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if labels, ok, _ := a.labelSource.Labels(ctx, ev.Info); ok {
+		for k, attr := range kubeletLabels {
+			if v := labels[k]; v != "" {
+				id[attr] = v
+			}
+		}
+	}
+	a.ctrLabels.Store(ev.ID, id)
+}
+
+// labelError reports a failed label lookup, once per distinct message.
+func (a *Agent) labelError(err error) {
+	if _, seen := a.labelErrs.LoadOrStore(err.Error(), true); seen {
+		return
+	}
+	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+		Message: "container labels for sandbox selection: " + err.Error()})
 }

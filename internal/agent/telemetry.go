@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,6 +85,17 @@ func (a *Agent) enrich(ev *audit.Event) bool {
 	}
 	if label := a.labelOf(ev.Process.CgroupID); label != "" {
 		ev.Sandbox.Labels = map[string]string{"label": label}
+	}
+	if ev.Sandbox.CgroupID != 0 {
+		if id, ok := a.ctrLabels.Load(ev.Sandbox.CgroupID); ok {
+			// A copy: the producer's map may be shared.
+			labels := maps.Clone(ev.Sandbox.Labels)
+			if labels == nil {
+				labels = map[string]string{}
+			}
+			maps.Copy(labels, id.(map[string]string))
+			ev.Sandbox.Labels = labels
+		}
 	}
 	if check := a.canaryCheckOf(ev); check != "" {
 		if ev.Sandbox.Labels == nil {

@@ -57,6 +57,14 @@ const (
 	KindCanary Kind = "canary"
 )
 
+// Kinds lists every event kind, for validating names (export filters).
+func Kinds() []Kind {
+	return []Kind{KindFileOpen, KindPtrace, KindMount, KindModule, KindBPF, KindCapability, KindSignal,
+		KindExec, KindExit, KindSyscall, KindDevice, KindSysctl, KindSocket, KindNet, KindDNS, KindEscape,
+		KindAgent, KindLoss, KindSampleSummary, KindRecovery, KindTool, KindFileOp, KindOperation,
+		KindWorkspace, KindLimit, KindCanary, KindPosture}
+}
+
 // LabelCanary is the sandbox label that marks the events of the canary's
 // probes (its value names the check): they prove the cage works, are never
 // an attack, and never count toward the escape score.

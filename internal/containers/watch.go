@@ -16,8 +16,9 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 )
 
-// Target is something the watcher looks for: cgroups matching a glob, or the
-// cgroup of a container or pod. Exactly one of Glob and Ref is set.
+// Target is something the watcher looks for: cgroups matching a glob, the
+// cgroup of a container or pod, or containers whose runtime labels match.
+// Exactly one of Glob, Ref and Labels is set.
 type Target struct {
 	// Name labels the target in events (e.g. the policy sandbox name).
 	Name string
@@ -25,13 +26,30 @@ type Target struct {
 	Glob *Glob
 	// Ref selects a container or pod by id.
 	Ref *Ref
+	// Labels selects containers whose runtime labels include these (value
+	// "*": the key with any value), read through WatcherConfig.Labels.
+	Labels map[string]string
 }
 
-func (t Target) matches(rel string, info Info, identified bool) bool {
-	if t.Glob != nil {
+func (w *Watcher) matches(t Target, rel string, info Info, identified bool) bool {
+	switch {
+	case t.Glob != nil:
 		return t.Glob.Match(rel)
+	case t.Ref != nil:
+		return identified && t.Ref.Matches(info)
+	case t.Labels != nil:
+		if !identified || info.ContainerID == "" || w.cfg.Labels == nil {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		l, ok, err := w.cfg.Labels.Labels(ctx, info)
+		if err != nil && w.cfg.OnError != nil {
+			w.cfg.OnError(err)
+		}
+		return ok && MatchLabels(t.Labels, l)
 	}
-	return t.Ref != nil && identified && t.Ref.Matches(info)
+	return false
 }
 
 // Op says whether a cgroup appeared or went away.
@@ -67,6 +85,11 @@ type WatcherConfig struct {
 	// OnEvent receives every event, from the watcher's goroutine, in order.
 	// It should return quickly.
 	OnEvent func(Event)
+	// Labels reads container labels for label targets (nil: they match
+	// nothing).
+	Labels LabelSource
+	// OnError, if set, hears label lookups that failed.
+	OnError func(error)
 }
 
 // Watcher reports cgroups that match its targets: every existing one when
@@ -119,8 +142,14 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 }
 
 func checkTarget(t Target) error {
-	if (t.Glob == nil) == (t.Ref == nil) {
-		return fmt.Errorf("cgroup watcher: target %q needs exactly one of Glob and Ref", t.Name)
+	n := 0
+	for _, set := range []bool{t.Glob != nil, t.Ref != nil, t.Labels != nil} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("cgroup watcher: target %q needs exactly one of Glob, Ref and Labels", t.Name)
 	}
 	return nil
 }
@@ -244,7 +273,7 @@ func (w *Watcher) consider(rel, abs string) {
 	targets := w.snapshotTargets()
 	info, identified := Identify(rel)
 	for _, t := range targets {
-		if !t.matches(rel, info, identified) {
+		if !w.matches(t, rel, info, identified) {
 			continue
 		}
 		if _, seen := w.known[rel][t.Name]; seen {
@@ -303,7 +332,7 @@ func (w *Watcher) rescan() {
 	w.resolver.Walk(func(rel, abs string) error {
 		info, identified := Identify(rel)
 		for _, t := range targets {
-			if t.matches(rel, info, identified) {
+			if w.matches(t, rel, info, identified) {
 				if present[rel] == nil {
 					present[rel] = map[string]bool{}
 				}

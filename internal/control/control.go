@@ -41,9 +41,25 @@ type Status struct {
 	// Losses by stage since start.
 	Losses map[string]uint64 `json:"losses"`
 	Ledger LedgerStatus      `json:"ledger"`
+	// Exports are the OTLP exporters' counters (agent.export).
+	Exports []ExportStatus `json:"exports,omitempty"`
 	// Missing lists required layers that are not available; non-empty
 	// makes `watcher status` exit non-zero.
 	Missing []string `json:"missing,omitempty"`
+}
+
+// ExportStatus is one OTLP exporter's counters since the agent started.
+type ExportStatus struct {
+	Name      string `json:"name"`
+	Endpoint  string `json:"endpoint"`
+	Sent      uint64 `json:"sent"`
+	Queued    uint64 `json:"queued"`
+	Filtered  uint64 `json:"filtered"`
+	Throttled uint64 `json:"throttled"`
+	Dropped   uint64 `json:"dropped"`
+	Rejected  uint64 `json:"rejected"`
+	Failures  uint64 `json:"failures"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // KernelStatus describes what the kernel offers.
@@ -86,6 +102,10 @@ type SandboxStatus struct {
 	// Canary is the sandbox's last self-test (nil before the first);
 	// failures make `watcher status` exit non-zero.
 	Canary *CanaryReport `json:"canary,omitempty"`
+	// Member names the container in this cgroup, when it is one:
+	// container.id and, from its runtime's labels, k8s.pod.name,
+	// k8s.namespace.name, k8s.container.name, k8s.pod.uid.
+	Member map[string]string `json:"member,omitempty"`
 }
 
 // ResourceUsage is a sandbox cgroup's use of its limits (0 = no limit).

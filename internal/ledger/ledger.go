@@ -213,6 +213,9 @@ type Ledger struct {
 	ckptMu     sync.Mutex // serialises writes of DIR/checkpoint
 	ckptNotify chan struct{}
 
+	// tap sees every record appended (Tap), under mu, in seq order.
+	tap func(Tapped)
+
 	kick     chan struct{} // commit now (alert, rotation)
 	stop     chan struct{}
 	bgDone   chan struct{}
@@ -785,9 +788,13 @@ func (l *Ledger) appendLocked(e *audit.Event, alert bool) uint64 {
 				Message:  fmt.Sprintf("event too large for the ledger (%d bytes encoded); details dropped", n),
 				Redacted: []string{"truncated"}}
 			l.buf, h = appendRecord(l.buf, l.lh, l.cur.next, l.cur.prev, &small)
+			e = &small
 		}
 	}
 	seq := l.cur.next
+	if l.tap != nil {
+		l.tap(Tapped{Seq: seq, Leaf: h, Line: l.buf[start:], Event: e})
+	}
 	l.cur.fr.add(h, l.onNode)
 	l.leaves = append(l.leaves, h)
 	l.cur.prev = h
@@ -911,6 +918,11 @@ func (l *Ledger) recoverLocked() {
 	}
 	l.stats.Bytes += uint64(n)
 	l.stats.Syncs++
+	if l.tap != nil {
+		// The tap learns here that the records it saw from this seq on
+		// were cut back.
+		l.tap(Tapped{Seq: l.cur.next, Leaf: h, Line: rec, Event: &e})
+	}
 	l.cur.fr.add(h, l.onNode)
 	l.leaves = append(l.leaves, h)
 	l.cur.prev = h

@@ -12,6 +12,9 @@
 //	fan-out  every sink in order: ledger, tail, metrics (the one count of
 //	         events and losses: /metrics and `watcher status` read it),
 //	         escape watch, log
+//	export   the ledger's tap (ledger.Tap) feeds the OTLP exporters
+//	         (internal/otlpexport) every record it appends, in sequence
+//	         order with its leaf hash; they queue and never wait
 //
 // Sinks never call back into the pipeline. A sink that wants something
 // done returns a Decision (the escape watch: "freeze this leaf"); the

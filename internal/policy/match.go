@@ -293,6 +293,9 @@ func (p *Policy) WatchTargets() []containers.Target {
 			ref := r
 			out = append(out, containers.Target{Name: sb.Name, Ref: &ref})
 		}
+		if len(sb.Select.Labels) > 0 {
+			out = append(out, containers.Target{Name: sb.Name, Labels: sb.Select.Labels})
+		}
 	}
 	return out
 }

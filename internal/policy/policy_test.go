@@ -423,7 +423,7 @@ func TestValidateInCodeAndWholePolicyErrors(t *testing.T) {
 	want := []string{
 		"policy: agent.metrics_addr: \"localhost\": want host:port",
 		"policy: agent.dns.upstreams[0]: \"dns.example:53\": host must be an IP address",
-		"policy: sandboxes[1].select: select at least one cgroup, glob or container",
+		"policy: sandboxes[1].select: select at least one cgroup, glob, container or label",
 		"policy: sandboxes[1].name: sandbox name \"a\" already used by sandboxes[0]",
 	}
 	for _, w := range want {

@@ -3,6 +3,7 @@ package policy
 import (
 	"embed"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
@@ -118,6 +119,7 @@ func cloneSandbox(sb Sandbox) Sandbox {
 	out.Select.Cgroups = slices.Clone(sb.Select.Cgroups)
 	out.Select.Globs = slices.Clone(sb.Select.Globs)
 	out.Select.Containers = slices.Clone(sb.Select.Containers)
+	out.Select.Labels = maps.Clone(sb.Select.Labels)
 	out.Workspace = slices.Clone(sb.Workspace)
 	out.Files = slices.Clone(sb.Files)
 	out.Operations.Capabilities.Rules = slices.Clone(sb.Operations.Capabilities.Rules)

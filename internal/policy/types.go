@@ -78,6 +78,70 @@ type Agent struct {
 	// stored with the checkpoint, let `watcher verify --witness KEY`
 	// reject a history the host rewrote and re-signed. Empty: none.
 	Witnesses []Witness `yaml:"witnesses"`
+	// Export sends the ledger's records, as OpenTelemetry log records, to
+	// OTLP endpoints (an OpenTelemetry Collector); see docs/otlp.md.
+	// Read at agent start (a reload does not change it). Empty: none.
+	Export []Export `yaml:"export,omitempty"`
+	// DockerSocket is dockerd's API socket, read for sandboxes that select
+	// containers by labels. Default /var/run/docker.sock.
+	DockerSocket string `yaml:"docker_socket,omitempty"`
+	// ContainerdSocket is containerd's API socket, read likewise (the
+	// CRI's containers: kubelet's labels and the pod's labels). Default
+	// /run/containerd/containerd.sock.
+	ContainerdSocket string `yaml:"containerd_socket,omitempty"`
+}
+
+// Export is one OTLP destination for the ledger's records.
+type Export struct {
+	// Name identifies the exporter in loss records and metrics.
+	Name string `yaml:"name"`
+	// Protocol is grpc (default) or http (OTLP/HTTP, protobuf).
+	Protocol string `yaml:"protocol"`
+	// Endpoint is host:port for grpc, a URL for http (/v1/logs is added
+	// when it has no path).
+	Endpoint string `yaml:"endpoint"`
+	// Insecure sends gRPC in plaintext (for http the URL's scheme says).
+	Insecure bool `yaml:"insecure"`
+	// TLS configures the client side of TLS; empty uses the system roots.
+	TLS ExportTLS `yaml:"tls"`
+	// Headers are sent with every request (authorization, tenant ids).
+	Headers map[string]string `yaml:"headers"`
+	// Filter selects what is sent; what it leaves out is covered by gap
+	// records so the central copy can still be proven.
+	Filter ExportFilter `yaml:"filter"`
+	// BatchRecords is the most records per request (default 512).
+	BatchRecords int `yaml:"batch_records"`
+	// BatchInterval is how long a partial batch waits (default 1s).
+	BatchInterval Duration `yaml:"batch_interval"`
+	// BufferRecords bounds what is held while the endpoint is away
+	// (default 65536); beyond it records are dropped and the drop is a
+	// ledger loss record.
+	BufferRecords int `yaml:"buffer_records"`
+	// RateLimit is records per second per sandbox (0: none); RateBurst is
+	// how many may go at once (default twice the rate).
+	RateLimit float64 `yaml:"rate_limit"`
+	RateBurst int     `yaml:"rate_burst"`
+	// MetricsInterval sends the agent's metrics (those on /metrics) as
+	// OTLP metrics this often, cumulative; 0 (default) sends none.
+	MetricsInterval Duration `yaml:"metrics_interval"`
+}
+
+// ExportTLS names the files of an exporter's TLS client.
+type ExportTLS struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+}
+
+// ExportFilter selects records; empty lists match everything. Loss
+// records always pass.
+type ExportFilter struct {
+	Sandboxes []string `yaml:"sandboxes"`
+	Kinds     []string `yaml:"kinds"`
+	Verdicts  []string `yaml:"verdicts"`
+	// MinSeverity is routine (default: everything) or alert.
+	MinSeverity string `yaml:"min_severity"`
 }
 
 // Witness is one tlog-witness the ledger's checkpoints are submitted to.
@@ -306,6 +370,13 @@ type Selector struct {
 	// Containers are runtime-qualified container ids (docker://ID,
 	// containerd://ID, cri-o://ID; 12 to 64 hex digits) or pod://UID.
 	Containers []string `yaml:"containers"`
+	// Labels select containers by the labels their runtime holds (Docker
+	// labels; for a Kubernetes container the ones kubelet sets:
+	// io.kubernetes.pod.namespace, io.kubernetes.pod.name,
+	// io.kubernetes.container.name). Every key must be present with the
+	// value given ("*": any value). Read from dockerd's API
+	// (agent.docker_socket) as each container's cgroup appears.
+	Labels map[string]string `yaml:"labels,omitempty"`
 }
 
 // Match says how a file rule's path is compared with the resolved path.

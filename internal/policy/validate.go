@@ -7,10 +7,12 @@ import (
 	"net/url"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	tdnote "github.com/transparency-dev/formats/note"
+	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/containers"
 )
 
@@ -127,6 +129,84 @@ func (c *checker) agent(at path, a *Agent) {
 			seen[name] = true
 		}
 	}
+	c.exports(at.key("export"), a.Export)
+	if a.DockerSocket != "" {
+		c.absPath(at.key("docker_socket"), a.DockerSocket, false)
+	}
+	if a.ContainerdSocket != "" {
+		c.absPath(at.key("containerd_socket"), a.ContainerdSocket, false)
+	}
+}
+
+// exports checks the OTLP exporters: unique names, an endpoint of the
+// protocol's form, known filter values.
+func (c *checker) exports(at path, exps []Export) {
+	names := map[string]bool{}
+	for i, x := range exps {
+		at := at.idx(i)
+		switch {
+		case x.Name == "":
+			c.add(at.key("name"), "required")
+		case !sandboxName.MatchString(x.Name):
+			c.add(at.key("name"), "%q: use letters, digits, '.', '_' and '-'", x.Name)
+		case names[x.Name]:
+			c.add(at.key("name"), "%q listed twice", x.Name)
+		}
+		names[x.Name] = true
+		switch x.Protocol {
+		case "", "grpc":
+			if x.Endpoint == "" {
+				c.add(at.key("endpoint"), "required (host:port)")
+			} else {
+				c.hostPort(at.key("endpoint"), x.Endpoint, false)
+			}
+		case "http":
+			if u, err := url.Parse(x.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				c.add(at.key("endpoint"), "%q: want http(s)://host[:port][/path]", x.Endpoint)
+			}
+		default:
+			c.add(at.key("protocol"), "%q: want grpc or http", x.Protocol)
+		}
+		if (x.TLS.CertFile == "") != (x.TLS.KeyFile == "") {
+			c.add(at.key("tls"), "cert_file and key_file go together")
+		}
+		for k, f := range map[string]string{"ca_file": x.TLS.CAFile, "cert_file": x.TLS.CertFile, "key_file": x.TLS.KeyFile} {
+			if f != "" {
+				c.absPath(at.key("tls").key(k), f, false)
+			}
+		}
+		for j, k := range x.Filter.Kinds {
+			if !slices.Contains(audit.Kinds(), audit.Kind(k)) {
+				c.add(at.key("filter").key("kinds").idx(j), "%q is not an event kind", k)
+			}
+		}
+		for j, v := range x.Filter.Verdicts {
+			switch audit.Verdict(v) {
+			case audit.VerdictAllowed, audit.VerdictRecorded, audit.VerdictDenied, audit.VerdictKilled:
+			default:
+				c.add(at.key("filter").key("verdicts").idx(j), "%q: want allowed, recorded, denied or killed", v)
+			}
+		}
+		switch x.Filter.MinSeverity {
+		case "", "routine", "alert":
+		default:
+			c.add(at.key("filter").key("min_severity"), "%q: want routine or alert", x.Filter.MinSeverity)
+		}
+		if x.BatchRecords < 0 {
+			c.add(at.key("batch_records"), "must not be negative")
+		}
+		if x.BufferRecords < 0 {
+			c.add(at.key("buffer_records"), "must not be negative")
+		}
+		if x.RateLimit < 0 || x.RateBurst < 0 {
+			c.add(at.key("rate_limit"), "must not be negative")
+		}
+		c.duration(at.key("batch_interval"), x.BatchInterval)
+		c.duration(at.key("metrics_interval"), x.MetricsInterval)
+		if d := x.MetricsInterval.Duration; d > 0 && d < time.Second {
+			c.add(at.key("metrics_interval"), "%v is below the minimum of 1s", d)
+		}
+	}
 }
 
 var sandboxName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -151,6 +231,11 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	for i, ref := range sb.Select.Containers {
 		if _, err := containers.ParseRef(ref); err != nil {
 			c.add(sel.key("containers").idx(i), "%v", err)
+		}
+	}
+	for k, v := range sb.Select.Labels {
+		if k == "" || v == "" {
+			c.add(sel.key("labels"), "label %q=%q: key and value must not be empty (\"*\": any value)", k, v)
 		}
 	}
 	if sb.Preset != "" && !isPreset(sb.Preset) {
@@ -358,8 +443,8 @@ func (c *checker) sandboxRequired(at path, sb *Sandbox) {
 	if sb.Name == "" {
 		c.add(at.key("name"), "required")
 	}
-	if len(sb.Select.Cgroups)+len(sb.Select.Globs)+len(sb.Select.Containers) == 0 {
-		c.add(at.key("select"), "select at least one cgroup, glob or container")
+	if len(sb.Select.Cgroups)+len(sb.Select.Globs)+len(sb.Select.Containers)+len(sb.Select.Labels) == 0 {
+		c.add(at.key("select"), "select at least one cgroup, glob, container or label")
 	}
 	if sb.Mode == "" {
 		c.add(at.key("mode"), "required (enforce or record)")
