@@ -239,7 +239,7 @@ func (r *Relay) fromClient(ctx context.Context, data []byte) {
 	case "initialize":
 		var p struct {
 			ClientInfo struct{ Name, Version string } `json:"clientInfo"`
-			Version    string                        `json:"protocolVersion"`
+			Version    string                         `json:"protocolVersion"`
 		}
 		json.Unmarshal(m.Params, &p)
 		r.note("initialize", "client", fmt.Sprintf("client %s %s, protocol %s", p.ClientInfo.Name, p.ClientInfo.Version, p.Version))
