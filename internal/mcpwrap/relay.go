@@ -328,6 +328,12 @@ func (r *Relay) call(ctx context.Context, m *message, data []byte) {
 // decide applies pins and the policy to a call of a listed tool.
 func (r *Relay) decide(ctx context.Context, cs *callState, name string, args json.RawMessage, argsSum string, obj map[string]json.RawMessage, data []byte, st *toolState) {
 	p := struct{ Name string }{name}
+	if st == nil {
+		if d := r.cfg.Rules.DecideMCP(name, nil); d.Action == policy.ToolDeny {
+			r.refuse(cs, d.Rule, d.Why, denyHint(name, d.Rule))
+			return
+		}
+	}
 	switch {
 	case st == nil:
 		r.refuse(cs, "mcp:unlisted", fmt.Sprintf("tool %q was not in this session's tools/list (hidden by the policy, or not listed yet): a tool that was not shown cannot be checked against its pinned definition", p.Name),
@@ -345,11 +351,7 @@ func (r *Relay) decide(ctx context.Context, cs *callState, name string, args jso
 	d := r.cfg.Rules.DecideMCP(p.Name, raw)
 	switch d.Action {
 	case policy.ToolDeny:
-		hint := "add a rule to the sandbox's tools.mcp list: {tool: " + strconv.Quote(p.Name) + ", action: allow}"
-		if d.Rule != "default-deny" {
-			hint = "change rule " + d.Rule + " in the sandbox's tools.mcp list"
-		}
-		r.refuse(cs, d.Rule, d.Why, hint)
+		r.refuse(cs, d.Rule, d.Why, denyHint(p.Name, d.Rule))
 	case policy.ToolAsk:
 		if r.cfg.Hold == nil {
 			r.refuse(cs, d.Rule, d.Why+", and no approver can be reached (an agent started by `watcher run` keeps its approvals on its own socket)", "allow the tool, or run the wrapper without a running agent so that `watcher approve` reaches it")
@@ -385,6 +387,14 @@ func (r *Relay) decide(ctx context.Context, cs *callState, name string, args jso
 		r.record(cs, "decision", "allow", "policy", "", "", "", audit.VerdictAllowed)
 		r.forward(cs, data)
 	}
+}
+
+// denyHint is the policy change that would allow a refused call.
+func denyHint(tool, rule string) string {
+	if rule == "default-deny" {
+		return "add a rule to the sandbox's tools.mcp list: {tool: " + strconv.Quote(tool) + ", action: allow}"
+	}
+	return "change rule " + rule + " in the sandbox's tools.mcp list"
 }
 
 func orNone(s string) string {

