@@ -67,6 +67,10 @@ read:
 			}
 		}
 		if f.Over > 0 {
+			if n := keepEnds - len(f.Head); n > 0 && f.Over > 1 {
+				f.Head = append(f.Head, chunk[:min(n, len(chunk))]...)
+			}
+			f.Over = 2 // the chunk that went over is in Head already
 			f.Tail = append(f.Tail, chunk...)
 			if len(f.Tail) > keepEnds {
 				f.Tail = append([]byte(nil), f.Tail[len(f.Tail)-keepEnds:]...)

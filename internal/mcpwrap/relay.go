@@ -169,6 +169,9 @@ func (r *Relay) Run(ctx context.Context, clientIn io.Reader, clientOut io.Writer
 	junk := r.junk
 	r.mu.Unlock()
 	for _, p := range left {
+		if p.then != nil {
+			p.then() // its call finds the server gone
+		}
 		if p.call != nil {
 			r.endCall(p.call)
 			r.record(p.call, "result", "error", "", "the server exited before answering", "", "", audit.VerdictDenied)
@@ -547,6 +550,9 @@ func (r *Relay) oversize(f frame) {
 	}
 	r.mu.Unlock()
 	switch {
+	case pr != nil && pr.then != nil:
+		r.note("frame", "dropped", why)
+		go pr.then() // the call it was for is decided without the list
 	case pr != nil && pr.call != nil:
 		r.endCall(pr.call)
 		r.record(pr.call, "result", "error", "", why, "", "", audit.VerdictDenied)
