@@ -427,3 +427,61 @@ func TestMCPWrapNetworkAllowlist(t *testing.T) {
 		t.Errorf("refused names in the ledger: elsewhere.test %v, exfiltration %v", sawElsewhere, sawExfil)
 	}
 }
+
+// TestMCPWrapApprove: a call the policy asks about waits for `watcher
+// approve` (the private agent's approvals socket), then runs; one denied
+// with `watcher deny` comes back as an error result naming the reason.
+func TestMCPWrapApprove(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed: the test server is a Python script")
+	}
+	tb := newTestbed(t, `    tools:
+      mcp:
+        ask_timeout: 60s
+        rules:
+          - {tool: echo, action: ask}
+`, "{enabled: false}")
+	server, _ := filepath.Abs("testdata/mcp/hostile_server.py")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := mcpWrapSession(t, ctx, nil, nil, "--policy", tb.policy, "--", py, server)
+	if names := toolNames(t, ctx, s); len(names) != 1 || !names["echo"] {
+		t.Fatalf("tools/list: %v, want echo only", names)
+	}
+	socks, _ := filepath.Glob(filepath.Join(tb.socketDir, "exec-*", "gateway.sock"))
+	if len(socks) != 1 {
+		t.Fatalf("approvals sockets of the private agent: %v", socks)
+	}
+	for _, c := range []struct {
+		decide []string
+		want   string
+		isErr  bool
+	}{
+		{[]string{"approve"}, "approve me", false},
+		{[]string{"deny", "--reason", "not this one"}, "not this one", true},
+	} {
+		res := make(chan string, 1)
+		go func() {
+			txt, isErr := callText(t, ctx, s, "echo", map[string]any{"text": "approve me"})
+			res <- txt + " isError=" + strconv.FormatBool(isErr)
+		}()
+		var id string
+		for i := 0; i < 100 && id == ""; i++ {
+			out, _ := tb.watcher("approvals", "--socket", socks[0], "--json")
+			if f := strings.Split(out, `"id":"`); len(f) > 1 {
+				id, _, _ = strings.Cut(f[1], `"`)
+			} else {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		if !strings.HasPrefix(id, "agents/mcp-") {
+			t.Fatalf("no pending call listed by watcher approvals (id %q)", id)
+		}
+		if out, code := tb.watcher(append(append(c.decide, "--socket", socks[0]), id)...); code != 0 {
+			t.Fatalf("watcher %s %s: %s", c.decide[0], id, out)
+		}
+		got := <-res
+		wantIn(t, c.decide[0], got, c.want, "isError="+strconv.FormatBool(c.isErr))
+	}
+}
