@@ -88,10 +88,10 @@ recorded. The server's kernel events during a call carry the call's label
 	b := make([]byte, 4)
 	rand.Read(b)
 	session := "mcp-" + hex.EncodeToString(b)
-	summaryOf := func(pol *policy.Policy, sb *policy.Sandbox) func([]audit.Event) string {
+	summaryOf := func(pol *policy.Policy, sb *policy.Sandbox) func(string, []audit.Event) string {
 		wd, _ := os.Getwd()
-		return func(evs []audit.Event) string {
-			rep := &agent.RunReport{Sandbox: sb.Name, Mode: string(sb.Mode), Refusals: agent.Refusals(pol, sb, evs, wd)}
+		return func(label string, evs []audit.Event) string {
+			rep := &agent.RunReport{Label: label, Sandbox: sb.Name, Mode: string(sb.Mode), Refusals: agent.Refusals(pol, sb, evs, wd)}
 			agent.SortRefusals(rep.Refusals)
 			var buf bytes.Buffer
 			rep.WriteSummary(&buf)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -483,5 +484,49 @@ func TestMCPWrapApprove(t *testing.T) {
 		}
 		got := <-res
 		wantIn(t, c.decide[0], got, c.want, "isError="+strconv.FormatBool(c.isErr))
+	}
+}
+
+// TestMCPWrapRunningAgent: with `watcher run` up, the wrapped server runs
+// under that agent's policy and sandbox, the relay's records go to its
+// ledger, and the kernel's refusals reach the model through its event
+// stream; an ask rule refuses and says why (no approver reachable).
+func TestMCPWrapRunningAgent(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed: the test server is a Python script")
+	}
+	tb := newTestbed(t, `    tools:
+      mcp:
+        rules:
+          - {tool: weather, action: ask}
+          - {tool: "*", action: allow}
+`, "{enabled: false}")
+	tb.startAgent()
+	server, _ := filepath.Abs("testdata/mcp/hostile_server.py")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := mcpWrapSession(t, ctx, nil, nil, "--socket", tb.ControlSocket(), "--sandbox", "agents", "--", py, server)
+	toolNames(t, ctx, s)
+	if txt, isErr := callText(t, ctx, s, "echo", map[string]any{"text": "via the agent"}); isErr || !strings.Contains(txt, "via the agent") {
+		t.Errorf("echo: %q isError=%v", txt, isErr)
+	}
+	txt, _ := callText(t, ctx, s, "read_credentials", nil)
+	wantIn(t, "read_credentials", txt, "shadow failed", "the kernel refused", "/etc/shadow")
+	txt, isErr := callText(t, ctx, s, "weather", map[string]any{"city": "Oslo"})
+	if !isErr {
+		t.Errorf("weather (ask) ran without an approver: %q", txt)
+	}
+	wantIn(t, "ask under a running agent", txt, "no approver can be reached")
+	s.Close()
+	tb.stopAgent(syscall.SIGTERM)
+	n := 0
+	for _, e := range ledgerEvents(t, tb.ledger) {
+		if e.Kind == audit.KindTool && e.Mechanism == "mcp-wrap" && e.Tool != nil && e.Tool.Tool == "echo" {
+			n++
+		}
+	}
+	if n < 3 {
+		t.Errorf("%d records of the echo call in the agent's ledger, want request, decision and result", n)
 	}
 }

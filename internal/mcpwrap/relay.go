@@ -53,9 +53,9 @@ type Config struct {
 	ApproveHint string
 	// Tagger gives each call's kernel events its label (nil: the session's).
 	Tagger *Tagger
-	// Summary turns the kernel's refusals of a call into text for the
-	// model (nil: counted only).
-	Summary func([]audit.Event) string
+	// Summary turns the kernel's refusals of a call (label: its events')
+	// into text for the model (nil: counted only).
+	Summary func(label string, refusals []audit.Event) string
 	// Settle overrides DefaultSettle.
 	Settle time.Duration
 }
@@ -593,7 +593,7 @@ func (r *Relay) result(cs *callState, m *message, data []byte) []byte {
 	if len(refusals) > 0 {
 		text := fmt.Sprintf("watcher: the kernel refused %d operation(s) of the MCP server during this call", len(refusals))
 		if r.cfg.Summary != nil {
-			text += ":\n" + r.cfg.Summary(refusals)
+			text += ":\n" + r.cfg.Summary(cs.label, refusals)
 		}
 		res = appendText(res, text)
 		note += fmt.Sprintf("; %d kernel refusal(s)", len(refusals))
