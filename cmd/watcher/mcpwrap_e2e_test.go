@@ -246,6 +246,15 @@ func TestMCPWrapHostile(t *testing.T) {
 	if !found {
 		t.Errorf("no kernel event of /etc/shadow labelled %s in the ledger", credLabel)
 	}
+	// One call from request to syscall: watcher replay --call LABEL.
+	out, code := tb.watcher("replay", "--call", credLabel, tb.ledger)
+	if code != 0 {
+		t.Fatalf("watcher replay --call %s: exit %d\n%s", credLabel, code, out)
+	}
+	wantIn(t, "replay", out, "tool=read_credentials request", "decision=allow", "/etc/shadow", "tool=read_credentials result")
+	if strings.Index(out, "request") > strings.Index(out, "/etc/shadow") || strings.Index(out, "/etc/shadow") > strings.Index(out, "tool=read_credentials result") {
+		t.Errorf("replay is not in the order request, kernel event, result:\n%s", out)
+	}
 }
 
 // TestMCPWrapFilesystem runs the reference filesystem server from npm
@@ -476,7 +485,7 @@ func TestMCPWrapApprove(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
-		if !strings.HasPrefix(id, "agents/mcp-") {
+		if !strings.HasPrefix(id, "agents/mcp-") || !strings.Contains(id, ".call-") {
 			t.Fatalf("no pending call listed by watcher approvals (id %q)", id)
 		}
 		if out, code := tb.watcher(append(append(c.decide, "--socket", socks[0]), id)...); code != 0 {

@@ -84,10 +84,10 @@ func (r *Relay) record(cs *callState, stage, decision, by, reason, result, sha s
 
 // recordArgs records a call's request: the exact arguments and their hash.
 func (r *Relay) recordArgs(cs *callState, args, sum string) {
-	d := &audit.ToolDetail{Stage: "request", Arguments: args, SHA256: sum}
+	d := &audit.ToolDetail{Stage: "request", Arguments: args, SHA256: sum, Reason: "jsonrpc id " + idKey(cs.id)}
 	if len(args) > 64<<10 {
 		d.Arguments = string(cutUTF8([]byte(args), 64<<10))
-		d.Reason = fmt.Sprintf("arguments are %d bytes: the record keeps the first %d; sha256 is of them all", len(args), len(d.Arguments))
+		d.Reason += fmt.Sprintf("; arguments are %d bytes: the record keeps the first %d; sha256 is of them all", len(args), len(d.Arguments))
 	}
 	r.emit(cs, d, audit.VerdictRecorded)
 }
@@ -96,7 +96,7 @@ func (r *Relay) emit(cs *callState, d *audit.ToolDetail, v audit.Verdict) {
 	if r.cfg.Record == nil {
 		return
 	}
-	d.CallID, d.Session, d.Seq, d.Tool = idKey(cs.id), r.cfg.Session, uint64(cs.seq), cs.tool
+	d.CallID, d.Session, d.Seq, d.Tool = cs.callID, r.cfg.Session, uint64(cs.seq), cs.tool
 	labels := map[string]string{"session": r.cfg.Session}
 	if cs.label != "" {
 		labels["label"] = cs.label

@@ -99,8 +99,12 @@ type toolState struct {
 }
 
 type callState struct {
-	seq   int
-	id    json.RawMessage
+	seq int
+	// callID names the call in the ledger and for `watcher approve`:
+	// SESSION.call-N, the label its kernel events carry, so that `watcher
+	// replay --call` joins them. id is the client's JSON-RPC id.
+	callID string
+	id     json.RawMessage
 	tool  string
 	label string
 	start time.Time
@@ -285,7 +289,7 @@ func (r *Relay) call(ctx context.Context, m *message, data []byte) {
 	}
 	r.mu.Lock()
 	r.seq++
-	cs := &callState{seq: r.seq, id: m.ID, tool: p.Name, start: time.Now()}
+	cs := &callState{seq: r.seq, id: m.ID, tool: p.Name, start: time.Now(), callID: cleanLabel(fmt.Sprintf("%s.call-%d", r.cfg.Session, r.seq))}
 	st := r.tools[p.Name]
 	r.mu.Unlock()
 	if r.cfg.Tagger != nil {
@@ -383,7 +387,7 @@ func (r *Relay) decide(ctx context.Context, cs *callState, name string, args jso
 		go func() {
 			defer r.held.Done()
 			timeout := r.cfg.Rules.AskTimeout.Duration
-			callID := fmt.Sprintf("%s.%d", r.cfg.Session, cs.seq)
+			callID := cs.callID
 			ans := r.cfg.Hold(ctx, gateway.Pending{Sandbox: r.cfg.Sandbox, Session: r.cfg.Session, CallID: callID, Tool: p.Name,
 				Arguments: string(args), ArgumentsBytes: len(args), ArgumentsSHA256: argsSum, Rule: d.Rule, Why: d.Why, Peer: "mcp client"}, timeout)
 			r.mu.Lock()

@@ -27,6 +27,7 @@ type relayed struct {
 	recs  []audit.Event
 	relay *Relay
 	done  chan error
+	early map[string][]map[string]any
 }
 
 func startRelay(t *testing.T, cfg Config) *relayed {
@@ -43,7 +44,7 @@ func startRelay(t *testing.T, cfg Config) *relayed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	rd := &relayed{done: make(chan error, 1)}
+	rd := &relayed{done: make(chan error, 1), early: map[string][]map[string]any{}}
 	cfg.Record = func(e audit.Event) { rd.mu.Lock(); rd.recs = append(rd.recs, e); rd.mu.Unlock() }
 	if cfg.Sandbox == "" {
 		cfg.Sandbox, cfg.Session = "sb", "mcp-test"
@@ -76,6 +77,10 @@ func (rd *relayed) send(t *testing.T, lines ...string) {
 // notifications; it returns the decoded message.
 func (rd *relayed) next(t *testing.T, id string) map[string]any {
 	t.Helper()
+	if m, ok := rd.early[id]; ok && len(m) > 0 {
+		rd.early[id] = m[1:]
+		return m[0]
+	}
 	for rd.out.Scan() {
 		var m map[string]any
 		if err := json.Unmarshal(rd.out.Bytes(), &m); err != nil {
@@ -84,6 +89,10 @@ func (rd *relayed) next(t *testing.T, id string) map[string]any {
 		got, _ := json.Marshal(m["id"])
 		if string(got) == id {
 			return m
+		}
+		if _, ok := m["id"]; ok {
+			// Answers to calls decided concurrently come in any order.
+			rd.early[string(got)] = append(rd.early[string(got)], m)
 		}
 	}
 	t.Fatalf("no answer with id %s", id)
@@ -178,7 +187,7 @@ func TestRelayAsk(t *testing.T) {
 	if !isErr || !strings.Contains(txt, "denied by uid=0(root): not today") {
 		t.Errorf("denied call: %q isError=%v", txt, isErr)
 	}
-	if len(asked) != 2 || asked[0].Arguments != `{"text":"approved"}` || asked[0].CallID != "mcp-test.1" || asked[0].Sandbox != "sb" {
+	if len(asked) != 2 || asked[0].Arguments != `{"text":"approved"}` || asked[0].CallID != "mcp-test.call-1" || asked[0].Sandbox != "sb" {
 		t.Errorf("held: %+v", asked)
 	}
 	rd.mu.Lock()
