@@ -105,9 +105,9 @@ type callState struct {
 	// replay --call` joins them. id is the client's JSON-RPC id.
 	callID string
 	id     json.RawMessage
-	tool  string
-	label string
-	start time.Time
+	tool   string
+	label  string
+	start  time.Time
 }
 
 // New makes a relay; the policy's zero limits take their defaults.
