@@ -243,6 +243,9 @@ func (r *Relay) fromClient(ctx context.Context, data []byte) {
 		return
 	}
 	if !m.isRequest() {
+		if m.Method == "notifications/cancelled" {
+			r.cancelled(m.Params)
+		}
 		r.toServer(trim) // notifications, answers to the server's requests
 		return
 	}
@@ -464,6 +467,28 @@ func (r *Relay) endCall(cs *callState) {
 		if _, err := r.cfg.Tagger.End(cs.seq); err != nil {
 			r.note("tag", "error", err.Error())
 		}
+	}
+}
+
+// cancelled ends a call the client gave up on: the server need not
+// answer it (MCP), and its leaf must not stay "in flight".
+func (r *Relay) cancelled(params json.RawMessage) {
+	var p struct {
+		RequestID json.RawMessage `json:"requestId"`
+		Reason    string          `json:"reason"`
+	}
+	if json.Unmarshal(params, &p) != nil || len(p.RequestID) == 0 {
+		return
+	}
+	r.mu.Lock()
+	pr := r.pending[idKey(p.RequestID)]
+	if pr != nil && pr.call != nil {
+		delete(r.pending, idKey(p.RequestID))
+	}
+	r.mu.Unlock()
+	if pr != nil && pr.call != nil {
+		r.endCall(pr.call)
+		r.record(pr.call, "result", "cancelled", "client", p.Reason, "", "", audit.VerdictRecorded)
 	}
 }
 
