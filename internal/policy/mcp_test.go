@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -28,6 +29,15 @@ sandboxes:
 `))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// What Marshal writes loads as the same rules.
+	out, err := Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := Parse("b.yaml", out)
+	if err != nil || !reflect.DeepEqual(q.Sandboxes[0].Tools.MCP, p.Sandboxes[0].Tools.MCP) {
+		t.Fatalf("round trip: %v\n%+v\n%+v", err, p.Sandboxes[0].Tools.MCP, q.Sandboxes[0].Tools.MCP)
 	}
 	mcp := &p.Sandboxes[0].Tools.MCP
 	for _, c := range []struct {
