@@ -85,6 +85,7 @@ type Relay struct {
 }
 
 type pendingReq struct {
+	id     json.RawMessage
 	method string
 	call   *callState
 	// then, for the relay's own tools/list, runs once it is filtered
@@ -176,10 +177,13 @@ func (r *Relay) Run(ctx context.Context, clientIn io.Reader, clientOut io.Writer
 		if p.then != nil {
 			p.then() // its call finds the server gone
 		}
-		if p.call != nil {
+		switch {
+		case p.call != nil:
 			r.endCall(p.call)
 			r.record(p.call, "result", "error", "", "the server exited before answering", "", "", audit.VerdictDenied)
 			r.toClient(toolResult(p.call.id, "watcher: the MCP server exited before answering this call", true))
+		case p.id != nil:
+			r.toClient(rpcError(p.id, -32603, "watcher: the MCP server exited before answering"))
 		}
 	}
 	if junk > junkRecorded {
@@ -270,7 +274,7 @@ func (r *Relay) fromClient(ctx context.Context, data []byte) {
 		r.note("initialize", "client", fmt.Sprintf("client %s %s, protocol %s", p.ClientInfo.Name, p.ClientInfo.Version, p.Version))
 	}
 	r.mu.Lock()
-	r.pending[key] = &pendingReq{method: m.Method}
+	r.pending[key] = &pendingReq{id: m.ID, method: m.Method}
 	r.mu.Unlock()
 	if err := r.toServer(trim); err != nil {
 		r.mu.Lock()
@@ -538,8 +542,18 @@ func (r *Relay) serverLoop(out io.Reader) error {
 		if m.isResponse() {
 			r.mu.Lock()
 			pr := r.pending[idKey(m.ID)]
-			delete(r.pending, idKey(m.ID))
+			sent := pr != nil && (pr.method != "tools/call" || pr.call != nil)
+			if sent {
+				delete(r.pending, idKey(m.ID))
+			}
 			r.mu.Unlock()
+			if !sent {
+				// An answer to nothing it was sent (a call the relay
+				// refused or still holds, or an id it made up) would
+				// pass unchecked: dropped.
+				r.note("frame", "dropped", "the server answered id "+excerpt([]byte(idKey(m.ID)), 80)+", a request it was not sent")
+				continue
+			}
 			if pr != nil {
 				switch {
 				case pr.call != nil:
@@ -574,6 +588,9 @@ func (r *Relay) oversize(f frame) {
 	id := guessID(f)
 	r.mu.Lock()
 	pr := r.pending[idKey(id)]
+	if pr != nil && pr.method == "tools/call" && pr.call == nil {
+		pr = nil // held by the relay: the server was not sent it
+	}
 	if pr != nil {
 		delete(r.pending, idKey(id))
 	}

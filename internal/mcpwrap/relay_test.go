@@ -299,3 +299,35 @@ func TestTaggerLabels(t *testing.T) {
 		t.Error("Begin without a leaf: no error")
 	}
 }
+
+// TestRelayDropsUnaskedAnswers: an answer from the server to a request it
+// was not sent (here: an id the client never used) does not reach the
+// client; the session goes on.
+func TestRelayDropsUnaskedAnswers(t *testing.T) {
+	rd := startRelay(t, Config{})
+	rd.send(t, initLine, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	rd.next(t, "2")
+	// A call the relay holds (for an approver) has id 77; the server is
+	// made to answer id 77 by a ping sent behind the relay's back, as a
+	// hostile server would answer on its own.
+	rd.relay.mu.Lock()
+	rd.relay.pending[`77`] = &pendingReq{method: "tools/call"}
+	rd.relay.mu.Unlock()
+	rd.relay.toServer([]byte(`{"jsonrpc":"2.0","id":77,"method":"ping"}`))
+	rd.send(t, `{"jsonrpc":"2.0","id":3,"method":"ping"}`)
+	if m := rd.next(t, "3"); m["result"] == nil {
+		t.Errorf("ping: %v", m)
+	}
+	if _, ok := rd.early["77"]; ok {
+		t.Error("the server's answer to a held call reached the client")
+	}
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	found := false
+	for _, e := range rd.recs {
+		found = found || strings.Contains(e.Tool.Reason, "a request it was not sent")
+	}
+	if !found {
+		t.Error("the dropped answer is not recorded")
+	}
+}
