@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
@@ -26,6 +27,7 @@ import (
 	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/pkg/toolproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,9 +61,10 @@ type execEnv struct {
 	Sandbox *policy.Sandbox
 	// Record appends an event to the ledger (the agent's).
 	Record func(audit.Event) error
-	// Approvals holds calls for `watcher approve` (nil with a running
-	// agent); ApprovalsSocket is where that command reaches them.
-	Approvals       *gateway.Manager
+	// Hold holds a call for `watcher approve` (the private agent's
+	// gateway, or the running agent's through its control socket);
+	// ApprovalsSocket is where that command reaches it.
+	Hold            func(ctx context.Context, p gateway.Pending, timeout time.Duration) toolproto.Answer
 	ApprovalsSocket string
 	// ExecParent is the sandbox cgroup the command's leaf is made in.
 	ExecParent string
@@ -277,9 +280,20 @@ writes the same as JSON, with the run's --label.`); err != nil {
 			}
 			return a.Record(e)
 		}}
-		if a != nil {
-			env.Approvals = a.Gateway()
+		if a != nil && a.Gateway() != nil {
+			env.Hold = a.Gateway().Hold
 			env.ApprovalsSocket = filepath.Join(pol.Agent.SocketDir, "gateway.sock")
+		}
+		if running {
+			env.Hold = func(ctx context.Context, p gateway.Pending, timeout time.Duration) toolproto.Answer {
+				ans, err := control.NewClient(*socket).Hold(ctx, control.HoldRequest{Sandbox: p.Sandbox, Session: p.Session, CallID: p.CallID, Tool: p.Tool,
+					Arguments: p.Arguments, ArgumentsSHA256: p.ArgumentsSHA256, Rule: p.Rule, Why: p.Why, Peer: p.Peer, Timeout: timeout})
+				if err != nil {
+					return toolproto.Answer{By: "watcher", Reason: "the running agent cannot hold the call: " + err.Error()}
+				}
+				return toolproto.Answer{Approved: ans.Approved, TimedOut: ans.TimedOut, By: ans.By, Reason: ans.Reason}
+			}
+			env.ApprovalsSocket = filepath.Join(filepath.Dir(*socket), "gateway.sock")
 		}
 		if hooks.Ready != nil {
 			hooks.Ready(env)

@@ -140,8 +140,8 @@ recorded. The server's kernel events during a call carry the call's label
 				log.Warn("tool pinning is off", "err", err)
 			}
 			cfg.Pins = pins
-			if env.Approvals != nil {
-				cfg.Hold = env.Approvals.Hold
+			if env.Hold != nil {
+				cfg.Hold = env.Hold
 				cfg.ApproveHint = "watcher approve --socket " + env.ApprovalsSocket
 				log.Info("calls the policy asks about wait for", "command", cfg.ApproveHint+" "+env.Sandbox.Name+"/"+session+".N")
 			}

@@ -499,7 +499,7 @@ func TestMCPWrapApprove(t *testing.T) {
 // TestMCPWrapRunningAgent: with `watcher run` up, the wrapped server runs
 // under that agent's policy and sandbox, the relay's records go to its
 // ledger, and the kernel's refusals reach the model through its event
-// stream; an ask rule refuses and says why (no approver reachable).
+// stream; an ask rule waits on the agent's approvals socket.
 func TestMCPWrapRunningAgent(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
@@ -522,11 +522,26 @@ func TestMCPWrapRunningAgent(t *testing.T) {
 	}
 	txt, _ := callText(t, ctx, s, "read_credentials", nil)
 	wantIn(t, "read_credentials", txt, "shadow failed", "the kernel refused", "/etc/shadow")
-	txt, isErr := callText(t, ctx, s, "weather", map[string]any{"city": "Oslo"})
-	if !isErr {
-		t.Errorf("weather (ask) ran without an approver: %q", txt)
+	// The ask waits on the agent's own approvals socket.
+	res := make(chan string, 1)
+	go func() {
+		txt, isErr := callText(t, ctx, s, "weather", map[string]any{"city": "Oslo"})
+		res <- txt + " isError=" + strconv.FormatBool(isErr)
+	}()
+	sock := filepath.Join(tb.socketDir, "gateway.sock")
+	var id string
+	for i := 0; i < 100 && id == ""; i++ {
+		out, _ := tb.watcher("approvals", "--socket", sock, "--json")
+		if f := strings.Split(out, `"id":"`); len(f) > 1 {
+			id, _, _ = strings.Cut(f[1], `"`)
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
-	wantIn(t, "ask under a running agent", txt, "no approver can be reached")
+	if out, code := tb.watcher("approve", "--socket", sock, id); code != 0 {
+		t.Fatalf("watcher approve %q on the agent's socket: %s", id, out)
+	}
+	wantIn(t, "ask under a running agent", <-res, "sunny in Oslo", "isError=false")
 	s.Close()
 	tb.stopAgent(syscall.SIGTERM)
 	n := 0

@@ -383,7 +383,7 @@ func (r *Relay) decide(ctx context.Context, cs *callState, name string, args jso
 		r.refuse(cs, d.Rule, d.Why, denyHint(p.Name, d.Rule))
 	case policy.ToolAsk:
 		if r.cfg.Hold == nil {
-			r.refuse(cs, d.Rule, d.Why+", and no approver can be reached (an agent started by `watcher run` keeps its approvals on its own socket)", "allow the tool, or run the wrapper without a running agent so that `watcher approve` reaches it")
+			r.refuse(cs, d.Rule, d.Why+", and no approver can be reached (--url without a running agent)", "allow the tool, or run `watcher run` so that `watcher approve` reaches the call")
 			return
 		}
 		r.record(cs, "decision", "ask", "policy", d.Why, "", "", audit.VerdictRecorded)
