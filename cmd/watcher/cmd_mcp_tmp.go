@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 )
 
 func init() {
@@ -16,7 +17,7 @@ func init() {
 			return &exitError{Code: 2, Err: errors.New("usage: watcher mcp wrap ...")}
 		}
 		if code := runMCPWrap(args[1:]); code != 0 {
-			return &exitError{Code: code, Err: errors.New("mcp wrap failed")}
+			os.Exit(code) // runMCPWrap printed the error
 		}
 		return nil
 	}})
