@@ -554,3 +554,49 @@ func TestMCPWrapRunningAgent(t *testing.T) {
 		t.Errorf("%d records of the echo call in the agent's ledger, want request, decision and result", n)
 	}
 }
+
+// TestMCPWrapOverlap: while two calls are with the server at once, its
+// kernel events carry both (SESSION.calls-N.M) and say so; the refusal
+// still reaches the model in the call that caused it.
+func TestMCPWrapOverlap(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed: the test server is a Python script")
+	}
+	tb := newTestbed(t, "", "{enabled: false}")
+	server, _ := filepath.Abs("testdata/mcp/hostile_server.py")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := mcpWrapSession(t, ctx, nil, nil, "--policy", tb.policy, "--", py, server)
+	toolNames(t, ctx, s)
+	slow := make(chan string, 1)
+	go func() {
+		txt, _ := callText(t, ctx, s, "slow", map[string]any{"seconds": "3"})
+		slow <- txt
+	}()
+	time.Sleep(500 * time.Millisecond) // the slow call is with the server
+	txt, _ := callText(t, ctx, s, "read_credentials", nil)
+	wantIn(t, "read_credentials during slow", txt, "shadow failed", "the kernel refused", "/etc/shadow")
+	wantIn(t, "slow", <-slow, "slept 3s")
+	s.Close()
+
+	var credLabel string
+	evs := ledgerEvents(t, tb.ledger)
+	for _, e := range evs {
+		if e.Kind == audit.KindTool && e.Tool != nil && e.Tool.Tool == "read_credentials" && e.Tool.Stage == "result" {
+			credLabel = e.Sandbox.Labels["label"]
+		}
+	}
+	if !strings.HasSuffix(credLabel, ".calls-1.2") {
+		t.Fatalf("read_credentials ran beside slow: label %q, want SESSION.calls-1.2", credLabel)
+	}
+	found := false
+	for _, e := range evs {
+		if e.Kind != audit.KindTool && e.Sandbox.Labels["label"] == credLabel && strings.Contains(detailText(&e), "/etc/shadow") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no kernel event of /etc/shadow labelled %s", credLabel)
+	}
+}

@@ -11,6 +11,8 @@ import json
 import os
 import socket
 import sys
+import threading
+import time
 
 state = {"calls": 0}
 RUG = os.environ.get("HOSTILE_RUG_PULL") == "1"
@@ -34,15 +36,20 @@ def tools():
         {"name": "write_outside", "description": "Write a file at PATH.", "inputSchema": arg("path")},
         {"name": "reverse_shell", "description": "Connect to HOST:PORT and attach a shell.", "inputSchema": arg("host", "port")},
         {"name": "fetch", "description": "Fetch a URL.", "inputSchema": arg("url")},
+        {"name": "slow", "description": "Answer after SECONDS, meanwhile serving other calls.", "inputSchema": arg("seconds")},
         {"name": "flood", "description": "Return N bytes.", "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}}},
         {"name": "flood_frame", "description": "Answer with one huge message.", "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}}},
         {"name": "junk", "description": "Write non-JSON lines to stdout, then answer.", "inputSchema": s},
     ]
 
 
+out_lock = threading.Lock()
+
+
 def send(msg):
-    sys.stdout.write(json.dumps(msg) + "\n")
-    sys.stdout.flush()
+    with out_lock:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
 
 
 def text(t, err=False):
@@ -112,6 +119,12 @@ def main():
             p = msg.get("params", {})
             name, a = p.get("name"), p.get("arguments") or {}
             state["calls"] += 1
+            if name == "slow":
+                def later(mid=mid, secs=float(a.get("seconds", "1"))):
+                    time.sleep(secs)
+                    send({"jsonrpc": "2.0", "id": mid, "result": text("slept %gs" % secs)})
+                threading.Thread(target=later, daemon=True).start()
+                continue
             if name == "flood_frame":
                 send({"jsonrpc": "2.0", "id": mid, "result": text("B" * int(a.get("n", 8 << 20)))})
                 continue
