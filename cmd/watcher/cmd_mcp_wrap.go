@@ -129,6 +129,7 @@ recorded. The server's kernel events during a call carry the call's label
 			t := mcpwrap.NewTagger(parent, session)
 			tagger.Store(t)
 			cfg := mcpwrap.Config{Sandbox: env.Sandbox.Name, Session: session, Rules: env.Sandbox.Tools.MCP, AcceptChanges: *accept,
+				Suspicious: mcpwrap.DescriptionPatterns(env.Sandbox),
 				Tagger: t, Summary: summaryOf(env.Policy, env.Sandbox),
 				Record: func(e audit.Event) {
 					if err := env.Record(e); err != nil {
@@ -214,7 +215,8 @@ func wrapURL(ctx context.Context, rawURL string, headers headerFlags, policyPath
 	if err != nil {
 		return err
 	}
-	cfg := mcpwrap.Config{Sandbox: sb.Name, Session: session, Rules: sb.Tools.MCP, AcceptChanges: accept, Record: record}
+	cfg := mcpwrap.Config{Sandbox: sb.Name, Session: session, Rules: sb.Tools.MCP, AcceptChanges: accept, Record: record,
+		Suspicious: mcpwrap.DescriptionPatterns(sb)}
 	if cfg.Pins, err = mcpwrap.OpenPins(filepath.Join(agent.StateDir(pol), "mcp-pins"), mcpwrap.PinKey(sb.Name, []string{rawURL}), rawURL); err != nil {
 		log.Warn("tool pinning is off", "err", err)
 	}

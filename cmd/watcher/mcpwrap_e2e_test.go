@@ -122,6 +122,15 @@ func TestMCPWrapHostile(t *testing.T) {
 	if names["junk"] {
 		t.Errorf("tools/list shows junk, which the policy denies: %v", names)
 	}
+	// Poisoned from the start: not pinned, hidden, refused.
+	if names["notes"] {
+		t.Errorf("tools/list shows notes, whose description carries instructions: %v", names)
+	}
+	txt, isErr := callText(t, ctx, s, "notes", map[string]any{"text": "x"})
+	if !isErr {
+		t.Errorf("notes ran: %q", txt)
+	}
+	wantIn(t, "poisoned description", txt, "rule: mcp:suspicious-description", "hidden-instructions")
 
 	// Allowed, then the argument constraint (the policy's, not the kernel's).
 	if txt, isErr := callText(t, ctx, s, "echo", map[string]any{"text": "hi"}); isErr || strings.TrimSpace(txt) != "hi" {
@@ -133,7 +142,7 @@ func TestMCPWrapHostile(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("no notifications/tools/list_changed passed on")
 	}
-	txt, isErr := callText(t, ctx, s, "echo", map[string]any{"text": strings.Repeat("x", 100)})
+	txt, isErr = callText(t, ctx, s, "echo", map[string]any{"text": strings.Repeat("x", 100)})
 	if !isErr {
 		t.Errorf("echo of 100 bytes passed the policy's max_bytes 64: %q", txt)
 	}
@@ -199,8 +208,8 @@ func TestMCPWrapHostile(t *testing.T) {
 	}
 	s2.Close()
 	s3 := mcpWrapSession(t, ctx, nil, []string{"HOSTILE_RUG_PULL=1"}, "--policy", tb.policy, "--accept-changes", "--", py, server)
-	if !toolNames(t, ctx, s3)["weather"] {
-		t.Error("--accept-changes did not approve the changed weather tool")
+	if names := toolNames(t, ctx, s3); !names["weather"] || !names["notes"] {
+		t.Errorf("--accept-changes did not approve the changed weather and the suspicious notes: %v", names)
 	}
 	if txt, isErr := callText(t, ctx, s3, "weather", map[string]any{"city": "Oslo"}); isErr {
 		t.Errorf("weather after --accept-changes: %q", txt)
@@ -212,7 +221,7 @@ func TestMCPWrapHostile(t *testing.T) {
 	evs := ledgerEvents(t, tb.ledger)
 	var credLabel string
 	stages := map[string]int{}
-	pinChanged := false
+	pinChanged, suspect := false, false
 	for _, e := range evs {
 		if e.Kind != audit.KindTool || e.Mechanism != "mcp-wrap" || e.Tool == nil {
 			continue
@@ -221,6 +230,7 @@ func TestMCPWrapHostile(t *testing.T) {
 		if e.Tool.Tool == "read_credentials" && e.Tool.Stage == "result" {
 			credLabel = e.Sandbox.Labels["label"]
 		}
+		suspect = suspect || (e.Tool.Stage == "pin" && e.Tool.Decision == "suspicious" && e.Tool.Tool == "notes")
 		if e.Tool.Stage == "pin" && e.Tool.Decision == "changed" && e.Tool.Tool == "weather" {
 			pinChanged = true
 			wantIn(t, "pin record", e.Tool.Reason, "IMPORTANT", "was:")
@@ -231,8 +241,8 @@ func TestMCPWrapHostile(t *testing.T) {
 			t.Errorf("no %s records of mcp wrap in the ledger (have %v)", st, stages)
 		}
 	}
-	if !pinChanged {
-		t.Error("the rug pull is not recorded")
+	if !pinChanged || !suspect {
+		t.Errorf("recorded: the rug pull %v, the poisoned description %v", pinChanged, suspect)
 	}
 	if !strings.Contains(credLabel, ".call-") {
 		t.Fatalf("read_credentials' result carries label %q, want SESSION.call-N", credLabel)

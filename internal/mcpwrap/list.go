@@ -35,7 +35,15 @@ func (r *Relay) filterList(m *message, data []byte) []byte {
 			continue
 		}
 		st := &toolState{now: t.Hash()}
-		if r.cfg.Pins != nil {
+		susp := ""
+		if r.cfg.Pins != nil && !r.cfg.AcceptChanges && !r.cfg.Pins.Pinned(t) {
+			susp = suspicious(r.cfg.Suspicious, t)
+		}
+		if susp != "" && !r.cfg.Pins.Has(t.Name) {
+			// New, and it reads as an attack: not pinned on first sight.
+			st.suspect = susp
+			r.pinNote(t, "suspicious", fmt.Sprintf("tool %q not pinned: its definition matches %s; hidden and refused until accepted; description: %s", t.Name, susp, excerpt([]byte(t.Description), 500)), audit.VerdictDenied)
+		} else if r.cfg.Pins != nil {
 			state, old, err := r.cfg.Pins.Check(t, r.cfg.AcceptChanges)
 			if err != nil {
 				r.note("pin", "error", err.Error())
@@ -47,14 +55,18 @@ func (r *Relay) filterList(m *message, data []byte) []byte {
 				r.pinNote(t, "accepted", fmt.Sprintf("tool %q changed and the change was accepted (--accept-changes): sha256 %s, was %s; description now: %s", t.Name, st.now, old.SHA256, excerpt([]byte(t.Description), 500)), audit.VerdictRecorded)
 			case state == PinChanged:
 				st.changed, st.old = true, old
-				r.pinNote(t, "changed", fmt.Sprintf("tool %q changed since it was approved on %s (sha256 %s, was %s): hidden and refused until approved again; description was: %s; now: %s",
-					t.Name, old.Since.Format("2006-01-02T15:04:05Z"), st.now, old.SHA256, excerpt([]byte(old.Description), 300), excerpt([]byte(t.Description), 500)), audit.VerdictDenied)
+				also := ""
+				if susp != "" {
+					also = "; the new definition matches " + susp
+				}
+				r.pinNote(t, "changed", fmt.Sprintf("tool %q changed since it was approved on %s (sha256 %s, was %s): hidden and refused until approved again%s; description was: %s; now: %s",
+					t.Name, old.Since.Format("2006-01-02T15:04:05Z"), st.now, old.SHA256, also, excerpt([]byte(old.Description), 300), excerpt([]byte(t.Description), 500)), audit.VerdictDenied)
 			}
 		}
 		r.mu.Lock()
 		r.tools[t.Name] = st
 		r.mu.Unlock()
-		if st.changed {
+		if st.changed || st.suspect != "" {
 			hidden = append(hidden, t.Name)
 			continue
 		}

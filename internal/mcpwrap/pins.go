@@ -136,5 +136,21 @@ func (p *Pins) saveLocked() error {
 	return nil
 }
 
+// Pinned says whether t's definition is the approved one of its name.
+func (p *Pins) Pinned(t Tool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old, had := p.file.Tools[t.Name]
+	return had && old.SHA256 == t.Hash()
+}
+
+// Has says whether a definition of the tool name was ever approved.
+func (p *Pins) Has(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, had := p.file.Tools[name]
+	return had
+}
+
 // Path is the pin file.
 func (p *Pins) Path() string { return p.path }

@@ -43,8 +43,12 @@ type Config struct {
 	Rules policy.MCPTools
 	// Pins keeps the approved tool definitions (nil: no pinning).
 	Pins *Pins
-	// AcceptChanges re-pins changed definitions (the user approved them).
+	// AcceptChanges re-pins changed definitions (the user approved them)
+	// and pins suspicious ones.
 	AcceptChanges bool
+	// Suspicious are checked against each tool definition before it is
+	// pinned: one that matches is hidden and refused until accepted.
+	Suspicious []Pattern
 	// Record appends an event to the ledger (nil: none).
 	Record func(audit.Event)
 	// Hold waits for `watcher approve` (nil: ask rules refuse);
@@ -94,6 +98,8 @@ type pendingReq struct {
 }
 
 type toolState struct {
+	// suspect names the pattern a new definition matched (not pinned).
+	suspect string
 	changed bool
 	old     Pin
 	now     string
@@ -367,6 +373,10 @@ func (r *Relay) decide(ctx context.Context, cs *callState, name string, args jso
 	case st == nil:
 		r.refuse(cs, "mcp:unlisted", fmt.Sprintf("tool %q was not in this session's tools/list (hidden by the policy, or not listed yet): a tool that was not shown cannot be checked against its pinned definition", p.Name),
 			"call tools/list first; if it is hidden, allow it in the sandbox's tools.mcp rules")
+		return
+	case st.suspect != "":
+		r.refuse(cs, "mcp:suspicious-description", fmt.Sprintf("the definition of tool %q matches the pattern %s (instructions to the model, credential paths or network pipelines in a tool description): it was not approved", p.Name, st.suspect),
+			"review the description, then approve it: start the server once with `watcher mcp wrap --accept-changes ...`")
 		return
 	case st.changed:
 		r.refuse(cs, "mcp:pin", fmt.Sprintf("the definition of tool %q changed since it was approved on %s (sha256 %s, now %s): its description or input schema is not the one the user approved", p.Name, st.old.Since.Format(time.RFC3339), short(st.old.SHA256), short(st.now)),
