@@ -130,7 +130,7 @@ recorded. The server's kernel events during a call carry the call's label
 			tagger.Store(t)
 			cfg := mcpwrap.Config{Sandbox: env.Sandbox.Name, Session: session, Rules: env.Sandbox.Tools.MCP, AcceptChanges: *accept,
 				Suspicious: mcpwrap.DescriptionPatterns(env.Sandbox),
-				Tagger: t, Summary: summaryOf(env.Policy, env.Sandbox),
+				Tagger:     t, Summary: summaryOf(env.Policy, env.Sandbox),
 				Record: func(e audit.Event) {
 					if err := env.Record(e); err != nil {
 						log.Warn("not recorded", "err", err)
