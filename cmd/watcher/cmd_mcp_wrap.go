@@ -61,6 +61,7 @@ func mcpWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	serverURL := fs.String("url", "", "relay to the Streamable HTTP MCP server at this URL instead of starting one (only the relay's policy applies)")
 	var headers headerFlags
 	fs.Var(&headers, "header", "with --url, an HTTP header 'Name: value' for every request (repeatable)")
+	asUser := fs.String("as-user", "", "run the server as UID:GID (as watcher exec --as-user)")
 	accept := fs.Bool("accept-changes", false, "approve the server's current tool definitions where they differ from the pinned ones")
 	socket := fs.String("socket", control.DefaultSocket, "control socket of a running agent")
 	if err := parseFlags(fs, args, stderr, `Usage: watcher mcp wrap [--sandbox S | --preset P] [--workspace DIR] -- CMD [ARGS...]
@@ -152,7 +153,7 @@ recorded. The server's kernel events during a call carry the call's label
 		},
 	}
 	execArgs := []string{"-q", "--label", session, "--warn=0", "--term=0", "--kill=0", "--socket", *socket}
-	for name, v := range map[string]string{"sandbox": *sandboxName, "preset": *preset, "policy": *policyPath, "workspace": *workspace} {
+	for name, v := range map[string]string{"sandbox": *sandboxName, "preset": *preset, "policy": *policyPath, "workspace": *workspace, "as-user": *asUser} {
 		if v != "" {
 			execArgs = append(execArgs, "--"+name, v)
 		}
