@@ -39,6 +39,19 @@ if ! command -v npm >/dev/null; then
 	apt-get install -y -qq --no-install-recommends npm >/dev/null
 fi
 
+# watcher mcp wrap's tests run the reference MCP servers from npm, kept in
+# a cache directory of their own (pinned versions; npm skips what is there).
+mcp_servers=/var/cache/watcher/mcp-servers
+mcp_want="@modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31"
+if ! [ -f "$mcp_servers/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js" ] ||
+	! [ -f "$mcp_servers/node_modules/@modelcontextprotocol/server-everything/dist/index.js" ]; then
+	echo "== npm install MCP servers into $mcp_servers"
+	mkdir -p "$mcp_servers"
+	[ -f "$mcp_servers/package.json" ] || echo '{"private": true}' > "$mcp_servers/package.json"
+	# shellcheck disable=SC2086
+	(cd "$mcp_servers" && npm install --no-audit --no-fund --silent $mcp_want)
+fi
+
 echo "== go mod download"
 go mod download
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf

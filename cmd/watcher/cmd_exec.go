@@ -13,18 +13,21 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/pkg/toolproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,6 +36,63 @@ func init() {
 }
 
 func runExec(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runExecHooked(ctx, args, stdout, stderr, nil)
+}
+
+// execHooks let another command run its process through exec's path (the
+// same agent, cage and record): `watcher mcp wrap` relays a server's
+// stdio and follows its events.
+type execHooks struct {
+	// Stdin and Stdout replace the command's.
+	Stdin  io.Reader
+	Stdout io.Writer
+	// Ready is called once the cage is set, before the command starts.
+	Ready func(execEnv)
+	// OnEvent gets each refusal (or record-mode would-refuse) of the
+	// sandbox while the command runs.
+	OnEvent func(audit.Event)
+	// OnLeaf is called with the command's leaf cgroup once it is in it.
+	OnLeaf func(leaf string)
+}
+
+// execEnv is what a hooked command learns of its cage.
+type execEnv struct {
+	Policy  *policy.Policy
+	Sandbox *policy.Sandbox
+	// Record appends an event to the ledger (the agent's).
+	Record func(audit.Event) error
+	// Hold holds a call for `watcher approve` (the private agent's
+	// gateway, or the running agent's through its control socket);
+	// ApprovalsSocket is where that command reaches it.
+	Hold            func(ctx context.Context, p gateway.Pending, timeout time.Duration) toolproto.Answer
+	ApprovalsSocket string
+	// ExecParent is the sandbox cgroup the command's leaf is made in.
+	ExecParent string
+}
+
+// leafTap tells a hook the leaf, then passes on to the limits' hook.
+type leafTap struct {
+	inner launch.LeafHook
+	on    func(string)
+}
+
+func (t leafTap) Enter(leaf string, pid int) error {
+	if t.on != nil {
+		t.on(leaf)
+	}
+	if t.inner != nil {
+		return t.inner.Enter(leaf, pid)
+	}
+	return nil
+}
+
+func (t leafTap) Exit(leaf string) {
+	if t.inner != nil {
+		t.inner.Exit(leaf)
+	}
+}
+
+func runExecHooked(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *execHooks) error {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	policyPath := fs.String("policy", "", "policy file; implies a private agent for this command")
 	preset := fs.String("preset", "", "run under this preset (read-only, restricted, dev, ops); implies a private agent")
@@ -125,6 +185,9 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	}
 
 	col := &refusalCollector{sandbox: sb.Name}
+	if hooks != nil {
+		col.hook = hooks.OnEvent
+	}
 	var a *agent.Agent
 	if running {
 		stop, err := col.follow(filepath.Join(filepath.Dir(*socket), "events.sock"))
@@ -154,7 +217,7 @@ writes the same as JSON, with the run's --label.`); err != nil {
 			if col.add(e) {
 				return // in the summary at the end
 			}
-			if e.Kind != audit.KindAgent && e.IsAlert() {
+			if e.Kind != audit.KindAgent && e.Mechanism != agent.MechanismMCPWrap && e.IsAlert() {
 				log.Info("alert", "kind", e.Kind, "verdict", e.Verdict, "comm", e.Process.Comm, "what", detailText(&e), "rule", e.Rule, "by", e.Mechanism)
 			}
 		}})
@@ -206,11 +269,41 @@ writes the same as JSON, with the run's --label.`); err != nil {
 	}
 	breaker, saveBreaker := loadBreaker(pol, sb)
 	proofFrom := runProofStart(a, *socket)
+	var stdin io.Reader = os.Stdin
+	leaf := lim.Hook()
+	if hooks != nil {
+		stdin, stdout = hooks.Stdin, hooks.Stdout
+		leaf = leafTap{inner: leaf, on: hooks.OnLeaf}
+		env := execEnv{Policy: pol, Sandbox: sb, ExecParent: agent.ExecParents(pol, sb)[0], Record: func(e audit.Event) error {
+			if running {
+				return control.NewClient(*socket).Record(e)
+			}
+			return a.Record(e)
+		}}
+		if a != nil && a.Gateway() != nil {
+			env.Hold = a.Gateway().Hold
+			env.ApprovalsSocket = filepath.Join(pol.Agent.SocketDir, "gateway.sock")
+		}
+		if running {
+			env.Hold = func(ctx context.Context, p gateway.Pending, timeout time.Duration) toolproto.Answer {
+				ans, err := control.NewClient(*socket).Hold(ctx, control.HoldRequest{Sandbox: p.Sandbox, Session: p.Session, CallID: p.CallID, Tool: p.Tool,
+					Arguments: p.Arguments, ArgumentsSHA256: p.ArgumentsSHA256, Rule: p.Rule, Why: p.Why, Peer: p.Peer, Timeout: timeout})
+				if err != nil {
+					return toolproto.Answer{By: "watcher", Reason: "the running agent cannot hold the call: " + err.Error()}
+				}
+				return toolproto.Answer{Approved: ans.Approved, TimedOut: ans.TimedOut, By: ans.By, Reason: ans.Reason}
+			}
+			env.ApprovalsSocket = filepath.Join(filepath.Dir(*socket), "gateway.sock")
+		}
+		if hooks.Ready != nil {
+			hooks.Ready(env)
+		}
+	}
 	v, runErr := launch.Run(ctx, launch.Config{
 		Path: argv[0], Args: argv[1:], Env: plan.SecretEnv(pol, sb.Name, os.Environ()),
-		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
+		Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		Sandbox: sb.Name, CgroupParent: agent.ExecParents(pol, sb)[0], Label: *label,
-		Restrictions: res, Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: lim.Hook(),
+		Restrictions: res, Timeouts: tm, Breaker: breaker, Isolation: iso, Leaf: leaf,
 	})
 	saveBreaker()
 	if err := lim.Finish(stderr, func(e audit.Event) error {

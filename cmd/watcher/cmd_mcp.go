@@ -32,7 +32,7 @@ func runMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return runMCPServe(ctx, args[1:], stdout, stderr)
 	case "wrap":
 		if code := runMCPWrap(args[1:]); code != 0 {
-			return &exitError{Code: code, Err: fmt.Errorf("mcp wrap: exit status %d", code)}
+			return &exitError{Code: code, Err: errReported} // wrap printed its error
 		}
 		return nil
 	}

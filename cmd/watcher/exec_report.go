@@ -27,6 +27,8 @@ type refusalCollector struct {
 	events  []audit.Event
 	stream  *tail.Stream
 	done    chan struct{}
+	// hook, when set, also gets each event kept.
+	hook func(audit.Event)
 }
 
 // add keeps e when it is a refusal (or a record-mode would-refuse) in the
@@ -47,6 +49,9 @@ func (c *refusalCollector) add(e audit.Event) bool {
 	c.mu.Lock()
 	c.events = append(c.events, e)
 	c.mu.Unlock()
+	if c.hook != nil {
+		c.hook(e)
+	}
 	return true
 }
 

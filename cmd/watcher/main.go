@@ -58,16 +58,22 @@ func main() {
 		if errors.As(err, &ee) {
 			code = ee.Code
 		}
-		if !errors.Is(err, errHelpShown) {
-			fmt.Fprintln(os.Stderr, errorText(err))
-		} else {
+		switch {
+		case errors.Is(err, errHelpShown):
 			code = 0
+		case errors.Is(err, errReported):
+		default:
+			fmt.Fprintln(os.Stderr, errorText(err))
 		}
 		os.Exit(code)
 	}
 }
 
 var errHelpShown = errors.New("help shown")
+
+// errReported: the command printed its error itself; only its exit code
+// remains to give.
+var errReported = errors.New("error already reported")
 
 // errorText is how main prints an error: on one line, escaped for the
 // terminal, as it may quote a path or a name a sandbox chose (a cgroup

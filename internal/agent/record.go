@@ -15,8 +15,14 @@ import (
 func (a *Agent) Record(e audit.Event) error {
 	switch e.Kind {
 	case audit.KindWorkspace, audit.KindLimit:
+	case audit.KindTool:
+		// `watcher mcp wrap`'s relay: its records say they are its own,
+		// never the gateway's.
+		if e.Mechanism != MechanismMCPWrap || e.Tool == nil {
+			return fmt.Errorf("record: tool events from commands are watcher mcp wrap's (mechanism %q, with tool details)", MechanismMCPWrap)
+		}
 	default:
-		return fmt.Errorf("record: kind %q is not recorded from commands (want workspace or limit)", e.Kind)
+		return fmt.Errorf("record: kind %q is not recorded from commands (want workspace, limit or an mcp-wrap tool event)", e.Kind)
 	}
 	if e.Time.IsZero() {
 		e.Time = time.Now()
@@ -27,6 +33,9 @@ func (a *Agent) Record(e audit.Event) error {
 	a.emit(e)
 	return nil
 }
+
+// MechanismMCPWrap marks the tool events of `watcher mcp wrap`.
+const MechanismMCPWrap = "mcp-wrap"
 
 // LedgerOptions are the ledger options the agent opens the policy's ledger
 // with, for commands that write to it when no agent runs.

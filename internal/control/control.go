@@ -235,6 +235,9 @@ func Listen(path string, h Handler) (*Server, error) {
 			json.NewEncoder(w).Encode(reps)
 		})
 	}
+	if hd, ok := h.(Holder); ok {
+		serveHold(mux, hd)
+	}
 	if cp, ok := h.(Checkpointer); ok {
 		mux.HandleFunc("POST /checkpoint", func(w http.ResponseWriter, _ *http.Request) {
 			if err := cp.Checkpoint(); err != nil {

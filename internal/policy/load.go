@@ -469,6 +469,16 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.Tools.Rules)
 	nilIfEmpty(&sb.Tools.Exchange.Types)
 	nilIfEmpty(&sb.Tools.Exchange.Patterns)
+	nilIfEmpty(&sb.Tools.MCP.Rules)
+	for j := range sb.Tools.MCP.Rules {
+		if len(sb.Tools.MCP.Rules[j].Arguments) == 0 {
+			sb.Tools.MCP.Rules[j].Arguments = nil
+		}
+		for name, a := range sb.Tools.MCP.Rules[j].Arguments {
+			nilIfEmpty(&a.Prefix)
+			sb.Tools.MCP.Rules[j].Arguments[name] = a
+		}
+	}
 	nilIfEmpty(&sb.Egress.Unix)
 	nilIfEmpty(&sb.Egress.Names.ReadOnly)
 	nilIfEmpty(&sb.Egress.Names.ECH)

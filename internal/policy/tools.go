@@ -70,6 +70,8 @@ type Tools struct {
 	FollowSymlinks bool `yaml:"follow_symlinks"`
 	// Exchange is the directory shared with collaborating sandboxes.
 	Exchange Exchange `yaml:"exchange"`
+	// MCP rules the tools of MCP servers wrapped by `watcher mcp wrap`.
+	MCP MCPTools `yaml:"mcp"`
 }
 
 // ToolSocket sets the gateway socket's ownership.
@@ -206,6 +208,7 @@ func (c *checker) tools(at path, t *Tools) {
 	if a := t.Exchange.OnMatch; a != "" && a != ToolDeny && a != ToolAsk {
 		c.add(ex.key("on_match"), "%q: want deny or ask", a)
 	}
+	c.mcpTools(at.key("mcp"), &t.MCP)
 }
 
 func (c *checker) toolAction(at path, a ToolAction, required bool) {

@@ -1,0 +1,5 @@
+package mcpwrap
+
+import "time"
+
+func now() time.Time { return time.Now().UTC() }
