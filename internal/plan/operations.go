@@ -34,9 +34,10 @@ type opPart struct {
 // otherTask and ttyInject select the backstop categories of the own-subtree
 // operations.
 var (
-	otherTask = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherTask }
-	otherIPC  = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherIPC }
-	ttyInject = func(r *backstop.SandboxRules) *backstop.Rule { return &r.TTYInject }
+	otherTask  = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherTask }
+	otherIPC   = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherIPC }
+	notifyMark = func(r *backstop.SandboxRules) *backstop.Rule { return &r.NotifyMark }
+	ttyInject  = func(r *backstop.SandboxRules) *backstop.Rule { return &r.TTYInject }
 )
 
 // operation is one entry of policy.Operations.
@@ -169,7 +170,9 @@ var operations = []operation{
 	{
 		name:   "notify-marks",
 		action: func(o *policy.Operations) policy.Action { return o.NotifyMarks },
-		parts:  []opPart{{op: lsm.OpNotifyMark, hook: "path_notify"}},
+		parts: []opPart{{op: lsm.OpNotifyMark, hook: "path_notify", category: notifyMark,
+			bsNote: "inotify_add_watch: a mark outside the writable places killed when the call returns (the mark dies with the process's " +
+				"inotify descriptor unless it was passed on first); fanotify: fanotify_init needs CAP_SYS_ADMIN, killed at entry where held"}},
 	},
 }
 

@@ -7,9 +7,11 @@ package adversarial
 // are, calls that fail after the kernel's checks.
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -237,6 +239,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "fd-dir-host", variant: "list /proc/HOST/fd (what a host process holds open)", setup: hostProcess(false), achieved: printed("FDS-LISTED")},
 	{class: 10, name: "shmat-host", variant: "attach a host process's System V segment and read it", setup: hostShm, achieved: printed("host-secret")},
 	{class: 10, name: "mq-host", variant: "open a host process's POSIX message queue and receive from it", setup: hostMQ, achieved: printed("host-secret")},
+	{class: 10, name: "inotify-secret-dir", variant: "inotify mark on the protected credentials directory (who opens it, and when)", achieved: printed("MARKED")},
 	{class: 10, name: "settimeofday-tz", variant: "settimeofday(NULL, current zone) (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "adjtimex-status", variant: "adjtimex ADJ_STATUS, the status it has (CAP_SYS_TIME)", achieved: never},
 	{class: 10, name: "sethostname-same", variant: "sethostname(its current name) (CAP_SYS_ADMIN)", achieved: never},
@@ -251,6 +254,7 @@ var subtreeTechniques = []technique{
 	{class: 10, name: "benign-ps-reads", variant: "cmdline, stat and status of a host process; environ and fd of its own child", benign: true, setup: hostProcess(false), achieved: benignOK("PS-READS")},
 	{class: 10, name: "benign-own-shm", variant: "a System V segment of its own (get, attach, write, remove)", benign: true, achieved: benignOK("OWN-SHM")},
 	{class: 10, name: "benign-own-mq", variant: "a POSIX message queue of its own (create, send, receive, unlink)", benign: true, achieved: benignOK("OWN-MQ")},
+	{class: 10, name: "benign-own-inotify", variant: "an inotify mark in its workspace, and its event", benign: true, achieved: benignOK("OWN-INOTIFY")},
 	{class: 10, name: "benign-host-reads", variant: "clock_gettime, uname, SIOCGIFCONF, adjtimex read", benign: true, achieved: benignOK("HOST-READS")},
 }
 
@@ -356,6 +360,17 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return err
 		}
 		fmt.Printf("received %q\n", msg)
+		return nil
+	},
+	"inotify-secret-dir": func(e attackEnv, _ string) error {
+		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+		if err != nil {
+			return err
+		}
+		if _, err := unix.InotifyAddWatch(fd, e.secretDir, unix.IN_ACCESS|unix.IN_OPEN); err != nil {
+			return err
+		}
+		fmt.Println("MARKED")
 		return nil
 	},
 	"settimeofday-tz": func(attackEnv, string) error {
@@ -581,6 +596,30 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 			return fmt.Errorf("received %q, %v", msg, err)
 		}
 		fmt.Println("OWN-MQ")
+		return nil
+	},
+	"benign-own-inotify": func(e attackEnv, _ string) error {
+		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+		if err != nil {
+			return err
+		}
+		wd, err := unix.InotifyAddWatch(fd, e.ws, unix.IN_CREATE)
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("inotify-%d", os.Getpid())
+		if err := os.WriteFile(filepath.Join(e.ws, name), nil, 0o644); err != nil {
+			return err
+		}
+		buf := make([]byte, 4096)
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return err
+		}
+		if int32(binary.LittleEndian.Uint32(buf)) != int32(wd) || !strings.Contains(string(buf[:n]), name) {
+			return fmt.Errorf("inotify event %q, want IN_CREATE of %s on wd %d", buf[:n], name, wd)
+		}
+		fmt.Println("OWN-INOTIFY")
 		return nil
 	},
 	"benign-host-reads": func(attackEnv, string) error {

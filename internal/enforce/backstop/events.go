@@ -153,6 +153,9 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 	}
 	n = noteUint(n, "ino=", e.Ino, 10)
 	ev.Message = string(n)
+	if e.Category == catNotifyMark {
+		ev.Message = "notify_mark: an inotify mark outside the sandbox's writable places; " + ev.Message
+	}
 	if e.Category == catTTYInject {
 		// The terminals rule: named as the LSM's event names it.
 		ev.Message = "tty_inject: open of a terminal controlled by a session outside the sandbox; " + ev.Message

@@ -181,6 +181,10 @@ type SandboxRules struct {
 	// the *ctl commands that remove or change one, mq_timedsend,
 	// mq_timedreceive and mq_notify, at entry (the call completes first).
 	OtherIPC Rule
+	// NotifyMark applies to inotify marks outside the sandbox's writable
+	// places, judged when inotify_add_watch returns (the mark exists until
+	// the kill: it dies with the descriptor).
+	NotifyMark Rule
 	// CapUse are capabilities whose successful check kills, by number
 	// (cap_capable tracepoint, after the check and before the process
 	// returns: the change is made). Only capabilities the kernel checks
@@ -245,7 +249,8 @@ const (
 	catQuota        = 22
 	catCapUse       = 23
 	catOtherIPC     = 24
-	catMax          = 25
+	catNotifyMark   = 25
+	catMax          = 26
 )
 
 var categoryNames = map[uint32]string{
@@ -256,7 +261,7 @@ var categoryNames = map[uint32]string{
 	catPacketSocket: "packet_socket", catUnixPeer: "unix_peer", catLowMapping: "low_mapping",
 	catOtherTask: "other_process", catTTYInject: "tty_inject", catNetConfig: "net_config",
 	catClockAdjust: "clock_adjust", catNamespaces: "namespaces", catSyslog: "syslog",
-	catQuota: "quota", catCapUse: "capability_used", catOtherIPC: "other_ipc",
+	catQuota: "quota", catCapUse: "capability_used", catOtherIPC: "other_ipc", catNotifyMark: "notify_mark",
 }
 
 // compatNRBase: events carry i386 syscall n as compatNRBase+n.
@@ -411,7 +416,7 @@ func (r Rules) NeedsIPCCreators() bool {
 func (r SandboxRules) needsSyscallTracepoints() bool {
 	for _, c := range []Rule{r.CgroupWrite, r.ProcMem, r.CloneFiles, r.IOUring, r.SignalAgent, r.Compat,
 		r.MmapExec, r.PacketSocket, r.UnixPeer, r.LowMapping, r.OtherTask, r.TTYInject, r.NetConfig,
-		r.ClockAdjust, r.Namespaces, r.Syslog, r.Quota, r.OtherIPC} {
+		r.ClockAdjust, r.Namespaces, r.Syslog, r.Quota, r.OtherIPC, r.NotifyMark} {
 		if c.Action != enforce.ActionAllow {
 			return true
 		}
@@ -614,7 +619,7 @@ func (r SandboxRules) categories() map[uint32]Rule {
 		catPacketSocket: r.PacketSocket, catUnixPeer: r.UnixPeer, catLowMapping: r.LowMapping,
 		catOtherTask: r.OtherTask, catTTYInject: r.TTYInject, catNetConfig: r.NetConfig,
 		catClockAdjust: r.ClockAdjust, catNamespaces: r.Namespaces, catSyslog: r.Syslog, catQuota: r.Quota,
-		catOtherIPC: r.OtherIPC,
+		catOtherIPC: r.OtherIPC, catNotifyMark: r.NotifyMark,
 	}
 }
 
