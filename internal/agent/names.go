@@ -81,7 +81,7 @@ func (a *Agent) applyNames(p *plan.Plan) error {
 		ca, secrets := a.brokered(pol, nb)
 		pols[id] = &namerelay.Policy{
 			CA: ca, Secrets: secrets,
-			Sandbox: sandbox, RecordOnly: nb.RecordOnly,
+			Sandbox: sandbox, RecordOnly: nb.RecordOnly, RecordAllowed: nb.RecordAllowed,
 			NameAllowed:  func(name string) bool { return a.dns != nil && a.dns.NameListed(sandbox, name) },
 			ECH:          namerelay.NewNames(nb.ECH),
 			ReadOnly:     namerelay.NewNames(nb.ReadOnly),

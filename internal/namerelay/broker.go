@@ -178,7 +178,7 @@ func (s *session) broker(hello []byte, sni string) {
 		return
 	}
 	up.SetDeadline(time.Time{})
-	s.r.stats.passed.Add(1)
+	s.passed()
 	s.requests(br, client, up, req, sni)
 }
 

@@ -235,6 +235,9 @@ type session struct {
 	tlsOut io.Writer
 	info   Conn
 	pol    *Policy
+	// name is the name the connection carried (the SNI, the first
+	// request's Host), once read.
+	name string
 }
 
 func (s *session) out() io.Writer {
@@ -331,6 +334,7 @@ func (s *session) tls(buf []byte) {
 			return
 		}
 	}
+	s.name = h.SNI
 	if h.SNI == "" {
 		if s.refuse("", "TLS without a server name (SNI): the connection carries no name", tlsAlert) {
 			s.pass(buf) // record-only
@@ -402,6 +406,28 @@ func (s *session) refuse(name, why string, refusal []byte) bool {
 	return false
 }
 
+// passed counts a connection that goes on to its destination and, where
+// the policy records every connection, records it with its name.
+func (s *session) passed() {
+	s.r.stats.passed.Add(1)
+	if !s.pol.RecordAllowed || s.r.cfg.Events == nil {
+		return
+	}
+	info := s.info
+	family := uint16(2)
+	if info.Dest.Addr().Is6() && !info.Dest.Addr().Is4In6() {
+		family = 10
+	}
+	s.r.cfg.Events(audit.Event{
+		Time: time.Now(), Kind: audit.KindNet, Verdict: audit.VerdictAllowed, Severity: audit.SeverityRoutine,
+		Rule: s.pol.Rule, RuleID: s.pol.RuleID, Mechanism: Mechanism,
+		Sandbox: audit.Sandbox{Name: s.pol.Sandbox, ID: info.SandboxID},
+		Process: audit.Process{TGID: info.PID},
+		Net: &audit.NetDetail{Op: "connect", Family: family, Protocol: 6, Addr: info.Dest.Addr().Unmap().String(),
+			Port: info.Dest.Port(), Name: textesc.String(s.name), Reason: "name bound"},
+	})
+}
+
 // dial connects to the original destination.
 func (s *session) dial() (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.DialTimeout)
@@ -428,7 +454,7 @@ func (s *session) pass(head []byte) {
 			return
 		}
 	}
-	s.r.stats.passed.Add(1)
+	s.passed()
 	splice(s.client, up, s.client)
 }
 
@@ -468,6 +494,10 @@ func (s *session) http(first []byte) {
 		s.refuse("", "not an HTTP request: the connection carries no name", nil)
 		return
 	}
+	s.name = normName(req.Host)
+	if h, _, err := net.SplitHostPort(req.Host); err == nil {
+		s.name = normName(h)
+	}
 	if !s.checkRequest(req, true, s.client, "") {
 		return
 	}
@@ -478,7 +508,7 @@ func (s *session) http(first []byte) {
 	}
 	defer up.Close()
 	s.client.SetReadDeadline(time.Time{})
-	s.r.stats.passed.Add(1)
+	s.passed()
 	s.requests(br, s.client, up, req, "")
 }
 
