@@ -57,7 +57,7 @@ func (a *Agent) relayLookup(src netip.AddrPort) (namerelay.Conn, bool) {
 		return namerelay.Conn{}, false
 	}
 	r, ok := a.egress.LookupRelayed(src, relayMaxAge)
-	return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID}, ok
+	return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID, Cgroup: r.Cgroup}, ok
 }
 
 func (a *Agent) relayPolicy(id uint32) (*namerelay.Policy, bool) {

@@ -38,6 +38,8 @@ type Conn struct {
 	// Dest is where the client connected, before the redirect.
 	Dest netip.AddrPort
 	PID  uint32
+	// Cgroup is the connecting process's cgroup (0: unknown).
+	Cgroup uint64
 }
 
 // Config configures a Relay.
@@ -422,7 +424,7 @@ func (s *session) passed() {
 		Time: time.Now(), Kind: audit.KindNet, Verdict: audit.VerdictAllowed, Severity: audit.SeverityRoutine,
 		Rule: s.pol.Rule, RuleID: s.pol.RuleID, Mechanism: Mechanism,
 		Sandbox: audit.Sandbox{Name: s.pol.Sandbox, ID: info.SandboxID},
-		Process: audit.Process{TGID: info.PID},
+		Process: audit.Process{TGID: info.PID, CgroupID: info.Cgroup},
 		Net: &audit.NetDetail{Op: "connect", Family: family, Protocol: 6, Addr: info.Dest.Addr().Unmap().String(),
 			Port: info.Dest.Port(), Name: textesc.String(s.name), Reason: "name bound"},
 	})
@@ -637,7 +639,7 @@ func (r *Relay) event(info Conn, pol *Policy, verdict audit.Verdict, name, why s
 		Time: time.Now(), Kind: audit.KindNet, Verdict: verdict, Severity: audit.SeverityAlert,
 		Rule: pol.Rule, RuleID: pol.RuleID, Mechanism: Mechanism,
 		Sandbox: audit.Sandbox{Name: pol.Sandbox, ID: info.SandboxID},
-		Process: audit.Process{TGID: info.PID},
+		Process: audit.Process{TGID: info.PID, CgroupID: info.Cgroup},
 		Net: &audit.NetDetail{Op: "connect", Family: family, Protocol: 6, Addr: info.Dest.Addr().Unmap().String(),
 			Port: info.Dest.Port(), Reason: why, Name: textesc.String(name)},
 		Message: fmt.Sprintf("connection to %s %s by name binding: %s", info.Dest, map[bool]string{true: "refused", false: "recorded"}[verdict == audit.VerdictDenied], why),

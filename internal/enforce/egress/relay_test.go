@@ -206,7 +206,7 @@ func setupRelay(t testing.TB) *relayFixture {
 		Listen: []string{"127.0.0.1:0", "[::1]:0"},
 		Lookup: func(src netip.AddrPort) (namerelay.Conn, bool) {
 			r, ok := f.eg.LookupRelayed(src, time.Minute)
-			return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID}, ok
+			return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID, Cgroup: r.Cgroup}, ok
 		},
 		Policy: func(id uint32) (*namerelay.Policy, bool) {
 			p, ok := policies[id]
@@ -295,7 +295,8 @@ func TestNameBinding(t *testing.T) {
 			t.Fatalf("fronted name reached the server: %s", out)
 		}
 		ev := rf.refusal(t, "forbidden.test", audit.VerdictDenied)
-		if !strings.Contains(ev.Net.Reason, `"a.cdn.test"`) || ev.Net.Addr != n.allowed.String() || ev.Net.Port != 443 || ev.RuleID != 77 {
+		if !strings.Contains(ev.Net.Reason, `"a.cdn.test"`) || ev.Net.Addr != n.allowed.String() || ev.Net.Port != 443 || ev.RuleID != 77 ||
+			ev.Process.CgroupID != rf.sbCg {
 			t.Errorf("refusal event: %+v %+v", ev, ev.Net)
 		}
 		// --connect-to: DNS for the allowed name, SNI of another.
