@@ -197,6 +197,17 @@ func writeTrustBundle(path string, ca []byte) error {
 	return nil
 }
 
+// canaryAdmit is canary.Runner.Admit: the fronting check's address is
+// admitted for the sandbox for a short while, as if the proxy had
+// answered it (with no name: only the probe's refusal can follow).
+func (a *Agent) canaryAdmit(sandbox string, addr netip.Addr) error {
+	id, ok := a.dirs.ID(sandbox)
+	if !ok || a.egress == nil {
+		return fmt.Errorf("canary: sandbox %q has no egress", sandbox)
+	}
+	return a.egress.Allow(id, []netip.Addr{addr}, 30*time.Second)
+}
+
 // recordAnswer remembers which name an answer was for, for the relay:
 // as long as the kernel admits its addresses (TTL plus the grace).
 func (a *Agent) recordAnswer(id uint32, ans dnsproxy.Answer, grace time.Duration) {
