@@ -536,6 +536,14 @@ print(requests.get("https://api.cdn.test/", headers={"Authorization": "Bearer " 
 				t.Errorf("python requests: %v: %s", err, out)
 			}
 		}
+		// Node fetch, trusting the sandbox CA through NODE_EXTRA_CA_CERTS.
+		if _, err := exec.LookPath("node"); err == nil {
+			script := `fetch("https://api.cdn.test/", {headers: {Authorization: "Bearer " + process.env.API_TOKEN}}).then(r => r.text()).then(console.log)`
+			out, err := rf.run(t, sb, []string{"NODE_EXTRA_CA_CERTS=" + rf.sandboxCA, "API_TOKEN=" + secretPlaceholder}, "node", "-e", script)
+			if err != nil || strings.TrimSpace(out) != "GET host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue {
+				t.Errorf("node fetch: %v: %s", err, out)
+			}
+		}
 		// The placeholder sent to another host (plain HTTP: visible) is
 		// a leak attempt, refused before it leaves.
 		out, err = rf.curl(t, sb, "-4", "-H", auth, "http://a.cdn.test:8080/")
