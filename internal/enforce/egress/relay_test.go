@@ -460,6 +460,32 @@ except (ssl.SSLError, OSError) as e:
 		}
 	})
 
+	t.Run("IPv4-mapped address on an IPv6 socket", func(t *testing.T) {
+		if _, err := exec.LookPath("python3"); err != nil {
+			t.Skip("python3 is not installed")
+		}
+		script := `
+import socket, ssl, sys
+s = socket.socket(socket.AF_INET6)
+s.connect(("::ffff:" + sys.argv[2], 443))
+c = ssl.create_default_context(cafile=sys.argv[1]).wrap_socket(s, server_hostname="a.cdn.test")
+print(c.getpeername()[0])
+c.sendall(b"GET / HTTP/1.0\r\nHost: a.cdn.test\r\n\r\n")
+data = b""
+while True:
+    b = c.recv(4096)
+    if not b:
+        break
+    data += b
+print(data.decode().split("\r\n\r\n", 1)[1])
+`
+		out, err := rf.run(t, sb, nil, "python3", "-c", script, rf.cdn.caFile, n.allowed.String())
+		want := "::ffff:" + n.allowed.String() + "\nGET host=a.cdn.test sni=a.cdn.test\n"
+		if err != nil || out != want {
+			t.Fatalf("mapped: %v:\n%s\nwant:\n%s", err, out, want)
+		}
+	})
+
 	t.Run("node fetch", func(t *testing.T) {
 		if _, err := exec.LookPath("node"); err != nil {
 			t.Skip("node is not installed")
