@@ -284,8 +284,11 @@ func (r *Relay) handle(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Now().Add(r.cfg.HelloTimeout))
-	first := make([]byte, 1)
-	if _, err := io.ReadFull(c, first); err != nil {
+	// One read takes what the client sent first (a whole ClientHello or
+	// request head, usually).
+	first := make([]byte, 16<<10)
+	n, err := c.Read(first)
+	if n == 0 {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() &&
 			s.refuse("", "no bytes from the client before the timeout (a protocol where the server speaks first carries no name)", nil) {
@@ -295,6 +298,7 @@ func (r *Relay) handle(c net.Conn) {
 		// eyeballs race, a port check) sent nothing anywhere: no event.
 		return
 	}
+	first = first[:n]
 	switch {
 	case first[0] == recordHandshake:
 		s.tls(first)
