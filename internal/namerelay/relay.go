@@ -7,6 +7,11 @@
 // allows it), and only then dials the original destination and splices
 // the two sockets. A mismatch (domain fronting) is closed before any
 // application data leaves the host, and recorded with both names.
+//
+// On plain HTTP every request is judged (its Host, and its method where
+// the name is read-only). For names a brokered secret is bound to, the
+// relay terminates TLS with the sandbox's CA and swaps placeholders for
+// the real values (broker.go).
 package namerelay
 
 import (
@@ -509,7 +514,7 @@ func (s *session) http(first []byte) {
 	}
 	up, err := s.dial()
 	if err != nil {
-		s.forbidden(http.StatusBadGateway, "watcher: the destination refused the connection\n")
+		writeStatus(s.client, http.StatusBadGateway, "watcher: the destination refused the connection\n")
 		return
 	}
 	defer up.Close()
@@ -612,12 +617,6 @@ func (s *session) checkRequest(req *http.Request, first bool, w io.Writer, tlsHo
 		}
 	}
 	return true
-}
-
-func (s *session) forbidden(code int, body string) {
-	s.client.SetWriteDeadline(time.Now().Add(time.Second))
-	fmt.Fprintf(s.client, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		code, http.StatusText(code), len(body), body)
 }
 
 // forbidden403 is a 403 response whose body says why.
