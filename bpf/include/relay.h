@@ -49,6 +49,7 @@ struct {
 struct relay_conn {
 	__u64 cookie; /* client socket */
 	__u64 ts_ns;  /* CLOCK_BOOTTIME of the connect */
+	__u64 cgroup; /* the connecting task's cgroup (the leaf) */
 	__u32 sandbox_id;
 	__u32 pid;     /* tgid */
 	__u32 addr[4]; /* original destination, network order, IPv4 as ::ffff:a.b.c.d */
@@ -116,6 +117,7 @@ static __always_inline int relay_tcp(struct bpf_sock_addr *ctx, struct sandbox *
 	struct relay_conn c = {
 		.cookie = bpf_get_socket_cookie(ctx),
 		.ts_ns = bpf_ktime_get_boot_ns(),
+		.cgroup = bpf_get_current_cgroup_id(),
 		.sandbox_id = id,
 		.pid = bpf_get_current_pid_tgid() >> 32,
 		.port = (__u16)ctx->user_port,

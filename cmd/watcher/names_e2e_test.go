@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -65,6 +66,15 @@ func TestNameBindingEndToEnd(t *testing.T) {
 	tb.startAgent()
 	events := tb.tailJSON(func(e audit.Event) bool { return e.Mechanism == "name-relay" })
 	time.Sleep(300 * time.Millisecond)
+
+	// The canary's fronting check: a hello for a name nobody answered, at
+	// an address admitted for the sandbox, refused by the relay on both
+	// paths, with its event.
+	if out, code := tb.watcher("check", "--socket", tb.ControlSocket()); code != 0 ||
+		!regexp.MustCompile(`(?m)^agents\s+runtime\s+sni_fronted\s.*\sdenied\s.*\sok$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^agents\s+exec\s+sni_fronted\s.*\sok$`).MatchString(out) {
+		t.Errorf("watcher check: exit %d\n%s", code, out)
+	}
 
 	curl := func(args ...string) (string, error) {
 		script := "curl -sS --max-time 10 --cacert " + caFile + " " + strings.Join(args, " ")

@@ -165,7 +165,8 @@ func (a *Agent) runCanary(ctx context.Context, sandbox, reason string, tries int
 	execPath := a.PrepareExec() == nil
 	runner := &canary.Runner{LedgerDir: pol.Agent.LedgerDir, Mark: a.markCanary, PrepareExec: a.PrepareExec,
 		Fixture: func(p string) { a.canary.fixtures.Store(filepath.Clean(p), time.Now()) },
-		From:    func() uint64 { seq, _ := a.ledger.Head(); return seq }}
+		From:    func() uint64 { seq, _ := a.ledger.Head(); return seq },
+		Admit:   a.canaryAdmit}
 	rep, err = runner.Run(ctx, canary.Target{Policy: pol, Sandbox: sb, Layers: plan.Layers, Parent: abs,
 		ExecParent: parent, Restrictions: plan.Launch[sb.Name], Exec: execPath, Reason: reason})
 	if err == nil && rep.Failures > 0 && tries > 1 && a.Policy() != pol {

@@ -57,7 +57,7 @@ func (a *Agent) relayLookup(src netip.AddrPort) (namerelay.Conn, bool) {
 		return namerelay.Conn{}, false
 	}
 	r, ok := a.egress.LookupRelayed(src, relayMaxAge)
-	return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID}, ok
+	return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID, Cgroup: r.Cgroup}, ok
 }
 
 func (a *Agent) relayPolicy(id uint32) (*namerelay.Policy, bool) {
@@ -81,7 +81,7 @@ func (a *Agent) applyNames(p *plan.Plan) error {
 		ca, secrets := a.brokered(pol, nb)
 		pols[id] = &namerelay.Policy{
 			CA: ca, Secrets: secrets,
-			Sandbox: sandbox, RecordOnly: nb.RecordOnly,
+			Sandbox: sandbox, RecordOnly: nb.RecordOnly, RecordAllowed: nb.RecordAllowed,
 			NameAllowed:  func(name string) bool { return a.dns != nil && a.dns.NameListed(sandbox, name) },
 			ECH:          namerelay.NewNames(nb.ECH),
 			ReadOnly:     namerelay.NewNames(nb.ReadOnly),
@@ -195,6 +195,17 @@ func writeTrustBundle(path string, ca []byte) error {
 		return fmt.Errorf("trust bundle: %w", err)
 	}
 	return nil
+}
+
+// canaryAdmit is canary.Runner.Admit: the fronting check's address is
+// admitted for the sandbox for a short while, as if the proxy had
+// answered it (with no name: only the probe's refusal can follow).
+func (a *Agent) canaryAdmit(sandbox string, addr netip.Addr) error {
+	id, ok := a.dirs.ID(sandbox)
+	if !ok || a.egress == nil {
+		return fmt.Errorf("canary: sandbox %q has no egress", sandbox)
+	}
+	return a.egress.Allow(id, []netip.Addr{addr}, 30*time.Second)
 }
 
 // recordAnswer remembers which name an answer was for, for the relay:

@@ -57,6 +57,7 @@ const (
 	opBPF     = "bpf"
 	opDNS     = "dns"
 	opConnect = "connect"
+	opFronted = "fronted"
 	opSleep   = "sleep"
 )
 
@@ -125,6 +126,17 @@ const honeytokenName = "watcher-canary-"
 // DNS to any address to the agent's proxy, and a loopback address keeps
 // the query on the host should that redirect be broken.
 var ResolverAddr = netip.MustParseAddrPort("127.0.0.1:53")
+
+// FrontedAddr is where the fronting probe connects: an address of the
+// benchmarking range (RFC 2544) the runner admits for the sandbox as if
+// the DNS proxy had answered it. The relay refuses the probe's name before
+// it dials anything; were the redirect broken, the connect would go
+// nowhere and the check fails.
+var FrontedAddr = netip.MustParseAddrPort("198.18.255.254:443")
+
+// FrontedName is the server name the fronting probe sends: never
+// answered, never on an allow list (.invalid, RFC 2606).
+const FrontedName = "watcher-canary-fronted.invalid"
 
 // Plan lists the checks for a sandbox of pol whose rules the layer table
 // layers describes. scratch is a directory the runner owns (allowed reads,
@@ -197,6 +209,12 @@ func Plan(pol *policy.Policy, sb *policy.Sandbox, layers []control.Layer, scratc
 	if d := sb.Egress.Default; d != policy.EgressAllow && !egressAllowsLoopback(&sb.Egress) {
 		add(Check{Name: "connect_unanswered", Op: opConnect, Forbidden: true,
 			Mechanism: mech("egress default " + string(d))}, policy.ActionBlock)
+	}
+	// Name binding: a TLS hello naming a site nobody answered, sent to an
+	// address the runner admits for the sandbox (domain fronting).
+	if d := sb.Egress.Default; sb.Egress.Names.Bind && (d == "" || d == policy.EgressResolved) {
+		add(Check{Name: "sni_fronted", Op: opFronted, Target: FrontedAddr.String(), Forbidden: true,
+			Mechanism: mech("egress names")}, policy.ActionBlock)
 	}
 	return out
 }

@@ -226,3 +226,16 @@ func TestSweepStale(t *testing.T) {
 		}
 	}
 }
+
+func TestPlanFronted(t *testing.T) {
+	pol, sb := load(t, "    preset: restricted\n    egress: {names: {bind: true}}\n")
+	layers := append(layersFor(pol, sb, "kill"), control.Layer{Rule: sb.Name + ": egress names", Mechanism: "cgroup_bpf"})
+	c, ok := byName(Plan(pol, sb, layers, t.TempDir(), "abc"))["sni_fronted"]
+	if !ok || c.Op != opFronted || c.Target != FrontedAddr.String() || !c.Forbidden || c.Expected(PathExec) != Denied || c.Expected(PathRuntime) != Denied {
+		t.Fatalf("sni_fronted = %+v (planned %v)", c, ok)
+	}
+	pol, sb = load(t, "    preset: restricted\n")
+	if _, ok := byName(Plan(pol, sb, layersFor(pol, sb, "kill"), t.TempDir(), "abc"))["sni_fronted"]; ok {
+		t.Error("sni_fronted planned without name binding")
+	}
+}

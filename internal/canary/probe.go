@@ -1,10 +1,13 @@
 package canary
 
 import (
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -160,6 +163,8 @@ func perform(s probeSpec) probeResult {
 		return probeResult{Result: Allowed, Detail: "created an array map"}
 	case opConnect:
 		return connect(s.Target)
+	case opFronted:
+		return fronted(s.Target)
 	case opDNS:
 		return query(s.Target)
 	}
@@ -321,4 +326,56 @@ func query(name string) probeResult {
 		}
 	}
 	return probeResult{Result: Allowed, Detail: detail}
+}
+
+// fronted connects to target and sends a TLS ClientHello for FrontedName:
+// the relay's fatal alert is the refusal; a server's hello means the name
+// went through.
+func fronted(target string) probeResult {
+	hello, err := clientHello(FrontedName)
+	if err != nil {
+		return probeResult{Result: "error", Detail: "build a ClientHello: " + err.Error()}
+	}
+	c, err := net.DialTimeout("tcp4", target, probeTimeout)
+	if err != nil {
+		var en syscall.Errno
+		if errors.As(err, &en) {
+			return refusedAt("connect", en)
+		}
+		return probeResult{Result: "error", Detail: err.Error()}
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(probeTimeout))
+	if _, err := c.Write(hello); err != nil {
+		return probeResult{Result: "error", Detail: "send the ClientHello: " + err.Error()}
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return probeResult{Result: "error", Detail: "no answer to the ClientHello: " + err.Error()}
+	}
+	switch b[0] {
+	case 0x15:
+		return probeResult{Result: Denied, Detail: "TLS alert for server name " + FrontedName}
+	case 0x16:
+		return probeResult{Result: Allowed, Detail: "a server answered server name " + FrontedName}
+	}
+	return probeResult{Result: "error", Detail: fmt.Sprintf("TLS record type %d in answer", b[0])}
+}
+
+// clientHello is the first TLS record crypto/tls sends for name.
+func clientHello(name string) ([]byte, error) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go tls.Client(a, &tls.Config{ServerName: name, InsecureSkipVerify: true}).Handshake()
+	b.SetReadDeadline(time.Now().Add(probeTimeout))
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(b, hdr); err != nil {
+		return nil, err
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		return nil, err
+	}
+	return append(hdr, body...), nil
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -76,6 +77,9 @@ type Runner struct {
 	// fixtures: a rewrite would repair a broken rule table before the
 	// probes could find it broken.
 	Fixture func(path string)
+	// Admit lets sandbox reach addr as if the DNS proxy had answered it
+	// (the fronting check's address). Nil: the fronting check is skipped.
+	Admit func(sandbox string, addr netip.Addr) error
 	// EventWait bounds the wait for the events of a run (default 15s; a
 	// run ends as soon as every event is in, so only a missing event
 	// waits that long).
@@ -136,6 +140,18 @@ func (r *Runner) Run(ctx context.Context, t Target) (control.CanaryReport, error
 	if len(t.Checks) > 0 {
 		checks = slices.DeleteFunc(checks, func(c Check) bool { return !slices.Contains(t.Checks, c.Name) })
 	}
+	checks = slices.DeleteFunc(checks, func(c Check) bool {
+		if c.Op != opFronted {
+			return false
+		}
+		if r.Admit == nil {
+			return true
+		}
+		// An admission that fails leaves the probe to fail: the report
+		// says so rather than skipping the check.
+		r.Admit(t.Sandbox.Name, netip.MustParseAddrPort(c.Target).Addr())
+		return false
+	})
 	fx, err := prepare(self, checks, scratch, r.Fixture)
 	defer fx.cleanup()
 	if err != nil {

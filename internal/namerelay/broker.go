@@ -178,7 +178,7 @@ func (s *session) broker(hello []byte, sni string) {
 		return
 	}
 	up.SetDeadline(time.Time{})
-	s.r.stats.passed.Add(1)
+	s.passed()
 	s.requests(br, client, up, req, sni)
 }
 
@@ -225,7 +225,7 @@ func (r *Relay) substituted(info Conn, pol *Policy, secret, host string, req *ht
 		Time: time.Now(), Kind: audit.KindNet, Verdict: audit.VerdictAllowed, Severity: audit.SeverityAlert,
 		Rule: pol.Rule, RuleID: pol.RuleID, Mechanism: Mechanism,
 		Sandbox: audit.Sandbox{Name: pol.Sandbox, ID: info.SandboxID},
-		Process: audit.Process{TGID: info.PID},
+		Process: audit.Process{TGID: info.PID, CgroupID: info.Cgroup},
 		Net: &audit.NetDetail{Op: "secret", Protocol: 6, Addr: info.Dest.Addr().Unmap().String(), Port: info.Dest.Port(),
 			Name: quote(host)[1 : len(quote(host))-1], Reason: fmt.Sprintf("secret %s substituted for %s in %s", quote(secret), quote(host), quote(call))},
 		Message: fmt.Sprintf("credential broker: secret %s sent to %s (%s)", quote(secret), quote(host), quote(call)),

@@ -27,6 +27,9 @@ type Policy struct {
 	// where the server speaks first) passes to answered addresses without
 	// one.
 	UnnamedPorts []PortRange
+	// RecordAllowed records every connection that passes, with its name
+	// (policy audit.connections).
+	RecordAllowed bool
 	// Secrets are the credentials the sandbox holds placeholders for; CA
 	// terminates TLS for their hosts (both nil: no brokering).
 	Secrets []Secret

@@ -7,6 +7,11 @@
 // allows it), and only then dials the original destination and splices
 // the two sockets. A mismatch (domain fronting) is closed before any
 // application data leaves the host, and recorded with both names.
+//
+// On plain HTTP every request is judged (its Host, and its method where
+// the name is read-only). For names a brokered secret is bound to, the
+// relay terminates TLS with the sandbox's CA and swaps placeholders for
+// the real values (broker.go).
 package namerelay
 
 import (
@@ -38,6 +43,8 @@ type Conn struct {
 	// Dest is where the client connected, before the redirect.
 	Dest netip.AddrPort
 	PID  uint32
+	// Cgroup is the connecting process's cgroup (0: unknown).
+	Cgroup uint64
 }
 
 // Config configures a Relay.
@@ -235,6 +242,9 @@ type session struct {
 	tlsOut io.Writer
 	info   Conn
 	pol    *Policy
+	// name is the name the connection carried (the SNI, the first
+	// request's Host), once read.
+	name string
 }
 
 func (s *session) out() io.Writer {
@@ -279,8 +289,11 @@ func (r *Relay) handle(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Now().Add(r.cfg.HelloTimeout))
-	first := make([]byte, 1)
-	if _, err := io.ReadFull(c, first); err != nil {
+	// One read takes what the client sent first (a whole ClientHello or
+	// request head, usually).
+	first := make([]byte, 16<<10)
+	n, err := c.Read(first)
+	if n == 0 {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() &&
 			s.refuse("", "no bytes from the client before the timeout (a protocol where the server speaks first carries no name)", nil) {
@@ -290,6 +303,7 @@ func (r *Relay) handle(c net.Conn) {
 		// eyeballs race, a port check) sent nothing anywhere: no event.
 		return
 	}
+	first = first[:n]
 	switch {
 	case first[0] == recordHandshake:
 		s.tls(first)
@@ -331,6 +345,7 @@ func (s *session) tls(buf []byte) {
 			return
 		}
 	}
+	s.name = h.SNI
 	if h.SNI == "" {
 		if s.refuse("", "TLS without a server name (SNI): the connection carries no name", tlsAlert) {
 			s.pass(buf) // record-only
@@ -402,6 +417,28 @@ func (s *session) refuse(name, why string, refusal []byte) bool {
 	return false
 }
 
+// passed counts a connection that goes on to its destination and, where
+// the policy records every connection, records it with its name.
+func (s *session) passed() {
+	s.r.stats.passed.Add(1)
+	if !s.pol.RecordAllowed || s.r.cfg.Events == nil {
+		return
+	}
+	info := s.info
+	family := uint16(2)
+	if info.Dest.Addr().Is6() && !info.Dest.Addr().Is4In6() {
+		family = 10
+	}
+	s.r.cfg.Events(audit.Event{
+		Time: time.Now(), Kind: audit.KindNet, Verdict: audit.VerdictAllowed, Severity: audit.SeverityRoutine,
+		Rule: s.pol.Rule, RuleID: s.pol.RuleID, Mechanism: Mechanism,
+		Sandbox: audit.Sandbox{Name: s.pol.Sandbox, ID: info.SandboxID},
+		Process: audit.Process{TGID: info.PID, CgroupID: info.Cgroup},
+		Net: &audit.NetDetail{Op: "connect", Family: family, Protocol: 6, Addr: info.Dest.Addr().Unmap().String(),
+			Port: info.Dest.Port(), Name: textesc.String(s.name), Reason: "name bound"},
+	})
+}
+
 // dial connects to the original destination.
 func (s *session) dial() (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.DialTimeout)
@@ -428,7 +465,7 @@ func (s *session) pass(head []byte) {
 			return
 		}
 	}
-	s.r.stats.passed.Add(1)
+	s.passed()
 	splice(s.client, up, s.client)
 }
 
@@ -468,17 +505,21 @@ func (s *session) http(first []byte) {
 		s.refuse("", "not an HTTP request: the connection carries no name", nil)
 		return
 	}
+	s.name = normName(req.Host)
+	if h, _, err := net.SplitHostPort(req.Host); err == nil {
+		s.name = normName(h)
+	}
 	if !s.checkRequest(req, true, s.client, "") {
 		return
 	}
 	up, err := s.dial()
 	if err != nil {
-		s.forbidden(http.StatusBadGateway, "watcher: the destination refused the connection\n")
+		writeStatus(s.client, http.StatusBadGateway, "watcher: the destination refused the connection\n")
 		return
 	}
 	defer up.Close()
 	s.client.SetReadDeadline(time.Time{})
-	s.r.stats.passed.Add(1)
+	s.passed()
 	s.requests(br, s.client, up, req, "")
 }
 
@@ -578,12 +619,6 @@ func (s *session) checkRequest(req *http.Request, first bool, w io.Writer, tlsHo
 	return true
 }
 
-func (s *session) forbidden(code int, body string) {
-	s.client.SetWriteDeadline(time.Now().Add(time.Second))
-	fmt.Fprintf(s.client, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		code, http.StatusText(code), len(body), body)
-}
-
 // forbidden403 is a 403 response whose body says why.
 func forbidden403(body string) []byte {
 	if body == "" {
@@ -607,7 +642,7 @@ func (r *Relay) event(info Conn, pol *Policy, verdict audit.Verdict, name, why s
 		Time: time.Now(), Kind: audit.KindNet, Verdict: verdict, Severity: audit.SeverityAlert,
 		Rule: pol.Rule, RuleID: pol.RuleID, Mechanism: Mechanism,
 		Sandbox: audit.Sandbox{Name: pol.Sandbox, ID: info.SandboxID},
-		Process: audit.Process{TGID: info.PID},
+		Process: audit.Process{TGID: info.PID, CgroupID: info.Cgroup},
 		Net: &audit.NetDetail{Op: "connect", Family: family, Protocol: 6, Addr: info.Dest.Addr().Unmap().String(),
 			Port: info.Dest.Port(), Reason: why, Name: textesc.String(name)},
 		Message: fmt.Sprintf("connection to %s %s by name binding: %s", info.Dest, map[bool]string{true: "refused", false: "recorded"}[verdict == audit.VerdictDenied], why),

@@ -197,3 +197,15 @@ func TestRelayRecordOnlyPasses(t *testing.T) {
 		}
 	}
 }
+
+func TestRelayRecordsAllowed(t *testing.T) {
+	r, evs, mu := testRelay(t, upstream(t), &Policy{Sandbox: "sb", RecordAllowed: true}, 0)
+	if got := request(t, r.Addrs()[0], "GET / HTTP/1.1\r\nHost: Good.Test:80\r\n\r\n"); got != "200 OK: GET Good.Test:80" {
+		t.Fatalf("answered name: %s", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(*evs) != 1 || (*evs)[0].Verdict != audit.VerdictAllowed || (*evs)[0].Net.Name != "good.test" || (*evs)[0].Severity != audit.SeverityRoutine {
+		t.Errorf("events: %+v", *evs)
+	}
+}

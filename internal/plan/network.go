@@ -297,6 +297,8 @@ type NameBinding struct {
 	UnnamedPorts []namerelay.PortRange
 	QUIC         bool
 	RuleID       uint32
+	// RecordAllowed records every relayed connection (audit.connections).
+	RecordAllowed bool
 	// Secrets are brokered credentials (values stay on the host).
 	Secrets []policy.EgressSecret
 }
@@ -365,7 +367,8 @@ func (c *compiler) names(sb *policy.Sandbox, sid uint32) {
 		return
 	}
 	nb := NameBinding{Sandbox: sb.Name, RecordOnly: sb.Mode == policy.ModeRecord, ReadOnly: slices.Clone(nm.ReadOnly),
-		ECH: slices.Clone(nm.ECH), QUIC: nm.QUIC, RuleID: c.rules.ID("egress-names"), Secrets: slices.Clone(nm.Secrets)}
+		ECH: slices.Clone(nm.ECH), QUIC: nm.QUIC, RuleID: c.rules.ID("egress-names"), Secrets: slices.Clone(nm.Secrets),
+		RecordAllowed: sb.Audit.Connections}
 	for _, pr := range nm.UnnamedPorts {
 		lo, hi, _ := pr.Bounds() // validated
 		nb.UnnamedPorts = append(nb.UnnamedPorts, namerelay.PortRange{Lo: lo, Hi: hi})

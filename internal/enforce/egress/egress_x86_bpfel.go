@@ -158,6 +158,7 @@ type egressRelayConn struct {
 	_         structs.HostLayout
 	Cookie    uint64
 	TsNs      uint64
+	Cgroup    uint64
 	SandboxId uint32
 	Pid       uint32
 	Addr      [4]uint32

@@ -91,8 +91,9 @@ type Relayed struct {
 	SandboxID uint32
 	// Dest is where the client connected, before the redirect.
 	Dest netip.AddrPort
-	// PID is the process (tgid) that connected.
-	PID uint32
+	// PID is the process (tgid) that connected, Cgroup its cgroup.
+	PID    uint32
+	Cgroup uint64
 	// Age is how long ago the connect happened.
 	Age time.Duration
 }
@@ -113,6 +114,7 @@ func (e *Egress) LookupRelayed(src netip.AddrPort, maxAge time.Duration) (Relaye
 		SandboxID: c.SandboxId,
 		Dest:      netip.AddrPortFrom(wordsToAddr(c.Addr), ntohs(c.Port)),
 		PID:       c.Pid,
+		Cgroup:    c.Cgroup,
 		Age:       age,
 	}, true
 }

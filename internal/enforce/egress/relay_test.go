@@ -213,7 +213,7 @@ func setupRelay(t testing.TB) *relayFixture {
 		Listen: []string{"127.0.0.1:0", "[::1]:0"},
 		Lookup: func(src netip.AddrPort) (namerelay.Conn, bool) {
 			r, ok := f.eg.LookupRelayed(src, time.Minute)
-			return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID}, ok
+			return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID, Cgroup: r.Cgroup}, ok
 		},
 		Policy: func(id uint32) (*namerelay.Policy, bool) {
 			p, ok := policies[id]
@@ -302,7 +302,8 @@ func TestNameBinding(t *testing.T) {
 			t.Fatalf("fronted name reached the server: %s", out)
 		}
 		ev := rf.refusal(t, "forbidden.test", audit.VerdictDenied)
-		if !strings.Contains(ev.Net.Reason, `"a.cdn.test"`) || ev.Net.Addr != n.allowed.String() || ev.Net.Port != 443 || ev.RuleID != 77 {
+		if !strings.Contains(ev.Net.Reason, `"a.cdn.test"`) || ev.Net.Addr != n.allowed.String() || ev.Net.Port != 443 || ev.RuleID != 77 ||
+			ev.Process.CgroupID != rf.sbCg {
 			t.Errorf("refusal event: %+v %+v", ev, ev.Net)
 		}
 		// --connect-to: DNS for the allowed name, SNI of another.
@@ -466,6 +467,32 @@ except (ssl.SSLError, OSError) as e:
 		}
 	})
 
+	t.Run("IPv4-mapped address on an IPv6 socket", func(t *testing.T) {
+		if _, err := exec.LookPath("python3"); err != nil {
+			t.Skip("python3 is not installed")
+		}
+		script := `
+import socket, ssl, sys
+s = socket.socket(socket.AF_INET6)
+s.connect(("::ffff:" + sys.argv[2], 443))
+c = ssl.create_default_context(cafile=sys.argv[1]).wrap_socket(s, server_hostname="a.cdn.test")
+print(c.getpeername()[0])
+c.sendall(b"GET / HTTP/1.0\r\nHost: a.cdn.test\r\n\r\n")
+data = b""
+while True:
+    b = c.recv(4096)
+    if not b:
+        break
+    data += b
+print(data.decode().split("\r\n\r\n", 1)[1])
+`
+		out, err := rf.run(t, sb, nil, "python3", "-c", script, rf.cdn.caFile, n.allowed.String())
+		want := "::ffff:" + n.allowed.String() + "\nGET host=a.cdn.test sni=a.cdn.test\n"
+		if err != nil || out != want {
+			t.Fatalf("mapped: %v:\n%s\nwant:\n%s", err, out, want)
+		}
+	})
+
 	t.Run("node fetch", func(t *testing.T) {
 		if _, err := exec.LookPath("node"); err != nil {
 			t.Skip("node is not installed")
@@ -540,6 +567,14 @@ print(requests.get("https://api.cdn.test/", headers={"Authorization": "Bearer " 
 			out, err := rf.run(t, sb, []string{"REQUESTS_CA_BUNDLE=" + rf.sandboxCA, "API_TOKEN=" + secretPlaceholder}, "python3", "-c", script)
 			if err != nil || strings.TrimSpace(out) != "GET host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue {
 				t.Errorf("python requests: %v: %s", err, out)
+			}
+		}
+		// Node fetch, trusting the sandbox CA through NODE_EXTRA_CA_CERTS.
+		if _, err := exec.LookPath("node"); err == nil {
+			script := `fetch("https://api.cdn.test/", {headers: {Authorization: "Bearer " + process.env.API_TOKEN}}).then(r => r.text()).then(console.log)`
+			out, err := rf.run(t, sb, []string{"NODE_EXTRA_CA_CERTS=" + rf.sandboxCA, "API_TOKEN=" + secretPlaceholder}, "node", "-e", script)
+			if err != nil || strings.TrimSpace(out) != "GET host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue {
+				t.Errorf("node fetch: %v: %s", err, out)
 			}
 		}
 		// The placeholder sent to another host (plain HTTP: visible) is
