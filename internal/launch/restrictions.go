@@ -111,9 +111,6 @@ type FileRules struct {
 	// IgnoreMissing skips listed paths that do not exist instead of
 	// failing (for defaults meant for many hosts).
 	IgnoreMissing bool `json:"ignore_missing,omitempty"`
-	// ScopeIPC is kept for callers that set it; the scoping is on unless
-	// Restrictions.NoIPCScope.
-	ScopeIPC bool `json:"scope_ipc,omitempty"`
 
 	// Derive plans the ruleset from the policy's rules below (PlanFiles):
 	// reads and execs allowed wherever no rule blocks them, writes
@@ -155,7 +152,6 @@ func DefaultFileRules(workspace ...string) FileRules {
 			"/dev/tty", "/dev/ptmx", "/dev/pts",
 		},
 		IgnoreMissing: true,
-		ScopeIPC:      true,
 	}
 }
 

@@ -93,14 +93,13 @@ func (c *compiler) landlock(sb *policy.Sandbox) (*launch.FileRules, string) {
 	if r, ok := policy.DecideFile(prefixes, "/", true); !ok || !blocking(r.Action) || r.Path != "/" {
 		return nil, "no Landlock: the policy does not confine writes to listed paths"
 	}
-	def := launch.DefaultFileRules()
 	fr := &launch.FileRules{Derive: true, Files: rules, Exec: sb.ExecRules(), ExecDefault: orAllow(sb.Exec.Default),
-		IgnoreMissing: true, ScopeIPC: def.ScopeIPC}
+		IgnoreMissing: true}
 	allows := func(p string, write bool) bool {
 		r, ok := policy.DecideFile(rules, p, write)
 		return !ok || !blocking(r.Action)
 	}
-	for _, p := range def.Devices {
+	for _, p := range launch.DefaultFileRules().Devices {
 		if allows(p, false) && allows(p, true) {
 			fr.Devices = append(fr.Devices, p)
 		}
