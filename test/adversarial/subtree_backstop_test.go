@@ -19,6 +19,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest/nltest"
 	"golang.org/x/sys/unix"
 )
 
@@ -425,7 +426,7 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 		}
 		return unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr)
 	},
-	"rtnetlink-newaddr": func(attackEnv, string) error { return rtmNewaddrNoInterface() },
+	"rtnetlink-newaddr": func(attackEnv, string) error { return nltest.NewAddrNoInterface() },
 	"benign-own-signals": func(attackEnv, string) error {
 		pid := os.Getpid()
 		ents, err := os.ReadDir("/proc/self/task")
@@ -651,39 +652,6 @@ var subtreeAttacks = map[string]func(attackEnv, string) error{
 		fmt.Println("HOST-READS")
 		return nil
 	},
-}
-
-// rtmNewaddrNoInterface sends RTM_NEWADDR for an interface index that does
-// not exist: rtnetlink checks CAP_NET_ADMIN first, then fails ENODEV.
-func rtmNewaddrNoInterface() error {
-	s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(s)
-	msg := make([]byte, 32) // nlmsghdr, ifaddrmsg, IFA_LOCAL
-	*(*uint32)(unsafe.Pointer(&msg[0])) = 32
-	*(*uint16)(unsafe.Pointer(&msg[4])) = unix.RTM_NEWADDR
-	*(*uint16)(unsafe.Pointer(&msg[6])) = unix.NLM_F_REQUEST | unix.NLM_F_ACK | unix.NLM_F_CREATE
-	msg[16], msg[17] = unix.AF_INET, 32
-	*(*uint32)(unsafe.Pointer(&msg[20])) = 0x7ffffff0
-	*(*uint16)(unsafe.Pointer(&msg[24])) = 8
-	*(*uint16)(unsafe.Pointer(&msg[26])) = unix.IFA_LOCAL
-	copy(msg[28:], []byte{198, 18, 0, 1})
-	if err := unix.Sendto(s, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return err
-	}
-	buf := make([]byte, 4096)
-	n, _, err := unix.Recvfrom(s, buf, 0)
-	if err != nil {
-		return err
-	}
-	if n >= 20 {
-		if e := int32(*(*uint32)(unsafe.Pointer(&buf[16]))); e != 0 {
-			return syscall.Errno(-e)
-		}
-	}
-	return nil
 }
 
 func init() {

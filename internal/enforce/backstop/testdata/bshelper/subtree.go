@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/watcherhq/watcher/internal/enforce/enforcetest/nltest"
 	"github.com/watcherhq/watcher/internal/syscallbench"
 )
 
@@ -205,7 +206,7 @@ func subtreeOp(op string, args []string) (handled bool, err error) {
 	case "hotloop": // hotloop ITERS
 		return true, hotLoop(n(0))
 	case "rtm_newaddr_missing": // RTM_NEWADDR on no interface: ENODEV after CAP_NET_ADMIN
-		return true, rtmNewaddrMissing()
+		return true, nltest.NewAddrNoInterface()
 	}
 	return false, nil
 }
@@ -239,41 +240,6 @@ func ownSignals() error {
 		return fmt.Errorf("own child not terminated: %v", werr)
 	}
 	fmt.Println("own signals delivered")
-	return nil
-}
-
-func rtmNewaddrMissing() error {
-	s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(s)
-	// nlmsghdr(16) + ifaddrmsg(8) + IFA_LOCAL rtattr(4+4)
-	msg := make([]byte, 32)
-	put32 := func(off int, v uint32) { *(*uint32)(unsafe.Pointer(&msg[off])) = v }
-	put16 := func(off int, v uint16) { *(*uint16)(unsafe.Pointer(&msg[off])) = v }
-	put32(0, 32)
-	put16(4, unix.RTM_NEWADDR)
-	put16(6, unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE)
-	msg[16] = unix.AF_INET
-	msg[17] = 32
-	put32(20, 0x7ffffff0) // ifa_index: no such interface
-	put16(24, 8)
-	put16(26, unix.IFA_LOCAL)
-	copy(msg[28:], []byte{198, 18, 0, 1})
-	if err := unix.Sendto(s, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return err
-	}
-	buf := make([]byte, 4096)
-	nr, _, err := unix.Recvfrom(s, buf, 0)
-	if err != nil {
-		return err
-	}
-	if nr >= 20 {
-		if e := int32(*(*uint32)(unsafe.Pointer(&buf[16]))); e != 0 {
-			return syscall.Errno(-e)
-		}
-	}
 	return nil
 }
 
