@@ -700,7 +700,8 @@ func (c *compiler) ia32Line(sb *policy.Sandbox, sid uint32) {
 		{b.PacketSocket, "socket(AF_PACKET)"}, {b.UnixPeer, "unix connects"},
 		{b.OtherTask, "calls reaching other processes"}, {b.TTYInject, "terminal injection"},
 		{b.NetConfig, "network configuration ioctls"}, {b.ClockAdjust, "clock adjustments"},
-		{b.Namespaces, "namespace changes"}, {b.Syslog, "syslog actions"}, {b.Quota, "quotactl"}} {
+		{b.Namespaces, "namespace changes"}, {b.Syslog, "syslog actions"}, {b.Quota, "quotactl"},
+		{b.OtherIPC, "System V and message-queue use"}, {b.NotifyMark, "inotify marks"}} {
 		if cat.r.Action != enforce.ActionAllow {
 			why = append(why, cat.what+" checked by the backstop")
 		}
