@@ -144,7 +144,7 @@ var operations = []operation{
 				"(creations recorded by the IPC tracking tracepoints, attached while needed): shmat, semop, semtimedop, msgsnd, msgrcv, " +
 				"and IPC_RMID, IPC_SET, SETVAL, SETALL, SHM_LOCK/UNLOCK, at entry (the call completes first: a shmat maps the segment, " +
 				"the process dies before it returns; objects made before tracking count as another's); reads (IPC_STAT, *_INFO) allowed; " +
-				"POSIX message queues likewise at mq_timedsend, mq_timedreceive and mq_notify (the open is not judged); 32-bit ipc(2) not judged"},
+				"POSIX message queues likewise at mq_timedsend, mq_timedreceive and mq_notify (the open is not judged); 32-bit calls killed at entry (ia32_syscalls)"},
 			{op: lsm.OpOtherIPC, hook: "shm_shmctl"},
 			{op: lsm.OpOtherIPC, hook: "sem_semctl"},
 			{op: lsm.OpOtherIPC, hook: "msg_queue_msgctl"},
