@@ -457,10 +457,11 @@ func startExec(t *testing.T, cmd *exec.Cmd, leafGlob string) *execRun {
 // survives: either intact (the breaker opens after the second hard timeout)
 // or emptied, which fails closed (the breaker is open at once).
 func TestBreakerStateProtected(t *testing.T) {
-	tb := newTestbed(t, "", "{enabled: false}\n    exec: {timeouts: {warn: 100ms, term: 200ms, kill: 400ms}, circuit_breaker: 2}")
+	tb := newTestbed(t, "", "{enabled: false}\n    exec: {timeouts: {warn: 100ms, term: 2s, kill: 3s}, circuit_breaker: 2}")
 	tb.startAgent()
 	ctl := filepath.Join(tb.socketDir, "control.sock")
 	state := filepath.Join(tb.dir, "state", "breaker-agents")
+	// term 2 s: time for sh to set its trap (see TestExecTimeoutsAndBreaker).
 	hang := []string{"exec", "--socket", ctl, "--", "sh", "-c", "trap '' TERM; sleep 30"}
 	if out, code := tb.watcher(hang...); code == 0 || !strings.Contains(out, "timeout-kill") {
 		t.Fatalf("first run: exit %d, want a hard timeout:\n%s", code, out)
