@@ -24,6 +24,12 @@ sandboxes:
         unnamed_ports: ["22", "2200-2299"]
   - name: unbound
     select: {cgroups: [/u]}
+    egress: {names: {bind: false}}
+  - name: preset-default
+    select: {cgroups: [/d]}
+  - name: default-deny
+    select: {cgroups: [/n]}
+    egress: {default: deny}
 `)
 	env := Env{LSM: lsmEnv(t, errRefused), DNSProxy4: netip.MustParseAddrPort("127.0.0.1:5300")}
 	plan, rt := compile(t, p, env)
@@ -32,7 +38,14 @@ sandboxes:
 		t.Fatal("no name binding for the bound sandbox")
 	}
 	if _, ok := plan.Names[plan.SandboxIDs["unbound"]]; ok {
-		t.Error("name binding for a sandbox without egress.names.bind")
+		t.Error("name binding for a sandbox with egress.names.bind false")
+	}
+	// The presets bind names; leaving the resolved default leaves it.
+	if _, ok := plan.Names[plan.SandboxIDs["preset-default"]]; !ok {
+		t.Error("no name binding for a sandbox on the baseline preset")
+	}
+	if _, ok := plan.Names[plan.SandboxIDs["default-deny"]]; ok {
+		t.Error("name binding for a sandbox with egress default deny")
 	}
 	want := []namerelay.PortRange{{Lo: 22, Hi: 22}, {Lo: 2200, Hi: 2299}}
 	if nb.Sandbox != "bound" || nb.QUIC || !slices.Equal(nb.UnnamedPorts, want) || !slices.Equal(nb.ReadOnly, []string{".docs.example.com"}) ||

@@ -177,6 +177,11 @@ func applyPreset(own Sandbox, node ast.Node) (Sandbox, error) {
 		}
 	}
 	mergeLists(&merged, &own, &base)
+	// Presets bind names to the proxy's answers; a sandbox that leaves the
+	// resolved default leaves binding with it unless it asks for binding.
+	if d := merged.Egress.Default; d != "" && d != EgressResolved && !own.Egress.Names.Bind {
+		merged.Egress.Names.Bind = false
+	}
 	exchangeRule(&merged)
 	normalizeSandbox(&merged)
 	return merged, nil

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -117,6 +118,47 @@ func TestPresetPIDsLimit(t *testing.T) {
 		}
 		if l := p.Sandboxes[0].Limits; l.PIDs != tc.pids || l.Memory.Bytes != tc.memory {
 			t.Errorf("%q: limits %+v, want pids %d memory %d", tc.limits, l, tc.pids, tc.memory)
+		}
+	}
+}
+
+// TestPresetNameBinding: every preset binds connections to names; dev and
+// ops let SSH (port 22, the server speaks first) pass unnamed; a sandbox
+// that leaves the resolved default leaves binding unless it asks for it.
+func TestPresetNameBinding(t *testing.T) {
+	for _, name := range PresetNames() {
+		sb, err := Preset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ssh := slices.Contains(sb.Egress.Names.UnnamedPorts, PortRange("22"))
+		if !sb.Egress.Names.Bind || ssh != (name == PresetDev || name == PresetOps) {
+			t.Errorf("preset %s: bind %v, unnamed ports %v", name, sb.Egress.Names.Bind, sb.Egress.Names.UnnamedPorts)
+		}
+	}
+	for _, tc := range []struct {
+		egress string
+		bind   bool
+		err    string
+	}{
+		{"", true, ""},
+		{"    egress: {names: {bind: false}}\n", false, ""},
+		{"    egress: {default: allow}\n", false, ""},
+		{"    egress: {default: deny}\n", false, ""},
+		{"    egress: {default: deny, names: {bind: true}}\n", false, "egress default resolved"},
+	} {
+		p, err := Parse("t.yaml", []byte("version: 1\nsandboxes:\n  - name: a\n    select: {cgroups: [/watcher]}\n    preset: restricted\n    workspace: [/srv/a]\n"+tc.egress))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: err %v, want %q", tc.egress, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", tc.egress, err)
+		}
+		if got := p.Sandboxes[0].Egress.Names.Bind; got != tc.bind {
+			t.Errorf("%q: bind %v, want %v", tc.egress, got, tc.bind)
 		}
 	}
 }
