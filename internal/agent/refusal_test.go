@@ -39,12 +39,14 @@ sandboxes:
 			Net: &audit.NetDetail{Family: 2, Op: "sendmsg", Addr: "198.18.0.7", Port: 4445, Protocol: 17,
 				Reason: "answered address, but not on a port or protocol its name allows"},
 			Message: "admitted for stun.example.org, cdn.example.org on tcp/80, tcp/443"},
+		{Kind: audit.KindCapability, Verdict: audit.VerdictDenied, Mechanism: "lsm", Sandbox: audit.Sandbox{Name: "r"},
+			Process: audit.Process{Comm: "date", TGID: 9}, Target: &audit.TargetDetail{Capability: 25}},
 		// The benign neighbour: an allowed open is no refusal.
 		open(ws+"/main.go", true, "landlock", audit.VerdictAllowed),
 	}
 	got := Refusals(p, sb, events, ws)
-	if len(got) != 8 {
-		t.Fatalf("got %d refusals, want 8: %+v", len(got), got)
+	if len(got) != 9 {
+		t.Fatalf("got %d refusals, want 9: %+v", len(got), got)
 	}
 	byOp := map[string]Refusal{}
 	for _, r := range got {
@@ -70,6 +72,10 @@ sandboxes:
 	if un := byOp["unshare "]; un.Allow != nil || !strings.Contains(un.Note, "fixed seccomp list") {
 		t.Errorf("namespace refusal = %+v", un)
 	}
+	// A capability the preset does not grant: named, with the line that grants it.
+	if c := byOp["capability CAP_SYS_TIME"]; len(c.Allow) != 1 || c.Allow[0] != "operations: {capabilities: {rules: [{cap: CAP_SYS_TIME, action: allow}]}}" {
+		t.Errorf("capability refusal = %+v", c)
+	}
 	if d := byOp["resolve example.org."]; len(d.Allow) != 1 || d.Allow[0] != "dns: {allow: [example.org]}" {
 		t.Errorf("dns refusal = %+v", d)
 	}
@@ -80,7 +86,7 @@ sandboxes:
 	rep := &RunReport{Label: "call-1", Sandbox: "r", Mode: "enforce", Refusals: got, Killed: true}
 	var text bytes.Buffer
 	rep.WriteSummary(&text)
-	for _, want := range []string{"9 operation(s) refused", "label=call-1", "cred-shadow", "landlock", "would be allowed by", "kill backstop killed"} {
+	for _, want := range []string{"10 operation(s) refused", "label=call-1", "cred-shadow", "landlock", "would be allowed by", "kill backstop killed", "{cap: CAP_SYS_TIME, action: allow}"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, text.String())
 		}
@@ -90,7 +96,7 @@ sandboxes:
 		t.Fatal(err)
 	}
 	var back RunReport
-	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Label != "call-1" || len(back.Refusals) != 8 {
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Label != "call-1" || len(back.Refusals) != 9 {
 		t.Errorf("JSON report round trip: %v %+v", err, back)
 	}
 }
