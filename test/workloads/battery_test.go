@@ -1,6 +1,6 @@
 // Package workloads runs the benign workload battery: scripted sessions of
 // what coding and ops agents really do (sessions/*.sh), offline and
-// self-contained, under the restricted, dev and read-only presets, through
+// self-contained, under the restricted, dev, ops and read-only presets, through
 // `watcher exec` and in a runtime-placed cgroup under a running agent, in
 // enforce and in record mode. Every session must pass with zero refusals
 // (and, in record mode, zero would-refuse events).
@@ -39,20 +39,21 @@ var sessions = []struct {
 	presets  []string
 	readOnly bool // reads only: also under read-only
 }{
-	{"git", []string{"restricted", "dev"}, false},
-	{"python", []string{"restricted", "dev"}, false},
-	{"node", []string{"restricted", "dev"}, false},
-	{"go", []string{"restricted", "dev"}, false},
-	{"c", []string{"restricted", "dev"}, false},
-	{"shell", []string{"restricted", "dev"}, false},
-	{"net", []string{"restricted", "dev"}, false},
-	{"read", []string{"read-only", "restricted", "dev"}, true},
+	{"git", []string{"restricted", "dev", "ops"}, false},
+	{"python", []string{"restricted", "dev", "ops"}, false},
+	{"node", []string{"restricted", "dev", "ops"}, false},
+	{"go", []string{"restricted", "dev", "ops"}, false},
+	{"c", []string{"restricted", "dev", "ops"}, false},
+	{"shell", []string{"restricted", "dev", "ops"}, false},
+	{"net", []string{"restricted", "dev", "ops"}, false},
+	{"read", []string{"read-only", "restricted", "dev", "ops"}, true},
 }
 
 // sandboxes of the battery's policy: one per preset, and record-mode twins.
 var sandboxes = []struct{ name, preset, mode string }{
 	{"restricted", "restricted", "enforce"},
 	{"dev", "dev", "enforce"},
+	{"ops", "ops", "enforce"},
 	{"read-only", "read-only", "enforce"},
 	{"restricted-record", "restricted", "record"},
 	{"dev-record", "dev", "record"},
