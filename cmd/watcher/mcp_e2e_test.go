@@ -290,6 +290,17 @@ func TestMCPClientsSDKs(t *testing.T) {
 			"1 list_dir (isError", "2 read_file (ok", "benign", "3 write_file (isError", "no approver answered",
 			"4 shell (isError", "refused read /etc/shadow", "5 read_file (isError", "6 http_fetch (isError", "default-deny"})
 	})
+	// The repository's own Python client speaks MCP with the standard
+	// library only, so it runs where the SDK cannot be installed.
+	t.Run("python-example", func(t *testing.T) {
+		py, err := exec.LookPath("python3")
+		if err != nil {
+			t.Skip("python3 is not installed")
+		}
+		script, _ := filepath.Abs("../../examples/python/mcp_agent_loop.py")
+		out, err := exec.Command(py, script, tb.bin, tb.socketDir, "agents").CombinedOutput()
+		check(t, "examples/python/mcp_agent_loop.py", string(out), err, want)
+	})
 	cache := mcpCache()
 	t.Run("typescript", func(t *testing.T) {
 		mods := filepath.Join(cache, "node", "node_modules")

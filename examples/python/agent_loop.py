@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Example agent loop over watcher's tool gateway.
+"""Example agent loop over watcher's tool gateway, in its own line protocol.
+
+For MCP (what agent frameworks speak) see mcp_agent_loop.py: the same
+decision path; this protocol adds session resume after a crash.
 
 A real agent asks its model for the next tool call; this one replays a fixed
 plan so it runs anywhere: it lists the workspace, reads a file, writes one,
