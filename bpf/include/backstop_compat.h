@@ -1,8 +1,8 @@
 /* 32-bit syscalls (int 0x80, x32): refused outright or by their i386 number. */
 #pragma once
 
-#define TS_COMPAT 0x0002            /* arch/x86: a 32-bit syscall is running */
-#define X32_SYSCALL_BIT 0x40000000
+#include "compat.h"
+
 #define COMPAT_NR_BASE 0x10000      /* event nr of i386 syscall n: BASE + n */
 #define NR32_mount 21
 

@@ -1,6 +1,8 @@
 /* The syscall a hook runs in, for checks of the dangerous list without a hook of their own. */
 #pragma once
 
+#include "compat.h"
+
 /* Entries of the one dangerous list (internal/dangerous) without a hook of
  * their own are judged where the kernel checks them before any effect,
  * while the task is in that syscall: the capability the syscall asks for
@@ -10,8 +12,6 @@
  * at entry, at no cost to other syscalls). The Go loader fills
  * lsm_syscall_checks from the list: {syscall, check} -> the op whose rule
  * decides. */
-#define TS_COMPAT 0x0002              /* thread_info.status: an i386 syscall is running */
-#define X32_SYSCALL_BIT 0x40000000
 #define SYSCALL_COMPAT 0x10000        /* i386 numbers are keyed as SYSCALL_COMPAT + nr */
 #define SYSCALL_NONE 0xffffffffu
 #define SYSCALL_TAG 0x80000000u       /* task_event.mode of a syscall-scoped decision: tag | syscall */
