@@ -21,6 +21,7 @@
 #include "lsm_hook.h"
 #include "tty.h"
 #include "procfs.h"
+#include "subtree.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

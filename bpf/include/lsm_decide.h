@@ -80,10 +80,8 @@ static __always_inline bool op_begin(struct op_ctx *c, __u32 op)
 /* judge_op is the whole body of hooks judged by one op rule. */
 static __always_inline int judge_op(__u32 mech, __u32 op, __u32 kind, __u32 mode)
 {
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
+	struct op_ctx c;
+	if (!op_begin(&c, op))
 		return 0;
-	struct decision d = op_decision(sb->id, op, ACTION_ALLOW);
-	return judge_task(mech, op, kind, d, sb, root, NULL, mode, -1, false);
+	return judge_task(mech, op, kind, c.d, c.sb, c.root, NULL, mode, -1, false);
 }

@@ -22,6 +22,17 @@ static __always_inline void consider(struct file_verdict *v, struct access_rule 
 	}
 }
 
+/* stricter makes d the verdict when it is stricter than v's; match says
+ * what decided. */
+static __always_inline void stricter(struct file_verdict *v, struct decision d, __u32 match)
+{
+	if (d.action > v->action) {
+		v->action = d.action;
+		v->rule_id = d.rule_id;
+		v->match = match;
+	}
+}
+
 /* What a file decision is about: the inode (absent for a name about to be
  * created) and its filesystem. */
 struct file_facts {
@@ -215,53 +226,29 @@ static __always_inline int decide_file_open(__u32 mech, struct file *file, int r
 	if (f.magic == PROC_SUPER_MAGIC) {
 		char name[4] = {};
 		bpf_probe_read_kernel(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
-		if (name[0] == 'm' && name[1] == 'e' && name[2] == 'm' && name[3] == 0) {
-			struct decision d = op_decision(c.sb->id, LSM_OP_PROC_MEM, ACTION_ALLOW);
-			if (d.action > v.action) {
-				v.action = d.action;
-				v.rule_id = d.rule_id;
-				v.match = MATCH_PROC_MEM;
-			}
-		}
+		if (name[0] == 'm' && name[1] == 'e' && name[2] == 'm' && name[3] == 0)
+			stricter(&v, op_decision(c.sb->id, LSM_OP_PROC_MEM, ACTION_ALLOW), MATCH_PROC_MEM);
 	}
 
 	/* The fd and fdinfo listings of a process outside the subtree: the
 	 * kernel asks no ptrace check for them (procfs.h). */
 	if (f.magic == PROC_SUPER_MAGIC && proc_judged_name(BPF_CORE_READ(file, f_path.dentry)) == PROC_UNCHECKED) {
 		struct task_struct *t = pid_leader_task(proc_inode_pid(inode));
-		if (t && !in_subtree(t, c.root)) {
-			struct decision d = op_decision(c.sb->id, LSM_OP_OTHER_TASK, ACTION_ALLOW);
-			if (d.action > v.action) {
-				v.action = d.action;
-				v.rule_id = d.rule_id;
-				v.match = MATCH_OTHER_TASK;
-			}
-		}
+		if (t && !st_task_below(t, c.root))
+			stricter(&v, op_decision(c.sb->id, LSM_OP_OTHER_TASK, ACTION_ALLOW), MATCH_OTHER_TASK);
 	}
 
 	/* A POSIX message queue another sandbox or the host created. */
-	if (f.magic == MQUEUE_MAGIC) {
-		struct decision d = mq_decision(file, c.sb->id, c.root, f.dev, f.ino);
-		if (d.action > v.action) {
-			v.action = d.action;
-			v.rule_id = d.rule_id;
-			v.match = MATCH_OTHER_IPC;
-		}
-	}
+	if (f.magic == MQUEUE_MAGIC)
+		stricter(&v, mq_decision(file, c.sb->id, c.root, f.dev, f.ino), MATCH_OTHER_IPC);
 
 	/* A terminal controlled from outside the sandbox: /dev/pts/N on
 	 * devpts, whose dentry holds the slave tty (the kernel opens a pty
 	 * slave only through its devpts dentry). */
 	if (f.magic == DEVPTS_SUPER_MAGIC_ && tty_pts_slave(f.mode, f.rdev)) {
 		struct task_struct *leader = tty_foreign_leader(BPF_CORE_READ(file, f_path.dentry, d_fsdata));
-		if (leader && !in_subtree(leader, c.root)) {
-			struct decision d = op_decision(c.sb->id, LSM_OP_TTY_INJECT, ACTION_ALLOW);
-			if (d.action > v.action) {
-				v.action = d.action;
-				v.rule_id = d.rule_id;
-				v.match = MATCH_OTHER_TTY;
-			}
-		}
+		if (leader && !st_task_below(leader, c.root))
+			stricter(&v, op_decision(c.sb->id, LSM_OP_TTY_INJECT, ACTION_ALLOW), MATCH_OTHER_TTY);
 	}
 
 	if (v.action == ACTION_ALLOW)

@@ -95,23 +95,17 @@ WATCHER_IPC_FREE(security_msg_queue_free)
  * object's id. */
 static __always_inline int judge_ipc(__u32 mech, struct kern_ipc_perm *perm, __u32 what, __u32 detail)
 {
-	if (!perm)
-		return 0;
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_OTHER_IPC, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
+	struct op_ctx c;
+	if (!perm || !op_begin(&c, LSM_OP_OTHER_IPC))
 		return 0;
 	__u64 k = (__u64)perm;
 	struct ipc_owner *o = bpf_map_lookup_elem(&lsm_ipc_owner, &k);
-	if (o && o->sandbox_cg == root)
+	if (o && o->sandbox_cg == c.root)
 		return 0;
-	__u32 verdict = effective_verdict(sb, d.action);
+	__u32 verdict = effective_verdict(c.sb, c.d.action);
 	struct task_event *e = reserve_event(sizeof(*e), true);
 	if (e) {
-		fill_hdr(&e->hdr, EV_OPERATION + mech, verdict, d.rule_id, root, sb);
+		fill_hdr(&e->hdr, EV_OPERATION + mech, verdict, c.d.rule_id, c.root, c.sb);
 		e->op = LSM_OP_OTHER_IPC;
 		e->target_pid = (__u32)BPF_CORE_READ(perm, id);
 		e->mode = IPC_TAG | (what << 16) | (detail & 0xffff);

@@ -81,7 +81,7 @@ int BPF_PROG(entry_security_file_free, struct file *file)
 static __always_inline int judge_sigio(__u32 mech, struct task_struct *tsk, int sig, struct sandbox *sb, __u64 root)
 {
 	if (!is_agent(BPF_CORE_READ(tsk, tgid))) {
-		if (in_subtree(tsk, root))
+		if (st_task_below(tsk, root))
 			return 0;
 		struct decision d = op_decision(sb->id, LSM_OP_OTHER_TASK, ACTION_ALLOW);
 		return judge_task(mech, LSM_OP_OTHER_TASK, EV_SIGNAL, d, sb, root, tsk, (__u32)(sig ? sig : 29), -1, false);

@@ -132,12 +132,8 @@ WATCHER_HOOK(socket_create, security_socket_create, decide_socket_create(mech, f
  * a socket never bound) have no name to judge and stay allowed. */
 static __always_inline int judge_unix_peer(__u32 mech, __u32 op, struct sock *other, __u32 type)
 {
-	__u64 root = 0;
-	struct sandbox *sb = current_sandbox(&root);
-	if (!sb || !other)
-		return 0;
-	struct decision d = op_decision(sb->id, LSM_OP_UNIX_CONNECT, ACTION_ALLOW);
-	if (d.action == ACTION_ALLOW)
+	struct op_ctx c;
+	if (!other || !op_begin(&c, LSM_OP_UNIX_CONNECT))
 		return 0;
 	struct unix_sock *u = (struct unix_sock *)other;
 	struct unix_address *addr = BPF_CORE_READ(u, addr);
@@ -146,33 +142,19 @@ static __always_inline int judge_unix_peer(__u32 mech, __u32 op, struct sock *ot
 	struct dentry *dentry = BPF_CORE_READ(u, path.dentry);
 	if (!dentry) {
 		/* Bound, but not in the filesystem: an abstract name. */
-		return sock_conclude(mech, EV_LSM_UNIX, d, sb, root, op, AF_UNIX_FAMILY, type, 0, UNIX_PEER_ABSTRACT, NULL, 0);
+		return sock_conclude(mech, EV_LSM_UNIX, c.d, c.sb, c.root, op, AF_UNIX_FAMILY, type, 0, UNIX_PEER_ABSTRACT, NULL, 0);
 	}
 	__u32 zero = 0;
 	struct path_key *key = bpf_map_lookup_elem(&lsm_key_scratch, &zero);
 	struct pathwalk *pw = bpf_map_lookup_elem(&lsm_pw_scratch, &zero);
 	if (!key || !pw)
 		return 0;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	struct path rootp = BPF_CORE_READ(task, fs, root);
 	struct path p = { .mnt = BPF_CORE_READ(u, path.mnt), .dentry = dentry };
-	pw_resolve(pw, &p, &rootp);
-	long n = bpf_probe_read_kernel_str(key->path, sizeof(key->path), pw->buf);
-	bool truncated = (pw->flags & PW_F_TRUNCATED) || pw->len + 1 > LSM_PATH_LEN;
-	if (n <= 0) {
-		key->path[0] = 0;
-		n = 1;
-		truncated = true;
-	}
-	if (n > LSM_PATH_LEN)
-		n = LSM_PATH_LEN;
-	if (truncated)
-		n--;
-	key->prefixlen = 32 + 8 * (__u32)n;
-	key->sandbox_id = sb->id;
+	bool truncated = key_from_walk(key, pw, &p);
+	key->sandbox_id = c.sb->id;
 	if (bpf_map_lookup_elem(&lsm_unix_rules, key))
 		return 0;
-	return sock_conclude(mech, EV_LSM_UNIX, d, sb, root, op, AF_UNIX_FAMILY, type, 0, UNIX_PEER_PATH, pw->buf,
+	return sock_conclude(mech, EV_LSM_UNIX, c.d, c.sb, c.root, op, AF_UNIX_FAMILY, type, 0, UNIX_PEER_PATH, pw->buf,
 			     truncated ? FILE_F_TRUNCATED : 0);
 }
 

@@ -1,22 +1,6 @@
 /* Other tasks: ptrace, signals, limits and scheduling, capabilities, low mappings, bpf(2). */
 #pragma once
 
-/* in_subtree reports whether task's cgroup in the default hierarchy (the
- * one bpf_get_current_cgroup_id() and current_sandbox() read) is root, the
- * sandbox's root cgroup, or below it: the same test current_sandbox makes
- * of the current task, made of the target. cgroup.self is the first member
- * of struct cgroup, so a parent css is its cgroup. */
-static __always_inline bool in_subtree(struct task_struct *task, __u64 root)
-{
-	struct cgroup *cg = BPF_CORE_READ(task, cgroups, dfl_cgrp);
-	for (int i = 0; i < MAX_CGROUP_DEPTH && cg; i++) {
-		if (BPF_CORE_READ(cg, kn, id) == root)
-			return true;
-		cg = (struct cgroup *)BPF_CORE_READ(cg, self.parent);
-	}
-	return false;
-}
-
 /* Sub-operations of LSM_OP_OTHER_TASK judged outside the signal and
  * ptrace hooks: task_event.mode is OTHER_* | a detail. */
 #define OTHER_SETRLIMIT 0x01000000u  /* | resource */
@@ -32,7 +16,7 @@ static __always_inline int judge_other_task(__u32 mech, __u32 kind, struct task_
 {
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
-	if (!sb || !target || in_subtree(target, root))
+	if (!sb || !target || st_task_below(target, root))
 		return 0;
 	struct decision d = op_decision(sb->id, LSM_OP_OTHER_TASK, ACTION_ALLOW);
 	return judge_task(mech, LSM_OP_OTHER_TASK, kind, d, sb, root, target, mode, -1, false);
@@ -56,7 +40,7 @@ static __always_inline int judge_ptrace(__u32 mech, __u32 op, struct task_struct
 		d = op_decision(sb->id, op, ACTION_BLOCK);
 	} else {
 		d = op_decision(sb->id, op, ACTION_ALLOW);
-		if (subtree && !in_subtree(target, root)) {
+		if (subtree && !st_task_below(target, root)) {
 			struct decision o = op_decision(sb->id, LSM_OP_OTHER_TASK, ACTION_ALLOW);
 			if (o.action > d.action) {
 				op = LSM_OP_OTHER_TASK;
