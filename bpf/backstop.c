@@ -21,7 +21,7 @@
  * - cgroup_attach_task: a task of a sandbox moved outside it.
  * - sys_exit of connect: the unix peer the kernel found (symlinks
  *   resolved), for sandboxes whose egress restricts unix sockets where no
- *   LSM unix hook runs (see "Unix peers" below).
+ *   LSM unix hook runs (backstop_unix.h).
  * - sys_exit of mmap/mremap/shmat, i386 mapping calls and
  *   sched_process_exec: mappings below vm.mmap_min_addr, where no
  *   mmap_addr hook runs (include/backstop_lowmap.h).

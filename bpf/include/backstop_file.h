@@ -9,7 +9,7 @@
  * flags of open/openat are registers saved at entry (kernel state); those
  * of openat2 live in user memory, so FMODE_CREATED (set by the kernel) is
  * checked too and a truncation raced past the re-read is left to the
- * inode-change hooks below. */
+ * inode-change hooks (backstop_inode.h). */
 static __always_inline bool open_changed(long nr, struct pt_regs *regs, unsigned int fmode)
 {
 	__u64 flags = 0;

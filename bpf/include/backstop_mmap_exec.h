@@ -1,9 +1,6 @@
 /* Code mapped from a file (mmap, mprotect PROT_EXEC), judged by the exec rules. */
 #pragma once
 
-static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __u64 root,
-				       struct sandbox *sb);
-
 #define PROT_EXEC_ 0x4
 #define MAP_ANONYMOUS_ 0x20
 

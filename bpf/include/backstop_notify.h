@@ -4,7 +4,7 @@
 /* A mark tells when a file is opened, read or written and which names are
  * made in a directory. Without the LSM's path_notify hook, the mark
  * inotify_add_watch just added (the head of its group's list) is judged
- * when the call returns, on its inode, by the walk above: a mark outside
+ * when the call returns, on its inode, by inode_changed's walk: a mark outside
  * the writable places kills the caller, and the mark dies with its inotify
  * descriptor (unless the descriptor was passed on first). */
 #define FSNOTIFY_OBJ_TYPE_INODE_ 0

@@ -1,6 +1,11 @@
 /* sys_enter: syscall rules and argument-checked categories, killed before the call runs. */
 #pragma once
 
+/* judge_file (backstop_file.h) judges the file an mmap or mprotect maps
+ * executable, by the exec rules. */
+static __always_inline bool judge_file(struct file *file, __u32 ops, long nr, __u64 root,
+				       struct sandbox *sb);
+
 SEC("tp_btf/sys_enter")
 int BPF_PROG(backstop_sys_enter, struct pt_regs *regs, long id)
 {

@@ -31,7 +31,7 @@ WATCHER_HOOK(task_alloc, security_task_alloc, decide_task_alloc(mech, clone_flag
 	     struct task_struct *task, unsigned long long clone_flags, int ret)
 
 /* perf_event_open: 6.1 passes (attr, type), 6.18 only (type), so the
- * previous return value moves: not read (see bpf above). */
+ * previous return value moves: not read (see bpf in lsm_task.h). */
 WATCHER_HOOK(perf_event_open, security_perf_event_open, judge_op(mech, LSM_OP_PERF_EVENT, EV_OPERATION, 0), void *unused)
 
 static __always_inline int decide_op(__u32 mech, __u32 op, int ret)
