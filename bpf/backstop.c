@@ -27,6 +27,7 @@
  *   mmap_addr hook runs (include/backstop_lowmap.h).
  */
 #include "common.h"
+#include "kdefs.h"
 #include "pathwalk.h"
 #include "subtree.h"
 #include "tty.h"

@@ -17,6 +17,7 @@
  * and its filesystem type.
  */
 #include "common.h"
+#include "kdefs.h"
 #include "pathwalk.h"
 #include "lsm_hook.h"
 #include "tty.h"

@@ -20,16 +20,13 @@
 		__type(value, value_type); \
 	} name SEC(".maps")
 
-#define SIGKILL 9
 #define MAX_SYSCALLS 512
 
 #define FMODE_READ 0x1
-#define FMODE_WRITE 0x2
 #define FMODE_PATH 0x4000
 
 #define CGROUP_SUPER_MAGIC 0x27e0eb
 #define CGROUP2_SUPER_MAGIC 0x63677270
-#define PROC_SUPER_MAGIC 0x9fa0
 
 #define CLONE_FILES 0x00000400
 #define CLONE_THREAD 0x00010000

@@ -11,10 +11,6 @@
 
 #define TIOCSTI_ 0x5412
 #define TIOCLINUX_ 0x541C
-#define FIOSETOWN_ 0x8901
-#define SIOCSPGRP_ 0x8902
-#define F_SETOWN_ 8
-#define F_SETOWN_EX_ 15
 /* CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWPID|NEWNET|NEWTIME: namespaces
  * that ask for CAP_SYS_ADMIN (a new user namespace alone does not: the
  * user-namespaces rule). */

@@ -53,14 +53,12 @@ struct path_rule {
  * and an entry written for the deleted file must not judge that one. An
  * entry holds the i_generation its file had when the agent wrote it
  * (filesystems draw a new one whenever they hand a number out again);
- * GEN_ANY where the agent could not read it (procfs, overlayfs, btrfs,
- * network filesystems): the number alone decides there. 0 is a real
+ * GEN_ANY (kdefs.h) where the agent could not read it (procfs, overlayfs,
+ * btrfs, network filesystems): the number alone decides there. 0 is a real
  * generation (files written by mkfs, such as an image's /etc/shadow). See
  * internal/enforce/fileident.go. The field was padding before: the
  * programs of an older agent, attached until this agent's replace them,
  * read the same layout and ignore it. */
-#define GEN_ANY 0xffffffffu
-
 static __always_inline bool same_generation(__u32 entry, struct inode *inode)
 {
 	return entry == GEN_ANY || entry == BPF_CORE_READ(inode, i_generation);

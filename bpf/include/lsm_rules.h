@@ -1,10 +1,7 @@
 /* LSM rule tables: operations, keys, values and the pinned maps the Go loader fills. */
 #pragma once
 
-#define SIGKILL 9
-
 /* From include/linux/fs.h and uapi headers (macros are not in BTF). */
-#define FMODE_WRITE 0x2
 #define O_ACCMODE 00000003
 #define O_TRUNC 00001000
 #define O_APPEND 00002000
@@ -15,7 +12,6 @@
 #define PTRACE_MODE_ATTACH 0x02
 #define PTRACE_MODE_NOAUDIT 0x04
 #define CAP_OPT_NOAUDIT 0x02
-#define PROC_SUPER_MAGIC 0x9fa0
 #define MINORBITS 20
 #define MINORMASK ((1U << MINORBITS) - 1)
 
@@ -153,13 +149,12 @@ struct {
  * and an entry written for the deleted file must not judge that one. An
  * entry holds the i_generation its file had when the agent wrote it
  * (filesystems draw a new one whenever they hand a number out again);
- * GEN_ANY where the agent could not read it (procfs, overlayfs, btrfs,
- * network filesystems): the number alone decides there. 0 is a real
- * generation (files written by mkfs). See internal/enforce/fileident.go.
+ * GEN_ANY (kdefs.h) where the agent could not read it (procfs, overlayfs,
+ * btrfs, network filesystems): the number alone decides there. 0 is a
+ * real generation (files written by mkfs). See
+ * internal/enforce/fileident.go.
  * (lsm_ino_rules, the table before, held no generation: a new name, so
  * an older agent's pin is never adopted with the wrong layout.) */
-#define GEN_ANY 0xffffffffu
-
 struct ino_rule {
 	struct access_rule rule;
 	__u32 generation; /* i_generation of the file, or GEN_ANY */

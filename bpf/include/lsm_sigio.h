@@ -18,10 +18,6 @@
  * So the sandbox that sets a file's owner (fcntl F_SETOWN, F_SETOWN_EX;
  * ioctl FIOSETOWN, SIOCSPGRP) is recorded with the file, and every signal
  * for that file is judged as that sandbox's, whoever triggers it. */
-#define F_SETOWN_ 8
-#define F_SETOWN_EX_ 15
-#define FIOSETOWN_ 0x8901
-#define SIOCSPGRP_ 0x8902
 
 struct fown_setter {
 	__u64 root; /* the sandbox's root cgroup */
