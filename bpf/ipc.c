@@ -56,8 +56,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define IPC_RMID 0
 #define IPC_64 0x100
 #define FMODE_CREATED (1U << 20)
-#define TS_COMPAT 0x0002
-#define X32_SYSCALL_BIT 0x40000000
+
+#include "compat.h" /* TS_COMPAT, X32_SYSCALL_BIT */
 
 #define O_CREAT 0100
 #define MQUEUE_MAGIC 0x19800202

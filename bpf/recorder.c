@@ -26,6 +26,7 @@
  */
 #include "common.h"
 #include "pathwalk.h"
+#include "compat.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -58,7 +59,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define O_CREAT 0100
 #define O_TRUNC 01000
 
-#define TS_COMPAT 0x0002       /* x86 thread_info.status: i386 syscall (int 0x80) */
 #define SECCOMP_MODE_FILTER 2
 #define PFA_NO_NEW_PRIVS 0     /* bit in task->atomic_flags */
 #define CAP_DAC_OVERRIDE 1

@@ -1,5 +1,5 @@
 /* Mappings below vm.mmap_min_addr, for bpf/backstop.c (included once, after
- * its helpers): where no mmap_addr hook loads (bpf/lsm.c decide_mmap_addr),
+ * its helpers): where no mmap_addr hook loads (lsm_task.h decide_mmap_addr),
  * a sandbox member whose policy blocks CAP_SYS_RAWIO could map page 0 (the
  * kernel's cap_mmap_addr asks cap_capable() directly, never the capable
  * hook). The backstop judges the result, on kernel state, after the fact:

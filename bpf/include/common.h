@@ -65,10 +65,10 @@ enum event_kind {
 	EV_SOCKET = 13,
 	EV_NET = 14,
 	EV_CGROUP_MOVE = 15,
-	EV_FILE_OP = 16,   /* LSM path operations (unlink, rename, chmod...): struct file_event of lsm.c */
+	EV_FILE_OP = 16,   /* LSM path operations (unlink, rename, chmod...): struct file_event, lsm_events.h */
 	EV_OPERATION = 17, /* LSM operations judged as a whole (perf_event_open...): struct task_event */
-	EV_LSM_SOCKET = 18, /* LSM socket_create: struct sock_event of lsm.c */
-	EV_LSM_UNIX = 19,   /* LSM unix_stream_connect, unix_may_send: struct sock_event of lsm.c */
+	EV_LSM_SOCKET = 18, /* LSM socket_create: struct sock_event, lsm_socket.h */
+	EV_LSM_UNIX = 19,   /* LSM unix_stream_connect, unix_may_send: struct sock_event, lsm_socket.h */
 	EV_LISTEN = 23,     /* cgroup bind4/bind6 and sockops listen: struct listen_event of cgroup.c */
 	/* 64 and up: EV_FMOD_RET + an LSM kind (bpf/include/lsm_hook.h) */
 };
@@ -288,7 +288,7 @@ static __always_inline bool is_agent(__u32 tgid)
 /* Kinds of the kill backstop's events (bpf/backstop.c): they have their own
  * structs, so their own decoders, apart from the LSM groups' kinds above. */
 enum event_kind_backstop {
-	EV_KILL_FILE = 32,    /* struct file_event of backstop.c */
-	EV_KILL_SYSCALL = 33, /* struct syscall_event of backstop.c */
-	EV_KILL_CGROUP = 34,  /* struct cgroup_event of backstop.c */
+	EV_KILL_FILE = 32,    /* struct file_event, backstop_maps.h */
+	EV_KILL_SYSCALL = 33, /* struct syscall_event, backstop_maps.h */
+	EV_KILL_CGROUP = 34,  /* struct cgroup_event, backstop_maps.h */
 };

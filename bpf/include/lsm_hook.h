@@ -26,7 +26,7 @@
 
 #define MECH_LSM 0
 #define EV_FMOD_RET 64 /* added to an LSM event kind by fmod_ret programs */
-#define EV_FENTRY 128  /* added by the fentry programs that kill at a syscall's entry (lsm.c) */
+#define EV_FENTRY 128  /* added by the fentry programs that kill at a syscall's entry (lsm_entry.h) */
 
 #define WATCHER_HOOK(hook, target, call, args...)                         \
 	SEC("lsm/" #hook)                                                 \

@@ -65,8 +65,17 @@ static __always_inline bool st_cgroup_in(struct cgroup *cg, __u64 root)
 	return false;
 }
 
-/* st_task_in is whether task t belongs to the subtree of sandbox root. A
- * task of the caller's own cgroup is inside without the walk. */
+/* st_task_below is whether task t's cgroup on the default hierarchy (the
+ * one current_sandbox reads) is root or below it: the test current_sandbox
+ * makes of the current task, made of t. */
+static __always_inline bool st_task_below(struct task_struct *t, __u64 root)
+{
+	return st_cgroup_in(BPF_CORE_READ(t, cgroups, dfl_cgrp), root);
+}
+
+/* st_task_in is whether task t belongs to the subtree of sandbox root, for
+ * a caller inside it: a task of the caller's own cgroup is inside without
+ * the walk. */
 static __always_inline bool st_task_in(struct task_struct *t, __u64 root)
 {
 	struct cgroup *cg = BPF_CORE_READ(t, cgroups, dfl_cgrp);
