@@ -26,7 +26,7 @@ import (
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/textesc"
 	"github.com/watcherhq/watcher/internal/workspace"
-	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
+	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 )
 
 func init() {

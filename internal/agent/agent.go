@@ -45,7 +45,7 @@ import (
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/witness"
-	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
+	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 )
 
 // Version is reported in status and the agent's start record.
