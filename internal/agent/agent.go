@@ -31,6 +31,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/egress/dnsbind"
+	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/escape"
@@ -45,7 +46,6 @@ import (
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/witness"
-	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 )
 
 // Version is reported in status and the agent's start record.
