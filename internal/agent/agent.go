@@ -251,19 +251,10 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if err := a.enforceFirstPlan(); err != nil {
 		return a, err
 	}
-
-	// Sandbox cgroups: existing ones now, later ones as they appear.
-	if err := a.registerSandboxes(); err != nil {
+	// Sandboxes, then what serves them.
+	if err := a.startSandboxes(); err != nil {
 		return a, err
 	}
-	a.dockerLabels = &containers.DockerLabels{Socket: pol.Agent.DockerSocket}
-	a.containerdLabels = &containers.ContainerdLabels{Socket: pol.Agent.ContainerdSocket}
-	a.labelSource = containers.Runtimes{a.dockerLabels, a.containerdLabels}
-	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup,
-		Labels: a.labelSource, OnError: a.labelError}); err != nil {
-		return a, err
-	}
-	a.startup.done("register sandboxes")
 	if err := a.run(ctx); err != nil {
 		return a, err
 	}
@@ -364,6 +355,23 @@ func (a *Agent) enforceFirstPlan() error {
 		return fmt.Errorf("dns policy: %w", err)
 	}
 	a.startup.done("dns policy")
+	return nil
+}
+
+// startSandboxes registers the sandbox cgroups: existing ones now, later
+// ones as they appear (the watcher, which run starts).
+func (a *Agent) startSandboxes() (err error) {
+	if err := a.registerSandboxes(); err != nil {
+		return err
+	}
+	a.dockerLabels = &containers.DockerLabels{Socket: a.pol.Agent.DockerSocket}
+	a.containerdLabels = &containers.ContainerdLabels{Socket: a.pol.Agent.ContainerdSocket}
+	a.labelSource = containers.Runtimes{a.dockerLabels, a.containerdLabels}
+	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup,
+		Labels: a.labelSource, OnError: a.labelError}); err != nil {
+		return err
+	}
+	a.startup.done("register sandboxes")
 	return nil
 }
 

@@ -243,8 +243,9 @@ func (l *recorderLayer) close() error {
 	return l.Close()
 }
 
-// egressLayer: connect, sendmsg and skb programs per sandbox root, and
-// the directory the DNS proxy finds a sandbox's id in.
+// egressLayer: the cgroup socket-address programs on each sandbox root
+// that bind egress to DNS answers, and the directory the DNS proxy finds a
+// sandbox's id in.
 type egressLayer struct {
 	*egress.Egress
 	dirs   *dnsbind.Directory
