@@ -1,7 +1,7 @@
 //go:build ignore
 
 /* IPC objects sandboxes create, so a workspace rollback can remove them
- * (internal/workspace/ipcobj).
+ * (internal/enforce/ipcobj).
  *
  * A sandbox a runtime placed (a container with --ipc=host, a process
  * written into the sandbox cgroup) shares an IPC namespace and a /dev/shm

@@ -21,12 +21,12 @@ import (
 	"github.com/watcherhq/watcher/internal/containers"
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/textesc"
 	"github.com/watcherhq/watcher/internal/workspace"
-	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 )
 
 func init() {

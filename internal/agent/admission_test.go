@@ -68,9 +68,10 @@ sandboxes:
 		return pl
 	}
 	sink := &collect{}
-	a := &Agent{egress: eg, dirs: dnsbind.NewDirectory(), plan: compile("github.com, pypi.org"), pipe: pipeline.New(nil, sink)}
+	a := &Agent{plan: compile("github.com, pypi.org"), pipe: pipeline.New(nil, sink)}
+	a.egress = egressLayer{Egress: eg, dirs: dnsbind.NewDirectory()}
 	id := a.plan.SandboxIDs["web"]
-	a.dirs.Set("web", id)
+	a.egress.dirs.Set("web", id)
 	gh, pypi := netip.MustParseAddr("198.18.5.5"), netip.MustParseAddr("198.18.5.6")
 	a.onAnswer(dnsproxy.Answer{Sandbox: "web", Name: "github.com.", Addrs: []netip.Addr{gh}, TTL: 2147483647})
 	a.onAnswer(dnsproxy.Answer{Sandbox: "web", Name: "pypi.org.", Addrs: []netip.Addr{pypi}, TTL: 60})

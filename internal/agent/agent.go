@@ -28,10 +28,7 @@ import (
 	"github.com/watcherhq/watcher/internal/dnsproxy"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
-	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/egress/dnsbind"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/escape"
 	"github.com/watcherhq/watcher/internal/gateway"
@@ -45,7 +42,6 @@ import (
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/witness"
-	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 )
 
 // Version is reported in status and the agent's start record.
@@ -93,18 +89,12 @@ type Agent struct {
 	roots   map[uint64]*root // registered sandbox roots by cgroup id
 	labels  sync.Map         // cgroup id -> leaf label (watcher exec)
 
-	eng        *enforce.Engine
-	reader     *enforce.Reader
-	lsm        *lsm.LSM
-	lsmErr     error
-	backstop   *backstop.Backstop
+	eng    *enforce.Engine
+	reader *enforce.Reader
+	layers // the BPF program groups (layers.go)
+
 	sigSeen    sync.Map    // syscall.Signal -> uint64: operator-sent count already seen
 	sigCounted atomic.Bool // the kernel counts the operator's signals (watchSignals)
-	recorder   *recorder.Recorder
-	ipc        *ipcobj.Tracker // IPC objects sandboxes create (workspace rollback)
-	cgroups    *cgroupbpf.Programs
-	egress     *egress.Egress
-	dirs       *dnsbind.Directory
 	dns        *dnsproxy.Server
 	dnsAddr    netip.AddrPort
 	dnsAddr6   netip.AddrPort
@@ -139,23 +129,15 @@ type Agent struct {
 	escape    *escape.Scorer
 	watcher   *containers.Watcher
 
-	reloader *policy.Reloader
-	applyErr error // of the last policy applied by the reloader
-	lsmProbe map[string]error
-	// lsmProbeMech is the mechanism per hook the probe found.
-	lsmProbeMech map[string]string
-	names        atomic.Pointer[map[uint32]string] // sandbox id -> name, per plan
-	// denialsOn says the tracepoints recording seccomp and Landlock
-	// refusals are attached (see recording.go).
-	denialsOn atomic.Bool
+	reloader  *policy.Reloader
+	applyErr  error                             // of the last policy applied by the reloader
+	names     atomic.Pointer[map[uint32]string] // sandbox id -> name, per plan
 	prepMu    sync.Mutex
 	frozen    frozenLeaves
 	canary    canaryState
 	startup   *startupClock
 	leaves    sync.Map // process cgroup id -> leafInfo (escape watch)
 	leafCount atomic.Int64
-	layers    []control.Layer
-	missing   []string
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	stopOnce  sync.Once
@@ -176,24 +158,16 @@ type root struct {
 // Start brings the agent up. On error everything started is stopped again;
 // pins of a previous agent are left in place (enforcement continues).
 func Start(ctx context.Context, opts Options) (a *Agent, err error) {
-	pol := opts.Policy
-	var reloader *policy.Reloader
-	if pol == nil {
-		if opts.PolicyPath == "" {
-			pol = policy.Default()
-		} else {
-			if reloader, err = policy.NewReloader(opts.PolicyPath); err != nil {
-				return nil, err
-			}
-			pol = reloader.Current()
-		}
-	}
-	if pol, err = withContainers(pol, opts.Containers); err != nil {
+	pol, reloader, err := startPolicy(opts)
+	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
 	a = &Agent{opts: opts, started: now, pol: pol, rules: plan.NewRuleTable(), roots: map[uint64]*root{}, reloader: reloader,
 		canary: newCanaryState(), startup: newStartupClock(now)}
+	// What the layers call back into the agent for.
+	a.egress.dirs, a.egress.notify = dnsbind.NewDirectory(), a.emit
+	a.ipc.wanted, a.backstop.onMount = a.ipcWanted, a.onMountKill
 	ctx, a.cancel = context.WithCancel(ctx)
 	defer func() {
 		if err != nil {
@@ -246,96 +220,112 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	}
 
 	// The kernel side.
-	if a.eng, err = enforce.Open(enforce.Options{PinDir: ag.PinDir}); err != nil {
+	if err := a.openEngine(); err != nil {
 		return a, err
 	}
-	if err := a.eng.SetAgentPID(os.Getpid()); err != nil {
+	if err := a.loadLayers(nil); err != nil {
 		return a, err
 	}
-	// Per-program run time and count, from the kernel's BPF statistics.
-	if a.bpfStats, err = metrics.NewBPFStats(a.eng.SandboxMap()); err != nil {
-		return a, fmt.Errorf("bpf statistics: %w", err)
-	}
-	a.metrics.Registry.MustRegister(a.bpfStats)
-	a.metrics.Registry.MustRegister(&limitsCollector{a: a})
-	a.reader = a.eng.NewReader(enforce.ReaderOptions{})
-	a.startup.done("open engine")
-	// One program tells whether BPF LSM or fmod_ret works here; then Load
-	// verifies them all once (probing every hook first verified each
-	// program twice: 12 s of a 22 s start in the qemu guest). Where
-	// nothing loads, the probe says why, hook by hook.
-	usable, lsmStatus, lsmMech := lsm.Check()
-	if usable {
-		a.lsm, a.lsmErr = lsm.Load(a.eng)
-	}
-	switch {
-	case a.lsm != nil:
-		lsmStatus, lsmMech = a.lsm.Status(), a.lsm.Mechanisms()
-	case a.lsmErr != nil:
-		// Nothing was set up: no hook may be planned on.
-		lsmStatus, lsmMech = map[string]error{"*": a.lsmErr}, map[string]string{}
-	}
-	a.lsmProbe, a.lsmProbeMech = lsmStatus, lsmMech
-	lsm.Register(a.reader)
-	a.startup.done("load lsm")
-	if a.cgroups, err = cgroupbpf.Load(a.eng); err != nil {
-		return a, fmt.Errorf("cgroup hooks: %w", err)
-	}
-	cgroupbpf.Register(a.reader)
-	a.startup.done("load cgroup programs")
-
-	// Exec and exit records (sched tracepoints: no syscall slow path); the
-	// sampled syscall stream only when a sandbox asks for it, since any
-	// syscall tracepoint slows every task on the host.
-	if a.recorder, err = recorder.Load(a.eng); err != nil {
-		return a, fmt.Errorf("tracepoints: %w", err)
-	}
-	recorder.Register(a.reader)
-	a.startup.done("load recorder")
-
 	// The DNS proxy starts refusing everything, so its real addresses (port
 	// 0 picks one) are known before the policy is compiled with them.
 	if err := a.startDNS(); err != nil {
 		return a, err
 	}
 	a.startup.done("start dns proxy")
-	prepareToolDirs(pol)
-	env := plan.Env{LSM: lsmStatus, LSMMech: lsmMech, AgentFiles: agentFiles(pol, opts.PolicyPath), DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6,
-		RequireLSM: opts.RequireLSM || ag.RequireLSM, UnixSockets: egress.ProbeUnix(), AbsentProbeSockets: AbsentProbeSockets(), IA32: ia32.Available()}
-	if a.plan, err = plan.Compile(pol, env, a.rules); err != nil {
+	if a.plan, err = a.compilePlan(pol); err != nil {
 		return a, err
 	}
-	a.layers, a.missing = a.plan.Layers, a.plan.Missing
-	if env.RequireLSM && len(a.missing) > 0 {
-		return a, fmt.Errorf("--require-lsm: no BPF LSM program can block %s (%s)",
-			strings.Join(a.missing, ", "), bpfLSMReason(Kernel().LSMList, firstErr(lsmStatus)))
-	}
-	a.dirs = dnsbind.NewDirectory()
 	a.startup.done("plan")
-	if a.egress, err = egress.Load(a.eng, egress.Options{Notify: a.emit, Grace: a.plan.GraceMax}); err != nil {
-		return a, fmt.Errorf("egress: %w", err)
+	if err := a.loadLayers(a.plan); err != nil {
+		return a, err
 	}
-	a.egress.RegisterEvents(a.reader)
 	a.startRelay()
-	a.startup.done("load egress")
-	// The backstop is loaded whatever the first plan needs: a reload may
-	// add rules only it enforces, and its syscall tracepoints (the costly
-	// part) attach only while its rules need them.
-	if a.backstop, err = backstop.Load(a.eng); err != nil {
-		return a, fmt.Errorf("kill backstop: %w", err)
-	}
-	backstop.RegisterWithHandlers(a.reader, backstop.Handlers{OnMount: a.onMountKill})
-	a.startup.done("load backstop")
+	a.startup.done("start name relay")
 	// Before any queued event is read: a predecessor that died left them.
 	a.beginLife()
 	a.startup.done("read life file")
-	if a.ipc, err = ipcobj.Load(a.eng); err != nil {
-		return a, fmt.Errorf("ipc tracking: %w", err)
-	}
 	if a.inodes, err = newInodeWatch(); err != nil {
 		return a, fmt.Errorf("inode watch: %w", err)
 	}
-	a.startup.done("load ipc tracking, inode watch")
+	a.startup.done("inode watch")
+	if err := a.enforceFirstPlan(); err != nil {
+		return a, err
+	}
+	// Sandboxes, then what serves them.
+	if err := a.startSandboxes(); err != nil {
+		return a, err
+	}
+	if err := a.run(ctx); err != nil {
+		return a, err
+	}
+	a.recordStart(pol)
+	return a, nil
+}
+
+// startPolicy is the policy Start begins with, and the reloader that
+// follows its file (nil for a given or built-in policy).
+func startPolicy(opts Options) (*policy.Policy, *policy.Reloader, error) {
+	pol := opts.Policy
+	var reloader *policy.Reloader
+	if pol == nil {
+		if opts.PolicyPath == "" {
+			pol = policy.Default()
+		} else {
+			var err error
+			if reloader, err = policy.NewReloader(opts.PolicyPath); err != nil {
+				return nil, nil, err
+			}
+			pol = reloader.Current()
+		}
+	}
+	pol, err := withContainers(pol, opts.Containers)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pol, reloader, nil
+}
+
+// openEngine opens the shared maps and the event reader.
+func (a *Agent) openEngine() (err error) {
+	if a.eng, err = enforce.Open(enforce.Options{PinDir: a.pol.Agent.PinDir}); err != nil {
+		return err
+	}
+	if err := a.eng.SetAgentPID(os.Getpid()); err != nil {
+		return err
+	}
+	// Per-program run time and count, from the kernel's BPF statistics.
+	if a.bpfStats, err = metrics.NewBPFStats(a.eng.SandboxMap()); err != nil {
+		return fmt.Errorf("bpf statistics: %w", err)
+	}
+	a.metrics.Registry.MustRegister(a.bpfStats)
+	a.metrics.Registry.MustRegister(&limitsCollector{a: a})
+	a.reader = a.eng.NewReader(enforce.ReaderOptions{})
+	a.startup.done("open engine")
+	return nil
+}
+
+// compilePlan compiles pol for this kernel and this agent (start and
+// reload alike) and refuses a plan --require-lsm forbids.
+func (a *Agent) compilePlan(pol *policy.Policy) (*plan.Plan, error) {
+	prepareToolDirs(pol)
+	lsmStatus := a.lsmStatus()
+	env := plan.Env{LSM: lsmStatus, LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath),
+		DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM,
+		UnixSockets: a.egress.unixErr(), AbsentProbeSockets: AbsentProbeSockets(), IA32: ia32.Available()}
+	p, err := plan.Compile(pol, env, a.rules)
+	if err != nil {
+		return nil, err
+	}
+	if env.RequireLSM && len(p.Missing) > 0 {
+		return nil, fmt.Errorf("--require-lsm: no BPF LSM program can block %s (%s)",
+			strings.Join(p.Missing, ", "), bpfLSMReason(Kernel().LSMList, firstErr(lsmStatus)))
+	}
+	return p, nil
+}
+
+// enforceFirstPlan writes the first plan into the layers, then attaches
+// what loads detached, and hands the DNS proxy its policy.
+func (a *Agent) enforceFirstPlan() error {
 	// Refusals by seccomp and Landlock (commands run with watcher exec)
 	// happen before any hook of ours sees them: sys_exit records them. Any
 	// syscall tracepoint slows every task of the host, so they are attached
@@ -344,40 +334,49 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 	if a.recorder.DenialsPinned() {
 		a.exec.lastPrepare.Store(time.Now().UnixNano())
 	}
-	a.denialsOn.Store(a.wantDenials())
+	a.recorder.denialsOn.Store(a.wantDenials())
 	if err := a.applyPlan(); err != nil {
-		return a, err
+		return err
 	}
 	a.startup.done("apply plan")
-	if err := a.recorder.Attach(recorder.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: a.denialsOn.Load()}); err != nil {
-		return a, fmt.Errorf("tracepoints: %w", err)
+	if err := a.recorder.Attach(recorder.AttachOptions{Syscalls: a.plan.SyscallStream, Denials: a.recorder.denialsOn.Load()}); err != nil {
+		return fmt.Errorf("tracepoints: %w", err)
 	}
 	// The backstop's own syscall tracepoints follow its rules (attached
 	// only while a rule no stronger layer covers needs them).
-	if a.backstop != nil {
+	if a.backstop.Backstop != nil {
 		if err := a.backstop.Attach(); err != nil {
-			return a, fmt.Errorf("kill backstop: %w", err)
+			return fmt.Errorf("kill backstop: %w", err)
 		}
 		a.watchSignals()
 	}
 	a.startup.done("attach")
 	if err := a.dns.SetPolicy(a.plan.DNS); err != nil {
-		return a, fmt.Errorf("dns policy: %w", err)
+		return fmt.Errorf("dns policy: %w", err)
 	}
 	a.startup.done("dns policy")
+	return nil
+}
 
-	// Sandbox cgroups: existing ones now, later ones as they appear.
+// startSandboxes registers the sandbox cgroups: existing ones now, later
+// ones as they appear (the watcher, which run starts).
+func (a *Agent) startSandboxes() (err error) {
 	if err := a.registerSandboxes(); err != nil {
-		return a, err
+		return err
 	}
-	a.dockerLabels = &containers.DockerLabels{Socket: pol.Agent.DockerSocket}
-	a.containerdLabels = &containers.ContainerdLabels{Socket: pol.Agent.ContainerdSocket}
+	a.dockerLabels = &containers.DockerLabels{Socket: a.pol.Agent.DockerSocket}
+	a.containerdLabels = &containers.ContainerdLabels{Socket: a.pol.Agent.ContainerdSocket}
 	a.labelSource = containers.Runtimes{a.dockerLabels, a.containerdLabels}
 	if a.watcher, err = containers.NewWatcher(containers.WatcherConfig{Targets: a.watchTargets(), OnEvent: a.onCgroup,
 		Labels: a.labelSource, OnError: a.labelError}); err != nil {
-		return a, err
+		return err
 	}
 	a.startup.done("register sandboxes")
+	return nil
+}
+
+// run starts the agent's goroutines, the control socket and the gateway.
+func (a *Agent) run(ctx context.Context) (err error) {
 	a.wg.Add(3)
 	go func() { defer a.wg.Done(); a.watcher.Run(ctx) }()
 	go func() { defer a.wg.Done(); a.egress.Run(ctx, 0) }()
@@ -392,11 +391,11 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 				Message: "kernel event reader stopped: " + err.Error()})
 		}
 	}()
-	if a.control, err = control.Listen(filepath.Join(ag.SocketDir, "control.sock"), a); err != nil {
-		return a, err
+	if a.control, err = control.Listen(filepath.Join(a.pol.Agent.SocketDir, "control.sock"), a); err != nil {
+		return err
 	}
 	if err := a.startGateway(); err != nil {
-		return a, err
+		return err
 	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.periodic(ctx) }()
@@ -419,18 +418,25 @@ func Start(ctx context.Context, opts Options) (a *Agent, err error) {
 		go func() { defer a.wg.Done(); a.reloader.Run(ctx) }()
 	}
 	a.startup.done("start canary, reloader")
+	return nil
+}
 
+// recordStart records the start, and which layer enforces each rule on
+// this kernel.
+func (a *Agent) recordStart(pol *policy.Policy) {
+	a.mu.Lock()
+	byRule := a.plan.Layers
+	a.mu.Unlock()
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: fmt.Sprintf("agent %s started, pid %d, policy %s (%s), in %s; %s", Version, os.Getpid(),
-			policyName(opts.PolicyPath), short(pol.Hash), FormatStartup(a.Startup()), "rules by layer: "+control.LayerSummary(a.layers))})
+			policyName(a.opts.PolicyPath), short(pol.Hash), FormatStartup(a.Startup()), "rules by layer: "+control.LayerSummary(byRule))})
 	// Which layer enforces each rule on this kernel, in the record too.
 	var table strings.Builder
-	for _, l := range a.layers {
+	for _, l := range byRule {
 		fmt.Fprintf(&table, "%s => %s (%s)\n", l.Rule, l.Mechanism, l.Note)
 	}
 	a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 		Message: "enforcement layers on this kernel:\n" + table.String()})
-	return a, nil
 }
 
 // startDNS starts the proxy on the policy's address and on [::1] (for
@@ -498,10 +504,10 @@ func denyAllDNS(p *policy.Policy) *dnsproxy.Policy {
 // dnsSandbox maps a query's source to its sandbox through the kernel's
 // record of DNS client sockets.
 func (a *Agent) dnsSandbox(src dnsproxy.QuerySource) (string, bool) {
-	if a.egress == nil {
+	if a.egress.Egress == nil {
 		return "", false
 	}
-	return dnsbind.Resolver{Egress: a.egress, Directory: a.dirs}.Sandbox(src)
+	return dnsbind.Resolver{Egress: a.egress.Egress, Directory: a.egress.dirs}.Sandbox(src)
 }
 
 // onAnswer admits answered addresses to the sandbox's egress allowlist,
@@ -512,15 +518,15 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 	scope := a.plan.Admission[ans.Sandbox]
 	grace := a.plan.GraceMax
 	a.mu.Unlock()
-	if !resolved || a.egress == nil {
+	if !resolved || a.egress.Egress == nil {
 		return
 	}
-	id, ok := a.dirs.ID(ans.Sandbox)
+	id, ok := a.egress.dirs.ID(ans.Sandbox)
 	if !ok {
 		return
 	}
 	a.recordAnswer(id, ans, grace)
-	if err := dnsbind.Admit(a.egress, id, ans, scope); err != nil {
+	if err := dnsbind.Admit(a.egress.Egress, id, ans, scope); err != nil {
 		a.emit(audit.Event{Kind: audit.KindNet, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
 			Sandbox: audit.Sandbox{Name: ans.Sandbox}, Mechanism: "agent",
 			Message: "answered addresses not admitted (connections to them will be refused): " + err.Error()})
@@ -531,7 +537,7 @@ func (a *Agent) onAnswer(ans dnsproxy.Answer) {
 // longer lets a sandbox resolve (or of every name, when its egress is no
 // longer "resolved"): a reload that drops a name closes its addresses.
 func (a *Agent) revokeDropped(p *plan.Plan) {
-	if a.egress == nil {
+	if a.egress.Egress == nil {
 		return
 	}
 	for name, id := range p.SandboxIDs {
@@ -593,9 +599,9 @@ func (a *Agent) onMountKill(mk backstop.MountKill) {
 	}()
 }
 
-// applyPlan writes the compiled rules into every layer. New rules are
-// written before old ones are removed by each layer, so a reload leaves no
-// gap.
+// applyPlan writes the compiled rules into every layer, in start order
+// (start and reload alike). New rules are written before old ones are
+// removed by each layer, so a reload leaves no gap.
 func (a *Agent) applyPlan() error {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
@@ -608,45 +614,9 @@ func (a *Agent) applyPlan() error {
 		names[id] = name
 	}
 	a.names.Store(&names)
-	if a.lsm != nil {
-		for id, r := range p.LSM {
-			if err := a.lsm.SetRules(id, r); err != nil {
-				return fmt.Errorf("lsm rules: %w", err)
-			}
-		}
-	}
-	tc := p.Trace
-	tc.RecordDenials = a.denialsOn.Load()
-	if err := a.recorder.SetConfig(tc); err != nil {
-		return fmt.Errorf("trace config: %w", err)
-	}
-	// Creations are recorded before the backstop judges objects by them.
-	if err := a.syncIPCTracking(p); err != nil {
-		return err
-	}
-	if a.backstop != nil {
-		if err := a.backstop.SetRules(p.Backstop); err != nil {
-			return fmt.Errorf("backstop rules: %w", err)
-		}
-	}
-	if err := a.cgroups.SetDeviceRules(p.Devices); err != nil {
-		return fmt.Errorf("device rules: %w", err)
-	}
-	if err := a.cgroups.SetSysctlRules(p.Sysctl); err != nil {
-		return fmt.Errorf("sysctl rules: %w", err)
-	}
-	if err := a.cgroups.SetSocketRules(p.Sockets); err != nil {
-		return fmt.Errorf("socket rules: %w", err)
-	}
-	if err := a.cgroups.SetListenRules(p.Listen); err != nil {
-		return fmt.Errorf("listen rules: %w", err)
-	}
-	for name, id := range p.SandboxIDs {
-		a.dirs.Set(name, id)
-		if cfg, ok := p.Egress[id]; ok {
-			if err := a.egress.SetSandbox(id, cfg); err != nil {
-				return fmt.Errorf("egress rules: %w", err)
-			}
+	for _, l := range a.steps() {
+		if err := l.apply(p); err != nil {
+			return err
 		}
 	}
 	if err := a.applyNames(p); err != nil {
@@ -695,18 +665,11 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		a.refused(err)
 		return
 	}
-	prepareToolDirs(pol)
-	env := plan.Env{LSM: a.lsmStatus(), LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath), DNSProxy4: a.dnsAddr,
-		DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM, UnixSockets: a.egress.UnixErr(),
-		AbsentProbeSockets: AbsentProbeSockets(), IA32: ia32.Available()}
-	next, err := plan.Compile(pol, env, a.rules)
-	if err == nil && env.RequireLSM && len(next.Missing) > 0 {
-		err = fmt.Errorf("--require-lsm: no BPF LSM program can block %s", strings.Join(next.Missing, ", "))
-	}
+	next, err := a.compilePlan(pol)
 	if err == nil {
 		a.mu.Lock()
 		oldPol, oldPlan := a.pol, a.plan
-		a.pol, a.plan, a.layers, a.missing = pol, next, next.Layers, next.Missing
+		a.pol, a.plan = pol, next
 		a.mu.Unlock()
 		if err = a.applyPlan(); err == nil {
 			err = a.syncRecording() // the syscall stream may have changed
@@ -726,7 +689,7 @@ func (a *Agent) applyPolicy(pol *policy.Policy) {
 		}
 		if err != nil {
 			a.mu.Lock()
-			a.pol, a.plan, a.layers, a.missing = oldPol, oldPlan, oldPlan.Layers, oldPlan.Missing
+			a.pol, a.plan = oldPol, oldPlan
 			a.mu.Unlock()
 			a.applyPlan()
 			a.dns.SetPolicy(oldPlan.DNS)
@@ -771,14 +734,7 @@ func (a *Agent) Stop() error {
 			a.inodes.close()
 		}
 		a.wg.Wait()
-		var errs []error
-		for _, c := range []interface{ Close() error }{a.lsmCloser(), a.backstopCloser(), a.recorderCloser(), a.ipcCloser(), a.cgroupsCloser(), a.egressCloser()} {
-			if c != nil {
-				if err := c.Close(); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
+		errs := a.closeLayers()
 		if a.eng != nil {
 			a.eng.Close()
 		}
@@ -800,37 +756,6 @@ func (a *Agent) Stop() error {
 		a.stopErr = errors.Join(errs...)
 	})
 	return a.stopErr
-}
-
-func (a *Agent) lsmCloser() interface{ Close() error } {
-	if a.lsm == nil {
-		return nil
-	}
-	return a.lsm
-}
-func (a *Agent) backstopCloser() interface{ Close() error } {
-	if a.backstop == nil {
-		return nil
-	}
-	return a.backstop
-}
-func (a *Agent) recorderCloser() interface{ Close() error } {
-	if a.recorder == nil {
-		return nil
-	}
-	return a.recorder
-}
-func (a *Agent) cgroupsCloser() interface{ Close() error } {
-	if a.cgroups == nil {
-		return nil
-	}
-	return a.cgroups
-}
-func (a *Agent) egressCloser() interface{ Close() error } {
-	if a.egress == nil {
-		return nil
-	}
-	return a.egress
 }
 
 func ledgerOptions(p *policy.Policy) ledger.Options {

@@ -329,7 +329,7 @@ func (a *Agent) canaryCheckOf(ev *audit.Event) string {
 // leaf could send the same marked name uncharged: one fixed, made-up name
 // carries nothing of its choosing.
 func (a *Agent) canaryProbeQuery(src dnsproxy.QuerySource, name string) bool {
-	if a.canary.marks.Load() == 0 || a.egress == nil {
+	if a.canary.marks.Load() == 0 || a.egress.Egress == nil {
 		return false
 	}
 	if _, ok := a.canary.names.Load(name); !ok {

@@ -229,7 +229,7 @@ func (a *Agent) kernelCounts() (alert, routine uint64, sigs map[int]uint64) {
 	if a.eng != nil {
 		alert, routine, _ = a.eng.RingDrops()
 	}
-	if a.backstop == nil {
+	if a.backstop.Backstop == nil {
 		return
 	}
 	for sig := 1; sig < 32; sig++ {

@@ -19,7 +19,11 @@ import (
 // first watcher exec's PrepareExec.
 
 // Layers says which mechanism enforces each rule on this host.
-func (a *Agent) Layers() []control.Layer { return a.layers }
+func (a *Agent) Layers() []control.Layer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.plan.Layers
+}
 
 // DNSAddr is where the DNS proxy listens.
 func (a *Agent) DNSAddr() netip.AddrPort { return a.dnsAddr }
@@ -81,8 +85,8 @@ func (a *Agent) refused(err error) {
 func (a *Agent) Status() control.Status {
 	ks := Kernel()
 	st := a.lsmStatus()
-	ks.BPFLSM = a.lsm != nil && anyLoaded(st)
-	if a.lsm != nil {
+	ks.BPFLSM = a.lsm.LSM != nil && anyLoaded(st)
+	if a.lsm.LSM != nil {
 		ks.LSMLayer = map[string]int{}
 		for _, m := range a.lsm.Mechanisms() {
 			ks.LSMLayer[m]++
@@ -104,7 +108,7 @@ func (a *Agent) Status() control.Status {
 	}
 	events := a.metrics.EventsBySandbox()
 	a.mu.Lock()
-	s.Layers, s.Missing = append(append([]control.Layer(nil), a.layers...), limitLayers(a.pol)...), a.missing
+	s.Layers, s.Missing = append(append([]control.Layer(nil), a.plan.Layers...), limitLayers(a.pol)...), a.plan.Missing
 	for cg, r := range a.roots {
 		ss := control.SandboxStatus{Name: r.sandbox, CgroupID: cg, Path: r.path, Mode: "enforce", Events: map[string]uint64{}}
 		if sb := a.pol.Sandbox(r.sandbox); sb != nil && sb.Mode != "" {
@@ -139,17 +143,7 @@ func (a *Agent) Status() control.Status {
 
 // lsmStatus is the LSM load status; without loaded LSM programs, the
 // probe made at start (probing loads programs: not on every status call).
-func (a *Agent) lsmStatus() map[string]error {
-	if a.lsm != nil {
-		return a.lsm.Status()
-	}
-	return a.lsmProbe
-}
+func (a *Agent) lsmStatus() map[string]error { return a.lsm.hookStatus() }
 
 // lsmMechanisms is lsmStatus's companion: the mechanism per hook.
-func (a *Agent) lsmMechanisms() map[string]string {
-	if a.lsm != nil {
-		return a.lsm.Mechanisms()
-	}
-	return a.lsmProbeMech
-}
+func (a *Agent) lsmMechanisms() map[string]string { return a.lsm.hookMechanisms() }

@@ -184,14 +184,14 @@ func (a *Agent) followInodes() {
 		p := a.plan
 		a.mu.Unlock()
 		err = nil
-		if a.lsm != nil {
+		if a.lsm.LSM != nil {
 			for id, r := range p.LSM {
 				if e := a.lsm.SetRules(id, r); e != nil && err == nil {
 					err = e
 				}
 			}
 		}
-		if a.backstop != nil && err == nil {
+		if a.backstop.Backstop != nil && err == nil {
 			err = a.backstop.SetRules(p.Backstop)
 		}
 		a.inodes.set(inodeWatchDirs(p, a.ownFiles()))

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"fmt"
-
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -23,32 +21,18 @@ func ipcTracking(pol *policy.Policy) bool {
 	return false
 }
 
-// syncIPCTracking attaches the IPC tracepoints while the policy needs
-// them (any syscall tracepoint slows every task of the host): for
-// rollbacks, and where the backstop tells a sandbox's own System V
-// objects by their creator (no LSM ipc hooks).
-func (a *Agent) syncIPCTracking(p *plan.Plan) error {
-	if a.ipc == nil {
-		return nil
-	}
-	on := ipcTracking(a.pol) || a.backstop != nil && p.Backstop.NeedsIPCCreators()
-	if err := a.ipc.SetAttached(on); err != nil {
-		return fmt.Errorf("ipc tracking: %w", err)
-	}
-	return nil
+// ipcWanted says whether p needs the IPC tracepoints (ipcLayer.apply
+// attaches them while it does: any syscall tracepoint slows every task of
+// the host): for rollbacks, and where the backstop tells a sandbox's own
+// System V objects by their creator (no LSM ipc hooks).
+func (a *Agent) ipcWanted(p *plan.Plan) bool {
+	return ipcTracking(a.pol) || a.backstop.Backstop != nil && p.Backstop.NeedsIPCCreators()
 }
 
 // nameIPCRoot records the sandbox of a root cgroup for rollbacks.
 func (a *Agent) nameIPCRoot(cg uint64, sandbox string) error {
-	if a.ipc == nil {
+	if a.ipc.Tracker == nil {
 		return nil
 	}
 	return a.ipc.NameRoot(cg, sandbox)
-}
-
-func (a *Agent) ipcCloser() interface{ Close() error } {
-	if a.ipc == nil {
-		return nil
-	}
-	return a.ipc
 }

@@ -53,7 +53,7 @@ func (a *Agent) startRelay() {
 }
 
 func (a *Agent) relayLookup(src netip.AddrPort) (namerelay.Conn, bool) {
-	if a.egress == nil {
+	if a.egress.Egress == nil {
 		return namerelay.Conn{}, false
 	}
 	r, ok := a.egress.LookupRelayed(src, relayMaxAge)
@@ -201,8 +201,8 @@ func writeTrustBundle(path string, ca []byte) error {
 // admitted for the sandbox for a short while, as if the proxy had
 // answered it (with no name: only the probe's refusal can follow).
 func (a *Agent) canaryAdmit(sandbox string, addr netip.Addr) error {
-	id, ok := a.dirs.ID(sandbox)
-	if !ok || a.egress == nil {
+	id, ok := a.egress.dirs.ID(sandbox)
+	if !ok || a.egress.Egress == nil {
 		return fmt.Errorf("canary: sandbox %q has no egress", sandbox)
 	}
 	return a.egress.Allow(id, []netip.Addr{addr}, 30*time.Second)

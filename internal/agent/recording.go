@@ -77,7 +77,7 @@ func (a *Agent) syncRecording() error {
 			return err
 		}
 	}
-	if a.denialsOn.Swap(want) != want {
+	if a.recorder.denialsOn.Swap(want) != want {
 		msg := "recording seccomp and Landlock refusals of watcher exec commands (syscall tracepoints attached)"
 		if !want {
 			msg = fmt.Sprintf("no watcher exec command for %s: refusal recording detached (syscall tracepoints off)", execIdle)

@@ -77,14 +77,14 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 		t.Fatal(err)
 	}
 	var bsIDs map[string]ebpf.ProgramID
-	if a.backstop != nil {
+	if a.backstop.Backstop != nil {
 		if bsIDs, err = a.backstop.ProgramIDs(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	plan := a.Plan()
-	needBackstop := a.backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
-	t.Logf("backstop loaded: %v; its rules need syscall tracepoints: %v; syscall stream: %v", a.backstop != nil, needBackstop, plan.SyscallStream)
+	needBackstop := a.backstop.Backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
+	t.Logf("backstop loaded: %v; its rules need syscall tracepoints: %v; syscall stream: %v", a.backstop.Backstop != nil, needBackstop, plan.SyscallStream)
 	if os.Getenv("WATCHER_EXPECT_MECH") != "" && (needBackstop || plan.SyscallStream) {
 		// The qemu guest (BPF LSM or fmod_ret, and fentry): every rule of
 		// the preset has a hook or a per-syscall entry program.
@@ -143,7 +143,7 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 	if err := cgroupfs.Remove(leaf); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("the recording to be detached", func() bool { return !a.denialsOn.Load() })
+	waitFor("the recording to be detached", func() bool { return !a.recorder.denialsOn.Load() })
 	check("the command gone", false)
 
 	// The next command attaches them again.
@@ -166,14 +166,14 @@ func TestNoSyscallWidePrograms(t *testing.T) {
 				return fmt.Sprintf("  - name: rec\n    select: {cgroups: [%s]}\n    preset: %s\n    canary: {enabled: false}\n", cg, preset)
 			})
 			plan := a.Plan()
-			need := a.backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
+			need := a.backstop.Backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
 			links := map[string]int{}
 			if ids, err := a.recorder.ProgramIDs(); err == nil {
 				for k, v := range kernelLinks(t, ids) {
 					links["recorder "+k] = v
 				}
 			}
-			if a.backstop != nil {
+			if a.backstop.Backstop != nil {
 				if ids, err := a.backstop.ProgramIDs(); err == nil {
 					for k, v := range kernelLinks(t, ids) {
 						links["backstop "+k] = v

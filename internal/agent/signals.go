@@ -18,7 +18,7 @@ import (
 // call for a signal only sets the baseline (counts are pinned and outlive
 // an agent).
 func (a *Agent) SignalledBySandbox(sig syscall.Signal) bool {
-	if a.backstop == nil || !a.sigCounted.Load() {
+	if a.backstop.Backstop == nil || !a.sigCounted.Load() {
 		return false
 	}
 	n, err := a.backstop.OperatorSignals(sig)

@@ -55,7 +55,7 @@ func TestAgentTax(t *testing.T) {
 	describe := func(state string) {
 		l := kernelLinks(t, trIDs)
 		s := fmt.Sprintf("recording sys_enter=%d sys_exit=%d", l[recorder.ProgSysEnter], l[recorder.ProgSysExit])
-		if a.backstop != nil {
+		if a.backstop.Backstop != nil {
 			ids, err := a.backstop.ProgramIDs()
 			if err != nil {
 				t.Fatal(err)
@@ -68,7 +68,7 @@ func TestAgentTax(t *testing.T) {
 		linked[state] = s
 	}
 	waitIdle := func() {
-		for deadline := time.Now().Add(10 * time.Second); a.denialsOn.Load(); time.Sleep(50 * time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); a.recorder.denialsOn.Load(); time.Sleep(50 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("recording not detached")
 			}

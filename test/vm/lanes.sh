@@ -74,7 +74,7 @@ lane_kernel() {
 	step launch --pkg ./internal/launch --run 'TestDerivedFileModel|TestOOMScoreNotInherited' --boot lsm
 	step posture --pkg ./internal/posture --boot lsm
 	step workspace --pkg ./internal/workspace --boot lsm
-	step ipcobj --pkg ./internal/workspace/ipcobj --boot lsm
+	step ipcobj --pkg ./internal/enforce/ipcobj --boot lsm
 	step tracepoint-flips --pkg ./internal/enforce --run '^TestSyscallTracepointFlips$' --boot lsm
 	step adversarial --pkg ./test/adversarial --timeout 2400
 	battery git,shell,read restricted,dev,read-only

@@ -30,7 +30,6 @@ package backstop
 import (
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -282,12 +281,7 @@ func (b *Backstop) SyscallTracepoints() bool {
 }
 
 // Detach removes this group's pinned links: the backstop stops.
-func Detach(pinDir string) error {
-	if err := os.RemoveAll(enforce.LinkPinDir(pinDir, Group)); err != nil {
-		return fmt.Errorf("detach backstop: %w", err)
-	}
-	return nil
-}
+func Detach(pinDir string) error { return enforce.DetachGroup(pinDir, Group, "backstop") }
 
 // Close releases file descriptors; pinned links keep enforcing.
 func (b *Backstop) Close() error {
@@ -308,19 +302,7 @@ func (b *Backstop) Attached() []string {
 // ProgramIDs returns the kernel ids of the loaded programs by name (tests
 // match them against enforce.LinkedPrograms).
 func (b *Backstop) ProgramIDs() (map[string]ebpf.ProgramID, error) {
-	out := map[string]ebpf.ProgramID{}
-	for name, p := range b.coll.Programs {
-		info, err := p.Info()
-		if err != nil {
-			return nil, fmt.Errorf("program %s info: %w", name, err)
-		}
-		id, ok := info.ID()
-		if !ok {
-			return nil, fmt.Errorf("program %s: the kernel reports no id", name)
-		}
-		out[name] = id
-	}
-	return out, nil
+	return enforce.ProgramIDs(b.coll.Programs)
 }
 
 // Program returns a loaded program by name (benchmarks attach selectively).

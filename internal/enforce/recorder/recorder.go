@@ -298,29 +298,12 @@ func (t *Recorder) DenialsPinned() bool {
 // ProgramIDs returns the kernel ids of the programs by name (tests match
 // them against enforce.LinkedPrograms).
 func (t *Recorder) ProgramIDs() (map[string]ebpf.ProgramID, error) {
-	out := map[string]ebpf.ProgramID{}
-	for name, p := range map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit,
-		ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit} {
-		info, err := p.Info()
-		if err != nil {
-			return nil, fmt.Errorf("program %s info: %w", name, err)
-		}
-		id, ok := info.ID()
-		if !ok {
-			return nil, fmt.Errorf("program %s: the kernel reports no id", name)
-		}
-		out[name] = id
-	}
-	return out, nil
+	return enforce.ProgramIDs(map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit,
+		ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit})
 }
 
 // Detach removes this group's pinned links.
-func Detach(pinDir string) error {
-	if err := os.RemoveAll(enforce.LinkPinDir(pinDir, Group)); err != nil {
-		return fmt.Errorf("detach trace: %w", err)
-	}
-	return nil
-}
+func Detach(pinDir string) error { return enforce.DetachGroup(pinDir, Group, "trace") }
 
 // Close releases descriptors; pinned links keep recording.
 func (t *Recorder) Close() error {

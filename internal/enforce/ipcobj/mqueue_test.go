@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
-	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 	"github.com/watcherhq/watcher/test/adversarial"
 )
 

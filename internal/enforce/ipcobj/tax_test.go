@@ -10,8 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 	"github.com/watcherhq/watcher/internal/syscallbench"
-	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 )
 
 // TestLoopChild is the helper of TestIPCTax's loops.

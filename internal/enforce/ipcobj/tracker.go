@@ -103,19 +103,7 @@ func (t *Tracker) Attached() bool {
 
 // ProgramIDs returns the kernel ids of the programs by name.
 func (t *Tracker) ProgramIDs() (map[string]ebpf.ProgramID, error) {
-	out := map[string]ebpf.ProgramID{}
-	for name, p := range map[string]*ebpf.Program{ProgSysEnter: t.objs.IpcSysEnter, ProgSysExit: t.objs.IpcSysExit} {
-		info, err := p.Info()
-		if err != nil {
-			return nil, fmt.Errorf("program %s info: %w", name, err)
-		}
-		id, ok := info.ID()
-		if !ok {
-			return nil, fmt.Errorf("program %s: the kernel reports no id", name)
-		}
-		out[name] = id
-	}
-	return out, nil
+	return enforce.ProgramIDs(map[string]*ebpf.Program{ProgSysEnter: t.objs.IpcSysEnter, ProgSysExit: t.objs.IpcSysExit})
 }
 
 // NameRoot records that the root cgroup cg belongs to the named sandbox,
@@ -144,9 +132,4 @@ func (t *Tracker) Close() error {
 }
 
 // Detach removes this group's pinned links.
-func Detach(pinDir string) error {
-	if err := os.RemoveAll(enforce.LinkPinDir(pinDir, Group)); err != nil {
-		return fmt.Errorf("detach ipc tracking: %w", err)
-	}
-	return nil
-}
+func Detach(pinDir string) error { return enforce.DetachGroup(pinDir, Group, "ipc tracking") }

@@ -21,8 +21,8 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
-	"github.com/watcherhq/watcher/internal/workspace/ipcobj"
 	"github.com/watcherhq/watcher/test/adversarial"
 )
 
