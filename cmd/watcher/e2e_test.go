@@ -35,8 +35,14 @@ func TestMain(m *testing.M) {
 }
 
 // watcherBinary builds the real binary once: the end-to-end tests run it as
-// separate processes, exactly as an operator would.
-func watcherBinary(t *testing.T) string { return e2etest.Binary(t, ".") }
+// separate processes, exactly as an operator would. WATCHER_BIN names one
+// built already (the qemu guest has no Go toolchain: test/vm/run.sh).
+func watcherBinary(t *testing.T) string {
+	if bin := os.Getenv("WATCHER_BIN"); bin != "" {
+		return bin
+	}
+	return e2etest.Binary(t, ".")
+}
 
 // testbed is one agent's private world (e2etest.World) and the watcher
 // binary that runs in it.
