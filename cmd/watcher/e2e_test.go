@@ -90,6 +90,10 @@ func newTestbed(t *testing.T, extraSandboxYAML string, escape string) *testbed {
 	return tb
 }
 
+// agentReadyTimeout bounds an agent's start: seconds on a host, up to two
+// minutes in the qemu guest (TCG), where its loads are emulated.
+const agentReadyTimeout = 3 * time.Minute
+
 // startAgent runs `watcher run` on the testbed's policy and waits until
 // watcher status answers.
 func (tb *testbed) startAgent() {
@@ -98,7 +102,7 @@ func (tb *testbed) startAgent() {
 	cmd := exec.Command(tb.bin, append([]string{"run", "--policy", tb.policy, "--quiet"}, tb.agentArgs...)...)
 	tb.agent = e2etest.Start(t, cmd)
 	tb.agentLog = tb.agent.Log
-	err := tb.agent.WaitReady(60*time.Second, func() bool {
+	err := tb.agent.WaitReady(agentReadyTimeout, func() bool {
 		return exec.Command(tb.bin, "status", "--socket", tb.ControlSocket()).Run() == nil
 	})
 	if err != nil {
