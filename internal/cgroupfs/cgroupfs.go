@@ -201,19 +201,7 @@ func Remove(path string) error {
 		return fmt.Errorf("remove cgroup %s: %w", path, err)
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
-		var rmErr error
-		for try := 0; try < 200; try++ {
-			rmErr = syscall.Rmdir(dirs[i])
-			if rmErr == nil || errors.Is(rmErr, os.ErrNotExist) {
-				rmErr = nil
-				break
-			}
-			if !errors.Is(rmErr, syscall.EBUSY) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if rmErr != nil {
+		if rmErr := RemoveDir(dirs[i]); rmErr != nil {
 			return fmt.Errorf("remove cgroup %s: %w", dirs[i], rmErr)
 		}
 	}

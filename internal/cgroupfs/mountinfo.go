@@ -11,6 +11,8 @@ import (
 // Mount is one line of a mountinfo file (proc(5)).
 type Mount struct {
 	ID, Parent uint64
+	// Major and Minor are the filesystem's device (st_dev).
+	Major, Minor uint32
 	// Root is the path inside the filesystem mounted here; Point the mount
 	// point, relative to the reading process's root (unescaped).
 	Root, Point string
@@ -49,7 +51,15 @@ func ReadMountinfo(path string) ([]Mount, error) {
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		m := Mount{ID: id, Parent: parent, Root: UnescapeMount(pre[3]), Point: UnescapeMount(pre[4]), Options: pre[5], FSType: post[0]}
+		var major, minor uint64
+		if ma, mi, ok := strings.Cut(pre[2], ":"); ok {
+			major, err1 = strconv.ParseUint(ma, 10, 32)
+			minor, err2 = strconv.ParseUint(mi, 10, 32)
+		}
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		m := Mount{ID: id, Parent: parent, Major: uint32(major), Minor: uint32(minor), Root: UnescapeMount(pre[3]), Point: UnescapeMount(pre[4]), Options: pre[5], FSType: post[0]}
 		if len(post) > 1 {
 			m.Source = UnescapeMount(post[1])
 		}

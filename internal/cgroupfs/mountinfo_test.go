@@ -26,6 +26,10 @@ func TestReadMountinfo(t *testing.T) {
 	if m := byID[stx.Mnt_id]; m.FSType != "proc" || m.Point != "/proc" {
 		t.Fatalf("mount %d of /proc/self: %+v", stx.Mnt_id, m)
 	}
+	// The device is the one stat reports for the mount point.
+	if m := byID[stx.Mnt_id]; m.Major != stx.Dev_major || m.Minor != stx.Dev_minor {
+		t.Errorf("mount %d device %d:%d, statx says %d:%d", stx.Mnt_id, m.Major, m.Minor, stx.Dev_major, stx.Dev_minor)
+	}
 	// A mount point with a space is unescaped.
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root")

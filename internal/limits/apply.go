@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"golang.org/x/sys/unix"
@@ -324,19 +323,7 @@ func (g *Group) Enter(pid int) error {
 func (g *Group) Remove() error {
 	var errs []error
 	for _, dir := range g.V1 {
-		var err error
-		for try := 0; try < 300; try++ {
-			err = unix.Rmdir(dir)
-			if err == nil || errors.Is(err, unix.ENOENT) {
-				err = nil
-				break
-			}
-			if !errors.Is(err, unix.EBUSY) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
+		if err := cgroupfs.RemoveDir(dir); err != nil {
 			errs = append(errs, fmt.Errorf("limits: remove %s: %w", dir, err))
 		}
 	}

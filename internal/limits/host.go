@@ -12,7 +12,6 @@
 package limits
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -55,43 +54,30 @@ var v1Name = map[string]string{CPU: "cpu", Memory: "memory", PIDs: "pids", IO: "
 func Detect() (*Host, error) { return detect("/proc/self/mountinfo") }
 
 func detect(mountinfo string) (*Host, error) {
-	f, err := os.Open(mountinfo)
+	mounts, err := cgroupfs.ReadMountinfo(mountinfo)
 	if err != nil {
-		return nil, fmt.Errorf("limits: read mounts: %w", err)
+		return nil, fmt.Errorf("limits: %w", err)
 	}
-	defer f.Close()
 	h := &Host{V2Controllers: map[string]bool{}, V1: map[string]string{}}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		line := sc.Text()
-		sep := strings.Index(line, " - ")
-		if sep < 0 {
-			continue
-		}
-		pre, post := strings.Fields(line[:sep]), strings.Fields(line[sep+3:])
-		if len(pre) < 5 || len(post) < 3 || pre[3] != "/" {
+	for _, m := range mounts {
+		if m.Root != "/" || m.SuperOptions == "" {
 			continue // not a hierarchy's root (a bind of a sub-cgroup)
 		}
-		mnt := cgroupfs.UnescapeMount(pre[4])
-		switch post[0] {
+		switch m.FSType {
 		case "cgroup2":
-			if h.V2 == "" || mnt == "/sys/fs/cgroup" {
-				h.V2 = mnt
+			if h.V2 == "" || m.Point == "/sys/fs/cgroup" {
+				h.V2 = m.Point
 			}
 		case "cgroup":
-			for _, opt := range strings.Split(post[2], ",") {
+			for _, opt := range strings.Split(m.SuperOptions, ",") {
 				switch opt {
 				case "cpu", "cpuacct", "memory", "pids", "blkio", "freezer":
 					if _, dup := h.V1[opt]; !dup {
-						h.V1[opt] = mnt
+						h.V1[opt] = m.Point
 					}
 				}
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("limits: read mounts: %w", err)
 	}
 	if h.V2 != "" {
 		data, err := os.ReadFile(filepath.Join(h.V2, "cgroup.controllers"))

@@ -23,7 +23,6 @@
 package workspace
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -275,27 +274,15 @@ func (w *Workspace) Mounted() (bool, error) {
 // overlayMounts returns the mount points of overlay filesystems in this
 // process's mount namespace.
 func overlayMounts() (map[string]bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := cgroupfs.ReadMountinfo("/proc/self/mountinfo")
 	if err != nil {
-		return nil, fmt.Errorf("read mounts: %w", err)
+		return nil, err
 	}
-	defer f.Close()
 	out := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		line := sc.Text()
-		sep := strings.Index(line, " - ")
-		if sep < 0 {
-			continue
+	for _, m := range mounts {
+		if m.FSType == "overlay" {
+			out[m.Point] = true
 		}
-		pre, post := strings.Fields(line[:sep]), strings.Fields(line[sep+3:])
-		if len(pre) >= 5 && len(post) >= 1 && post[0] == "overlay" {
-			out[cgroupfs.UnescapeMount(pre[4])] = true
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mounts: %w", err)
 	}
 	return out, nil
 }

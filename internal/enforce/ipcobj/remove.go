@@ -290,28 +290,14 @@ func removeSysV(objs []Object) (removed, gone []Object, err error) {
 // mountsByDev maps kernel dev_t (MAJOR<<20|MINOR) to the mount points of
 // this mount namespace on that device.
 func mountsByDev() (map[uint32][]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := cgroupfs.ReadMountinfo("/proc/self/mountinfo")
 	if err != nil {
-		return nil, fmt.Errorf("read mounts: %w", err)
+		return nil, err
 	}
-	defer f.Close()
 	out := map[uint32][]string{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fl := strings.Fields(sc.Text())
-		if len(fl) < 5 {
-			continue
-		}
-		var maj, min uint32
-		if _, err := fmt.Sscanf(fl[2], "%d:%d", &maj, &min); err != nil {
-			continue
-		}
-		dev := maj<<20 | min
-		out[dev] = append(out[dev], cgroupfs.UnescapeMount(fl[4]))
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mounts: %w", err)
+	for _, m := range mounts {
+		dev := m.Major<<20 | m.Minor
+		out[dev] = append(out[dev], m.Point)
 	}
 	return out, nil
 }
