@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
 )
 
 // DefaultPinDir is where programs, links and maps are pinned.
@@ -30,7 +31,7 @@ const DefaultPinDir = "/sys/fs/bpf/watcher"
 // Sandbox flags, mirrored from bpf/include/common.h (SANDBOX_F_*).
 const (
 	// SandboxRecordOnly downgrades block and kill actions to record.
-	SandboxRecordOnly uint32 = 1
+	SandboxRecordOnly = rules.SandboxRecordOnly
 )
 
 // Options configure an Engine.

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
 )
 
 // EventHeader is the common header of every kernel event (struct event_hdr
@@ -49,12 +50,12 @@ const (
 	EvListen     uint32 = 23 // cgroup bind4/bind6 and sockops listen (cgroupbpf)
 )
 
-// Actions of policy rules (enum action in common.h).
+// Actions of policy rules (enum action in common.h): rules.Action*.
 const (
-	ActionAllow  uint32 = 0
-	ActionRecord uint32 = 1
-	ActionBlock  uint32 = 2
-	ActionKill   uint32 = 3
+	ActionAllow  = rules.ActionAllow
+	ActionRecord = rules.ActionRecord
+	ActionBlock  = rules.ActionBlock
+	ActionKill   = rules.ActionKill
 )
 
 var verdicts = [...]audit.Verdict{audit.VerdictAllowed, audit.VerdictRecorded, audit.VerdictDenied, audit.VerdictKilled}

@@ -10,9 +10,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -89,7 +89,7 @@ func (c *compiler) fileRules(sb *policy.Sandbox) []policy.FileRule {
 	return rules
 }
 
-func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) error {
+func (c *compiler) files(sb *policy.Sandbox, sid uint32, lr *lsmrules.Rules) error {
 	fs, err := c.expandFiles(sb)
 	if err != nil {
 		return err
@@ -183,12 +183,12 @@ func (c *compiler) expandFiles(sb *policy.Sandbox) (*fileSet, error) {
 	for _, r := range sb.ExecRules() {
 		if blocking(r.Action) {
 			// A file with no path escapes every exec rule: refuse them.
-			c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.ExecFileless }, enforce.ActionKill, c.rules.ID("exec-fileless"))
+			c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.ExecFileless }, rules.ActionKill, c.rules.ID("exec-fileless"))
 			if execLayer.mech != MechLSM {
 				// mmap PROT_EXEC is judged at sys_enter, whose tracepoint
 				// slows every syscall of the host: only where no LSM
 				// mmap_file program judges it.
-				c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.MmapExec }, enforce.ActionKill, c.rules.ID("exec-mmap"))
+				c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.MmapExec }, rules.ActionKill, c.rules.ID("exec-mmap"))
 			}
 			break
 		}
@@ -203,24 +203,24 @@ func (c *compiler) expandFiles(sb *policy.Sandbox) (*fileSet, error) {
 }
 
 // lsmFiles writes the file and exec rules into the LSM path tables.
-func (c *compiler) lsmFiles(fs *fileSet, lr *lsm.Rules) {
+func (c *compiler) lsmFiles(fs *fileSet, lr *lsmrules.Rules) {
 	files, execs, t := fs.files, fs.execs, fs.t
 	// BPF LSM file_open: every file rule, both accesses written out.
 	if fs.fileOpen {
 		for _, k := range keysOf(files) {
-			var ds [2]lsm.Decision
+			var ds [2]lsmrules.Decision
 			for acc := accRead; acc <= accWrite; acc++ {
 				if r, ok := t.decide(k, acc); ok {
-					ds[acc] = lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}
+					ds[acc] = lsmrules.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}
 				}
 			}
 			if ds[accRead] == ds[accWrite] {
-				lr.Paths = append(lr.Paths, lsm.PathRule{Path: k.path, Prefix: k.prefix, Access: lsm.AccessAll, Decision: ds[accRead]})
+				lr.Paths = append(lr.Paths, lsmrules.PathRule{Path: k.path, Prefix: k.prefix, Access: lsmrules.AccessAll, Decision: ds[accRead]})
 				continue
 			}
 			lr.Paths = append(lr.Paths,
-				lsm.PathRule{Path: k.path, Prefix: k.prefix, Access: lsm.AccessRead, Decision: ds[accRead]},
-				lsm.PathRule{Path: k.path, Prefix: k.prefix, Access: lsm.AccessWrite, Decision: ds[accWrite]})
+				lsmrules.PathRule{Path: k.path, Prefix: k.prefix, Access: lsmrules.AccessRead, Decision: ds[accRead]},
+				lsmrules.PathRule{Path: k.path, Prefix: k.prefix, Access: lsmrules.AccessWrite, Decision: ds[accWrite]})
 		}
 	}
 
@@ -228,12 +228,12 @@ func (c *compiler) lsmFiles(fs *fileSet, lr *lsm.Rules) {
 	if fs.lsmExec {
 		for _, k := range keysOf(execs) {
 			if r, ok := t.decide(k, accExec); ok {
-				lr.Exec = append(lr.Exec, lsm.ExecRule{Path: k.path, Prefix: k.prefix,
-					Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}})
+				lr.Exec = append(lr.Exec, lsmrules.ExecRule{Path: k.path, Prefix: k.prefix,
+					Decision: lsmrules.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())}})
 				if blocking(r.Action) {
 					// A file with no name (memfd, deleted) escapes every
 					// exec rule: refused wherever one blocks.
-					lr.Ops[lsm.OpExecFileless] = lsm.Decision{Action: enforce.ActionBlock, RuleID: c.rules.ID("exec-fileless")}
+					lr.Ops[lsmrules.OpExecFileless] = lsmrules.Decision{Action: rules.ActionBlock, RuleID: c.rules.ID("exec-fileless")}
 				}
 			}
 		}
@@ -242,7 +242,7 @@ func (c *compiler) lsmFiles(fs *fileSet, lr *lsm.Rules) {
 
 // procMem writes the /proc/PID/mem rules (an LSM op, or a backstop
 // category of this sandbox).
-func (c *compiler) procMem(fs *fileSet, lr *lsm.Rules) {
+func (c *compiler) procMem(fs *fileSet, lr *lsmrules.Rules) {
 	procMem, fileOpen := fs.procMem, fs.fileOpen
 	// /proc/PID/mem: an op, not a path. The rules decide as DecideFile
 	// would for a PID's mem file (a sandbox's own rule overrides its
@@ -257,10 +257,10 @@ func (c *compiler) procMem(fs *fileSet, lr *lsm.Rules) {
 		}
 	}
 	if procMemSet && fileOpen {
-		lr.Ops[lsm.OpProcMem] = lsm.Decision{Action: kernelAction(procMemRule.Action), RuleID: c.rules.ID(procMemRule.RuleName())}
+		lr.Ops[lsmrules.OpProcMem] = lsmrules.Decision{Action: kernelAction(procMemRule.Action), RuleID: c.rules.ID(procMemRule.RuleName())}
 	}
 	if procMemSet && !fileOpen {
-		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.ProcMem }, backstopAction(procMemRule.Action), c.rules.ID(procMemRule.RuleName()))
+		c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.ProcMem }, backstopAction(procMemRule.Action), c.rules.ID(procMemRule.RuleName()))
 	}
 }
 
@@ -305,11 +305,11 @@ func (c *compiler) backstopFiles(sid uint32, fs *fileSet, sysctlRules int) map[s
 		for _, acc := range accs {
 			top = max(top, acts[acc])
 		}
-		var ops backstop.Op
+		var ops backstoprules.Op
 		var id uint32
 		for _, acc := range accs {
 			if acts[acc] != top {
-				if acts[acc] != enforce.ActionAllow {
+				if acts[acc] != rules.ActionAllow {
 					// One action per key: the lesser one is not applied.
 					lost[names[acc]] = append(lost[names[acc]], fmt.Sprintf("%s of %s", accName(acc), k.path))
 				}
@@ -323,33 +323,33 @@ func (c *compiler) backstopFiles(sid uint32, fs *fileSet, sysctlRules int) map[s
 		if ops == 0 {
 			continue
 		}
-		c.plan.Backstop.Paths = append(c.plan.Backstop.Paths, backstop.PathRule{
-			Path: k.path, Prefix: k.prefix, Ops: ops, SandboxID: sid, Rule: backstop.Rule{Action: top, ID: id}})
+		c.plan.Backstop.Paths = append(c.plan.Backstop.Paths, backstoprules.PathRule{
+			Path: k.path, Prefix: k.prefix, Ops: ops, SandboxID: sid, Rule: backstoprules.Rule{Action: top, ID: id}})
 	}
 	if !fileOpen {
 		// Changes made without a write-open, judged by inode (see
-		// backstop.DirRule): writable places, places whose reads are
+		// backstoprules.DirRule): writable places, places whose reads are
 		// refused, the write default on "/".
 		for _, k := range keysOf(files) {
 			if w, ok := t.decide(k, accWrite); ok {
 				switch {
 				case k.path == "/" && k.prefix:
-					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Kind: backstop.DirDefault, SandboxID: sid,
-						Rule: backstop.Rule{Action: backstopAction(w.Action), ID: c.rules.ID(w.RuleName())}})
+					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstoprules.DirRule{Kind: backstoprules.DirDefault, SandboxID: sid,
+						Rule: backstoprules.Rule{Action: backstopAction(w.Action), ID: c.rules.ID(w.RuleName())}})
 				case w.Action == policy.ActionAllow:
-					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Path: k.path, Kind: backstop.DirWritable, SandboxID: sid})
+					c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstoprules.DirRule{Path: k.path, Kind: backstoprules.DirWritable, SandboxID: sid})
 				}
 			}
 			if r, ok := t.decide(k, accRead); ok && blocking(r.Action) && k.path != "/" {
-				c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstop.DirRule{Path: k.path, Kind: backstop.DirProtected, SandboxID: sid,
-					Rule: backstop.Rule{Action: backstopAction(r.Action), ID: c.rules.ID(r.RuleName())}})
+				c.plan.Backstop.Dirs = append(c.plan.Backstop.Dirs, backstoprules.DirRule{Path: k.path, Kind: backstoprules.DirProtected, SandboxID: sid,
+					Rule: backstoprules.Rule{Action: backstopAction(r.Action), ID: c.rules.ID(r.RuleName())}})
 			}
 		}
 		for _, r := range files {
 			if blocking(r.Action) {
 				// A partner sharing the file table could use a descriptor
 				// the killed opener got.
-				c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CloneFiles }, enforce.ActionKill, c.rules.ID("clone-files"))
+				c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.CloneFiles }, rules.ActionKill, c.rules.ID("clone-files"))
 				break
 			}
 		}
@@ -435,6 +435,6 @@ func accName(a access) string {
 	return [...]string{"reads", "writes", "execs"}[a]
 }
 
-func accOp(a access) backstop.Op {
-	return [...]backstop.Op{backstop.OpRead, backstop.OpWrite, backstop.OpExec}[a]
+func accOp(a access) backstoprules.Op {
+	return [...]backstoprules.Op{backstoprules.OpRead, backstoprules.OpWrite, backstoprules.OpExec}[a]
 }

@@ -11,17 +11,17 @@ import (
 	"strings"
 
 	"github.com/watcherhq/watcher/internal/dangerous"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
 // hostStateCategory selects the backstop category of an argument check.
-var hostStateCategory = map[dangerous.Check]func(*backstop.SandboxRules) *backstop.Rule{
-	dangerous.CheckClockModes:     func(r *backstop.SandboxRules) *backstop.Rule { return &r.ClockAdjust },
-	dangerous.CheckNamespaces:     func(r *backstop.SandboxRules) *backstop.Rule { return &r.Namespaces },
-	dangerous.CheckSyslogAction:   func(r *backstop.SandboxRules) *backstop.Rule { return &r.Syslog },
-	dangerous.CheckQuotaCmd:       func(r *backstop.SandboxRules) *backstop.Rule { return &r.Quota },
-	dangerous.CheckNetConfigIoctl: func(r *backstop.SandboxRules) *backstop.Rule { return &r.NetConfig },
+var hostStateCategory = map[dangerous.Check]func(*backstoprules.SandboxRules) *backstoprules.Rule{
+	dangerous.CheckClockModes:     func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.ClockAdjust },
+	dangerous.CheckNamespaces:     func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.Namespaces },
+	dangerous.CheckSyslogAction:   func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.Syslog },
+	dangerous.CheckQuotaCmd:       func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.Quota },
+	dangerous.CheckNetConfigIoctl: func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.NetConfig },
 }
 
 // hostStateNote says which calls of an entry the backstop kills.
@@ -82,10 +82,10 @@ func (c *compiler) hostState(sb *policy.Sandbox) {
 			"(the call itself completes before the process dies): " + strings.Join(groups, "; ")}
 		if where, ok := dangerous.CapsJudgedOnUse[n]; ok {
 			if c.bs.CapUse == nil {
-				c.bs.CapUse = map[int]backstop.Rule{}
+				c.bs.CapUse = map[int]backstoprules.Rule{}
 			}
 			if cur := c.bs.CapUse[n]; backstopAction(a) > cur.Action {
-				c.bs.CapUse[n] = backstop.Rule{Action: backstopAction(a), ID: id}
+				c.bs.CapUse[n] = backstoprules.Rule{Action: backstopAction(a), ID: id}
 			}
 			notes = append(notes, "backstop cap_capable (Linux >= 6.14): "+name+" granted in "+where+": the caller killed after the fact (the change is made)")
 		}

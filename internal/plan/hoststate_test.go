@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 const hostStatePolicy = `version: 1
@@ -34,9 +34,9 @@ sandboxes:
 // what is judged at entry and what after the fact.
 func TestHostStatePerSandbox(t *testing.T) {
 	plan, _ := compile(t, parse(t, hostStatePolicy), Env{LSM: lsmEnv(t, errRefused)})
-	has := func(sr backstop.SandboxRules, name string) bool {
-		return slices.ContainsFunc(sr.Syscalls, func(s backstop.SyscallRule) bool {
-			return s.Name == name && s.Action == enforce.ActionKill
+	has := func(sr backstoprules.SandboxRules, name string) bool {
+		return slices.ContainsFunc(sr.Syscalls, func(s backstoprules.SyscallRule) bool {
+			return s.Name == name && s.Action == rules.ActionKill
 		})
 	}
 	denied := plan.Backstop.For(plan.SandboxIDs["denied"])
@@ -45,11 +45,11 @@ func TestHostStatePerSandbox(t *testing.T) {
 			t.Errorf("denied: %s not killed", name)
 		}
 	}
-	for what, r := range map[string]backstop.Rule{"clock_adjust": denied.ClockAdjust, "namespaces": denied.Namespaces,
+	for what, r := range map[string]backstoprules.Rule{"clock_adjust": denied.ClockAdjust, "namespaces": denied.Namespaces,
 		"syslog": denied.Syslog, "quota": denied.Quota, "net_config": denied.NetConfig,
 		"other_task": denied.OtherTask, "tty_inject": denied.TTYInject,
 		"cap_use SYS_TIME": denied.CapUse[25], "cap_use NET_ADMIN": denied.CapUse[12]} {
-		if r.Action != enforce.ActionKill || r.ID == 0 {
+		if r.Action != rules.ActionKill || r.ID == 0 {
 			t.Errorf("denied: %s = %+v, want kill with a rule id", what, r)
 		}
 	}
@@ -62,9 +62,9 @@ func TestHostStatePerSandbox(t *testing.T) {
 			t.Errorf("granted: %s killed although the capability is granted", name)
 		}
 	}
-	for what, r := range map[string]backstop.Rule{"clock_adjust": granted.ClockAdjust, "namespaces": granted.Namespaces,
+	for what, r := range map[string]backstoprules.Rule{"clock_adjust": granted.ClockAdjust, "namespaces": granted.Namespaces,
 		"net_config": granted.NetConfig, "other_task": granted.OtherTask, "tty_inject": granted.TTYInject} {
-		if r.Action != enforce.ActionAllow {
+		if r.Action != rules.ActionAllow {
 			t.Errorf("granted: %s = %+v, want allow", what, r)
 		}
 	}

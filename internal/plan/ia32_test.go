@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
 
@@ -20,7 +20,7 @@ func TestIA32Unavailable(t *testing.T) {
 		plan, _ := compile(t, parse(t, perSandboxPolicy), env)
 		for _, sb := range []string{"strict", "ops"} {
 			r := plan.Backstop.For(plan.SandboxIDs[sb])
-			if r.Compat.Action != enforce.ActionAllow || !r.NoI386 {
+			if r.Compat.Action != rules.ActionAllow || !r.NoI386 {
 				t.Errorf("lsm %v: %s: compat %+v NoI386 %v, want allow and true", lsmErr, sb, r.Compat, r.NoI386)
 			}
 			mech, note, ok := findLayer(plan, sb+": ia32_syscalls")
@@ -41,7 +41,7 @@ func TestIA32Unavailable(t *testing.T) {
 	}
 	// The neighbour: with 32-bit calls on, strict's refusal holds.
 	plan, _ := compile(t, parse(t, perSandboxPolicy), Env{LSM: lsmEnv(t, errRefused)})
-	if c := plan.Backstop.For(plan.SandboxIDs["strict"]); c.Compat.Action != enforce.ActionKill || c.NoI386 {
+	if c := plan.Backstop.For(plan.SandboxIDs["strict"]); c.Compat.Action != rules.ActionKill || c.NoI386 {
 		t.Errorf("32-bit on: strict compat %+v NoI386 %v, want kill", c.Compat, c.NoI386)
 	}
 }

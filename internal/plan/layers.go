@@ -13,27 +13,27 @@ import (
 	"strings"
 
 	"github.com/watcherhq/watcher/internal/control"
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
-	"github.com/watcherhq/watcher/internal/enforce/recorder"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/tracerules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
 // Mechanisms named in Plan.Layers: the names the layers put in their
 // events, defined once by each layer's package.
 const (
-	MechLSM     = lsm.MechLSM
-	MechFmodRet = lsm.MechFmodRet // the LSM layer's decisions as fmod_ret programs on security_* functions
+	MechLSM     = lsmrules.MechLSM
+	MechFmodRet = lsmrules.MechFmodRet // the LSM layer's decisions as fmod_ret programs on security_* functions
 	// MechEntry: fentry programs on the syscalls' own entry points kill
 	// the caller at entry (as the backstop, without its host-wide tax).
-	MechEntry     = lsm.MechFentry
-	MechCgroupBPF = cgroupbpf.Mechanism
-	MechKill      = backstop.Mechanism
+	MechEntry     = lsmrules.MechFentry
+	MechCgroupBPF = cgrouprules.Mechanism
+	MechKill      = backstoprules.Mechanism
 	// MechLaunch is watcher exec's pair: its refusals are events of
 	// mechanism "seccomp" or "landlock".
-	MechLaunch = recorder.MechanismSeccomp + "+" + recorder.MechanismLandlock
+	MechLaunch = tracerules.MechanismSeccomp + "+" + tracerules.MechanismLandlock
 	MechRecord = "record"
 	MechNone   = "none"
 	// MechUnavailable: the kernel itself offers no such operation (32-bit
@@ -64,10 +64,10 @@ func (c *compiler) hookErr(name string) string {
 func (c *compiler) lsmMechanism(notes []string) (string, []string) {
 	var fmod, lsmHooks []string
 	for hook, err := range c.env.LSM {
-		if err != nil || hook == "*" || c.env.LSMMech[hook] == lsm.MechFentry {
+		if err != nil || hook == "*" || c.env.LSMMech[hook] == lsmrules.MechFentry {
 			continue
 		}
-		if c.env.LSMMech[hook] == lsm.MechFmodRet {
+		if c.env.LSMMech[hook] == lsmrules.MechFmodRet {
 			fmod = append(fmod, hook)
 		} else {
 			lsmHooks = append(lsmHooks, hook)
@@ -87,20 +87,20 @@ func (c *compiler) lsmMechanism(notes []string) (string, []string) {
 func kernelAction(a policy.Action) uint32 {
 	switch a {
 	case policy.ActionRecord:
-		return enforce.ActionRecord
+		return rules.ActionRecord
 	case policy.ActionBlock:
-		return enforce.ActionBlock
+		return rules.ActionBlock
 	case policy.ActionKill:
-		return enforce.ActionKill
+		return rules.ActionKill
 	}
-	return enforce.ActionAllow
+	return rules.ActionAllow
 }
 
 // backstopAction is kernelAction for the backstop, which cannot refuse:
 // block is carried out as a kill.
 func backstopAction(a policy.Action) uint32 {
 	if a == policy.ActionBlock {
-		return enforce.ActionKill
+		return rules.ActionKill
 	}
 	return kernelAction(a)
 }
@@ -116,11 +116,11 @@ func orAllow(a policy.Action) policy.Action {
 
 func actionWord(a uint32) string {
 	switch a {
-	case enforce.ActionRecord:
+	case rules.ActionRecord:
 		return "record"
-	case enforce.ActionBlock:
+	case rules.ActionBlock:
 		return "block"
-	case enforce.ActionKill:
+	case rules.ActionKill:
 		return "kill"
 	}
 	return "allow"
@@ -224,15 +224,15 @@ func (c *compiler) add(sb *policy.Sandbox, rule string, a policy.Action, l layer
 // compiled, to action (the strictest of its own rules on that syscall).
 func (c *compiler) bsSyscall(name string, action, id uint32) {
 	if cur, ok := c.syscalls[name]; !ok || action > cur.Action {
-		c.syscalls[name] = backstop.Rule{Action: action, ID: id}
+		c.syscalls[name] = backstoprules.Rule{Action: action, ID: id}
 	}
 }
 
 // bsCategory raises a backstop category rule of the sandbox being compiled
 // to action.
-func (c *compiler) bsCategory(sel func(*backstop.SandboxRules) *backstop.Rule, action, id uint32) {
+func (c *compiler) bsCategory(sel func(*backstoprules.SandboxRules) *backstoprules.Rule, action, id uint32) {
 	r := sel(c.bs)
 	if action > r.Action || r.ID == 0 && action == r.Action {
-		*r = backstop.Rule{Action: action, ID: id}
+		*r = backstoprules.Rule{Action: action, ID: id}
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -36,16 +36,16 @@ func (c *compiler) listen(sb *policy.Sandbox, sid uint32) error {
 		c.add(sb, listenRule, action, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error()}})
 		return nil
 	}
-	rule := cgroupbpf.ListenRule{Sandbox: sid, Action: kernelAction(action), RuleID: c.rules.ID("listen-ports")}
+	rule := cgrouprules.ListenRule{Sandbox: sid, Action: kernelAction(action), RuleID: c.rules.ID("listen-ports")}
 	for _, p := range l.Ports {
 		lo, hi, err := p.Bounds()
 		if err != nil {
 			return fmt.Errorf("listen: %w", err)
 		}
-		rule.Ports = append(rule.Ports, cgroupbpf.PortRange{Lo: lo, Hi: hi})
+		rule.Ports = append(rule.Ports, cgrouprules.PortRange{Lo: lo, Hi: hi})
 	}
-	if len(rule.Ports) > cgroupbpf.MaxListenRanges {
-		return fmt.Errorf("listen: %d port entries, at most %d fit", len(rule.Ports), cgroupbpf.MaxListenRanges)
+	if len(rule.Ports) > cgrouprules.MaxListenRanges {
+		return fmt.Errorf("listen: %d port entries, at most %d fit", len(rule.Ports), cgrouprules.MaxListenRanges)
 	}
 	c.plan.Listen = append(c.plan.Listen, rule)
 	c.add(sb, listenRule, action, layer{mech: MechCgroupBPF, notes: []string{

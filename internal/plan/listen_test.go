@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 const listenPolicy = `version: 1
@@ -31,20 +31,20 @@ sandboxes:
 
 func TestListenRulesAndLayers(t *testing.T) {
 	plan, _ := compile(t, parse(t, listenPolicy), Env{LSM: lsmEnv(t, errRefused)})
-	bySandbox := map[uint32]cgroupbpf.ListenRule{}
+	bySandbox := map[uint32]cgrouprules.ListenRule{}
 	for _, r := range plan.Listen {
 		bySandbox[r.Sandbox] = r
 	}
 	web, quiet, trial, open := bySandbox[plan.SandboxIDs["web"]], bySandbox[plan.SandboxIDs["quiet"]],
 		bySandbox[plan.SandboxIDs["trial"]], plan.SandboxIDs["open"]
-	if fmt.Sprint(web.Ports) != "[{8080 8080} {9000 9100}]" || web.Action != enforce.ActionBlock || web.RuleID == 0 {
+	if fmt.Sprint(web.Ports) != "[{8080 8080} {9000 9100}]" || web.Action != rules.ActionBlock || web.RuleID == 0 {
 		t.Errorf("web rule %+v, want ports 8080 and 9000-9100, block", web)
 	}
-	if quiet.Sandbox == 0 || len(quiet.Ports) != 0 || quiet.Action != enforce.ActionBlock {
+	if quiet.Sandbox == 0 || len(quiet.Ports) != 0 || quiet.Action != rules.ActionBlock {
 		t.Errorf("restricted preset rule %+v, want no ports, block", quiet)
 	}
 	// Record mode is the sandbox flag's business: the rule still blocks.
-	if trial.Action != enforce.ActionBlock || plan.Flags[trial.Sandbox]&enforce.SandboxRecordOnly == 0 {
+	if trial.Action != rules.ActionBlock || plan.Flags[trial.Sandbox]&rules.SandboxRecordOnly == 0 {
 		t.Errorf("record-mode sandbox rule %+v flags %d", trial, plan.Flags[trial.Sandbox])
 	}
 	if _, ok := bySandbox[open]; ok {

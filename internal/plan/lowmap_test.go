@@ -8,7 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -69,7 +70,7 @@ sandboxes:
 	}
 	fmod := map[string]string{}
 	for h := range lsmEnv(t, nil) {
-		fmod[h] = lsm.MechFmodRet
+		fmod[h] = lsmrules.MechFmodRet
 	}
 	hosts := []struct {
 		name string
@@ -87,8 +88,8 @@ sandboxes:
 				t.Errorf("%s host: %s: %s (%s), want %s naming mmap_addr", h.name, sb, mech, note, h.mech)
 			}
 			caps := plan.LSM[plan.SandboxIDs[sb]].Caps
-			if !slices.ContainsFunc(caps, func(c lsm.CapRule) bool {
-				return c.Cap == unix.CAP_SYS_RAWIO && c.Action == enforce.ActionBlock
+			if !slices.ContainsFunc(caps, func(c lsmrules.CapRule) bool {
+				return c.Cap == unix.CAP_SYS_RAWIO && c.Action == rules.ActionBlock
 			}) {
 				t.Errorf("%s host: %s: no blocking CAP_SYS_RAWIO rule for the hooks: %+v", h.name, sb, caps)
 			}
@@ -97,7 +98,7 @@ sandboxes:
 			t.Errorf("%s host: rec: %s (%s), want recorded by %s with mmap_addr", h.name, mech, note, h.mech)
 		}
 		for name, sid := range plan.SandboxIDs {
-			if lm := plan.Backstop.For(sid).LowMapping; lm.Action != enforce.ActionAllow {
+			if lm := plan.Backstop.For(sid).LowMapping; lm.Action != rules.ActionAllow {
 				t.Errorf("%s host: %s: backstop low-mapping rule %+v, want none (the hook refuses them)", h.name, name, lm)
 			}
 		}
@@ -115,11 +116,11 @@ sandboxes:
 			t.Errorf("no-LSM host: %s: %s (%s)", sb, mech, note)
 		}
 	}
-	wantLow := map[string]uint32{"base": enforce.ActionKill, "strict": enforce.ActionKill, "trial": enforce.ActionKill,
+	wantLow := map[string]uint32{"base": rules.ActionKill, "strict": rules.ActionKill, "trial": rules.ActionKill,
 		"rec": enforce.ActionRecord, "free": enforce.ActionAllow}
 	for name, a := range wantLow {
 		lm := plan.Backstop.For(plan.SandboxIDs[name]).LowMapping
-		if lm.Action != a || (a != enforce.ActionAllow) != (lm.ID != 0) {
+		if lm.Action != a || (a != rules.ActionAllow) != (lm.ID != 0) {
 			t.Errorf("no-LSM host: %s: backstop low-mapping rule %+v, want action %d with a rule id", name, lm, a)
 		}
 	}
@@ -143,7 +144,7 @@ sandboxes:
     select: {cgroups: [/c]}
     operations: {capabilities: {rules: [{cap: CAP_SYS_RAWIO, action: record}]}}
 `)
-	if rp, _ := compile(t, recOnly, Env{LSM: lsmEnv(t, errRefused)}); rp.Backstop.For(1).LowMapping.Action != enforce.ActionRecord {
+	if rp, _ := compile(t, recOnly, Env{LSM: lsmEnv(t, errRefused)}); rp.Backstop.For(1).LowMapping.Action != rules.ActionRecord {
 		t.Errorf("no-LSM host, one recording sandbox: low-mapping rule %+v, want record", rp.Backstop.For(1).LowMapping)
 	}
 	// Seccomp refuses them for the blocking rules of enforce-mode sandboxes.
@@ -170,7 +171,7 @@ sandboxes:
 	if _, note := rawioLine(plan, "base"); !strings.Contains(note, "lsm capable") || !strings.Contains(note, "no mmap_addr hook here; backstop: killed") {
 		t.Errorf("capable without mmap_addr: %s", note)
 	}
-	if lm := plan.Backstop.For(1).LowMapping; lm.Action != enforce.ActionKill {
+	if lm := plan.Backstop.For(1).LowMapping; lm.Action != rules.ActionKill {
 		t.Errorf("capable without mmap_addr: low-mapping rule %+v, want kill", lm)
 	}
 }

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
-	"github.com/watcherhq/watcher/internal/enforce/egress"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 	"github.com/watcherhq/watcher/internal/gateway"
 	"github.com/watcherhq/watcher/internal/namerelay"
 	"github.com/watcherhq/watcher/internal/policy"
@@ -24,30 +24,30 @@ var (
 	loopback6 = netip.MustParsePrefix("::1/128")
 )
 
-func egressProto(p policy.Protocol, def egress.Protocol) egress.Protocol {
+func egressProto(p policy.Protocol, def egressrules.Protocol) egressrules.Protocol {
 	switch p {
 	case policy.ProtoTCP:
-		return egress.ProtoTCP
+		return egressrules.ProtoTCP
 	case policy.ProtoUDP:
-		return egress.ProtoUDP
+		return egressrules.ProtoUDP
 	case policy.ProtoAny:
-		return egress.ProtoAny
+		return egressrules.ProtoAny
 	}
 	return def
 }
 
 // admissionScope is what a sandbox's allowed answers admit.
-func admissionScope(eg *policy.Egress) (*egress.Scope, error) {
-	scope := &egress.Scope{Cap: eg.AdmissionTTLCap.Duration}
+func admissionScope(eg *policy.Egress) (*egressrules.Scope, error) {
+	scope := &egressrules.Scope{Cap: eg.AdmissionTTLCap.Duration}
 	for _, n := range eg.NamePorts {
-		ns := egress.NameSpans{Pattern: n.Name}
-		proto := egressProto(n.Protocol, egress.ProtoTCP)
+		ns := egressrules.NameSpans{Pattern: n.Name}
+		proto := egressProto(n.Protocol, egressrules.ProtoTCP)
 		for _, pr := range n.Ports {
 			lo, hi, err := pr.Bounds()
 			if err != nil {
 				return nil, fmt.Errorf("egress name_ports %q: %w", n.Name, err)
 			}
-			ns.Spans = append(ns.Spans, egress.PortSpan{Lo: lo, Hi: hi, Protocol: proto})
+			ns.Spans = append(ns.Spans, egressrules.PortSpan{Lo: lo, Hi: hi, Protocol: proto})
 		}
 		scope.Names = append(scope.Names, ns)
 	}
@@ -56,7 +56,7 @@ func admissionScope(eg *policy.Egress) (*egress.Scope, error) {
 
 func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 	record := sb.Mode == policy.ModeRecord
-	cfg := egress.SandboxConfig{
+	cfg := egressrules.SandboxConfig{
 		RecordOnly: record,
 		Proxy4:     c.env.DNSProxy4,
 		Proxy6:     c.env.DNSProxy6,
@@ -69,11 +69,11 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 			name = fmt.Sprintf("loopback:%d", s.Port)
 		}
 		id := c.rules.ID(name)
-		ports := egress.PortRange{Lo: uint16(s.Port), Hi: uint16(s.Port)}
-		proto := egressProto(s.Protocol, egress.ProtoTCP)
+		ports := egressrules.PortRange{Lo: uint16(s.Port), Hi: uint16(s.Port)}
+		proto := egressProto(s.Protocol, egressrules.ProtoTCP)
 		cfg.Rules = append(cfg.Rules,
-			egress.Rule{ID: id, Prefix: loopback4, Ports: ports, Protocol: proto},
-			egress.Rule{ID: id, Prefix: loopback6, Ports: ports, Protocol: proto})
+			egressrules.Rule{ID: id, Prefix: loopback4, Ports: ports, Protocol: proto},
+			egressrules.Rule{ID: id, Prefix: loopback6, Ports: ports, Protocol: proto})
 		c.add(sb, fmt.Sprintf("egress loopback %s (port %d)", s.Name, s.Port), policy.ActionAllow,
 			layer{mech: MechCgroupBPF, notes: []string{"127.0.0.0/8 and ::1"}})
 	}
@@ -83,8 +83,8 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 			return fmt.Errorf("egress allow %q: %w", r.CIDR, err)
 		}
 		id := c.rules.ID("egress:" + pfx.String())
-		proto := egressProto(r.Protocol, egress.ProtoAny)
-		ranges := []egress.PortRange{{}} // every port
+		proto := egressProto(r.Protocol, egressrules.ProtoAny)
+		ranges := []egressrules.PortRange{{}} // every port
 		if len(r.Ports) > 0 {
 			ranges = ranges[:0]
 			for _, pr := range r.Ports {
@@ -92,11 +92,11 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 				if err != nil {
 					return fmt.Errorf("egress allow %s: %w", pfx, err)
 				}
-				ranges = append(ranges, egress.PortRange{Lo: lo, Hi: hi})
+				ranges = append(ranges, egressrules.PortRange{Lo: lo, Hi: hi})
 			}
 		}
 		for _, pr := range ranges {
-			cfg.Rules = append(cfg.Rules, egress.Rule{ID: id, Prefix: pfx, Ports: pr, Protocol: proto})
+			cfg.Rules = append(cfg.Rules, egressrules.Rule{ID: id, Prefix: pfx, Ports: pr, Protocol: proto})
 		}
 		c.add(sb, "egress allow "+pfx.String(), policy.ActionAllow, layer{mech: MechCgroupBPF})
 	}
@@ -109,7 +109,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 	case policy.EgressAllow:
 		id := c.rules.ID("egress-default-allow")
 		for _, p := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
-			cfg.Rules = append(cfg.Rules, egress.Rule{ID: id, Prefix: p})
+			cfg.Rules = append(cfg.Rules, egressrules.Rule{ID: id, Prefix: p})
 		}
 		defNote = append(defNote, "every destination allowed")
 	case policy.EgressResolved:
@@ -197,7 +197,7 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 // carry local addresses (loopback, private, metadata...) only inside the
 // networks its explicit egress rules name (egress.allow, loopback services,
 // every network for egress default allow); anything else is DNS rebinding.
-func localAllowOf(rules []egress.Rule) []string {
+func localAllowOf(rules []egressrules.Rule) []string {
 	var out []string
 	for _, r := range rules {
 		if p := r.Prefix.Masked().String(); !slices.Contains(out, p) {
@@ -211,7 +211,7 @@ func localAllowOf(rules []egress.Rule) []string {
 // proxy for a sandbox whose egress is not allow: ping sockets (their
 // unconnected sendto runs no cgroup hook), other resolvers' ports at
 // answered addresses, and unix sockets of host resolvers and brokers.
-func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.SandboxConfig) {
+func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egressrules.SandboxConfig) {
 	cfg.ResolverPorts = true
 	c.add(sb, "egress: other resolvers' ports", policy.ActionBlock, layer{mech: MechCgroupBPF,
 		notes: []string{"DNS over TLS/QUIC (853, 784, 8853), mDNS 5353, LLMNR 5355, NetBIOS 137 refused even at answered addresses unless egress.allow names them; DoH (443) to an allowed name is the policy's call"}})
@@ -220,7 +220,7 @@ func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egress.Sandbox
 	if !c.cgroupOK {
 		c.add(sb, "egress: ping sockets", policy.ActionBlock, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error()}})
 	} else {
-		c.plan.Sockets = append(c.plan.Sockets, cgroupbpf.PingSocketRules(sid, c.rules.ID("ping-sockets"))...)
+		c.plan.Sockets = append(c.plan.Sockets, cgrouprules.PingSocketRules(sid, c.rules.ID("ping-sockets"))...)
 		c.add(sb, "egress: ping sockets", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: []string{pingNote}})
 	}
 
@@ -260,9 +260,9 @@ func orDNS(d policy.DNSDefault) string {
 
 // checkRanges refuses rule sets the egress maps cannot hold: a prefix
 // carries the port ranges of every rule whose network contains it, at most
-// egress.MaxRangesPerPrefix (checked here so a bad policy is refused at
+// egressrules.MaxRangesPerPrefix (checked here so a bad policy is refused at
 // compile time, naming the network).
-func checkRanges(rules []egress.Rule) error {
+func checkRanges(rules []egressrules.Rule) error {
 	norm := func(p netip.Prefix) netip.Prefix {
 		p = p.Masked()
 		if p.Addr().Is4() {
@@ -279,9 +279,9 @@ func checkRanges(rules []egress.Rule) error {
 				count++
 			}
 		}
-		if count > egress.MaxRangesPerPrefix {
+		if count > egressrules.MaxRangesPerPrefix {
 			return fmt.Errorf("egress: %d port ranges apply to %s (rules on it and on the networks containing it), at most %d fit",
-				count, n.Prefix, egress.MaxRangesPerPrefix)
+				count, n.Prefix, egressrules.MaxRangesPerPrefix)
 		}
 	}
 	return nil

@@ -12,20 +12,20 @@ import (
 
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dangerous"
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
 // opPart is one LSM op of a policy operation, with what stands in for it
 // in the backstop when its hook is missing.
 type opPart struct {
-	op       lsm.Op
+	op       lsmrules.Op
 	hook     string
 	syscalls []string
-	category func(*backstop.SandboxRules) *backstop.Rule
+	category func(*backstoprules.SandboxRules) *backstoprules.Rule
 	// bsNote says what the backstop's category does for the part (""
 	// for the agent's signals).
 	bsNote string
@@ -34,10 +34,10 @@ type opPart struct {
 // otherTask and ttyInject select the backstop categories of the own-subtree
 // operations.
 var (
-	otherTask  = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherTask }
-	otherIPC   = func(r *backstop.SandboxRules) *backstop.Rule { return &r.OtherIPC }
-	notifyMark = func(r *backstop.SandboxRules) *backstop.Rule { return &r.NotifyMark }
-	ttyInject  = func(r *backstop.SandboxRules) *backstop.Rule { return &r.TTYInject }
+	otherTask  = func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.OtherTask }
+	otherIPC   = func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.OtherIPC }
+	notifyMark = func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.NotifyMark }
+	ttyInject  = func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.TTYInject }
 )
 
 // operation is one entry of policy.Operations.
@@ -57,8 +57,8 @@ var operations = []operation{
 		name:   "ptrace",
 		action: func(o *policy.Operations) policy.Action { return o.Ptrace },
 		parts: []opPart{
-			{op: lsm.OpPtraceAttach, hook: "ptrace_access_check", syscalls: []string{"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"}},
-			{op: lsm.OpPtraceTraceme, hook: "ptrace_traceme", syscalls: []string{"ptrace"}},
+			{op: lsmrules.OpPtraceAttach, hook: "ptrace_access_check", syscalls: []string{"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"}},
+			{op: lsmrules.OpPtraceTraceme, hook: "ptrace_traceme", syscalls: []string{"ptrace"}},
 		},
 		seccomp: "ptrace, process_vm_readv/writev, pidfd_getfd",
 	},
@@ -66,17 +66,17 @@ var operations = []operation{
 		name:   "mount",
 		action: func(o *policy.Operations) policy.Action { return o.Mount },
 		parts: []opPart{
-			{op: lsm.OpMount, hook: "sb_mount", syscalls: []string{"mount"}},
-			{op: lsm.OpUmount, hook: "sb_umount", syscalls: []string{"umount2"}},
+			{op: lsmrules.OpMount, hook: "sb_mount", syscalls: []string{"mount"}},
+			{op: lsmrules.OpUmount, hook: "sb_umount", syscalls: []string{"umount2"}},
 			// open_tree clones a tree that only move_mount can attach.
-			{op: lsm.OpMoveMount, hook: "move_mount", syscalls: []string{"move_mount", "open_tree", "open_tree_attr"}},
-			{op: lsm.OpPivotRoot, hook: "sb_pivotroot", syscalls: []string{"pivot_root"}},
-			{op: lsm.OpChroot, hook: "path_chroot", syscalls: []string{"chroot"}},
+			{op: lsmrules.OpMoveMount, hook: "move_mount", syscalls: []string{"move_mount", "open_tree", "open_tree_attr"}},
+			{op: lsmrules.OpPivotRoot, hook: "sb_pivotroot", syscalls: []string{"pivot_root"}},
+			{op: lsmrules.OpChroot, hook: "path_chroot", syscalls: []string{"chroot"}},
 			// fsopen itself has no hook; every fsconfig parameter does.
-			{op: lsm.OpFSConfig, hook: "fs_context_parse_param", syscalls: []string{"fsopen", "fsconfig", "fsmount", "fspick"}},
+			{op: lsmrules.OpFSConfig, hook: "fs_context_parse_param", syscalls: []string{"fsopen", "fsconfig", "fsmount", "fspick"}},
 			// mount_setattr has no hook: it asks for CAP_SYS_ADMIN
 			// (may_mount) before anything, judged in that syscall.
-			{op: lsm.OpMount, hook: dangerous.HookCapable, syscalls: []string{"mount_setattr"}},
+			{op: lsmrules.OpMount, hook: dangerous.HookCapable, syscalls: []string{"mount_setattr"}},
 		},
 		seccomp: "the mount family, pivot_root, chroot",
 	},
@@ -84,29 +84,29 @@ var operations = []operation{
 		name:   "module",
 		action: func(o *policy.Operations) policy.Action { return o.Module },
 		parts: []opPart{
-			{op: lsm.OpKernelReadFile, hook: "kernel_read_file", syscalls: []string{"finit_module", "kexec_file_load"}},
-			{op: lsm.OpKernelLoadData, hook: "kernel_load_data", syscalls: []string{"init_module", "kexec_load"}},
+			{op: lsmrules.OpKernelReadFile, hook: "kernel_read_file", syscalls: []string{"finit_module", "kexec_file_load"}},
+			{op: lsmrules.OpKernelLoadData, hook: "kernel_load_data", syscalls: []string{"init_module", "kexec_load"}},
 			// delete_module has no hook: it asks for CAP_SYS_MODULE first.
-			{op: lsm.OpKernelLoadData, hook: dangerous.HookCapable, syscalls: []string{"delete_module"}},
+			{op: lsmrules.OpKernelLoadData, hook: dangerous.HookCapable, syscalls: []string{"delete_module"}},
 		},
 		seccomp: "module loading and removal, kexec",
 	},
 	{
 		name:    "bpf",
 		action:  func(o *policy.Operations) policy.Action { return o.BPF },
-		parts:   []opPart{{op: lsm.OpBPF, hook: "bpf", syscalls: []string{"bpf"}}},
+		parts:   []opPart{{op: lsmrules.OpBPF, hook: "bpf", syscalls: []string{"bpf"}}},
 		seccomp: "bpf",
 	},
 	{
 		name:   "kill-agent",
 		action: func(o *policy.Operations) policy.Action { return o.KillAgent },
 		parts: []opPart{
-			{op: lsm.OpAgentSignal, hook: "task_kill", category: func(r *backstop.SandboxRules) *backstop.Rule { return &r.SignalAgent }},
+			{op: lsmrules.OpAgentSignal, hook: "task_kill", category: func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.SignalAgent }},
 			// Without the hook, ptrace of the agent is covered by the
 			// ptrace rule's backstop (every ptrace is killed).
-			{op: lsm.OpAgentPtrace, hook: "ptrace_access_check"},
+			{op: lsmrules.OpAgentPtrace, hook: "ptrace_access_check"},
 			// SIGIO/SIGURG through F_SETOWN: no kill syscall at all.
-			{op: lsm.OpAgentSignal, hook: "file_send_sigiotask"},
+			{op: lsmrules.OpAgentSignal, hook: "file_send_sigiotask"},
 		},
 	},
 	{
@@ -116,19 +116,19 @@ var operations = []operation{
 		name:   "other-processes",
 		action: func(o *policy.Operations) policy.Action { return o.OtherProcesses },
 		parts: []opPart{
-			{op: lsm.OpOtherTask, hook: "task_kill", category: otherTask, bsNote: "judged at entry on the target's cgroup (the call itself completes before the process dies): " +
+			{op: lsmrules.OpOtherTask, hook: "task_kill", category: otherTask, bsNote: "judged at entry on the target's cgroup (the call itself completes before the process dies): " +
 				"kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal (pidfd or /proc/PID descriptor), pidfd_open of a process outside the subtree, kill(-1); " +
 				"process-group signals judged after the fact, per member the kernel signals (signal_generate; signal 0 to a group unjudged)"},
-			{op: lsm.OpOtherTask, hook: "file_send_sigiotask", category: otherTask, bsNote: "SIGIO/SIGURG owners outside the subtree and every process-group owner, at entry: fcntl F_SETOWN (a register), " +
+			{op: lsmrules.OpOtherTask, hook: "file_send_sigiotask", category: otherTask, bsNote: "SIGIO/SIGURG owners outside the subtree and every process-group owner, at entry: fcntl F_SETOWN (a register), " +
 				"F_SETOWN_EX, ioctl FIOSETOWN, SIOCSPGRP (owner read from user memory: another thread may change it after the check); F_SETSIG and owners set before the sandbox not judged"},
 			// setrlimit and prlimit with new limits (task_prlimit has
 			// only credentials on 6.1).
-			{op: lsm.OpOtherTask, hook: "task_setrlimit", category: otherTask, bsNote: "prlimit64 setting a limit of a process outside"},
-			{op: lsm.OpOtherTask, hook: "task_setnice", category: otherTask, bsNote: "setpriority of a process outside, every PRIO_PGRP and PRIO_USER call"},
-			{op: lsm.OpOtherTask, hook: "task_setscheduler", category: otherTask, bsNote: "sched_setscheduler, sched_setparam, sched_setattr, sched_setaffinity of a task outside"},
-			{op: lsm.OpOtherTask, hook: "task_setioprio", category: otherTask, bsNote: "ioprio_set of a process outside, every IOPRIO_WHO_PGRP and IOPRIO_WHO_USER call"},
-			{op: lsm.OpOtherTask, hook: "task_movememory", category: otherTask, bsNote: "migrate_pages, move_pages, process_madvise of a process outside"},
-			{op: lsm.OpOtherTask, hook: "ptrace_access_check", category: otherTask, bsNote: "kcmp naming a process outside; " +
+			{op: lsmrules.OpOtherTask, hook: "task_setrlimit", category: otherTask, bsNote: "prlimit64 setting a limit of a process outside"},
+			{op: lsmrules.OpOtherTask, hook: "task_setnice", category: otherTask, bsNote: "setpriority of a process outside, every PRIO_PGRP and PRIO_USER call"},
+			{op: lsmrules.OpOtherTask, hook: "task_setscheduler", category: otherTask, bsNote: "sched_setscheduler, sched_setparam, sched_setattr, sched_setaffinity of a task outside"},
+			{op: lsmrules.OpOtherTask, hook: "task_setioprio", category: otherTask, bsNote: "ioprio_set of a process outside, every IOPRIO_WHO_PGRP and IOPRIO_WHO_USER call"},
+			{op: lsmrules.OpOtherTask, hook: "task_movememory", category: otherTask, bsNote: "migrate_pages, move_pages, process_madvise of a process outside"},
+			{op: lsmrules.OpOtherTask, hook: "ptrace_access_check", category: otherTask, bsNote: "kcmp naming a process outside; " +
 				"opens of /proc/PID/{environ,auxv,maps,smaps,numa_maps,pagemap,stack,syscall,io,personality,timers,fd,fdinfo,map_files} of a process outside, " +
 				"killed when the open returns (nothing read; cmdline, stat and status stay readable); " +
 				"process_vm_readv/writev and pidfd_getfd are the ptrace rule's"},
@@ -140,29 +140,29 @@ var operations = []operation{
 		// System V objects by their creator (the alloc hooks), POSIX
 		// message queues at open (mq_open creates through inode_create).
 		parts: []opPart{
-			{op: lsm.OpOtherIPC, hook: "ipc_permission", category: otherIPC, bsNote: "System V objects and message queues the sandbox did not create " +
+			{op: lsmrules.OpOtherIPC, hook: "ipc_permission", category: otherIPC, bsNote: "System V objects and message queues the sandbox did not create " +
 				"(creations recorded by the IPC tracking tracepoints, attached while needed): shmat, semop, semtimedop, msgsnd, msgrcv, " +
 				"and IPC_RMID, IPC_SET, SETVAL, SETALL, SHM_LOCK/UNLOCK, at entry (the call completes first: a shmat maps the segment, " +
 				"the process dies before it returns; objects made before tracking count as another's); reads (IPC_STAT, *_INFO) allowed; " +
 				"POSIX message queues likewise at mq_timedsend, mq_timedreceive and mq_notify (the open is not judged); 32-bit calls killed at entry (ia32_syscalls)"},
-			{op: lsm.OpOtherIPC, hook: "shm_shmctl"},
-			{op: lsm.OpOtherIPC, hook: "sem_semctl"},
-			{op: lsm.OpOtherIPC, hook: "msg_queue_msgctl"},
-			{op: lsm.OpOtherIPC, hook: "shm_alloc_security"},
-			{op: lsm.OpOtherIPC, hook: "sem_alloc_security"},
-			{op: lsm.OpOtherIPC, hook: "msg_queue_alloc_security"},
-			{op: lsm.OpOtherIPC, hook: "inode_create"},
-			{op: lsm.OpOtherIPC, hook: "file_open"},
+			{op: lsmrules.OpOtherIPC, hook: "shm_shmctl"},
+			{op: lsmrules.OpOtherIPC, hook: "sem_semctl"},
+			{op: lsmrules.OpOtherIPC, hook: "msg_queue_msgctl"},
+			{op: lsmrules.OpOtherIPC, hook: "shm_alloc_security"},
+			{op: lsmrules.OpOtherIPC, hook: "sem_alloc_security"},
+			{op: lsmrules.OpOtherIPC, hook: "msg_queue_alloc_security"},
+			{op: lsmrules.OpOtherIPC, hook: "inode_create"},
+			{op: lsmrules.OpOtherIPC, hook: "file_open"},
 		},
 	},
 	{
 		name:   "terminals",
 		action: func(o *policy.Operations) policy.Action { return o.Terminals },
 		parts: []opPart{
-			{op: lsm.OpTTYInject, hook: "file_ioctl", category: ttyInject,
+			{op: lsmrules.OpTTYInject, hook: "file_ioctl", category: ttyInject,
 				bsNote: "ioctl TIOCSTI and TIOCLINUX on any terminal, at entry (the call itself completes before the process dies)"},
 			// A pty controlled from outside: the operator's shell, a login.
-			{op: lsm.OpTTYInject, hook: "file_open", category: ttyInject,
+			{op: lsmrules.OpTTYInject, hook: "file_open", category: ttyInject,
 				bsNote: "opens of /dev/pts/N whose session leader is outside the subtree, killed when the open returns (the descriptor exists " +
 					"for that moment); its own controlling terminal and ptys no session controls pass"},
 		},
@@ -170,7 +170,7 @@ var operations = []operation{
 	{
 		name:   "notify-marks",
 		action: func(o *policy.Operations) policy.Action { return o.NotifyMarks },
-		parts: []opPart{{op: lsm.OpNotifyMark, hook: "path_notify", category: notifyMark,
+		parts: []opPart{{op: lsmrules.OpNotifyMark, hook: "path_notify", category: notifyMark,
 			bsNote: "inotify_add_watch: a mark outside the writable places killed when the call returns (the mark dies with the process's " +
 				"inotify descriptor unless it was passed on first); fanotify: fanotify_init needs CAP_SYS_ADMIN, killed at entry where held"}},
 	},
@@ -179,8 +179,8 @@ var operations = []operation{
 // notifyPaths allows inotify and fanotify marks in the sandbox's
 // workspaces (a file watcher there is everyday work) where the notify
 // marks rule refuses them elsewhere.
-func notifyPaths(sb *policy.Sandbox, lr *lsm.Rules) {
-	if d, ok := lr.Ops[lsm.OpNotifyMark]; !ok || d.Action == enforce.ActionAllow {
+func notifyPaths(sb *policy.Sandbox, lr *lsmrules.Rules) {
+	if d, ok := lr.Ops[lsmrules.OpNotifyMark]; !ok || d.Action == rules.ActionAllow {
 		return
 	}
 	for _, w := range sb.Workspace {
@@ -224,7 +224,7 @@ func OperationOfSubtreeEvent(message string) string {
 	for _, op := range operations {
 		for _, part := range op.parts {
 			switch part.op {
-			case lsm.OpOtherTask, lsm.OpOtherIPC, lsm.OpTTYInject, lsm.OpNotifyMark:
+			case lsmrules.OpOtherTask, lsmrules.OpOtherIPC, lsmrules.OpTTYInject, lsmrules.OpNotifyMark:
 				if part.op.String() == name {
 					return strings.ReplaceAll(op.name, "-", "_")
 				}
@@ -240,19 +240,19 @@ func OperationOfSubtreeEvent(message string) string {
 // the hook they are left to the backstop's list of dangerous operations.
 var fixedOperations = []struct {
 	name, hook, seccomp string
-	op                  lsm.Op
+	op                  lsmrules.Op
 }{
-	{"perf-event-open", "perf_event_open", "perf_event_open", lsm.OpPerfEvent},
-	{"keyrings", "key_alloc", "add_key, keyctl, request_key", lsm.OpKeyring},
-	{"user-namespaces", "userns_create", "unshare/clone of namespaces", lsm.OpUserNS},
-	{"userfaultfd", "inode_init_security_anon", "userfaultfd", lsm.OpUserfaultfd},
+	{"perf-event-open", "perf_event_open", "perf_event_open", lsmrules.OpPerfEvent},
+	{"keyrings", "key_alloc", "add_key, keyctl, request_key", lsmrules.OpKeyring},
+	{"user-namespaces", "userns_create", "unshare/clone of namespaces", lsmrules.OpUserNS},
+	{"userfaultfd", "inode_init_security_anon", "userfaultfd", lsmrules.OpUserfaultfd},
 }
 
-func (c *compiler) fixed(sb *policy.Sandbox, lr *lsm.Rules) {
+func (c *compiler) fixed(sb *policy.Sandbox, lr *lsmrules.Rules) {
 	if c.hook("task_alloc") {
 		// A second process sharing the file table: judged on the flags the
 		// kernel copied, so flipping clone3's flags after a check is moot.
-		lr.Ops[lsm.OpCloneFiles] = lsm.Decision{Action: enforce.ActionBlock, RuleID: c.rules.ID("clone-files")}
+		lr.Ops[lsmrules.OpCloneFiles] = lsmrules.Decision{Action: rules.ActionBlock, RuleID: c.rules.ID("clone-files")}
 		c.add(sb, "clone-files", policy.ActionBlock, layer{mech: MechLSM, notes: []string{
 			"lsm task_alloc: clone/clone3 with CLONE_FILES and without CLONE_THREAD (threads stay allowed)"}})
 	}
@@ -261,13 +261,13 @@ func (c *compiler) fixed(sb *policy.Sandbox, lr *lsm.Rules) {
 			continue
 		}
 		id := c.rules.ID(f.name)
-		lr.Ops[f.op] = lsm.Decision{Action: enforce.ActionBlock, RuleID: id}
+		lr.Ops[f.op] = lsmrules.Decision{Action: rules.ActionBlock, RuleID: id}
 		c.add(sb, f.name, policy.ActionBlock, layer{mech: MechLSM, notes: []string{
 			"lsm " + f.hook, "watcher exec: seccomp refuses " + f.seccomp}})
 	}
 }
 
-func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
+func (c *compiler) operations(sb *policy.Sandbox, lr *lsmrules.Rules) {
 	for _, op := range operations {
 		a := orAllow(op.action(&sb.Operations))
 		id := c.rules.ID(op.name)
@@ -281,7 +281,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		var lsmOps, killed []string
 		for _, part := range op.parts {
 			if c.hook(part.hook) {
-				lr.Ops[part.op] = lsm.Decision{Action: kernelAction(a), RuleID: id}
+				lr.Ops[part.op] = lsmrules.Decision{Action: kernelAction(a), RuleID: id}
 				lsmOps = append(lsmOps, part.op.String())
 				continue
 			}
@@ -362,14 +362,14 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	atEntry := c.hooks(uringHooks...)
 	var l layer
 	if blocking(a) && atEntry {
-		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
+		lr.Ops[lsmrules.OpIOUring] = lsmrules.Decision{Action: kernelAction(a), RuleID: id}
 		entries := "x86_64 and i386 entry points"
 		if c.env.IA32 != nil {
 			entries = "x86_64 entry points"
 		}
 		l = layer{mech: MechEntry, notes: []string{"fentry: io_uring_enter, io_uring_register killed at entry, io_uring_setup on return when it made a ring (" + entries + "; nothing else pays for it)"}}
 	} else {
-		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.IOUring }, backstopAction(a), id)
+		c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.IOUring }, backstopAction(a), id)
 		l = layer{mech: MechKill, notes: []string{"backstop: io_uring_setup, io_uring_enter, io_uring_register (no LSM hook; killed at entry)"}}
 		if blocking(a) {
 			// A ring's descriptor can come from outside (SCM_RIGHTS).
@@ -381,7 +381,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	if blocking(a) && c.hook("inode_init_security_anon") {
 		// Kernels that give a ring a secure anonymous inode (6.1 does)
 		// refuse it before the fact; others leave it to the kill.
-		lr.Ops[lsm.OpIOUring] = lsm.Decision{Action: kernelAction(a), RuleID: id}
+		lr.Ops[lsmrules.OpIOUring] = lsmrules.Decision{Action: kernelAction(a), RuleID: id}
 		l.notes = append(l.notes, "also refused at io_uring_setup by lsm inode_init_security_anon where the kernel gives rings a secure anonymous inode")
 	}
 	if blocking(a) {
@@ -395,7 +395,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 			l.notes = []string{"backstop: io_uring_setup recorded, rings allowed"}
 		}
 		if !c.hook("file_open") && c.hasBlockingFiles(sb) {
-			c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.IOUringOpen }, enforce.ActionKill, id)
+			c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.IOUringOpen }, rules.ActionKill, id)
 			l.notes = append(l.notes, "open requests submitted to a ring are killed: the backstop cannot judge their paths")
 		}
 	}
@@ -413,7 +413,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	for _, o := range dangerous.ByGroup(dangerous.GroupKernel) {
 		switch {
 		case !c.hooks(o.Hooks()...):
-			c.bsSyscall(o.Name, enforce.ActionKill, id)
+			c.bsSyscall(o.Name, rules.ActionKill, id)
 			kernelOps = append(kernelOps, o.Name)
 			continue
 		case o.AtEntry():
@@ -423,9 +423,9 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 		}
 		switch o.Hook {
 		case dangerous.HookKeyPermission:
-			lr.Ops[lsm.OpKeyring] = lsm.Decision{Action: enforce.ActionBlock, RuleID: c.rules.ID("keyrings")}
+			lr.Ops[lsmrules.OpKeyring] = lsmrules.Decision{Action: rules.ActionBlock, RuleID: c.rules.ID("keyrings")}
 		case dangerous.HookCapable, "":
-			lr.Ops[lsm.OpKernelIface] = lsm.Decision{Action: enforce.ActionBlock, RuleID: id}
+			lr.Ops[lsmrules.OpKernelIface] = lsmrules.Decision{Action: rules.ActionBlock, RuleID: id}
 		}
 	}
 	var kl layer
@@ -456,20 +456,20 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	id = c.rules.ID("cgroup-write")
 	if l = c.choose(MechKill, "file_open"); l.mech == MechLSM {
 		for _, magic := range []uint64{unix.CGROUP2_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC} {
-			lr.FS = append(lr.FS, lsm.FSRule{Magic: magic, Access: lsm.AccessWrite, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+			lr.FS = append(lr.FS, lsmrules.FSRule{Magic: magic, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: kernelAction(a), RuleID: id}})
 		}
 		l.notes = []string{"lsm file_open: write-opens on cgroupfs"}
 		if c.hook("task_alloc") {
 			// clone3(CLONE_INTO_CGROUP) moves a child without a write:
 			// refused with the rule, recorded at least.
-			lr.Ops[lsm.OpCloneIntoCgroup] = lsm.Decision{Action: max(kernelAction(a), enforce.ActionRecord), RuleID: id}
+			lr.Ops[lsmrules.OpCloneIntoCgroup] = lsmrules.Decision{Action: max(kernelAction(a), rules.ActionRecord), RuleID: id}
 			l.notes = append(l.notes, "lsm task_alloc: clone3(CLONE_INTO_CGROUP)")
 		}
-		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, min(backstopAction(a), enforce.ActionRecord)), id)
+		c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.CgroupEscape }, max(rules.ActionRecord, min(backstopAction(a), rules.ActionRecord)), id)
 		l.notes = append(l.notes, "moves out of the sandbox recorded by the backstop")
 	} else {
-		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CgroupWrite }, backstopAction(a), id)
-		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.CgroupEscape }, max(enforce.ActionRecord, backstopAction(a)), id)
+		c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.CgroupWrite }, backstopAction(a), id)
+		c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.CgroupEscape }, max(rules.ActionRecord, backstopAction(a)), id)
 		l.notes = []string{"backstop: write-opens on cgroupfs, and moves out of the sandbox"}
 	}
 	if a == policy.ActionAllow {
@@ -478,7 +478,7 @@ func (c *compiler) operations(sb *policy.Sandbox, lr *lsm.Rules) {
 	c.add(sb, "cgroup_write", a, l)
 }
 
-func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
+func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsmrules.Rules) {
 	caps := &sb.Operations.Capabilities
 	capLayer := c.choose(MechNone, "capable")
 	capLayer.lsmOnly = true
@@ -497,7 +497,7 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 		explicit[n] = true
 		name := "cap:" + policy.CapabilityName(n)
 		if ok {
-			lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(name)}})
+			lr.Caps = append(lr.Caps, lsmrules.CapRule{Cap: n, Decision: lsmrules.Decision{Action: kernelAction(r.Action), RuleID: c.rules.ID(name)}})
 		}
 		l := capLayer
 		if n == unix.CAP_SYS_RAWIO {
@@ -513,7 +513,7 @@ func (c *compiler) capabilities(sb *policy.Sandbox, lr *lsm.Rules) {
 	if ok {
 		for n := 0; policy.CapabilityName(n) != ""; n++ {
 			if !explicit[n] {
-				lr.Caps = append(lr.Caps, lsm.CapRule{Cap: n, Decision: lsm.Decision{Action: kernelAction(def), RuleID: id}})
+				lr.Caps = append(lr.Caps, lsmrules.CapRule{Cap: n, Decision: lsmrules.Decision{Action: kernelAction(def), RuleID: id}})
 			}
 		}
 	}
@@ -534,7 +534,7 @@ func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id 
 	l.notes = slices.Clone(l.notes)
 	a = orAllow(a)
 	hooked := l.mech == MechLSM && c.hook("mmap_addr")
-	sel := func(r *backstop.SandboxRules) *backstop.Rule { return &r.LowMapping }
+	sel := func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.LowMapping }
 	switch {
 	case hooked:
 		if a != policy.ActionAllow {
@@ -566,11 +566,11 @@ func (c *compiler) lowMappings(sb *policy.Sandbox, l layer, a policy.Action, id 
 // consoles and serial ports (char major 4), /dev/console (5:1), console
 // screen memory /dev/vcs* (major 7). /dev/tty (5:0) is the caller's own
 // terminal, /dev/ptmx (5:2) makes a new pty: both stay open.
-var consoleDevices = []struct{ major, minor int }{{4, cgroupbpf.Any}, {5, 1}, {7, cgroupbpf.Any}}
+var consoleDevices = []struct{ major, minor int }{{4, cgrouprules.Any}, {5, 1}, {7, cgrouprules.Any}}
 
 // terminalDevices refuses the console devices by number, before the
 // open, on every kernel (cgroup/dev), and in file_open where it runs.
-func (c *compiler) terminalDevices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
+func (c *compiler) terminalDevices(sb *policy.Sandbox, sid uint32, lr *lsmrules.Rules) {
 	a := orAllow(sb.Operations.Terminals)
 	if a == policy.ActionAllow {
 		return
@@ -579,7 +579,7 @@ func (c *compiler) terminalDevices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules
 	var l layer
 	if c.cgroupOK {
 		for _, d := range consoleDevices {
-			c.plan.Devices = append(c.plan.Devices, cgroupbpf.DeviceRule{Sandbox: sid, Type: cgroupbpf.CharDevice,
+			c.plan.Devices = append(c.plan.Devices, cgrouprules.DeviceRule{Sandbox: sid, Type: cgrouprules.CharDevice,
 				Major: d.major, Minor: d.minor, Action: kernelAction(a), RuleID: id})
 		}
 		l = layer{mech: MechCgroupBPF, notes: []string{"cgroup/dev: virtual consoles and serial ports (char 4:*), /dev/console (5:1), " +
@@ -588,10 +588,10 @@ func (c *compiler) terminalDevices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules
 	if c.hook("file_open") {
 		for _, d := range consoleDevices {
 			minor := uint32(d.minor)
-			if d.minor == cgroupbpf.Any {
-				minor = lsm.AnyDevice
+			if d.minor == cgrouprules.Any {
+				minor = lsmrules.AnyDevice
 			}
-			lr.Devices = append(lr.Devices, lsm.DeviceRule{Major: uint32(d.major), Minor: minor, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+			lr.Devices = append(lr.Devices, lsmrules.DeviceRule{Major: uint32(d.major), Minor: minor, Decision: lsmrules.Decision{Action: kernelAction(a), RuleID: id}})
 		}
 		if l.mech == "" {
 			l = layer{mech: MechLSM, notes: []string{"lsm file_open by device number: virtual consoles, serial ports, /dev/console, /dev/vcs*"}}
@@ -609,7 +609,7 @@ func (c *compiler) terminalDevices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules
 // device: /dev/mem, /dev/kmem, /dev/port, /dev/kmsg (char major 1).
 var memDevices = []uint32{1, 2, 4, 11}
 
-func (c *compiler) devices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
+func (c *compiler) devices(sb *policy.Sandbox, sid uint32, lr *lsmrules.Rules) {
 	a := orAllow(sb.Operations.Devices)
 	id := c.rules.ID("devices")
 	if a == policy.ActionAllow {
@@ -618,19 +618,19 @@ func (c *compiler) devices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 	}
 	var l layer
 	if c.cgroupOK {
-		c.plan.Devices = append(c.plan.Devices, cgroupbpf.DeviceRule{Sandbox: sid, Type: cgroupbpf.BlockDevice,
-			Major: cgroupbpf.Any, Minor: cgroupbpf.Any, Action: kernelAction(a), RuleID: id})
+		c.plan.Devices = append(c.plan.Devices, cgrouprules.DeviceRule{Sandbox: sid, Type: cgrouprules.BlockDevice,
+			Major: cgrouprules.Any, Minor: cgrouprules.Any, Action: kernelAction(a), RuleID: id})
 		for _, minor := range memDevices {
-			c.plan.Devices = append(c.plan.Devices, cgroupbpf.DeviceRule{Sandbox: sid, Type: cgroupbpf.CharDevice,
+			c.plan.Devices = append(c.plan.Devices, cgrouprules.DeviceRule{Sandbox: sid, Type: cgrouprules.CharDevice,
 				Major: 1, Minor: int(minor), Action: kernelAction(a), RuleID: id})
 		}
 		l = layer{mech: MechCgroupBPF, notes: []string{"cgroup/dev: block devices, /dev/mem, /dev/kmem, /dev/port, /dev/kmsg (open and mknod)"}}
 	}
 	if c.hook("file_open") {
-		lr.Devices = append(lr.Devices, lsm.DeviceRule{Block: true, Major: lsm.AnyDevice, Minor: lsm.AnyDevice,
-			Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+		lr.Devices = append(lr.Devices, lsmrules.DeviceRule{Block: true, Major: lsmrules.AnyDevice, Minor: lsmrules.AnyDevice,
+			Decision: lsmrules.Decision{Action: kernelAction(a), RuleID: id}})
 		for _, minor := range memDevices {
-			lr.Devices = append(lr.Devices, lsm.DeviceRule{Major: 1, Minor: minor, Decision: lsm.Decision{Action: kernelAction(a), RuleID: id}})
+			lr.Devices = append(lr.Devices, lsmrules.DeviceRule{Major: 1, Minor: minor, Decision: lsmrules.Decision{Action: kernelAction(a), RuleID: id}})
 		}
 		if l.mech == "" {
 			l = layer{mech: MechLSM, notes: []string{"lsm file_open by device number"}}
@@ -644,7 +644,7 @@ func (c *compiler) devices(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 	c.add(sb, "devices", a, l)
 }
 
-func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
+func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32, lr *lsmrules.Rules) {
 	a := orAllow(sb.Operations.RawSockets)
 	if a == policy.ActionAllow {
 		c.add(sb, "raw_sockets", a, layer{mech: MechNone})
@@ -656,15 +656,15 @@ func (c *compiler) rawSockets(sb *policy.Sandbox, sid uint32, lr *lsm.Rules) {
 		c.add(sb, "raw_sockets", a, layer{mech: MechNone, notes: []string{"cgroup BPF unavailable: " + c.env.CgroupBPF.Error(), note}})
 		return
 	}
-	c.plan.Sockets = append(c.plan.Sockets, cgroupbpf.SocketRule{Sandbox: sid, Family: cgroupbpf.Any,
-		Type: unix.SOCK_RAW, Protocol: cgroupbpf.Any, Action: kernelAction(a), RuleID: id})
+	c.plan.Sockets = append(c.plan.Sockets, cgrouprules.SocketRule{Sandbox: sid, Family: cgrouprules.Any,
+		Type: unix.SOCK_RAW, Protocol: cgrouprules.Any, Action: kernelAction(a), RuleID: id})
 	if c.hook("socket_create") {
 		// Every family passes socket_create, from every entry.
-		lr.Sockets = append(lr.Sockets, lsm.SocketRule{Family: unix.AF_PACKET, Type: lsm.AnySocket, Protocol: lsm.AnySocket,
-			Decision: lsm.Decision{Action: kernelAction(a), RuleID: c.rules.ID("packet-sockets")}})
+		lr.Sockets = append(lr.Sockets, lsmrules.SocketRule{Family: unix.AF_PACKET, Type: lsmrules.AnySocket, Protocol: lsmrules.AnySocket,
+			Decision: lsmrules.Decision{Action: kernelAction(a), RuleID: c.rules.ID("packet-sockets")}})
 		note = "AF_PACKET refused by lsm socket_create (cgroup/sock_create does not run for packet sockets); seccomp refuses it under watcher exec"
 	} else {
-		c.bsCategory(func(r *backstop.SandboxRules) *backstop.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
+		c.bsCategory(func(r *backstoprules.SandboxRules) *backstoprules.Rule { return &r.PacketSocket }, backstopAction(a), c.rules.ID("packet-sockets"))
 	}
 	c.add(sb, "raw_sockets", a, layer{mech: MechCgroupBPF, notes: []string{"cgroup/sock_create: SOCK_RAW on IPv4 and IPv6", note}})
 }
@@ -689,11 +689,11 @@ func (c *compiler) ia32Line(sb *policy.Sandbox, sid uint32) {
 		return
 	}
 	var why []string
-	if slices.ContainsFunc(c.plan.Backstop.Paths, func(p backstop.PathRule) bool { return p.SandboxID == sid || p.SandboxID == 0 }) {
+	if slices.ContainsFunc(c.plan.Backstop.Paths, func(p backstoprules.PathRule) bool { return p.SandboxID == sid || p.SandboxID == 0 }) {
 		why = append(why, "file rules judged at open by the backstop")
 	}
 	for _, cat := range []struct {
-		r    backstop.Rule
+		r    backstoprules.Rule
 		what string
 	}{{b.CgroupWrite, "cgroup_write opens"}, {b.ProcMem, "/proc/PID/mem opens"}, {b.CloneFiles, "CLONE_FILES clones"},
 		{b.IOUringOpen, "io_uring opens"}, {b.SignalAgent, "kill-family syscalls to the agent"},
@@ -702,11 +702,11 @@ func (c *compiler) ia32Line(sb *policy.Sandbox, sid uint32) {
 		{b.NetConfig, "network configuration ioctls"}, {b.ClockAdjust, "clock adjustments"},
 		{b.Namespaces, "namespace changes"}, {b.Syslog, "syslog actions"}, {b.Quota, "quotactl"},
 		{b.OtherIPC, "System V and message-queue use"}, {b.NotifyMark, "inotify marks"}} {
-		if cat.r.Action != enforce.ActionAllow {
+		if cat.r.Action != rules.ActionAllow {
 			why = append(why, cat.what+" checked by the backstop")
 		}
 	}
-	if b.MmapExec.Action != enforce.ActionAllow && !c.hook("mmap_file") {
+	if b.MmapExec.Action != rules.ActionAllow && !c.hook("mmap_file") {
 		why = append(why, "mmap PROT_EXEC checked by the backstop")
 	}
 	a := orAllow(sb.Operations.IA32Syscalls)
@@ -722,7 +722,7 @@ func (c *compiler) ia32Line(sb *policy.Sandbox, sid uint32) {
 		l = layer{mech: MechNone, notes: []string{"judged like 64-bit calls: lsm and cgroup hooks see kernel state whatever the entry; the backstop's syscall rules by i386 number too"}}
 	}
 	if l.mech == MechKill {
-		b.Compat = backstop.Rule{Action: enforce.ActionKill, ID: c.rules.ID("ia32-syscalls")}
+		b.Compat = backstoprules.Rule{Action: rules.ActionKill, ID: c.rules.ID("ia32-syscalls")}
 	}
 	l.notes = append(l.notes, "watcher exec: the seccomp arch guard refuses them whatever the policy says")
 	n := len(c.plan.Layers)

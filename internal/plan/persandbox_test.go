@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 const perSandboxPolicy = `version: 1
@@ -36,10 +36,10 @@ func TestBackstopRulesPerSandbox(t *testing.T) {
 	if len(plan.Backstop.SandboxRules.Syscalls) != 0 || plan.Backstop.SandboxRules.IOUring.Action != 0 {
 		t.Errorf("the every-sandbox set is not empty: %+v", plan.Backstop.SandboxRules)
 	}
-	sys := func(sr backstop.SandboxRules, name string) uint32 {
-		i := slices.IndexFunc(sr.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == name })
+	sys := func(sr backstoprules.SandboxRules, name string) uint32 {
+		i := slices.IndexFunc(sr.Syscalls, func(s backstoprules.SyscallRule) bool { return s.Name == name })
 		if i < 0 {
-			return enforce.ActionAllow
+			return rules.ActionAllow
 		}
 		return sr.Syscalls[i].Action
 	}
@@ -47,19 +47,19 @@ func TestBackstopRulesPerSandbox(t *testing.T) {
 		sb                     string
 		ioUring, mount, packet uint32
 	}{
-		{"strict", enforce.ActionKill, enforce.ActionKill, enforce.ActionKill},
-		{"ops", enforce.ActionAllow, enforce.ActionAllow, enforce.ActionAllow},
-		{"watch", enforce.ActionRecord, enforce.ActionRecord, enforce.ActionRecord},
+		{"strict", rules.ActionKill, rules.ActionKill, rules.ActionKill},
+		{"ops", rules.ActionAllow, rules.ActionAllow, rules.ActionAllow},
+		{"watch", rules.ActionRecord, rules.ActionRecord, rules.ActionRecord},
 		// Record mode: the kernel downgrades the kill per sandbox.
 		// (raw_sockets: the preset's block)
-		{"trial", enforce.ActionKill, enforce.ActionKill, enforce.ActionKill},
+		{"trial", rules.ActionKill, rules.ActionKill, rules.ActionKill},
 	} {
 		sid := plan.SandboxIDs[c.sb]
 		sr, ok := plan.Backstop.Sandboxes[sid]
 		if !ok {
 			t.Fatalf("%s: no backstop rule set", c.sb)
 		}
-		if sr.IOUring.Action != c.ioUring || sys(sr, "io_uring_enter") != map[bool]uint32{true: enforce.ActionKill}[c.ioUring == enforce.ActionKill] {
+		if sr.IOUring.Action != c.ioUring || sys(sr, "io_uring_enter") != map[bool]uint32{true: rules.ActionKill}[c.ioUring == rules.ActionKill] {
 			t.Errorf("%s: io_uring category %+v, io_uring_enter %d; want %d", c.sb, sr.IOUring, sys(sr, "io_uring_enter"), c.ioUring)
 		}
 		if got := sys(sr, "mount"); got != c.mount {
@@ -69,15 +69,15 @@ func TestBackstopRulesPerSandbox(t *testing.T) {
 			t.Errorf("%s: packet socket %+v, want %d", c.sb, sr.PacketSocket, c.packet)
 		}
 	}
-	if plan.Flags[plan.SandboxIDs["trial"]]&enforce.SandboxRecordOnly == 0 {
+	if plan.Flags[plan.SandboxIDs["trial"]]&rules.SandboxRecordOnly == 0 {
 		t.Error("trial: not record-only")
 	}
 	// kill_agent: strict's refusal is its own; ops allows signalling the
 	// agent (as the LSM task_kill rule would per sandbox).
-	if a := plan.Backstop.For(plan.SandboxIDs["strict"]).SignalAgent.Action; a != enforce.ActionKill {
+	if a := plan.Backstop.For(plan.SandboxIDs["strict"]).SignalAgent.Action; a != rules.ActionKill {
 		t.Errorf("strict: signal-agent %d, want kill", a)
 	}
-	if a := plan.Backstop.For(plan.SandboxIDs["ops"]).SignalAgent.Action; a != enforce.ActionAllow {
+	if a := plan.Backstop.For(plan.SandboxIDs["ops"]).SignalAgent.Action; a != rules.ActionAllow {
 		t.Errorf("ops: signal-agent %d, want allow", a)
 	}
 	for _, l := range plan.Layers {
@@ -99,10 +99,10 @@ func TestBackstopRulesPerSandbox(t *testing.T) {
 // only for the sandbox that refuses them; the other runs them.
 func TestIA32PerSandbox(t *testing.T) {
 	plan, _ := compile(t, parse(t, perSandboxPolicy), Env{LSM: lsmEnv(t, nil)})
-	if c := plan.Backstop.For(plan.SandboxIDs["strict"]).Compat; c.Action != enforce.ActionKill || c.ID == 0 {
+	if c := plan.Backstop.For(plan.SandboxIDs["strict"]).Compat; c.Action != rules.ActionKill || c.ID == 0 {
 		t.Errorf("strict: compat %+v, want kill", c)
 	}
-	if c := plan.Backstop.For(plan.SandboxIDs["ops"]).Compat; c.Action != enforce.ActionAllow {
+	if c := plan.Backstop.For(plan.SandboxIDs["ops"]).Compat; c.Action != rules.ActionAllow {
 		t.Errorf("ops: compat %+v, want allow (strict's refusal is not ops')", c)
 	}
 	if mech, note, _ := findLayer(plan, "ops: ia32_syscalls"); mech != MechNone || strings.Contains(note, "killed") {

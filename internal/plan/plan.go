@@ -38,12 +38,12 @@ import (
 
 	"github.com/watcherhq/watcher/internal/control"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
-	"github.com/watcherhq/watcher/internal/enforce/egress"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
-	"github.com/watcherhq/watcher/internal/enforce/recorder"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/tracerules"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/policy"
 )
@@ -66,7 +66,7 @@ type Env struct {
 	// invalid one makes DNS over that family fail.
 	DNSProxy4, DNSProxy6 netip.AddrPort
 	// LSMMech is, per hook that enforces, the mechanism its program runs
-	// under (lsm.MechLSM or lsm.MechFmodRet): lsm.ProbeMechanisms() or
+	// under (lsmrules.MechLSM or lsmrules.MechFmodRet): lsm.ProbeMechanisms() or
 	// LSM.Mechanisms(). Hooks missing here count as BPF LSM.
 	LSMMech map[string]string
 	// UnixSockets is nil when the cgroup unix socket hooks load (kernel
@@ -93,25 +93,25 @@ type Env struct {
 type Plan struct {
 	// SandboxIDs maps a sandbox name to its id (index in the policy + 1).
 	SandboxIDs map[string]uint32
-	// Flags are the sandbox flags per id (enforce.SandboxRecordOnly for
+	// Flags are the sandbox flags per id (rules.SandboxRecordOnly for
 	// mode: record); every sandbox has an entry.
 	Flags map[uint32]uint32
 	// LSM are the BPF LSM rules per sandbox id; nil when no LSM hook loads.
-	LSM map[uint32]lsm.Rules
+	LSM map[uint32]lsmrules.Rules
 	// Backstop is the kill backstop's rule set, all per sandbox: path
 	// rules by sandbox id, syscall and category rules in
 	// Backstop.Sandboxes (every sandbox has a set; the every-sandbox set
 	// stays empty), so one sandbox's rule never kills another's members.
-	Backstop backstop.Rules
+	Backstop backstoprules.Rules
 	// Devices, Sysctl and Sockets are the cgroup BPF rules (per sandbox id).
-	Devices []cgroupbpf.DeviceRule
-	Sysctl  []cgroupbpf.SysctlRule
-	Sockets []cgroupbpf.SocketRule
+	Devices []cgrouprules.DeviceRule
+	Sysctl  []cgrouprules.SysctlRule
+	Sockets []cgrouprules.SocketRule
 	// Listen are the cgroup BPF listener rules, one per sandbox whose
 	// listen action is not allow.
-	Listen []cgroupbpf.ListenRule
+	Listen []cgrouprules.ListenRule
 	// Egress is the egress configuration per sandbox id.
-	Egress map[uint32]egress.SandboxConfig
+	Egress map[uint32]egressrules.SandboxConfig
 	// ResolvedEgress lists, by sandbox name, the sandboxes whose egress
 	// default is "resolved" with their grace period: the DNS proxy's
 	// answers admit addresses for these sandboxes only (egress.Options.Grace
@@ -121,7 +121,7 @@ type Plan struct {
 	GraceMax time.Duration
 	// Admission is, by sandbox name, what the answers of a sandbox of
 	// ResolvedEgress admit: the TTL cap and the ports per name.
-	Admission map[string]*egress.Scope
+	Admission map[string]*egressrules.Scope
 	// Names is the name binding per sandbox id (egress.names.bind).
 	Names map[uint32]NameBinding
 	// DNS is the DNS proxy's policy.
@@ -129,7 +129,7 @@ type Plan struct {
 	// Launch are the restrictions of `watcher exec` per sandbox name.
 	Launch map[string]launch.Restrictions
 	// Trace configures the recording tracepoints.
-	Trace recorder.Config
+	Trace tracerules.Config
 	// SyscallStream says the raw sys_enter tracepoint must be attached: a
 	// sandbox records the syscall stream, or module attempts must be
 	// recorded while no backstop syscall rule sees them.
@@ -166,10 +166,10 @@ func Compile(p *policy.Policy, env Env, rules *RuleTable) (*Plan, error) {
 		plan: &Plan{
 			SandboxIDs:     map[string]uint32{},
 			Flags:          map[uint32]uint32{},
-			LSM:            map[uint32]lsm.Rules{},
-			Egress:         map[uint32]egress.SandboxConfig{},
+			LSM:            map[uint32]lsmrules.Rules{},
+			Egress:         map[uint32]egressrules.SandboxConfig{},
 			ResolvedEgress: map[string]time.Duration{},
-			Admission:      map[string]*egress.Scope{},
+			Admission:      map[string]*egressrules.Scope{},
 			Names:          map[uint32]NameBinding{},
 			DNS:            &dnsproxy.Policy{Sandboxes: map[string]*dnsproxy.SandboxPolicy{}},
 			Launch:         map[string]launch.Restrictions{},
@@ -203,8 +203,8 @@ type compiler struct {
 	// The backstop's syscall rules (by name) and category rules of the
 	// sandbox being compiled; sandbox moves them into
 	// plan.Backstop.Sandboxes.
-	syscalls map[string]backstop.Rule
-	bs       *backstop.SandboxRules
+	syscalls map[string]backstoprules.Rule
+	bs       *backstoprules.SandboxRules
 	// ia32Layer: the sandbox's ia32_syscalls line, rewritten by ia32Line.
 	ia32Layer    int
 	moduleSeen   bool
@@ -217,12 +217,12 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	c.plan.SandboxIDs[sb.Name] = sid
 	var flags uint32
 	if sb.Mode == policy.ModeRecord {
-		flags |= enforce.SandboxRecordOnly
+		flags |= rules.SandboxRecordOnly
 	}
 	c.plan.Flags[sid] = flags
-	lr := lsm.Rules{Ops: map[lsm.Op]lsm.Decision{}}
-	c.syscalls = map[string]backstop.Rule{}
-	c.bs = &backstop.SandboxRules{}
+	lr := lsmrules.Rules{Ops: map[lsmrules.Op]lsmrules.Decision{}}
+	c.syscalls = map[string]backstoprules.Rule{}
+	c.bs = &backstoprules.SandboxRules{}
 
 	c.operations(sb, &lr)
 	notifyPaths(sb, &lr)
@@ -250,15 +250,15 @@ func (c *compiler) sandbox(sb *policy.Sandbox, sid uint32) error {
 	// backstop rule of this sandbox.
 	c.ia32Line(sb, sid)
 	for _, name := range sortedKeys(c.syscalls) {
-		if r := c.syscalls[name]; r.Action != enforce.ActionAllow {
-			c.bs.Syscalls = append(c.bs.Syscalls, backstop.SyscallRule{Name: name, Rule: r})
+		if r := c.syscalls[name]; r.Action != rules.ActionAllow {
+			c.bs.Syscalls = append(c.bs.Syscalls, backstoprules.SyscallRule{Name: name, Rule: r})
 		}
 	}
 	if _, ok := c.syscalls["init_module"]; ok {
 		c.moduleSyscall = true
 	}
 	if c.plan.Backstop.Sandboxes == nil {
-		c.plan.Backstop.Sandboxes = map[uint32]backstop.SandboxRules{}
+		c.plan.Backstop.Sandboxes = map[uint32]backstoprules.SandboxRules{}
 	}
 	c.plan.Backstop.Sandboxes[sid] = *c.bs
 	return nil

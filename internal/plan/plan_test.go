@@ -14,11 +14,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -156,31 +159,31 @@ sandboxes:
 func TestCredentialRulesGoToLSMWhenAvailable(t *testing.T) {
 	plan, rt := compile(t, policy.Default(), Env{LSM: lsmEnv(t, nil)})
 	sid := plan.SandboxIDs["exec"]
-	rules := plan.LSM[sid]
+	lr := plan.LSM[sid]
 	var found bool
-	for _, pr := range rules.Paths {
+	for _, pr := range lr.Paths {
 		if pr.Path == "/etc/shadow" && !pr.Prefix {
 			found = true
-			if pr.Action != enforce.ActionBlock || rt.Name(pr.RuleID) != "cred-shadow" {
+			if pr.Action != rules.ActionBlock || rt.Name(pr.RuleID) != "cred-shadow" {
 				t.Errorf("/etc/shadow LSM rule = %+v (rule %q)", pr, rt.Name(pr.RuleID))
 			}
 		}
 	}
 	if !found {
-		t.Fatalf("/etc/shadow not in the LSM path rules: %+v", rules.Paths)
+		t.Fatalf("/etc/shadow not in the LSM path rules: %+v", lr.Paths)
 	}
 	for _, pr := range plan.Backstop.Paths {
-		if pr.Ops&(backstop.OpRead|backstop.OpWrite) != 0 {
+		if pr.Ops&(backstoprules.OpRead|backstoprules.OpWrite) != 0 {
 			t.Errorf("file rule in the backstop although file_open loads: %+v", pr)
 		}
 	}
 	if got := layerOf(t, plan, "cred-shadow"); got != MechLSM {
 		t.Errorf("cred-shadow layer = %s, want lsm", got)
 	}
-	if d := rules.Ops[lsm.OpPtraceAttach]; d.Action != enforce.ActionBlock {
+	if d := lr.Ops[lsmrules.OpPtraceAttach]; d.Action != rules.ActionBlock {
 		t.Errorf("ptrace attach op = %+v", d)
 	}
-	if d := rules.Ops[lsm.OpProcMem]; d.Action != enforce.ActionBlock || rt.Name(d.RuleID) != "proc-mem" {
+	if d := lr.Ops[lsmrules.OpProcMem]; d.Action != rules.ActionBlock || rt.Name(d.RuleID) != "proc-mem" {
 		t.Errorf("proc mem op = %+v", d)
 	}
 	for _, s := range plan.Backstop.For(1).Syscalls {
@@ -192,29 +195,29 @@ func TestCredentialRulesGoToLSMWhenAvailable(t *testing.T) {
 	// that syscall (the mount and module rules' decisions), io_uring at
 	// its entry points; none stays with the backstop.
 	for _, name := range []string{"mount_setattr", "delete_module", "io_uring_enter"} {
-		if slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == name }) {
+		if slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstoprules.SyscallRule) bool { return s.Name == name }) {
 			t.Errorf("%s in the backstop although the capable hook and fentry load", name)
 		}
 	}
-	if plan.Backstop.For(1).IOUring.Action != 0 || rules.Ops[lsm.OpIOUring].Action != enforce.ActionBlock {
-		t.Errorf("io_uring: backstop %+v, lsm op %+v", plan.Backstop.For(1).IOUring, rules.Ops[lsm.OpIOUring])
+	if plan.Backstop.For(1).IOUring.Action != 0 || lr.Ops[lsmrules.OpIOUring].Action != rules.ActionBlock {
+		t.Errorf("io_uring: backstop %+v, lsm op %+v", plan.Backstop.For(1).IOUring, lr.Ops[lsmrules.OpIOUring])
 	}
-	if rules.Ops[lsm.OpMount].Action != enforce.ActionBlock || rules.Ops[lsm.OpKernelLoadData].Action != enforce.ActionBlock ||
-		rules.Ops[lsm.OpKernelIface].Action != enforce.ActionBlock || rules.Ops[lsm.OpKeyring].Action != enforce.ActionBlock {
-		t.Errorf("ops for the syscall-scoped checks: mount %+v module %+v kernel %+v keyring %+v", rules.Ops[lsm.OpMount],
-			rules.Ops[lsm.OpKernelLoadData], rules.Ops[lsm.OpKernelIface], rules.Ops[lsm.OpKeyring])
+	if lr.Ops[lsmrules.OpMount].Action != rules.ActionBlock || lr.Ops[lsmrules.OpKernelLoadData].Action != rules.ActionBlock ||
+		lr.Ops[lsmrules.OpKernelIface].Action != rules.ActionBlock || lr.Ops[lsmrules.OpKeyring].Action != rules.ActionBlock {
+		t.Errorf("ops for the syscall-scoped checks: mount %+v module %+v kernel %+v keyring %+v", lr.Ops[lsmrules.OpMount],
+			lr.Ops[lsmrules.OpKernelLoadData], lr.Ops[lsmrules.OpKernelIface], lr.Ops[lsmrules.OpKeyring])
 	}
 	if len(plan.Missing) != 0 {
 		t.Errorf("Missing with every hook loaded: %v", plan.Missing)
 	}
 	// Capabilities through the capable hook.
 	caps := map[int]uint32{}
-	for _, c := range rules.Caps {
+	for _, c := range lr.Caps {
 		caps[c.Cap] = c.Action
 	}
 	// Default-deny: the presets grant four, the rest are refused.
-	if caps[unix.CAP_SYS_MODULE] != enforce.ActionBlock || caps[unix.CAP_SYS_ADMIN] != enforce.ActionBlock ||
-		caps[unix.CAP_NET_ADMIN] != enforce.ActionBlock || caps[unix.CAP_CHOWN] != enforce.ActionAllow {
+	if caps[unix.CAP_SYS_MODULE] != rules.ActionBlock || caps[unix.CAP_SYS_ADMIN] != rules.ActionBlock ||
+		caps[unix.CAP_NET_ADMIN] != rules.ActionBlock || caps[unix.CAP_CHOWN] != rules.ActionAllow {
 		t.Errorf("capability rules = %v", caps)
 	}
 }
@@ -222,7 +225,7 @@ func TestCredentialRulesGoToLSMWhenAvailable(t *testing.T) {
 func TestCredentialRulesGoToBackstopWithoutLSM(t *testing.T) {
 	plan, rt := compile(t, policy.Default(), Env{LSM: lsmEnv(t, errRefused)})
 	sid := plan.SandboxIDs["exec"]
-	var shadow *backstop.PathRule
+	var shadow *backstoprules.PathRule
 	for i, pr := range plan.Backstop.Paths {
 		if pr.Path == "/etc/shadow" && !pr.Prefix && pr.SandboxID == sid {
 			shadow = &plan.Backstop.Paths[i]
@@ -231,7 +234,7 @@ func TestCredentialRulesGoToBackstopWithoutLSM(t *testing.T) {
 	if shadow == nil {
 		t.Fatalf("/etc/shadow not in the backstop: %+v", plan.Backstop.Paths)
 	}
-	if shadow.Action != enforce.ActionKill || shadow.Ops&(backstop.OpRead|backstop.OpWrite) != backstop.OpRead|backstop.OpWrite ||
+	if shadow.Action != rules.ActionKill || shadow.Ops&(backstoprules.OpRead|backstoprules.OpWrite) != backstoprules.OpRead|backstoprules.OpWrite ||
 		rt.Name(shadow.ID) != "cred-shadow" {
 		t.Errorf("/etc/shadow backstop rule = %+v (rule %q)", *shadow, rt.Name(shadow.ID))
 	}
@@ -247,35 +250,35 @@ func TestCredentialRulesGoToBackstopWithoutLSM(t *testing.T) {
 	want := []string{"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "mount", "umount2",
 		"move_mount", "pivot_root", "chroot", "fsopen", "fsconfig", "init_module", "finit_module", "bpf"}
 	for _, w := range want {
-		i := slices.IndexFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == w })
-		if i < 0 || plan.Backstop.For(1).Syscalls[i].Action != enforce.ActionKill {
+		i := slices.IndexFunc(plan.Backstop.For(1).Syscalls, func(s backstoprules.SyscallRule) bool { return s.Name == w })
+		if i < 0 || plan.Backstop.For(1).Syscalls[i].Action != rules.ActionKill {
 			t.Errorf("backstop syscall %s missing or not kill", w)
 		}
 	}
-	if plan.Backstop.For(1).ProcMem.Action != enforce.ActionKill || plan.Backstop.For(1).CgroupWrite.Action != enforce.ActionKill ||
-		plan.Backstop.For(1).CloneFiles.Action != enforce.ActionKill || plan.Backstop.For(1).SignalAgent.Action != enforce.ActionKill {
+	if plan.Backstop.For(1).ProcMem.Action != rules.ActionKill || plan.Backstop.For(1).CgroupWrite.Action != rules.ActionKill ||
+		plan.Backstop.For(1).CloneFiles.Action != rules.ActionKill || plan.Backstop.For(1).SignalAgent.Action != rules.ActionKill {
 		t.Errorf("backstop categories = %+v", plan.Backstop)
 	}
 	// Devices, /proc/sys and raw sockets still get a real EPERM.
 	if got := layerOf(t, plan, "procsys-write"); got != MechCgroupBPF {
 		t.Errorf("procsys-write layer = %s, want cgroup_bpf", got)
 	}
-	if !slices.ContainsFunc(plan.Sysctl, func(r cgroupbpf.SysctlRule) bool {
-		return r.Sandbox == sid && r.Name == "" && r.Write && r.Action == enforce.ActionBlock
+	if !slices.ContainsFunc(plan.Sysctl, func(r cgrouprules.SysctlRule) bool {
+		return r.Sandbox == sid && r.Name == "" && r.Write && r.Action == rules.ActionBlock
 	}) {
 		t.Errorf("no sysctl write rule: %+v", plan.Sysctl)
 	}
-	if !slices.ContainsFunc(plan.Devices, func(r cgroupbpf.DeviceRule) bool {
-		return r.Sandbox == sid && r.Type == cgroupbpf.CharDevice && r.Major == 1 && r.Minor == 1 && r.Action == enforce.ActionBlock
+	if !slices.ContainsFunc(plan.Devices, func(r cgrouprules.DeviceRule) bool {
+		return r.Sandbox == sid && r.Type == cgrouprules.CharDevice && r.Major == 1 && r.Minor == 1 && r.Action == rules.ActionBlock
 	}) {
 		t.Errorf("no /dev/mem device rule: %+v", plan.Devices)
 	}
-	if !slices.ContainsFunc(plan.Sockets, func(r cgroupbpf.SocketRule) bool { return r.Type == unix.SOCK_RAW && r.Sandbox == sid }) {
+	if !slices.ContainsFunc(plan.Sockets, func(r cgrouprules.SocketRule) bool { return r.Type == unix.SOCK_RAW && r.Sandbox == sid }) {
 		t.Errorf("no raw socket rule: %+v", plan.Sockets)
 	}
 	// The kill at open must not pre-empt cgroup/sysctl's EPERM.
 	for _, pr := range plan.Backstop.Paths {
-		if (strings.HasPrefix(pr.Path, "/proc/sys/") || pr.Path == "/proc/sys") && pr.Ops&backstop.OpWrite != 0 && pr.Action != enforce.ActionAllow {
+		if (strings.HasPrefix(pr.Path, "/proc/sys/") || pr.Path == "/proc/sys") && pr.Ops&backstoprules.OpWrite != 0 && pr.Action != rules.ActionAllow {
 			t.Errorf("backstop kills /proc/sys writes that cgroup/sysctl refuses: %+v", pr)
 		}
 	}
@@ -321,8 +324,8 @@ func TestRequireLSMMissing(t *testing.T) {
 	if len(plan.Missing) != 1 || !strings.Contains(plan.Missing[0], "mount") || !strings.Contains(plan.Missing[0], "lsm/sb_mount") {
 		t.Errorf("Missing with sb_mount refused = %v", plan.Missing)
 	}
-	if !slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == "mount" }) ||
-		slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstop.SyscallRule) bool { return s.Name == "umount2" }) {
+	if !slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstoprules.SyscallRule) bool { return s.Name == "mount" }) ||
+		slices.ContainsFunc(plan.Backstop.For(1).Syscalls, func(s backstoprules.SyscallRule) bool { return s.Name == "umount2" }) {
 		t.Errorf("with only sb_mount refused the backstop should kill mount and not umount2: %+v", plan.Backstop.For(1).Syscalls)
 	}
 	// Record mode requires nothing.
@@ -347,7 +350,7 @@ sandboxes:
 	if live != 1 || trial != 2 {
 		t.Fatalf("ids = %v", plan.SandboxIDs)
 	}
-	if plan.Flags[trial]&enforce.SandboxRecordOnly == 0 || plan.Flags[live] != 0 {
+	if plan.Flags[trial]&rules.SandboxRecordOnly == 0 || plan.Flags[live] != 0 {
 		t.Errorf("flags = %v", plan.Flags)
 	}
 	if !plan.Egress[trial].RecordOnly || plan.Egress[live].RecordOnly {
@@ -413,7 +416,7 @@ sandboxes:
 		t.Error("id changed across compiles")
 	}
 	extra := rt2.ID("extra")
-	if !slices.ContainsFunc(plan2.LSM[1].Paths, func(r lsm.PathRule) bool { return r.Path == "/srv/secret" && r.RuleID == extra }) {
+	if !slices.ContainsFunc(plan2.LSM[1].Paths, func(r lsmrules.PathRule) bool { return r.Path == "/srv/secret" && r.RuleID == extra }) {
 		t.Errorf("new rule not compiled with its id: %+v", plan2.LSM[1].Paths)
 	}
 	// Concurrent readers and writers (run with -race).
@@ -483,12 +486,12 @@ sandboxes:
 	if cfg.Proxy4 != env.DNSProxy4 || cfg.Proxy6 != env.DNSProxy6 || cfg.RecordOnly || rt.Name(cfg.DNSRuleID) != "dns-redirect" {
 		t.Errorf("egress config = %+v", cfg)
 	}
-	want := []egress.Rule{
-		{Prefix: netip.MustParsePrefix("127.0.0.0/8"), Ports: egress.PortRange{Lo: 5432, Hi: 5432}, Protocol: egress.ProtoTCP},
-		{Prefix: netip.MustParsePrefix("::1/128"), Ports: egress.PortRange{Lo: 5432, Hi: 5432}, Protocol: egress.ProtoTCP},
-		{Prefix: netip.MustParsePrefix("10.20.0.0/16"), Ports: egress.PortRange{Lo: 443, Hi: 443}, Protocol: egress.ProtoTCP},
-		{Prefix: netip.MustParsePrefix("10.20.0.0/16"), Ports: egress.PortRange{Lo: 8000, Hi: 8100}, Protocol: egress.ProtoTCP},
-		{Prefix: netip.MustParsePrefix("2001:db8::/32"), Protocol: egress.ProtoAny},
+	want := []egressrules.Rule{
+		{Prefix: netip.MustParsePrefix("127.0.0.0/8"), Ports: egressrules.PortRange{Lo: 5432, Hi: 5432}, Protocol: egressrules.ProtoTCP},
+		{Prefix: netip.MustParsePrefix("::1/128"), Ports: egressrules.PortRange{Lo: 5432, Hi: 5432}, Protocol: egressrules.ProtoTCP},
+		{Prefix: netip.MustParsePrefix("10.20.0.0/16"), Ports: egressrules.PortRange{Lo: 443, Hi: 443}, Protocol: egressrules.ProtoTCP},
+		{Prefix: netip.MustParsePrefix("10.20.0.0/16"), Ports: egressrules.PortRange{Lo: 8000, Hi: 8100}, Protocol: egressrules.ProtoTCP},
+		{Prefix: netip.MustParsePrefix("2001:db8::/32"), Protocol: egressrules.ProtoAny},
 	}
 	if len(cfg.Rules) != len(want) {
 		t.Fatalf("egress rules = %+v", cfg.Rules)
@@ -503,7 +506,7 @@ sandboxes:
 	if scope == nil || scope.TTL(time.Hour) != 2*time.Minute || scope.TTL(30*time.Second) != 30*time.Second {
 		t.Errorf("admission scope %+v: want a 2m cap", scope)
 	} else {
-		wantSpans := map[string][]egress.PortSpan{
+		wantSpans := map[string][]egressrules.PortSpan{
 			"example.org.":   egress.WebPorts,
 			"github.com":     append(slices.Clone(egress.WebPorts), egress.PortSpan{Lo: 22, Hi: 22, Protocol: egress.ProtoTCP}),
 			"a.stun.test.":   append(slices.Clone(egress.WebPorts), egress.PortSpan{Lo: 3478, Hi: 3479, Protocol: egress.ProtoUDP}),
@@ -531,8 +534,8 @@ sandboxes:
 		t.Error("default allow needs no admission")
 	}
 	open := plan.Egress[plan.SandboxIDs["open"]]
-	if !slices.ContainsFunc(open.Rules, func(r egress.Rule) bool { return r.Prefix.Bits() == 0 && r.Prefix.Addr().Is4() }) ||
-		!slices.ContainsFunc(open.Rules, func(r egress.Rule) bool { return r.Prefix.Bits() == 0 && r.Prefix.Addr().Is6() }) {
+	if !slices.ContainsFunc(open.Rules, func(r egressrules.Rule) bool { return r.Prefix.Bits() == 0 && r.Prefix.Addr().Is4() }) ||
+		!slices.ContainsFunc(open.Rules, func(r egressrules.Rule) bool { return r.Prefix.Bits() == 0 && r.Prefix.Addr().Is6() }) {
 		t.Errorf("default allow rules = %+v", open.Rules)
 	}
 	if len(plan.Egress[plan.SandboxIDs["closed"]].Rules) != 0 {
@@ -590,7 +593,7 @@ sandboxes:
 	for _, r := range plan.LSM[1].Paths {
 		if strings.HasPrefix(r.Path, dir) && r.Prefix {
 			got = append(got, r.Path)
-			if r.Action != enforce.ActionBlock || rt.Name(r.RuleID) != "keys" {
+			if r.Action != rules.ActionBlock || rt.Name(r.RuleID) != "keys" {
 				t.Errorf("%s: %+v", r.Path, r)
 			}
 		}
@@ -605,7 +608,7 @@ sandboxes:
 		t.Errorf("layer note does not list the expansion: %s", note)
 	}
 	// The sandbox's own rule overrides the baseline's proc-mem block.
-	if d := plan.LSM[1].Ops[lsm.OpProcMem]; d.Action != enforce.ActionRecord || rt.Name(d.RuleID) != "mems" {
+	if d := plan.LSM[1].Ops[lsmrules.OpProcMem]; d.Action != rules.ActionRecord || rt.Name(d.RuleID) != "mems" {
 		t.Errorf("/proc/*/mem → proc_mem op: %+v (rule %q)", d, rt.Name(d.RuleID))
 	}
 	for _, r := range plan.LSM[1].Paths {
@@ -619,7 +622,7 @@ sandboxes:
 	for _, r := range plan.Backstop.Paths {
 		if strings.HasPrefix(r.Path, dir) && r.Prefix {
 			got = append(got, r.Path)
-			if r.Action != enforce.ActionKill {
+			if r.Action != rules.ActionKill {
 				t.Errorf("%s: %+v", r.Path, r)
 			}
 		}
@@ -628,7 +631,7 @@ sandboxes:
 	if !slices.Equal(got, want) {
 		t.Errorf("expanded backstop rules = %v, want %v", got, want)
 	}
-	if plan.Backstop.For(1).ProcMem.Action != enforce.ActionRecord || rt.Name(plan.Backstop.For(1).ProcMem.ID) != "mems" {
+	if plan.Backstop.For(1).ProcMem.Action != rules.ActionRecord || rt.Name(plan.Backstop.For(1).ProcMem.ID) != "mems" {
 		t.Errorf("backstop ProcMem = %+v", plan.Backstop.For(1).ProcMem)
 	}
 
@@ -646,9 +649,9 @@ sandboxes:
 // lookupBackstop models bs_path_rules as bpf/backstop.c reads it: the
 // longest key matching path (prefix keys by bytes, exact keys whole), its
 // action when its ops cover op, else nothing.
-func lookupBackstop(rules []backstop.PathRule, sid uint32, path string, op backstop.Op) (uint32, bool) {
+func lookupBackstop(rules []backstoprules.PathRule, sid uint32, path string, op backstoprules.Op) (uint32, bool) {
 	best := -1
-	var hit backstop.PathRule
+	var hit backstoprules.PathRule
 	for _, r := range rules {
 		if r.SandboxID != sid {
 			continue
@@ -675,7 +678,7 @@ func lookupBackstop(rules []backstop.PathRule, sid uint32, path string, op backs
 // lookupLSM models lsm_path_rules: the longest key matching path, and
 // that key's decision for the access (the compiler writes both accesses
 // of every key, so nothing is inherited in the kernel).
-func lookupLSM(rules []lsm.PathRule, path string, access lsm.Access) uint32 {
+func lookupLSM(rules []lsmrules.PathRule, path string, access lsmrules.Access) uint32 {
 	best := -1
 	var action uint32
 	for _, r := range rules {
@@ -699,12 +702,12 @@ func lookupLSM(rules []lsm.PathRule, path string, access lsm.Access) uint32 {
 }
 
 // lookupExec is lookupLSM over the LSM exec rules.
-func lookupExec(rules []lsm.ExecRule, path string) uint32 {
-	var prs []lsm.PathRule
+func lookupExec(rules []lsmrules.ExecRule, path string) uint32 {
+	var prs []lsmrules.PathRule
 	for _, r := range rules {
-		prs = append(prs, lsm.PathRule{Path: r.Path, Prefix: r.Prefix, Access: lsm.AccessAll, Decision: r.Decision})
+		prs = append(prs, lsmrules.PathRule{Path: r.Path, Prefix: r.Prefix, Access: lsmrules.AccessAll, Decision: r.Decision})
 	}
-	return lookupLSM(prs, path, lsm.AccessRead)
+	return lookupLSM(prs, path, lsmrules.AccessRead)
 }
 
 // TestBackstopAgreesWithPolicy checks that the kernel's longest-prefix
@@ -729,10 +732,10 @@ sandboxes:
 		files := p.FileRules(sb)
 		for _, path := range probes {
 			for _, acc := range []struct {
-				op    backstop.Op
+				op    backstoprules.Op
 				write bool
 				exec  bool
-			}{{backstop.OpRead, false, false}, {backstop.OpWrite, true, false}, {backstop.OpExec, false, true}} {
+			}{{backstoprules.OpRead, false, false}, {backstoprules.OpWrite, true, false}, {backstoprules.OpExec, false, true}} {
 				var want uint32
 				if acc.exec {
 					want = backstopAction(sb.DecideExec(path))
@@ -746,7 +749,7 @@ sandboxes:
 				if acc.exec {
 					// With BPF LSM, exec rules go to the LSM exec table
 					// (bprm_check_security, mmap_file), not the backstop.
-					if got, _ := lookupBackstop(withLSM.Backstop.Paths, 1, path, acc.op); got != enforce.ActionAllow {
+					if got, _ := lookupBackstop(withLSM.Backstop.Paths, 1, path, acc.op); got != rules.ActionAllow {
 						t.Errorf("%s: %s exec with LSM: backstop %s, want nothing", preset, path, actionWord(got))
 					}
 					if got, wantLSM := lookupExec(withLSM.LSM[1].Exec, path), kernelAction(sb.DecideExec(path)); got != wantLSM {
@@ -755,13 +758,13 @@ sandboxes:
 					continue
 				}
 				r, ok := policy.DecideFile(files, path, acc.write)
-				wantLSM := enforce.ActionAllow
+				wantLSM := rules.ActionAllow
 				if ok {
 					wantLSM = kernelAction(r.Action)
 				}
-				a := lsm.AccessRead
+				a := lsmrules.AccessRead
 				if acc.write {
-					a = lsm.AccessWrite
+					a = lsmrules.AccessWrite
 				}
 				if got := lookupLSM(withLSM.LSM[1].Paths, path, a); got != wantLSM {
 					t.Errorf("%s: %s write=%v: lsm %s, policy %s", preset, path, acc.write, actionWord(got), actionWord(wantLSM))
@@ -784,22 +787,22 @@ sandboxes:
       - {name: hostname-watch, path: /proc/sys/kernel/hostname, match: exact, access: write, action: record}
 `)
 	plan, rt := compile(t, p, Env{LSM: lsmEnv(t, errRefused)})
-	rules := map[string]cgroupbpf.SysctlRule{}
+	byName := map[string]cgrouprules.SysctlRule{}
 	for _, r := range plan.Sysctl {
 		if r.Write {
-			rules[r.Name] = r
+			byName[r.Name] = r
 		}
 	}
-	if r, ok := rules[""]; !ok || r.Action != enforce.ActionBlock || rt.Name(r.RuleID) != "procsys-write" {
+	if r, ok := byName[""]; !ok || r.Action != rules.ActionBlock || rt.Name(r.RuleID) != "procsys-write" {
 		t.Errorf("every-name write rule = %+v", r)
 	}
-	if r := rules["kernel/hostname"]; r.Action != enforce.ActionRecord || rt.Name(r.RuleID) != "hostname-watch" {
+	if r := byName["kernel/hostname"]; r.Action != rules.ActionRecord || rt.Name(r.RuleID) != "hostname-watch" {
 		t.Errorf("kernel/hostname = %+v", r)
 	}
-	if r, ok := rules["kernel/domainname"]; !ok || r.Action != enforce.ActionAllow {
+	if r, ok := byName["kernel/domainname"]; !ok || r.Action != rules.ActionAllow {
 		t.Errorf("kernel/domainname (below the allowed prefix) = %+v, %v", r, ok)
 	}
-	if _, ok := rules["net/ipv4/ip_forward"]; ok {
+	if _, ok := byName["net/ipv4/ip_forward"]; ok {
 		t.Error("a name outside the prefix got its own rule")
 	}
 	for _, r := range plan.Sysctl {
@@ -857,11 +860,11 @@ sandboxes:
 	// io_uring allowed while file rules rely on the backstop: opens
 	// submitted to a ring are killed (their paths escape the backstop).
 	opsRules := plan.Backstop.For(plan.SandboxIDs["ops"])
-	if opsRules.IOUringOpen.Action != enforce.ActionKill || opsRules.IOUring.Action != enforce.ActionAllow {
+	if opsRules.IOUringOpen.Action != rules.ActionKill || opsRules.IOUring.Action != rules.ActionAllow {
 		t.Errorf("ops: IOUringOpen = %+v, IOUring = %+v (want kill, allow)", opsRules.IOUringOpen, opsRules.IOUring)
 	}
 	// io_uring is ops' own rule: r's refusal does not kill ops' rings.
-	if r := plan.Backstop.For(plan.SandboxIDs["r"]); r.IOUring.Action != enforce.ActionKill || r.IOUringOpen.Action != enforce.ActionAllow {
+	if r := plan.Backstop.For(plan.SandboxIDs["r"]); r.IOUring.Action != rules.ActionKill || r.IOUringOpen.Action != rules.ActionAllow {
 		t.Errorf("r: IOUring = %+v, IOUringOpen = %+v (want kill, none)", r.IOUring, r.IOUringOpen)
 	}
 	_, note, _ := findLayer(plan, "ops: io_uring")
@@ -897,7 +900,7 @@ sandboxes:
 		t.Errorf("Missing lacks devices: %v", plan.Missing)
 	}
 	// /proc/sys writes then fall back to the backstop.
-	if k, ok := lookupBackstop(plan.Backstop.Paths, 1, "/proc/sys/kernel/x", backstop.OpWrite); !ok || k != enforce.ActionKill {
+	if k, ok := lookupBackstop(plan.Backstop.Paths, 1, "/proc/sys/kernel/x", backstoprules.OpWrite); !ok || k != rules.ActionKill {
 		t.Errorf("/proc/sys write without cgroup BPF: %v %v", k, ok)
 	}
 }
@@ -907,7 +910,7 @@ sandboxes:
 func TestLayerTableNamesFmodRet(t *testing.T) {
 	mechs := map[string]string{}
 	for _, h := range lsm.Hooks() {
-		mechs[h] = lsm.MechFmodRet
+		mechs[h] = lsmrules.MechFmodRet
 	}
 	plan, _ := compile(t, policy.Default(), Env{LSM: lsmEnv(t, nil), LSMMech: mechs})
 	if got := layerOf(t, plan, "cred-shadow"); got != MechFmodRet {
@@ -919,7 +922,7 @@ func TestLayerTableNamesFmodRet(t *testing.T) {
 		}
 	}
 	// One hook as BPF LSM, the rest fmod_ret: "lsm" with a note.
-	mechs["file_open"] = lsm.MechLSM
+	mechs["file_open"] = lsmrules.MechLSM
 	plan, _ = compile(t, policy.Default(), Env{LSM: lsmEnv(t, nil), LSMMech: mechs})
 	for _, l := range plan.Layers {
 		if strings.HasPrefix(l.Rule, "exec: cred-shadow") && (l.Mechanism != MechLSM || !strings.Contains(l.Note, "fmod_ret for")) {
@@ -958,18 +961,18 @@ sandboxes:
   - {name: sb, select: {cgroups: [/x]}, preset: restricted, workspace: [/srv/agent/]}
 `)
 	plan, rt := compile(t, p, Env{LSM: lsmEnv(t, nil)})
-	rules := plan.LSM[plan.SandboxIDs["sb"]]
-	for op, name := range map[lsm.Op]string{lsm.OpOtherTask: "other-processes", lsm.OpOtherIPC: "other-ipc",
-		lsm.OpTTYInject: "terminals", lsm.OpNotifyMark: "notify-marks"} {
-		if d := rules.Ops[op]; d.Action != enforce.ActionBlock || rt.Name(d.RuleID) != name {
+	lr := plan.LSM[plan.SandboxIDs["sb"]]
+	for op, name := range map[lsmrules.Op]string{lsmrules.OpOtherTask: "other-processes", lsmrules.OpOtherIPC: "other-ipc",
+		lsmrules.OpTTYInject: "terminals", lsmrules.OpNotifyMark: "notify-marks"} {
+		if d := lr.Ops[op]; d.Action != rules.ActionBlock || rt.Name(d.RuleID) != name {
 			t.Errorf("%s: %+v (rule %q), want block by %s", op, d, rt.Name(d.RuleID), name)
 		}
 		if got := layerOf(t, plan, name); got != MechLSM {
 			t.Errorf("%s layer = %s, want lsm", name, got)
 		}
 	}
-	if want := []string{"/srv/agent", "/srv/agent/"}; !slices.Equal(rules.NotifyPaths, want) {
-		t.Errorf("notify paths = %q, want %q", rules.NotifyPaths, want)
+	if want := []string{"/srv/agent", "/srv/agent/"}; !slices.Equal(lr.NotifyPaths, want) {
+		t.Errorf("notify paths = %q, want %q", lr.NotifyPaths, want)
 	}
 	if got := OperationOfSubtreeEvent("other_process: signal 9 to pid 1 (init), outside the sandbox"); got != "other_processes" {
 		t.Errorf("operation of an other-process event = %q", got)

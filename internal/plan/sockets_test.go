@@ -8,8 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/control"
-	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // advPolicy is a restricted sandbox with a protected directory.
@@ -39,14 +39,14 @@ func TestIA32Decision(t *testing.T) {
 		return control.Layer{}
 	}
 	plan, _ := compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, nil)})
-	if plan.Backstop.For(1).Compat.Action != enforce.ActionAllow {
+	if plan.Backstop.For(1).Compat.Action != rules.ActionAllow {
 		t.Errorf("full LSM: compat %+v, want allowed", plan.Backstop.For(1).Compat)
 	}
 	if l := line(plan); l.Mechanism != MechNone || !strings.Contains(l.Note, "judged like 64-bit calls") {
 		t.Errorf("full LSM: %+v", l)
 	}
 	plan, _ = compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, errRefused)})
-	if plan.Backstop.For(1).Compat.Action != enforce.ActionKill {
+	if plan.Backstop.For(1).Compat.Action != rules.ActionKill {
 		t.Errorf("no LSM: compat %+v, want kill", plan.Backstop.For(1).Compat)
 	}
 	if l := line(plan); l.Mechanism != MechKill || !strings.Contains(l.Note, "file rules judged at open by the backstop") {
@@ -54,7 +54,7 @@ func TestIA32Decision(t *testing.T) {
 	}
 	p := parse(t, strings.Replace(advPolicy, "    files:", "    operations: {ia32_syscalls: block}\n    files:", 1))
 	plan, _ = compile(t, p, Env{LSM: lsmEnv(t, nil)})
-	if plan.Backstop.For(1).Compat.Action != enforce.ActionKill {
+	if plan.Backstop.For(1).Compat.Action != rules.ActionKill {
 		t.Errorf("ia32_syscalls block: compat %+v, want kill", plan.Backstop.For(1).Compat)
 	}
 	if l := line(plan); l.Mechanism != MechKill || !strings.Contains(l.Note, "every 32-bit syscall") {
@@ -68,34 +68,34 @@ func TestIA32Decision(t *testing.T) {
 // refused; without them the backstop keeps the AF_PACKET kill.
 func TestLSMSocketsAndClones(t *testing.T) {
 	plan, _ := compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, nil)})
-	if plan.Backstop.For(1).PacketSocket.Action != enforce.ActionAllow {
+	if plan.Backstop.For(1).PacketSocket.Action != rules.ActionAllow {
 		t.Errorf("backstop packet kill %+v although lsm socket_create runs", plan.Backstop.For(1).PacketSocket)
 	}
-	var lr lsm.Rules
+	var lr lsmrules.Rules
 	for _, r := range plan.LSM {
 		lr = r
 	}
-	if !slices.ContainsFunc(lr.Sockets, func(s lsm.SocketRule) bool {
-		return s.Family == unix.AF_PACKET && s.Action == enforce.ActionBlock
-	}) || !slices.ContainsFunc(lr.Sockets, func(s lsm.SocketRule) bool { return s.Family == unix.AF_VSOCK }) {
+	if !slices.ContainsFunc(lr.Sockets, func(s lsmrules.SocketRule) bool {
+		return s.Family == unix.AF_PACKET && s.Action == rules.ActionBlock
+	}) || !slices.ContainsFunc(lr.Sockets, func(s lsmrules.SocketRule) bool { return s.Family == unix.AF_VSOCK }) {
 		t.Errorf("lsm socket rules %+v lack AF_PACKET or AF_VSOCK", lr.Sockets)
 	}
-	if lr.Ops[lsm.OpUnixConnect].Action != enforce.ActionBlock || !slices.Contains(lr.UnixPaths, "/var/lib/ws/") {
-		t.Errorf("unix peers: op %+v paths %v", lr.Ops[lsm.OpUnixConnect], lr.UnixPaths)
+	if lr.Ops[lsmrules.OpUnixConnect].Action != rules.ActionBlock || !slices.Contains(lr.UnixPaths, "/var/lib/ws/") {
+		t.Errorf("unix peers: op %+v paths %v", lr.Ops[lsmrules.OpUnixConnect], lr.UnixPaths)
 	}
-	if lr.Ops[lsm.OpCloneFiles].Action != enforce.ActionBlock {
-		t.Errorf("clone files: %+v", lr.Ops[lsm.OpCloneFiles])
+	if lr.Ops[lsmrules.OpCloneFiles].Action != rules.ActionBlock {
+		t.Errorf("clone files: %+v", lr.Ops[lsmrules.OpCloneFiles])
 	}
-	if plan.Backstop.For(1).UnixPeer.Action != enforce.ActionAllow || len(plan.Backstop.UnixPaths) != 0 {
+	if plan.Backstop.For(1).UnixPeer.Action != rules.ActionAllow || len(plan.Backstop.UnixPaths) != 0 {
 		t.Errorf("backstop unix peers %+v %v although the lsm unix hooks run", plan.Backstop.For(1).UnixPeer, plan.Backstop.UnixPaths)
 	}
 	plan, _ = compile(t, parse(t, advPolicy), Env{LSM: lsmEnv(t, errRefused)})
-	if plan.Backstop.For(1).PacketSocket.Action != enforce.ActionKill {
+	if plan.Backstop.For(1).PacketSocket.Action != rules.ActionKill {
 		t.Errorf("no LSM: backstop packet %+v, want kill", plan.Backstop.For(1).PacketSocket)
 	}
 	// Without the LSM unix hooks the backstop judges the peer connect(2)
 	// reached, on the same paths, and says it acts after the fact.
-	if plan.Backstop.For(1).UnixPeer.Action != enforce.ActionKill || len(plan.Backstop.UnixPaths) != 1 ||
+	if plan.Backstop.For(1).UnixPeer.Action != rules.ActionKill || len(plan.Backstop.UnixPaths) != 1 ||
 		plan.Backstop.UnixPaths[0].SandboxID != plan.SandboxIDs["adv"] || !slices.Contains(plan.Backstop.UnixPaths[0].Paths, "/var/lib/ws/") {
 		t.Errorf("no LSM: backstop unix peers %+v %+v", plan.Backstop.For(1).UnixPeer, plan.Backstop.UnixPaths)
 	}

@@ -6,7 +6,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -37,7 +37,7 @@ func (c *compiler) sysctl(sid uint32, t *fileTable, files []policy.FileRule) int
 		if r, ok := t.decide(pathKey{root, true}, acc); ok {
 			base[acc] = r.Action
 			if r.Action != policy.ActionAllow {
-				c.plan.Sysctl = append(c.plan.Sysctl, cgroupbpf.SysctlRule{Sandbox: sid, Write: acc == accWrite,
+				c.plan.Sysctl = append(c.plan.Sysctl, cgrouprules.SysctlRule{Sandbox: sid, Write: acc == accWrite,
 					Action: kernelAction(r.Action), RuleID: c.rules.ID(r.RuleName())})
 				n++
 			}
@@ -84,7 +84,7 @@ func (c *compiler) sysctl(sid uint32, t *fileTable, files []policy.FileRule) int
 			if a == orAllow(base[acc]) {
 				continue
 			}
-			c.plan.Sysctl = append(c.plan.Sysctl, cgroupbpf.SysctlRule{Sandbox: sid, Name: name, Write: acc == accWrite,
+			c.plan.Sysctl = append(c.plan.Sysctl, cgrouprules.SysctlRule{Sandbox: sid, Name: name, Write: acc == accWrite,
 				Action: kernelAction(a), RuleID: c.rules.ID(r.RuleName())})
 			n++
 		}

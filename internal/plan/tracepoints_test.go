@@ -9,7 +9,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/dangerous"
 
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -17,7 +17,7 @@ import (
 // no raw syscall tracepoint on behalf of what they cover (mmap PROT_EXEC,
 // perf_event_open, module attempts), and keeps asking where they do not.
 func TestSyscallTracepointDemands(t *testing.T) {
-	has := func(b backstop.SandboxRules, name string) bool {
+	has := func(b backstoprules.SandboxRules, name string) bool {
 		for _, s := range b.Syscalls {
 			if s.Name == name {
 				return true

@@ -13,6 +13,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // Kernel event kinds of this group (enum event_kind_backstop in common.h).
@@ -23,7 +24,7 @@ const (
 )
 
 // Mechanism is the audit mechanism name of the backstop's events.
-const Mechanism = "kill"
+const Mechanism = backstoprules.Mechanism
 
 // RetUnknown is the return value of an event whose syscall never returned
 // (RET_UNKNOWN in bpf/backstop.c).

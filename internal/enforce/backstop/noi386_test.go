@@ -14,7 +14,7 @@ func TestNoI386Table(t *testing.T) {
 	kill := Rule{Action: enforce.ActionKill, ID: 7}
 	rules := SandboxRules{Syscalls: []SyscallRule{{Name: "mount", Rule: kill}, {Name: "umount2", Rule: kill}}, IOUring: kill}
 	count := func(r SandboxRules) (native, i386 int) {
-		tab, err := r.table()
+		tab, err := sandboxTableOf(r)
 		if err != nil {
 			t.Fatal(err)
 		}

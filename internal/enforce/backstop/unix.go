@@ -8,17 +8,6 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 )
 
-// UnixPaths are the unix socket paths one sandbox may connect to.
-type UnixPaths struct {
-	// SandboxID is the sandbox (never 0: the restriction is per sandbox).
-	SandboxID uint32
-	// Paths are absolute: "/dir/" allows every socket below dir, any
-	// other path exactly that socket.
-	Paths []string
-	// Rule is the policy rule reported when a connect is refused.
-	Rule uint32
-}
-
 // opConnect marks an allowed socket path in bs_unix_paths (OP_CONNECT).
 const opConnect = 8
 

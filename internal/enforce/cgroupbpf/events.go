@@ -11,10 +11,11 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 // Mechanism is the audit mechanism name of this group's events.
-const Mechanism = "cgroup_bpf"
+const Mechanism = cgrouprules.Mechanism
 
 // Kernel event types generated from bpf/cgroup.c.
 type (
@@ -113,24 +114,6 @@ func int8Bytes(b []int8) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), len(b))
-}
-
-// String names the accesses, e.g. "read,write".
-func (a DeviceAccess) String() string {
-	var parts []string
-	if a&AccessRead != 0 {
-		parts = append(parts, "read")
-	}
-	if a&AccessWrite != 0 {
-		parts = append(parts, "write")
-	}
-	if a&AccessMknod != 0 {
-		parts = append(parts, "mknod")
-	}
-	if len(parts) == 0 {
-		return "none"
-	}
-	return strings.Join(parts, ",")
 }
 
 var familyNames = map[uint32]string{

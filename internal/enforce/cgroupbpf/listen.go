@@ -8,45 +8,22 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 // MaxListenRanges is how many port ranges one sandbox's ListenRule holds
 // (MAX_LISTEN_RANGES in bpf/cgroup.c).
-const MaxListenRanges = len(cgroupListenCfg{}.Ranges)
+const MaxListenRanges = cgrouprules.MaxListenRanges
 
-// PortRange is an inclusive range of ports.
-type PortRange struct{ Lo, Hi uint16 }
+// cgrouprules' count must be the kernel's: a constant overflow fails the
+// build when they differ.
+const _ = uint(len(cgroupListenCfg{}.Ranges)-MaxListenRanges) + uint(MaxListenRanges-len(cgroupListenCfg{}.Ranges))
 
-// ListenRule says where a sandbox may accept connections from other
-// hosts. A bind to a loopback address (127.0.0.0/8, ::1, v4-mapped
-// 127/8) is allowed on any port; a bind to any other address, the
-// wildcards included, only on a port in Ports: cgroup/bind4 and bind6
-// refuse the rest with EPERM. A bind onto an address and port where a
-// socket the sandbox does not own listens (TCP) or is bound (UDP) is
-// refused too (SO_REUSEPORT would share that service's traffic).
-//
-// listen(2) on an unbound socket (the kernel's autobind: an ephemeral port
-// on the wildcard address, no bind hook) cannot be refused by a cgroup
-// program: sockops records it as it happens, and cgroup_skb/ingress drops
-// every packet from another host to it, so it never sees a connection from
-// outside; connections to a loopback destination still reach it. UDP
-// sockets bound implicitly by sendto, or explicitly to port 0, are clients
-// and pass.
-//
-// A sandbox without a ListenRule may listen anywhere.
-type ListenRule struct {
-	// Sandbox is the sandbox id (there is no default rule).
-	Sandbox uint32
-	// Ports lists the ports binds to non-loopback addresses may use; at
-	// most MaxListenRanges ranges.
-	Ports []PortRange
-	// Action for a refused bind or listener: ActionBlock (ActionKill is
-	// enforced as block: these hooks cannot kill), ActionRecord, or
-	// ActionAllow.
-	Action uint32
-	// RuleID is reported in events.
-	RuleID uint32
-}
+// Listener rule types, in cgrouprules.
+type (
+	PortRange  = cgrouprules.PortRange
+	ListenRule = cgrouprules.ListenRule
+)
 
 // SetListenRules replaces the listener rule table.
 func (h *Programs) SetListenRules(rules []ListenRule) error {

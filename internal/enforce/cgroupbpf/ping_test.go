@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 // TestPingSockets: in a network namespace whose ping_group_range admits
@@ -38,7 +38,7 @@ func TestPingSockets(t *testing.T) {
 			t.Fatalf("%s: %v %s", strings.Join(args, " "), err, out)
 		}
 	}
-	if err := f.hooks.SetSocketRules(cgroupbpf.PingSocketRules(sandboxID, ruleSock)); err != nil {
+	if err := f.hooks.SetSocketRules(cgrouprules.PingSocketRules(sandboxID, ruleSock)); err != nil {
 		t.Fatal(err)
 	}
 	inNS := func(cg, op string) error {

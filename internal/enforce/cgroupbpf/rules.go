@@ -7,78 +7,27 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
-// DeviceType is a device node type.
-type DeviceType uint32
+// Rule types, in cgrouprules so the planner needs no BPF.
+type (
+	DeviceType   = cgrouprules.DeviceType
+	DeviceAccess = cgrouprules.DeviceAccess
+	DeviceRule   = cgrouprules.DeviceRule
+	SysctlRule   = cgrouprules.SysctlRule
+	SocketRule   = cgrouprules.SocketRule
+)
 
-// Device types (BPF_DEVCG_DEV_*).
+// Device types and accesses.
 const (
-	BlockDevice DeviceType = 1
-	CharDevice  DeviceType = 2
+	BlockDevice = cgrouprules.BlockDevice
+	CharDevice  = cgrouprules.CharDevice
+	AccessMknod = cgrouprules.AccessMknod
+	AccessRead  = cgrouprules.AccessRead
+	AccessWrite = cgrouprules.AccessWrite
+	AccessAll   = cgrouprules.AccessAll
 )
-
-// DeviceAccess is a set of device accesses (BPF_DEVCG_ACC_*).
-type DeviceAccess uint32
-
-// Device accesses.
-const (
-	AccessMknod DeviceAccess = 1
-	AccessRead  DeviceAccess = 2
-	AccessWrite DeviceAccess = 4
-	AccessAll                = AccessMknod | AccessRead | AccessWrite
-)
-
-// DeviceRule decides access to device nodes from a sandbox.
-type DeviceRule struct {
-	// Sandbox is the sandbox id the rule applies to; 0 makes it a default
-	// for every sandbox without a matching rule of its own.
-	Sandbox uint32
-	// Type is BlockDevice or CharDevice.
-	Type DeviceType
-	// Major and Minor select the device; Any matches every number. A rule
-	// with Major Any must have Minor Any.
-	Major, Minor int
-	// Access is the set of accesses the action applies to; other accesses
-	// are allowed. Zero means all.
-	Access DeviceAccess
-	// Action is enforce.ActionAllow, ActionRecord, ActionBlock or
-	// ActionKill (enforced as block: these hooks refuse, they cannot kill).
-	Action uint32
-	// RuleID is reported in events.
-	RuleID uint32
-}
-
-// SysctlRule decides reads or writes of /proc/sys entries from a sandbox.
-type SysctlRule struct {
-	// Sandbox is the sandbox id; 0 for the default of every sandbox.
-	Sandbox uint32
-	// Name is the entry below /proc/sys with slashes ("kernel/sysrq"), or
-	// empty for every entry. Names longer than 95 bytes cannot be named.
-	Name string
-	// Write selects writes (true) or reads (false).
-	Write bool
-	// Action as in DeviceRule.
-	Action uint32
-	// RuleID is reported in events.
-	RuleID uint32
-}
-
-// SocketRule decides socket creation from a sandbox.
-type SocketRule struct {
-	// Sandbox is the sandbox id; 0 for the default of every sandbox.
-	Sandbox uint32
-	// Family (AF_*), Type (SOCK_*) and Protocol select sockets; Any
-	// matches every value. Lookups go from the most specific pattern to
-	// the least: (family, type, protocol), (family, any, protocol),
-	// (family, type, any), (family, any, any), (any, type, any). Other
-	// combinations of Any are not looked up and are rejected.
-	Family, Type, Protocol int
-	// Action as in DeviceRule.
-	Action uint32
-	// RuleID is reported in events.
-	RuleID uint32
-}
 
 func field(v int, what string) (uint32, error) {
 	if v == Any {
@@ -237,16 +186,5 @@ func DefaultSysctlRules(ruleID uint32) []SysctlRule {
 func DefaultSocketRules(ruleID uint32) []SocketRule {
 	return []SocketRule{
 		{Family: Any, Type: unix.SOCK_RAW, Protocol: Any, Action: enforce.ActionBlock, RuleID: ruleID},
-	}
-}
-
-// PingSocketRules refuses ICMP and ICMPv6 ping sockets (SOCK_DGRAM) in
-// sandbox: where net.ipv4.ping_group_range admits the caller (systemd hosts
-// open it to every group), an unconnected ping socket's sendto reaches any
-// address without passing a connect or sendmsg hook.
-func PingSocketRules(sandbox, ruleID uint32) []SocketRule {
-	return []SocketRule{
-		{Sandbox: sandbox, Family: unix.AF_INET, Type: unix.SOCK_DGRAM, Protocol: unix.IPPROTO_ICMP, Action: enforce.ActionBlock, RuleID: ruleID},
-		{Sandbox: sandbox, Family: unix.AF_INET6, Type: unix.SOCK_DGRAM, Protocol: unix.IPPROTO_ICMPV6, Action: enforce.ActionBlock, RuleID: ruleID},
 	}
 }

@@ -31,19 +31,6 @@ const MaxAdmitSpans = 8
 // beyond it the oldest is forgotten.
 const maxAdmitNames = 8
 
-// PortSpan is an inclusive range of ports over a protocol that an
-// admission opens; Lo and Hi both 0 mean every port.
-type PortSpan struct {
-	Lo, Hi   uint16
-	Protocol Protocol
-}
-
-// WebPorts is the default scope of an answered address: TCP 80 and 443.
-var WebPorts = []PortSpan{{Lo: 80, Hi: 80, Protocol: ProtoTCP}, {Lo: 443, Hi: 443, Protocol: ProtoTCP}}
-
-// AllPorts is every port over TCP and UDP.
-var AllPorts = []PortSpan{{Protocol: ProtoAny}}
-
 // admission is the Go mirror of one egress_admit entry.
 type admission struct {
 	val   egressAdmitVal
@@ -155,7 +142,7 @@ func (e *Egress) Admit(id uint32, addrs []netip.Addr, ttl time.Duration, name st
 			if lo == 0 && hi == 0 {
 				hi = 65535
 			}
-			changed = adm.merge(lo, hi, p.Protocol.bits(), expires) || changed
+			changed = adm.merge(lo, hi, protoBits(p.Protocol), expires) || changed
 		}
 		adm.addName(name)
 		if changed {

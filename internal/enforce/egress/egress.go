@@ -29,6 +29,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
 // Group is the hook group name: links are pinned under
@@ -42,8 +43,12 @@ const (
 	MaxAllowEntries = 65536
 	// MaxRangesPerPrefix bounds the port ranges one CIDR can carry after
 	// rules with overlapping prefixes are merged.
-	MaxRangesPerPrefix = 8
+	MaxRangesPerPrefix = egressrules.MaxRangesPerPrefix
 )
+
+// egressrules' count must be the kernel's: a constant overflow fails the
+// build when they differ.
+const _ = uint(len(egressCidrVal{}.R)-MaxRangesPerPrefix) + uint(MaxRangesPerPrefix-len(egressCidrVal{}.R))
 
 // Flags of struct net_config (EGRESS_F_* in bpf/egress.c).
 const (

@@ -33,7 +33,7 @@ allow:
 	if !cfg.RecordOnly || len(cfg.Rules) != 7 || len(names) != 5 {
 		t.Fatalf("config %+v names %v", cfg, names)
 	}
-	if r := cfg.Rules[0]; r.Prefix != netip.MustParsePrefix("127.0.0.0/8") || r.Ports != (PortRange{5432, 5432}) || r.Protocol != ProtoTCP || r.ID != 10 {
+	if r := cfg.Rules[0]; r.Prefix != netip.MustParsePrefix("127.0.0.0/8") || r.Ports != (PortRange{Lo: 5432, Hi: 5432}) || r.Protocol != ProtoTCP || r.ID != 10 {
 		t.Errorf("service rule %+v", r)
 	}
 	if r := cfg.Rules[6]; r.Prefix != netip.MustParsePrefix("192.0.2.7/32") || r.Ports != (PortRange{}) || r.ID != 14 {
@@ -69,8 +69,8 @@ allow:
 
 func TestCIDRMerge(t *testing.T) {
 	rules := []Rule{
-		{ID: 1, Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: PortRange{443, 443}, Protocol: ProtoTCP},
-		{ID: 2, Prefix: netip.MustParsePrefix("10.1.0.0/16"), Ports: PortRange{53, 53}, Protocol: ProtoUDP},
+		{ID: 1, Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: PortRange{Lo: 443, Hi: 443}, Protocol: ProtoTCP},
+		{ID: 2, Prefix: netip.MustParsePrefix("10.1.0.0/16"), Ports: PortRange{Lo: 53, Hi: 53}, Protocol: ProtoUDP},
 	}
 	got, err := cidrEntries(7, rules)
 	if err != nil {
@@ -100,7 +100,7 @@ func TestCIDRMerge(t *testing.T) {
 	}
 	var many []Rule
 	for i := range 9 {
-		many = append(many, Rule{ID: uint32(i), Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: PortRange{uint16(i + 1), uint16(i + 1)}})
+		many = append(many, Rule{ID: uint32(i), Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: PortRange{Lo: uint16(i + 1), Hi: uint16(i + 1)}})
 	}
 	if _, err := cidrEntries(1, many); err == nil {
 		t.Error("9 ranges on one prefix accepted")

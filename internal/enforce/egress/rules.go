@@ -7,19 +7,39 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
-// Protocol selects the transport a rule applies to.
-type Protocol uint8
+// Rule types, in egressrules so the planner needs no BPF.
+type (
+	Protocol      = egressrules.Protocol
+	PortRange     = egressrules.PortRange
+	Rule          = egressrules.Rule
+	SandboxConfig = egressrules.SandboxConfig
+	PortSpan      = egressrules.PortSpan
+	Scope         = egressrules.Scope
+	NameSpans     = egressrules.NameSpans
+)
 
 // Protocols.
 const (
-	ProtoAny Protocol = iota
-	ProtoTCP
-	ProtoUDP
+	ProtoAny = egressrules.ProtoAny
+	ProtoTCP = egressrules.ProtoTCP
+	ProtoUDP = egressrules.ProtoUDP
 )
 
-func (p Protocol) bits() uint32 {
+// DefaultAdmissionCap is egressrules.DefaultAdmissionCap.
+const DefaultAdmissionCap = egressrules.DefaultAdmissionCap
+
+// WebPorts and AllPorts are egressrules'.
+var (
+	WebPorts = egressrules.WebPorts
+	AllPorts = egressrules.AllPorts
+)
+
+// protoBits are the protocol bits of struct port_range for p.
+func protoBits(p Protocol) uint32 {
 	switch p {
 	case ProtoTCP:
 		return protoBitTCP
@@ -27,52 +47,6 @@ func (p Protocol) bits() uint32 {
 		return protoBitUDP
 	}
 	return protoBitTCP | protoBitUDP
-}
-
-// PortRange is an inclusive range of destination ports; the zero value
-// means every port.
-type PortRange struct {
-	Lo, Hi uint16
-}
-
-func (r PortRange) bounds() (uint16, uint16) {
-	if r.Lo == 0 && r.Hi == 0 {
-		return 0, 65535
-	}
-	return r.Lo, r.Hi
-}
-
-// Rule allows destinations in Prefix on Ports over Protocol, whatever DNS
-// answered.
-type Rule struct {
-	// ID is reported in events (0 for none).
-	ID       uint32
-	Prefix   netip.Prefix
-	Ports    PortRange
-	Protocol Protocol
-}
-
-// SandboxConfig is one sandbox's egress configuration.
-type SandboxConfig struct {
-	// RecordOnly allows every refused operation but records it.
-	RecordOnly bool
-	// Proxy4 and Proxy6 are where DNS over IPv4 and IPv6 is redirected. An
-	// unset one makes DNS over that family fail (EPERM).
-	Proxy4, Proxy6 netip.AddrPort
-	// DNSRuleID is reported when DNS is refused for lack of a proxy.
-	DNSRuleID uint32
-	// Rules allow destinations without DNS (CIDRs, loopback services).
-	Rules []Rule
-	// ResolverPorts refuses the ports of other name resolution (DNS over
-	// TLS and QUIC 853, 784, 8853; mDNS 5353; LLMNR 5355; NetBIOS 137)
-	// even at answered addresses; only Rules open them.
-	ResolverPorts bool
-	// RestrictUnix limits unix socket connects and datagrams to UnixPaths
-	// (where the kernel has the hooks: Egress.UnixErr).
-	RestrictUnix bool
-	// UnixPaths are the socket paths allowed with RestrictUnix: a path
-	// ending in "/" allows everything below it, others that socket only.
-	UnixPaths []string
 }
 
 // SetSandbox sets the egress configuration of sandbox id (the id of the
@@ -193,7 +167,7 @@ func cidrEntries(id uint32, rules []Rule) (map[egressCidrKey]egressCidrVal, erro
 		if !r.Prefix.IsValid() {
 			return nil, fmt.Errorf("rule %d: invalid prefix", r.ID)
 		}
-		lo, hi := r.Ports.bounds()
+		lo, hi := r.Ports.Bounds()
 		if lo > hi {
 			return nil, fmt.Errorf("rule %d: port range %d-%d is empty", r.ID, lo, hi)
 		}
@@ -217,8 +191,8 @@ func cidrEntries(id uint32, rules []Rule) (map[egressCidrKey]egressCidrVal, erro
 			if v.N == MaxRangesPerPrefix {
 				return nil, fmt.Errorf("prefix %s: more than %d port ranges apply", n.rule.Prefix, MaxRangesPerPrefix)
 			}
-			lo, hi := m.rule.Ports.bounds()
-			v.R[v.N] = egressPortRange{Lo: lo, Hi: hi, Protos: m.rule.Protocol.bits(), RuleId: m.rule.ID}
+			lo, hi := m.rule.Ports.Bounds()
+			v.R[v.N] = egressPortRange{Lo: lo, Hi: hi, Protos: protoBits(m.rule.Protocol), RuleId: m.rule.ID}
 			v.N++
 		}
 		out[key] = v

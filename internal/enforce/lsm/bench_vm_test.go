@@ -46,17 +46,17 @@ func TestBenchVM(t *testing.T) {
 	// directories, exec refused from /tmp, the dangerous operations.
 	ops := map[Op]Decision{}
 	for op := OpPtraceAttach; op < opMax; op++ {
-		ops[op] = Decision{enforce.ActionBlock, uint32(op)}
+		ops[op] = Decision{Action: enforce.ActionBlock, RuleID: uint32(op)}
 	}
 	must(t, l.SetRules(7, Rules{
 		Ops: ops,
 		Paths: []PathRule{
-			{Path: "/etc/shadow", Decision: Decision{enforce.ActionBlock, 100}},
-			{Path: "/etc/", Prefix: true, Access: AccessWrite, Decision: Decision{enforce.ActionBlock, 101}},
-			{Path: "/usr/", Prefix: true, Access: AccessWrite, Decision: Decision{enforce.ActionBlock, 102}},
-			{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{enforce.ActionBlock, 103}},
+			{Path: "/etc/shadow", Decision: Decision{Action: enforce.ActionBlock, RuleID: 100}},
+			{Path: "/etc/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 101}},
+			{Path: "/usr/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 102}},
+			{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 103}},
 		},
-		Exec: []ExecRule{{Path: "/tmp/", Prefix: true, Decision: Decision{enforce.ActionBlock, 104}}},
+		Exec: []ExecRule{{Path: "/tmp/", Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: 104}}},
 	}))
 	for r := 0; r < rounds; r++ {
 		measure("outside", "")

@@ -59,10 +59,10 @@ func TestFileOpenBypassesRefused(t *testing.T) {
 	dir := t.TempDir()
 	secret := filepath.Join(dir, "secret")
 	must(t, os.WriteFile(secret, []byte("s3cret\n"), 0o600))
-	paths := []PathRule{{Path: secret, Decision: Decision{enforce.ActionBlock, 301}}}
+	paths := []PathRule{{Path: secret, Decision: Decision{Action: enforce.ActionBlock, RuleID: 301}}}
 	ops, want := bypassOps(t, dir, "standin", secret)
 	if _, err := os.Stat("/etc/shadow"); err == nil {
-		paths = append(paths, PathRule{Path: "/etc/shadow", Decision: Decision{enforce.ActionBlock, 302}})
+		paths = append(paths, PathRule{Path: "/etc/shadow", Decision: Decision{Action: enforce.ActionBlock, RuleID: 302}})
 		o, w := bypassOps(t, dir, "shadow", "/etc/shadow")
 		ops = append(ops, o...)
 		for k, v := range w {
@@ -124,11 +124,11 @@ func TestRecordModeAllowsAndReports(t *testing.T) {
 	must(t, os.WriteFile(blocked, nil, 0o600))
 	rules := Rules{
 		Paths: []PathRule{
-			{Path: recorded, Decision: Decision{enforce.ActionRecord, 401}},
-			{Path: blocked, Decision: Decision{enforce.ActionBlock, 402}},
+			{Path: recorded, Decision: Decision{Action: enforce.ActionRecord, RuleID: 401}},
+			{Path: blocked, Decision: Decision{Action: enforce.ActionBlock, RuleID: 402}},
 		},
-		Ops:  map[Op]Decision{OpBPF: {enforce.ActionRecord, 403}},
-		Caps: []CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: Decision{enforce.ActionRecord, 404}}},
+		Ops:  map[Op]Decision{OpBPF: {Action: enforce.ActionRecord, RuleID: 403}},
+		Caps: []CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: Decision{Action: enforce.ActionRecord, RuleID: 404}}},
 	}
 	ops := []opSpec{
 		{Name: "recorded", Kind: "open", Path: recorded},
@@ -222,7 +222,7 @@ func TestPinnedLinksOutliveTheLoader(t *testing.T) {
 	if _, err := eng.AddSandbox(cg, 77, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.SetRules(77, Rules{Paths: []PathRule{{Path: secret, Decision: Decision{enforce.ActionBlock, 1}}}}); err != nil {
+	if err := l.SetRules(77, Rules{Paths: []PathRule{{Path: secret, Decision: Decision{Action: enforce.ActionBlock, RuleID: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Close(); err != nil {

@@ -63,13 +63,13 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 	rid := func(op Op) uint32 { return 400 + uint32(op) }
 	ops := map[Op]Decision{}
 	for _, op := range []Op{OpCloneIntoCgroup, OpPerfEvent, OpUserNS, OpKeyring, OpUserfaultfd, OpIOUring, OpAgentSignal} {
-		ops[op] = Decision{enforce.ActionBlock, rid(op)}
+		ops[op] = Decision{Action: enforce.ActionBlock, RuleID: rid(op)}
 	}
 	sb := newSandbox(t, eng, l, 0, Rules{
 		Ops: ops,
 		Paths: []PathRule{
-			{Path: ct.prot + "/", Prefix: true, Access: AccessWrite, Decision: Decision{enforce.ActionBlock, 301}},
-			{Path: ct.secret + "/", Prefix: true, Access: AccessRead, Decision: Decision{enforce.ActionBlock, 302}},
+			{Path: ct.prot + "/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 301}},
+			{Path: ct.secret + "/", Prefix: true, Access: AccessRead, Decision: Decision{Action: enforce.ActionBlock, RuleID: 302}},
 		},
 	})
 	p := func(rel string) string { return filepath.Join(dir, rel) }

@@ -74,8 +74,8 @@ func TestCapabilityUnderSubstitutedCreds(t *testing.T) {
 
 	const capRule = 301
 	sb := newSandbox(t, eng, l, 0, Rules{
-		Ops:  map[Op]Decision{OpIOUring: {enforce.ActionBlock, 302}},
-		Caps: []CapRule{{Cap: unix.CAP_SYS_ADMIN, Decision: Decision{enforce.ActionBlock, capRule}}},
+		Ops:  map[Op]Decision{OpIOUring: {Action: enforce.ActionBlock, RuleID: 302}},
+		Caps: []CapRule{{Cap: unix.CAP_SYS_ADMIN, Decision: Decision{Action: enforce.ActionBlock, RuleID: capRule}}},
 	})
 	// The first lookups of the merged tree happen in the sandbox, so
 	// overlayfs reads the opaque flag for the sandboxed task.

@@ -52,8 +52,8 @@ func TestExecRulesJudgeTheCodeFile(t *testing.T) {
 	must(t, os.WriteFile(wsLib, make([]byte, 8192), 0o644))
 
 	sb := newSandbox(t, eng, l, 0, Rules{Exec: []ExecRule{
-		{Path: noexec + "/", Prefix: true, Decision: Decision{enforce.ActionBlock, 501}},
-	}, Ops: map[Op]Decision{OpExecFileless: {enforce.ActionBlock, 502}}})
+		{Path: noexec + "/", Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: 501}},
+	}, Ops: map[Op]Decision{OpExecFileless: {Action: enforce.ActionBlock, RuleID: 502}}})
 	refused := []struct {
 		op     opSpec
 		fileOp string

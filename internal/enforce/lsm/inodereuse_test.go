@@ -53,7 +53,7 @@ func TestInodeEntryNamesTheFile(t *testing.T) {
 	plain := filepath.Join(dir, "plain")
 	must(t, os.WriteFile(plain, []byte("plain\n"), 0o644))
 	sb := newSandbox(t, eng, l, 0, Rules{Paths: []PathRule{
-		{Path: filepath.Join(dir, "unrelated"), Decision: Decision{enforce.ActionBlock, 600}},
+		{Path: filepath.Join(dir, "unrelated"), Decision: Decision{Action: enforce.ActionBlock, RuleID: 600}},
 	}})
 	id, err := enforce.IdentifyFile(plain, true)
 	must(t, err)
@@ -123,8 +123,8 @@ func TestInodeReuseNotJudged(t *testing.T) {
 		must(t, os.WriteFile(p, []byte("protected\n"), 0o600))
 	}
 	rules := Rules{Paths: []PathRule{
-		{Path: ledger + "/", Prefix: true, Decision: Decision{enforce.ActionBlock, 602}},
-		{Path: keyFile, Decision: Decision{enforce.ActionBlock, 603}},
+		{Path: ledger + "/", Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: 602}},
+		{Path: keyFile, Decision: Decision{Action: enforce.ActionBlock, RuleID: 603}},
 	}}
 	must(t, l.SetRules(sb.sid, rules))
 	keepLink, keyLink := filepath.Join(elsewhere, "keep-link"), filepath.Join(elsewhere, "key-link")

@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // Group is the hook group name used for the link pin directory.
@@ -98,22 +99,11 @@ func hookNames(spec *ebpf.CollectionSpec) []string {
 	return out
 }
 
-// Mechanisms a hook's program can run under (see bpf/include/lsm_hook.h).
+// Mechanisms a hook's program can run under: lsmrules.Mech*.
 const (
-	// MechLSM: a BPF LSM program (lsm/<hook>), where `bpf` is an active LSM.
-	MechLSM = "lsm"
-	// MechFmodRet: a BPF_MODIFY_RETURN program on the kernel's
-	// security_<hook> function, where BPF LSM is built but not enabled
-	// (it needs BPF trampolines, not the LSM list). Same decision code,
-	// same EPERM before the operation.
-	MechFmodRet = "fmod_ret"
-	// MechFentry: an fentry program on a syscall's own entry point
-	// (__x64_sys_NAME, __ia32_sys_NAME) for the dangerous syscalls no LSM
-	// hook judges: it kills the caller at entry, like the backstop, but
-	// only that syscall pays for it (io_uring_setup: fexit, killed on the
-	// way out when no hook refused the ring). Its "hook" is the function
-	// name.
-	MechFentry = "fentry"
+	MechLSM     = lsmrules.MechLSM
+	MechFmodRet = lsmrules.MechFmodRet
+	MechFentry  = lsmrules.MechFentry
 )
 
 // hookPrograms are the two programs of one hook in the spec.

@@ -394,9 +394,9 @@ func TestSetRulesValidates(t *testing.T) {
 
 func TestPathInheritance(t *testing.T) {
 	entries, err := buildPaths([]PathRule{
-		{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{enforce.ActionBlock, 1}},
-		{Path: "/proc/", Prefix: true, Access: AccessRead, Decision: Decision{enforce.ActionRecord, 2}},
-		{Path: "/proc/sys/kernel/hostname", Access: AccessRead, Decision: Decision{enforce.ActionAllow, 3}},
+		{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 1}},
+		{Path: "/proc/", Prefix: true, Access: AccessRead, Decision: Decision{Action: enforce.ActionRecord, RuleID: 2}},
+		{Path: "/proc/sys/kernel/hostname", Access: AccessRead, Decision: Decision{Action: enforce.ActionAllow, RuleID: 3}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -455,17 +455,17 @@ func TestHooksRefuseInsideAllowOutside(t *testing.T) {
 	rid := func(op Op) uint32 { return 100 + uint32(op) }
 	ops := map[Op]Decision{}
 	for op := OpPtraceAttach; op < opMax; op++ {
-		ops[op] = Decision{enforce.ActionBlock, rid(op)}
+		ops[op] = Decision{Action: enforce.ActionBlock, RuleID: rid(op)}
 	}
 	sb := newSandbox(t, eng, l, 0, Rules{
 		Ops: ops,
 		Paths: []PathRule{
-			{Path: secret, Decision: Decision{enforce.ActionBlock, 201}},
-			{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{enforce.ActionBlock, 202}},
+			{Path: secret, Decision: Decision{Action: enforce.ActionBlock, RuleID: 201}},
+			{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 202}},
 		},
-		FS:      []FSRule{{Magic: unix.CGROUP2_SUPER_MAGIC, Access: AccessWrite, Decision: Decision{enforce.ActionBlock, 204}}},
-		Devices: []DeviceRule{{Block: true, Major: AnyDevice, Minor: AnyDevice, Decision: Decision{enforce.ActionBlock, 205}}, {Major: 1, Minor: 1, Decision: Decision{enforce.ActionBlock, 206}}},
-		Caps:    []CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: Decision{enforce.ActionBlock, 207}}},
+		FS:      []FSRule{{Magic: unix.CGROUP2_SUPER_MAGIC, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 204}}},
+		Devices: []DeviceRule{{Block: true, Major: AnyDevice, Minor: AnyDevice, Decision: Decision{Action: enforce.ActionBlock, RuleID: 205}}, {Major: 1, Minor: 1, Decision: Decision{Action: enforce.ActionBlock, RuleID: 206}}},
+		Caps:    []CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: Decision{Action: enforce.ActionBlock, RuleID: 207}}},
 	})
 	procsFile := filepath.Join(sb.root, "cgroup.procs")
 

@@ -43,8 +43,8 @@ func lowMapSandboxes(t *testing.T, rule uint32) lowMapFixture {
 	return lowMapFixture{
 		l:       l,
 		minAddr: min,
-		block:   newSandbox(t, eng, l, 0, rawio(Decision{enforce.ActionBlock, rule})),
-		record:  newSandbox(t, eng, l, 0, rawio(Decision{enforce.ActionRecord, rule + 1})),
+		block:   newSandbox(t, eng, l, 0, rawio(Decision{Action: enforce.ActionBlock, RuleID: rule})),
+		record:  newSandbox(t, eng, l, 0, rawio(Decision{Action: enforce.ActionRecord, RuleID: rule + 1})),
 	}
 }
 

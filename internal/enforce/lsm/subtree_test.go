@@ -63,10 +63,10 @@ func TestOwnSubtreeOnly(t *testing.T) {
 	)
 	sb := newSandbox(t, eng, l, 0, Rules{
 		Ops: map[Op]Decision{
-			OpOtherTask:  {enforce.ActionBlock, ruleTask},
-			OpOtherIPC:   {enforce.ActionBlock, ruleIPC},
-			OpTTYInject:  {enforce.ActionBlock, ruleTTY},
-			OpNotifyMark: {enforce.ActionBlock, ruleNotify},
+			OpOtherTask:  {Action: enforce.ActionBlock, RuleID: ruleTask},
+			OpOtherIPC:   {Action: enforce.ActionBlock, RuleID: ruleIPC},
+			OpTTYInject:  {Action: enforce.ActionBlock, RuleID: ruleTTY},
+			OpNotifyMark: {Action: enforce.ActionBlock, RuleID: ruleNotify},
 		},
 		NotifyPaths: []string{ws, ws + "/"},
 	})
@@ -204,7 +204,7 @@ func TestOwnSubtreeOnly(t *testing.T) {
 // the target.
 func TestSigioOwnerOutsideRefused(t *testing.T) {
 	eng, l := setup(t)
-	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{OpOtherTask: {enforce.ActionBlock, 226}}})
+	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{OpOtherTask: {Action: enforce.ActionBlock, RuleID: 226}}})
 	host := startTargetIn(t, "")
 	res, pid := runOps(t, sb.root, []opSpec{{Name: "sigio", Kind: "sigio_owner", PID: host}})
 	if res["sigio"] != "OK" {

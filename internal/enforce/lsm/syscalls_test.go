@@ -26,7 +26,7 @@ import (
 // syscall) work.
 func TestSyscallsJudgedInTheirContext(t *testing.T) {
 	eng, l := setup(t)
-	block := func(id uint32) Decision { return Decision{enforce.ActionBlock, id} }
+	block := func(id uint32) Decision { return Decision{Action: enforce.ActionBlock, RuleID: id} }
 	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{
 		OpKernelIface: block(501), OpKeyring: block(502), OpMount: block(503), OpKernelLoadData: block(504), OpIOUring: block(505),
 	}})

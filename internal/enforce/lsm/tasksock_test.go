@@ -107,7 +107,7 @@ func doTaskSockOp(op opSpec) (string, bool) {
 // work, and outside the sandbox the same clone works.
 func TestCloneFilesRefused(t *testing.T) {
 	eng, l := setup(t)
-	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{OpCloneFiles: {enforce.ActionBlock, 501}}})
+	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{OpCloneFiles: {Action: enforce.ActionBlock, RuleID: 501}}})
 	ops := []opSpec{
 		{Name: "clone_files", Kind: "clone_files"},
 		{Name: "clone3_files", Kind: "clone3_files"},
@@ -145,8 +145,8 @@ func TestCloneFilesRefused(t *testing.T) {
 func TestSocketFamiliesRefused(t *testing.T) {
 	eng, l := setup(t)
 	sb := newSandbox(t, eng, l, 0, Rules{Sockets: []SocketRule{
-		{Family: unix.AF_PACKET, Type: AnySocket, Protocol: AnySocket, Decision: Decision{enforce.ActionBlock, 511}},
-		{Family: unix.AF_NETLINK, Type: AnySocket, Protocol: unix.NETLINK_AUDIT, Decision: Decision{enforce.ActionBlock, 512}},
+		{Family: unix.AF_PACKET, Type: AnySocket, Protocol: AnySocket, Decision: Decision{Action: enforce.ActionBlock, RuleID: 511}},
+		{Family: unix.AF_NETLINK, Type: AnySocket, Protocol: unix.NETLINK_AUDIT, Decision: Decision{Action: enforce.ActionBlock, RuleID: 512}},
 	}})
 	packet := opSpec{Name: "packet", Kind: "socket", Num: sockNum(unix.AF_PACKET, unix.SOCK_RAW, 0x0300 /* htons(ETH_P_ALL) */)}
 	packetDgram := opSpec{Name: "packet_dgram", Kind: "socket", Num: sockNum(unix.AF_PACKET, unix.SOCK_DGRAM, 0)}
@@ -221,7 +221,7 @@ func TestUnixPeerResolved(t *testing.T) {
 	must(t, os.Symlink(wsSock, filepath.Join(ws, "oklink")))
 
 	sb := newSandbox(t, eng, l, 0, Rules{
-		Ops:       map[Op]Decision{OpUnixConnect: {enforce.ActionBlock, 521}},
+		Ops:       map[Op]Decision{OpUnixConnect: {Action: enforce.ActionBlock, RuleID: 521}},
 		UnixPaths: []string{ws + "/"},
 	})
 	refused := []struct {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/tracerules"
 )
 
 // Group is the name of this hook group (link pin directory).
@@ -33,8 +34,8 @@ const Mechanism = "tracepoint"
 
 // Mechanisms of the recorded refusals.
 const (
-	MechanismSeccomp  = "seccomp"
-	MechanismLandlock = "landlock"
+	MechanismSeccomp  = tracerules.MechanismSeccomp
+	MechanismLandlock = tracerules.MechanismLandlock
 )
 
 // Program names, as in bpf/recorder.c.
@@ -45,28 +46,8 @@ const (
 	ProgExit     = "trace_exit"
 )
 
-// Config selects what is recorded.
-type Config struct {
-	// SampleEvery turns on the syscall stream: 1 in SampleEvery syscalls of
-	// each sandbox (per CPU) is sent as an event; totals are counted exactly
-	// (Counts). 0 disables it, 1 sends every syscall.
-	SampleEvery uint32
-	// ModuleAlerts records init_module, finit_module, kexec_load and
-	// kexec_file_load attempts as alerts.
-	ModuleAlerts bool
-	// ModuleRuleID is the policy rule id reported with module alerts.
-	ModuleRuleID uint32
-	// RecordDenials records, for sandboxed tasks running under a seccomp
-	// filter with no_new_privs (what `watcher exec` applies), the watched
-	// syscalls that returned EPERM without reaching sys_enter (refused by
-	// seccomp), every i386 syscall refused that way (the launcher's arch
-	// guard), and opens and execs refused with EACCES (Landlock) or
-	// EPERM, as DENIED alerts. Needs AttachOptions.Denials.
-	RecordDenials bool
-	// SeccompSyscalls are the syscalls watched for seccomp refusals; nil
-	// means DefaultSeccompSyscalls.
-	SeccompSyscalls []string
-}
+// Config selects what is recorded: tracerules.Config.
+type Config = tracerules.Config
 
 // DefaultSeccompSyscalls are the syscalls the launcher's seccomp filter
 // refuses (always, or for some arguments): internal/launch's list.
