@@ -360,6 +360,7 @@ func TestBadValuesNameLineAndField(t *testing.T) {
 	}{
 		{"cidr", "    egress:\n      allow:\n        - cidr: 10.0.0.0/33\n", 8, "sandboxes[0].egress.allow[0].cidr", "not a valid CIDR"},
 		{"cidr host bits", "    egress:\n      allow:\n        - cidr: 10.1.2.3/8\n", 8, "sandboxes[0].egress.allow[0].cidr", "host bits"},
+		{"cidr zone", "    egress:\n      allow:\n        - cidr: fe80::1%eth0\n", 8, "sandboxes[0].egress.allow[0].cidr", "has a zone"},
 		{"port range reversed", "    egress:\n      allow:\n        - cidr: 10.0.0.0/8\n          ports: [443, \"9000-8000\"]\n", 9, "sandboxes[0].egress.allow[0].ports[1]", "start above end"},
 		{"port zero", "    egress:\n      allow:\n        - cidr: ::1\n          ports:\n            - 0\n", 10, "sandboxes[0].egress.allow[0].ports[0]", "out of range"},
 		{"port too big", "    egress:\n      loopback:\n        - {name: x, port: 70000}\n", 8, "sandboxes[0].egress.loopback[0].port", "out of range"},

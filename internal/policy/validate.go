@@ -591,30 +591,6 @@ func (c *checker) namePattern(at path, n string) {
 	}
 }
 
-// ParseCIDR parses an egress network: a prefix ("10.0.0.0/8") or a bare
-// address (one host). Host bits must be zero.
-func ParseCIDR(s string) (netip.Prefix, error) {
-	if !strings.Contains(s, "/") {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("%q is not an IP address or CIDR", s)
-		}
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		msg := err.Error()
-		if i := strings.LastIndex(msg, ": "); i >= 0 {
-			msg = msg[i+2:]
-		}
-		return netip.Prefix{}, fmt.Errorf("%q is not a valid CIDR (%s)", s, msg)
-	}
-	if p.Masked() != p {
-		return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %s?)", s, p.Masked())
-	}
-	return p, nil
-}
-
 var (
 	secretNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	envNameRE    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
