@@ -75,12 +75,18 @@ done
 	echo 'cache-size=10000'
 } >"$WORK/dnsmasq.conf"
 {
+	# A watcher policy: the proxy serves what the planner compiles from it.
+	echo "version: 1"
 	echo "sandboxes:"
-	echo "  bench:"
-	echo "    allow:"
-	for i in $(seq 1 500); do echo "      - .site$i.com"; done
-	echo "    deny:"
-	for i in $(seq 1 250); do echo "      - .tracker$i.net"; done
+	echo "  - name: bench"
+	echo "    select: {cgroups: [/bench]}"
+	echo "    dns:"
+	echo "      default: deny"
+	echo "      detection: {enabled: true, rate_limit: 0}"
+	echo "      allow:"
+	for i in $(seq 1 500); do echo "        - .site$i.com"; done
+	echo "      deny:"
+	for i in $(seq 1 250); do echo "        - .tracker$i.net"; done
 } >"$WORK/policy.yaml"
 : >"$WORK/mix.txt"
 for r in $(seq 1 4); do

@@ -103,7 +103,7 @@ func TestCutSurvivesFlood(t *testing.T) {
 	up := startUpstream(t)
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
 	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Now: clock.Now,
-		Policy: mustPolicy(t, "sandboxes:\n  sb:\n    allow: [.exfil.test, .ok.test]\n")})
+		Policy: policyOf(map[string]*SandboxPolicy{"sb": allowOnly(".exfil.test", ".ok.test")})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestChannelAlertOnce(t *testing.T) {
 	clock := &replayClock{t: time.Unix(1_760_000_000, 0)}
 	events := &eventLog{}
 	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{auth.addr}, Now: clock.Now, Events: events,
-		Policy: mustPolicy(t, channelPolicy)})
+		Policy: channelPolicy()})
 	if err != nil {
 		t.Fatal(err)
 	}

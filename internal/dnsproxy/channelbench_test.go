@@ -93,16 +93,17 @@ type channelRig struct {
 	src   QuerySource
 }
 
-const channelPolicy = `sandboxes:
-  sb:
-    allow: [.exfil.test, .cdn-edge.test]
-    rate_limit: {qps: 50, burst: 100}
-`
+func channelPolicy() *Policy {
+	return policyOf(map[string]*SandboxPolicy{"sb": {
+		Allow:     []string{".exfil.test", ".cdn-edge.test"},
+		RateLimit: RateLimit{QPS: 50, Burst: 100},
+	}})
+}
 
 func newChannelRig(t *testing.T, ttl func(string) uint32) *channelRig {
 	auth := startAuth(t, ttl)
 	clock := &replayClock{t: time.Unix(1_760_000_000, 0)}
-	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{auth.addr}, Policy: mustPolicy(t, channelPolicy), Now: clock.Now})
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{auth.addr}, Policy: channelPolicy(), Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // gets its own question back.
 func TestCaseNotForwarded(t *testing.T) {
 	up := startUpstream(t)
-	_, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: mustPolicy(t, "sandboxes:\n  sb:\n    allow: [.example.com]\n")})
+	_, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: policyOf(map[string]*SandboxPolicy{"sb": allowOnly(".example.com")})})
 	for _, name := range []string{"WwW.eXaMpLe.CoM", "wWw.ExAmPlE.cOm", "MAIL.example.com"} {
 		r := query(t, addr, name, dns.TypeA)
 		if r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 || r.Question[0].Name != dns.Fqdn(name) {
@@ -37,15 +37,10 @@ func TestRareTypesAndPayload(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
 	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Now: clock.Now,
 		Listeners: []Listener{{Addr: "127.0.0.1:0", Sandbox: "sb"}, {Addr: "127.0.0.1:0", Sandbox: "other"}},
-		Policy: mustPolicy(t, `sandboxes:
-  sb:
-    allow: [.example.com]
-    rare_types: {qps: 0.1, burst: 5}
-    detection: {mode: "off"}
-  other:
-    allow: [.example.com]
-    detection: {mode: "off"}
-`)})
+		Policy: policyOf(map[string]*SandboxPolicy{
+			"sb":    {Allow: []string{".example.com"}, RareTypes: RateLimit{QPS: 0.1, Burst: 5}, Detection: Detection{Mode: "off"}},
+			"other": {Allow: []string{".example.com"}, Detection: Detection{Mode: "off"}},
+		})})
 	if err != nil {
 		t.Fatal(err)
 	}

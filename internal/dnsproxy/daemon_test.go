@@ -142,7 +142,7 @@ func TestWithUnbound(t *testing.T) {
 	var got []Answer
 	s, addr := startProxy(t, Config{
 		Upstreams: []string{ub},
-		Policy:    mustPolicy(t, "sandboxes:\n  sb:\n    allow: [.lab.test]\n"),
+		Policy:    policyOf(map[string]*SandboxPolicy{"sb": allowOnly(".lab.test")}),
 		OnAnswer: func(a Answer) {
 			mu.Lock()
 			got = append(got, a)
@@ -196,7 +196,7 @@ func TestWithDnsmasq(t *testing.T) {
 		"--pid-file=" + filepath.Join(dir, "dnsmasq.pid"),
 		"--address=/mask.test/203.0.113.9", "--local-ttl=90", "--log-facility=-",
 	}, addr, "www.mask.test.")
-	_, paddr := startProxy(t, Config{Upstreams: []string{addr}, Policy: mustPolicy(t, "sandboxes:\n  sb:\n    allow: [.mask.test]\n")})
+	_, paddr := startProxy(t, Config{Upstreams: []string{addr}, Policy: policyOf(map[string]*SandboxPolicy{"sb": allowOnly(".mask.test")})})
 	r := query(t, paddr, "www.mask.test", dns.TypeA)
 	if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "203.0.113.9" {
 		t.Fatalf("A via dnsmasq: %v", r)

@@ -144,13 +144,19 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func mustPolicy(t *testing.T, y string) *Policy {
-	t.Helper()
-	p, err := ParsePolicy([]byte(y))
-	if err != nil {
-		t.Fatalf("policy: %v", err)
-	}
-	return p
+// policyOf is a Policy of the given sandboxes. The agent's come from
+// internal/plan (Plan.DNS), which imports this package, so these tests
+// build the same value directly, setting fields the policy file leaves
+// at their defaults (rare types, bursts, detection limits) where they
+// test them.
+func policyOf(sandboxes map[string]*SandboxPolicy) *Policy {
+	return &Policy{Sandboxes: sandboxes}
+}
+
+// allowOnly is a sandbox that may resolve the names allow lists, and no
+// other.
+func allowOnly(allow ...string) *SandboxPolicy {
+	return &SandboxPolicy{Allow: allow}
 }
 
 // startProxy starts a proxy on a loopback port with one listener for the

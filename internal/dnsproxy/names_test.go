@@ -3,10 +3,10 @@ package dnsproxy
 import "testing"
 
 func TestNameListed(t *testing.T) {
-	p, err := ParsePolicy([]byte("sandboxes:\n  sb:\n    allow: [.cdn.test, exact.test]\n    deny: [bad.cdn.test]\n  open:\n    default: allow\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := policyOf(map[string]*SandboxPolicy{
+		"sb":   {Allow: []string{".cdn.test", "exact.test"}, Deny: []string{"bad.cdn.test"}},
+		"open": {Default: "allow"},
+	})
 	s, err := New(Config{Policy: p})
 	if err != nil {
 		t.Fatal(err)

@@ -16,13 +16,11 @@ import (
 // beside it is refused for the spent budget.
 func TestOwnProbeChargesNothing(t *testing.T) {
 	up := startUpstream(t)
-	pol := mustPolicy(t, `
-sandboxes:
-  sb:
-    allow: [.example.com]
-    rate_limit: {qps: 0.001, burst: 60}
-    detection: {max_info_bits: 300}
-`)
+	pol := policyOf(map[string]*SandboxPolicy{"sb": {
+		Allow:     []string{".example.com"},
+		RateLimit: RateLimit{QPS: 0.001, Burst: 60},
+		Detection: Detection{MaxInfoBits: 300},
+	}})
 	isProbe := func(_ QuerySource, name string) bool { return strings.HasSuffix(name, ".canary.watcher.invalid") }
 	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: pol, OwnProbe: isProbe})
 	st := s.sandboxState("sb")

@@ -1,34 +1,24 @@
 package dnsproxy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 	"time"
-
-	"github.com/goccy/go-yaml"
 )
 
-// Policy is the DNS policy of every sandbox served by one proxy.
-//
-// Example:
-//
-//	sandboxes:
-//	  build:
-//	    allow: [pypi.org, "*.pythonhosted.org", .github.com]
-//	    deny: [gist.github.com]
-//	    high_cardinality: [githubusercontent.com]
-//	    rate_limit: {qps: 200, burst: 400}
+// Policy is the DNS policy of every sandbox served by one proxy. It has no
+// file format of its own: internal/plan builds it from the policy file's
+// dns and egress sections (Plan.DNS), and the agent applies it with
+// SetPolicy.
 type Policy struct {
 	// Sandboxes maps a sandbox name to its DNS policy.
-	Sandboxes map[string]*SandboxPolicy `yaml:"sandboxes"`
+	Sandboxes map[string]*SandboxPolicy
 	// NegativeTTL is the TTL (and SOA minimum) of blocked answers, so that
 	// a stub does not ask again at once nor remember the block for long.
 	// Default 30s.
-	NegativeTTL Duration `yaml:"negative_ttl,omitempty"`
+	NegativeTTL Duration
 }
 
 // SandboxPolicy is the DNS policy of one sandbox.
@@ -36,46 +26,47 @@ type SandboxPolicy struct {
 	// Allow lists the names the sandbox may resolve. "pypi.org" matches that
 	// name only, "*.pypi.org" the names strictly below it, and ".pypi.org"
 	// the name and everything below it.
-	Allow []string `yaml:"allow"`
+	Allow []string
 	// Deny lists names that are refused even when Allow matches them; same
 	// syntax as Allow.
-	Deny []string `yaml:"deny"`
+	Deny []string
 	// Default is what happens to names neither list matches: "deny" (the
 	// default) or "allow". Encoded-name detection applies either way.
-	Default string `yaml:"default,omitempty"`
+	Default string
 	// HighCardinality lists domains (they and everything below) that
 	// legitimately use many distinct, machine-made names, such as CDNs: the
 	// per-domain distinct-name, data and randomness limits are multiplied by
 	// HighCardinalityFactor for them. Per-name detection still applies.
-	HighCardinality []string `yaml:"high_cardinality"`
+	HighCardinality []string
 	// RateLimit bounds the queries per second of this sandbox.
-	RateLimit RateLimit `yaml:"rate_limit,omitempty"`
+	RateLimit RateLimit
 	// RareTypes bounds queries of rarely needed types (TXT and every type
 	// but A, AAAA, CNAME, PTR, MX, SRV, NS, SOA, HTTPS, SVCB, CAA, DS,
 	// DNSKEY, TLSA, NAPTR), which carry the most data per answer. Default
 	// 0.2 per second with a burst of 20. NULL and private-use types are
 	// never served.
-	RareTypes RateLimit `yaml:"rare_types,omitempty"`
+	RareTypes RateLimit
 	// Detection tunes the encoded-name and stream detection.
-	Detection Detection `yaml:"detection,omitempty"`
-	// LocalAllow lists the networks (CIDRs, or bare addresses) of local
-	// addresses this sandbox's answers may carry: loopback, link-local,
-	// private, unique-local, cloud metadata and the host's own addresses are
-	// refused in answers otherwise (DNS rebinding). The agent fills it from
-	// the sandbox's explicit egress rules (egress.allow, loopback services).
-	LocalAllow []string `yaml:"local_allow,omitempty"`
+	Detection Detection
+	// LocalAllow lists the networks of local addresses this sandbox's
+	// answers may carry: loopback, link-local, private, unique-local, cloud
+	// metadata and the host's own addresses are refused in answers
+	// otherwise (DNS rebinding). The planner fills it from the sandbox's
+	// explicit egress rules (egress.allow, loopback services), parsed by
+	// policy.ParseCIDR.
+	LocalAllow []netip.Prefix
 	// RecordOnly is set for a sandbox in record mode: names the allow and
 	// deny lists would refuse are forwarded, and the event is a
 	// would-refuse record instead of a refusal.
-	RecordOnly bool `yaml:"record_only,omitempty"`
+	RecordOnly bool
 }
 
 // RateLimit is a token bucket.
 type RateLimit struct {
 	// QPS is the sustained rate; 0 means unlimited.
-	QPS float64 `yaml:"qps"`
+	QPS float64
 	// Burst is the bucket size; default 2*QPS (at least 1).
-	Burst float64 `yaml:"burst,omitempty"`
+	Burst float64
 }
 
 // Detection tunes detection for one sandbox. Zero values take the
@@ -83,140 +74,76 @@ type RateLimit struct {
 type Detection struct {
 	// Mode is "enforce" (default: block), "record" (allow, but record an
 	// alert event for what enforce would have blocked) or "off".
-	Mode string `yaml:"mode,omitempty"`
+	Mode string
 	// Window is the length of the per-domain counting window. Default 5m.
-	Window Duration `yaml:"window,omitempty"`
+	Window Duration
 	// BlockFor is how long a domain stays cut off once a stream limit is
 	// reached. Default 30m.
-	BlockFor Duration `yaml:"block_for,omitempty"`
-	// MaxDistinctNames and MaxUniqueBytes are accepted for old policies and
-	// ignored: the information budget (MaxInfoBits) replaced both cuts.
-	MaxDistinctNames int `yaml:"max_distinct_names,omitempty"`
-	MaxUniqueBytes   int `yaml:"max_unique_bytes,omitempty"`
+	BlockFor Duration
+	// MaxDistinctNames is ignored, carried from the policy file's
+	// detection.max_distinct_names: the information budget (MaxInfoBits)
+	// replaced the distinct-name cut.
+	MaxDistinctNames int
 	// MaxInfoBits is the information budget: the new bits name heads may
 	// carry under one domain per InfoWindow (info.go) before the domain is
 	// cut off. Default 4800 (600 bytes: a sustained byte per second is cut
 	// within 10 minutes).
-	MaxInfoBits float64 `yaml:"max_info_bits,omitempty"`
+	MaxInfoBits float64
 	// InfoWindow is the sliding window of the information budget. Default
 	// 10m.
-	InfoWindow Duration `yaml:"info_window,omitempty"`
+	InfoWindow Duration
 	// MaxEncodedNames is the number of names judged encoded under one domain
 	// per window that cuts the domain off. Default 2.
-	MaxEncodedNames int `yaml:"max_encoded_names,omitempty"`
-	// MaxRandomBits is accepted for old policies and ignored: random names
-	// spend the information budget.
-	MaxRandomBits float64 `yaml:"max_random_bits,omitempty"`
+	MaxEncodedNames int
 	// HighCardinalityFactor multiplies the limits above for domains listed
 	// in HighCardinality. Default 16.
-	HighCardinalityFactor int `yaml:"high_cardinality_factor,omitempty"`
+	HighCardinalityFactor int
 }
 
-// Duration is a time.Duration written as "30s", "5m" in YAML.
+// Duration is a time.Duration in a Policy.
 type Duration time.Duration
 
-// UnmarshalText parses a Go duration string.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil || v < 0 {
-		return &valueError{value: string(b), msg: "not a non-negative duration such as 30s or 5m"}
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalText writes the duration as a Go duration string.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
-
-// valueError is a bad scalar value found by an unmarshaler.
-type valueError struct{ value, msg string }
-
-func (e *valueError) Error() string { return fmt.Sprintf("%q: %s", e.value, e.msg) }
-
-// LoadPolicyFile reads and validates a policy file.
-func LoadPolicyFile(path string) (*Policy, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("dns policy: %w", err)
-	}
-	p, err := ParsePolicy(b)
-	if err != nil {
-		return nil, fmt.Errorf("dns policy %s: %w", path, err)
-	}
-	return p, nil
-}
-
-// ParsePolicy decodes and validates a YAML policy. Unknown fields are
-// errors; every error names the line at fault.
-func ParsePolicy(b []byte) (*Policy, error) {
-	var p Policy
-	dec := yaml.NewDecoder(bytes.NewReader(b), yaml.Strict())
-	if err := dec.Decode(&p); err != nil {
-		var ve *valueError
-		if errors.As(err, &ve) {
-			// Errors from our own unmarshalers carry no position: find it.
-			return nil, fmt.Errorf("line %d: %q: %s", lineOf(b, ve.value), ve.value, ve.msg)
-		}
-		return nil, errors.New(yaml.FormatError(err, false, false))
-	}
-	if err := p.validate(b); err != nil {
-		return nil, err
-	}
-	return &p, nil
-}
-
-// validate checks semantics the decoder cannot, reporting the line of the
-// offending value when it can find it in src.
-func (p *Policy) validate(src []byte) error {
+// validate checks what the types do not: name patterns, the allowed
+// values of the string fields, and non-negative limits.
+func (p *Policy) validate() error {
 	if len(p.Sandboxes) == 0 {
 		return errors.New("no sandboxes defined")
 	}
 	for name, sp := range p.Sandboxes {
 		if sp == nil {
-			return fmt.Errorf("line %d: sandbox %q has no policy", lineOf(src, name+":"), name)
+			return fmt.Errorf("sandbox %q has no policy", name)
 		}
 		for _, list := range [][]string{sp.Allow, sp.Deny, sp.HighCardinality} {
 			for _, e := range list {
 				if err := checkPattern(e); err != nil {
-					return fmt.Errorf("line %d: sandbox %q: %w", lineOf(src, e), name, err)
+					return fmt.Errorf("sandbox %q: %w", name, err)
 				}
 			}
 		}
 		for _, c := range sp.LocalAllow {
-			if _, err := parseCIDR(c); err != nil {
-				return fmt.Errorf("line %d: sandbox %q: local_allow: %w", lineOf(src, c), name, err)
+			if !c.IsValid() {
+				return fmt.Errorf("sandbox %q: invalid LocalAllow network %v", name, c)
 			}
 		}
 		switch sp.Default {
 		case "", "deny", "allow":
 		default:
-			return fmt.Errorf("line %d: sandbox %q: default must be allow or deny, not %q",
-				lineOf(src, "default:"), name, sp.Default)
+			return fmt.Errorf("sandbox %q: default must be allow or deny, not %q", name, sp.Default)
 		}
 		switch sp.Detection.Mode {
 		case "", "enforce", "record", "off":
 		default:
-			return fmt.Errorf("line %d: sandbox %q: detection mode must be enforce, record or off, not %q",
-				lineOf(src, "mode:"), name, sp.Detection.Mode)
+			return fmt.Errorf("sandbox %q: detection mode must be enforce, record or off, not %q", name, sp.Detection.Mode)
 		}
 		if sp.RateLimit.QPS < 0 || sp.RateLimit.Burst < 0 || sp.RareTypes.QPS < 0 || sp.RareTypes.Burst < 0 {
-			return fmt.Errorf("line %d: sandbox %q: negative rate limit", lineOf(src, "rate_limit:"), name)
+			return fmt.Errorf("sandbox %q: negative rate limit", name)
 		}
-		if sp.Detection.MaxDistinctNames < 0 || sp.Detection.MaxUniqueBytes < 0 ||
-			sp.Detection.MaxEncodedNames < 0 || sp.Detection.MaxRandomBits < 0 || sp.Detection.MaxInfoBits < 0 || sp.Detection.HighCardinalityFactor < 0 {
-			return fmt.Errorf("line %d: sandbox %q: negative detection limit", lineOf(src, "detection:"), name)
+		if sp.Detection.MaxDistinctNames < 0 || sp.Detection.MaxEncodedNames < 0 ||
+			sp.Detection.MaxInfoBits < 0 || sp.Detection.HighCardinalityFactor < 0 {
+			return fmt.Errorf("sandbox %q: negative detection limit", name)
 		}
 	}
 	return nil
-}
-
-// lineOf returns the 1-based line of the first occurrence of s in src, or 0.
-func lineOf(src []byte, s string) int {
-	i := bytes.Index(src, []byte(s))
-	if i < 0 {
-		return 0
-	}
-	return bytes.Count(src[:i], []byte("\n")) + 1
 }
 
 // checkPattern validates one allow/deny/high-cardinality entry.
@@ -351,9 +278,7 @@ func compilePolicy(p *Policy) *compiledPolicy {
 			},
 		}
 		for _, c := range sp.LocalAllow {
-			if p, err := parseCIDR(c); err == nil {
-				cs.localAllow = append(cs.localAllow, p)
-			}
+			cs.localAllow = append(cs.localAllow, c.Masked())
 		}
 		if cs.mode == "" {
 			cs.mode = "enforce"
@@ -371,18 +296,6 @@ func compilePolicy(p *Policy) *compiledPolicy {
 		cp.sandboxes[name] = cs
 	}
 	return cp
-}
-
-// parseCIDR parses "10.0.0.0/8", "fd00::/8" or a bare address (that host).
-func parseCIDR(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is not a network (10.0.0.0/8) or an address", s)
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 func orDuration(d Duration, def time.Duration) time.Duration {

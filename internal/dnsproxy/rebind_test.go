@@ -124,13 +124,11 @@ func TestRebindingRefused(t *testing.T) {
 	s, _ := startProxy(t, Config{
 		Listeners: []Listener{{Addr: "127.0.0.1:0", Sandbox: "sb"}, {Addr: "127.0.0.1:0", Sandbox: "corp"}},
 		Upstreams: []string{up},
-		Policy: mustPolicy(t, `sandboxes:
-  sb:
-    default: allow
-  corp:
-    default: allow
-    local_allow: [10.20.0.0/16, 127.0.0.0/8, "::1"]
-`),
+		Policy: policyOf(map[string]*SandboxPolicy{
+			"sb": {Default: "allow"},
+			"corp": {Default: "allow", LocalAllow: []netip.Prefix{
+				netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}},
+		}),
 		HostAddrs: func() ([]netip.Addr, error) { return []netip.Addr{hostAddr, netip.MustParseAddr("127.0.0.1")}, nil },
 		OnAnswer: func(a Answer) {
 			mu.Lock()

@@ -160,7 +160,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Policy == nil {
 		return nil, errors.New("dnsproxy: no policy")
 	}
-	if err := cfg.Policy.validate(nil); err != nil {
+	if err := cfg.Policy.validate(); err != nil {
 		return nil, fmt.Errorf("dnsproxy: policy: %w", err)
 	}
 	for _, up := range cfg.Upstreams {
@@ -217,22 +217,11 @@ func (s *Server) SetPolicy(p *Policy) error {
 	if p == nil {
 		return errors.New("dnsproxy: nil policy")
 	}
-	if err := p.validate(nil); err != nil {
+	if err := p.validate(); err != nil {
 		return fmt.Errorf("dnsproxy: policy: %w", err)
 	}
 	s.policy.Store(compilePolicy(p))
 	return nil
-}
-
-// Reload reads a policy file and applies it; on any error (unreadable,
-// unknown field, bad pattern: the message names the line) the current
-// policy stays in force.
-func (s *Server) Reload(path string) error {
-	p, err := LoadPolicyFile(path)
-	if err != nil {
-		return err
-	}
-	return s.SetPolicy(p)
 }
 
 // Stats returns a snapshot of the counters.

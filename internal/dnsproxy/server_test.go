@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,13 +13,13 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 )
 
-const basicPolicy = `
-sandboxes:
-  sb:
-    allow: [pypi.org, "*.pythonhosted.org", .example.com, .google.com, .bigcorp.io]
-    deny: [secret.example.com]
-    high_cardinality: [cdn.example.com]
-`
+func basicPolicy() *Policy {
+	return policyOf(map[string]*SandboxPolicy{"sb": {
+		Allow:           []string{"pypi.org", "*.pythonhosted.org", ".example.com", ".google.com", ".bigcorp.io"},
+		Deny:            []string{"secret.example.com"},
+		HighCardinality: []string{"cdn.example.com"},
+	}})
+}
 
 func TestForwardCacheAndOnAnswer(t *testing.T) {
 	up := startUpstream(t)
@@ -31,7 +29,7 @@ func TestForwardCacheAndOnAnswer(t *testing.T) {
 	events := &eventLog{}
 	s, addr := startProxy(t, Config{
 		Upstreams: []string{up.addr},
-		Policy:    mustPolicy(t, basicPolicy),
+		Policy:    basicPolicy(),
 		Events:    events,
 		Now:       clock.Now,
 		OnAnswer: func(a Answer) {
@@ -104,7 +102,7 @@ func TestForwardCacheAndOnAnswer(t *testing.T) {
 func TestBlockedAnswers(t *testing.T) {
 	up := startUpstream(t)
 	events := &eventLog{}
-	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: mustPolicy(t, basicPolicy), Events: events})
+	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: basicPolicy(), Events: events})
 
 	cases := []struct {
 		name   string
@@ -177,7 +175,7 @@ func TestPatterns(t *testing.T) {
 
 func TestStreamCutoff(t *testing.T) {
 	up := startUpstream(t)
-	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: mustPolicy(t, basicPolicy)})
+	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: basicPolicy()})
 	// Many cheap distinct names under one domain (host1, host2, ...) carry
 	// little information: the old fixed cut refused the 17th; the budget
 	// lets them through.
@@ -233,14 +231,10 @@ func TestStreamCutoff(t *testing.T) {
 
 func TestRateLimitPerSandbox(t *testing.T) {
 	up := startUpstream(t)
-	pol := mustPolicy(t, `
-sandboxes:
-  noisy:
-    allow: [.example.com]
-    rate_limit: {qps: 1, burst: 5}
-  quiet:
-    allow: [.example.com]
-`)
+	pol := policyOf(map[string]*SandboxPolicy{
+		"noisy": {Allow: []string{".example.com"}, RateLimit: RateLimit{QPS: 1, Burst: 5}},
+		"quiet": allowOnly(".example.com"),
+	})
 	s, err := New(Config{HostAddrs: noHostAddrs,
 		Upstreams: []string{up.addr},
 		Policy:    pol,
@@ -279,11 +273,7 @@ sandboxes:
 func TestAddrTableResolver(t *testing.T) {
 	up := startUpstream(t)
 	table := NewAddrTable()
-	pol := mustPolicy(t, `
-sandboxes:
-  a: {allow: [a.example.com]}
-  b: {allow: [b.example.com]}
-`)
+	pol := policyOf(map[string]*SandboxPolicy{"a": allowOnly("a.example.com"), "b": allowOnly("b.example.com")})
 	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Policy: pol, Sandboxes: table})
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +311,7 @@ sandboxes:
 
 func TestTruncationAndTCP(t *testing.T) {
 	up := startUpstream(t)
-	_, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: mustPolicy(t, basicPolicy)})
+	_, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: basicPolicy()})
 	// Upstream TXT answer is ~4 kB: it truncates over UDP, the proxy retries
 	// over TCP and caches the whole answer.
 	r := query(t, addr, "txt.example.com", dns.TypeTXT)
@@ -347,11 +337,11 @@ func TestUpstreamFailure(t *testing.T) {
 	up := startUpstream(t)
 	// Nothing listens on the first upstream (a port we bind and close).
 	dead := deadAddr(t)
-	s, addr := startProxy(t, Config{Upstreams: []string{dead, up.addr}, Policy: mustPolicy(t, basicPolicy), UpstreamTimeout: 300 * time.Millisecond})
+	s, addr := startProxy(t, Config{Upstreams: []string{dead, up.addr}, Policy: basicPolicy(), UpstreamTimeout: 300 * time.Millisecond})
 	if r := query(t, addr, "www.example.com", dns.TypeA); r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("second upstream not tried: %s", dns.RcodeToString[r.Rcode])
 	}
-	_, addr2 := startProxy(t, Config{Upstreams: []string{dead}, Policy: mustPolicy(t, basicPolicy), UpstreamTimeout: 300 * time.Millisecond})
+	_, addr2 := startProxy(t, Config{Upstreams: []string{dead}, Policy: basicPolicy(), UpstreamTimeout: 300 * time.Millisecond})
 	r := query(t, addr2, "www.example.com", dns.TypeA)
 	if r.Rcode != dns.RcodeServerFailure {
 		t.Fatalf("all upstreams down: %s, want SERVFAIL", dns.RcodeToString[r.Rcode])
@@ -364,72 +354,46 @@ func TestUpstreamFailure(t *testing.T) {
 
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	s, addr := startProxy(t, Config{Policy: mustPolicy(t, basicPolicy)})
+	s, addr := startProxy(t, Config{Policy: basicPolicy()})
 	s.Close()
 	return addr
 }
 
-func TestPolicyErrorsNameTheLine(t *testing.T) {
-	cases := map[string]string{
-		"unknown field": "sandboxes:\n  sb:\n    allow: [a.com]\n    alow: [b.com]\n",
-		"bad pattern":   "sandboxes:\n  sb:\n    allow:\n      - a.com\n      - \"bad name!.com\"\n",
-		"bad default":   "sandboxes:\n  sb:\n    allow: [a.com]\n    default: maybe\n",
-		"bad duration":  "sandboxes:\n  sb:\n    detection:\n      window: soon\n",
-	}
-	wantLine := map[string]string{"unknown field": "4", "bad pattern": "5", "bad default": "4", "bad duration": "4"}
-	for name, y := range cases {
-		_, err := ParsePolicy([]byte(y))
-		if err == nil {
-			t.Errorf("%s: accepted", name)
-			continue
-		}
-		if !strings.Contains(err.Error(), "line "+wantLine[name]) && !strings.Contains(err.Error(), "["+wantLine[name]+":") {
-			t.Errorf("%s: error does not name line %s: %v", name, wantLine[name], err)
-		}
-	}
-}
-
-func TestReloadKeepsPolicyOnError(t *testing.T) {
+// A policy the proxy cannot serve as given is refused whole, and the
+// one in force stays.
+func TestSetPolicyKeepsPolicyOnError(t *testing.T) {
 	up := startUpstream(t)
-	dir := t.TempDir()
-	path := filepath.Join(dir, "dns.yaml")
-	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: mustPolicy(t, basicPolicy)})
-	if err := os.WriteFile(path, []byte("sandboxes:\n  sb:\n    allow: [.example.org]\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Reload(path); err != nil {
+	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Policy: basicPolicy()})
+	if err := s.SetPolicy(policyOf(map[string]*SandboxPolicy{"sb": allowOnly(".example.org")})); err != nil {
 		t.Fatal(err)
 	}
 	if r := query(t, addr, "www.example.org", dns.TypeA); r.Rcode != dns.RcodeSuccess {
-		t.Fatalf("reloaded policy not in force")
+		t.Fatalf("new policy not in force")
 	}
-	if err := os.WriteFile(path, []byte("sandboxes:\n  sb:\n    allow: [.example.net]\n    colour: blue\n"), 0o600); err != nil {
-		t.Fatal(err)
+	bad := map[string]*SandboxPolicy{
+		"bad pattern":     {Allow: []string{".example.net", "bad name!.com"}},
+		"bad default":     {Allow: []string{".example.net"}, Default: "maybe"},
+		"bad mode":        {Allow: []string{".example.net"}, Detection: Detection{Mode: "loud"}},
+		"negative limit":  {Allow: []string{".example.net"}, RateLimit: RateLimit{QPS: -1}},
+		"invalid network": {Allow: []string{".example.net"}, LocalAllow: []netip.Prefix{{}}},
 	}
-	err := s.Reload(path)
-	if err == nil || !strings.Contains(err.Error(), "colour") {
-		t.Fatalf("broken policy: %v", err)
-	}
-	if !strings.Contains(err.Error(), "[4:") && !strings.Contains(err.Error(), "line 4") {
-		t.Errorf("error does not name line 4: %v", err)
+	for name, sp := range bad {
+		if err := s.SetPolicy(policyOf(map[string]*SandboxPolicy{"sb": sp})); err == nil || !strings.Contains(err.Error(), `sandbox "sb"`) {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 	if r := query(t, addr, "www.example.org", dns.TypeA); r.Rcode != dns.RcodeSuccess {
-		t.Errorf("previous policy lost after a failed reload")
+		t.Errorf("previous policy lost after a refused one")
 	}
 	if r := query(t, addr, "www.example.net", dns.TypeA); r.Rcode != dns.RcodeNameError {
-		t.Errorf("broken policy partly applied")
+		t.Errorf("refused policy partly applied")
 	}
 }
 
 func TestRecordMode(t *testing.T) {
 	up := startUpstream(t)
 	events := &eventLog{}
-	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events, Policy: mustPolicy(t, `
-sandboxes:
-  sb:
-    allow: [.example.com]
-    detection: {mode: record}
-`)})
+	s, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events, Policy: policyOf(map[string]*SandboxPolicy{"sb": {Allow: []string{".example.com"}, Detection: Detection{Mode: "record"}}})})
 	r := query(t, addr, "6d792070617373776f7264206973206875.example.com", dns.TypeA)
 	if r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("record mode blocked: %s", dns.RcodeToString[r.Rcode])
@@ -445,7 +409,7 @@ sandboxes:
 
 func TestStateIsBounded(t *testing.T) {
 	up := startUpstream(t)
-	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Policy: mustPolicy(t, "sandboxes:\n  sb:\n    default: allow\n"), CacheEntries: 1000})
+	s, err := New(Config{HostAddrs: noHostAddrs, Upstreams: []string{up.addr}, Policy: policyOf(map[string]*SandboxPolicy{"sb": {Default: "allow"}}), CacheEntries: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,13 +449,7 @@ func TestStateIsBounded(t *testing.T) {
 func TestRecordOnlySandbox(t *testing.T) {
 	up := startUpstream(t)
 	events := &eventLog{}
-	_, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events, Policy: mustPolicy(t, `
-sandboxes:
-  sb:
-    allow: [.example.com]
-    deny: [bad.example.com]
-    record_only: true
-`)})
+	_, addr := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events, Policy: policyOf(map[string]*SandboxPolicy{"sb": {Allow: []string{".example.com"}, Deny: []string{"bad.example.com"}, RecordOnly: true}})})
 	for _, tc := range []struct {
 		name, reason string
 		verdict      audit.Verdict
@@ -517,12 +475,7 @@ sandboxes:
 	}
 
 	events2 := &eventLog{}
-	_, enforcing := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events2, Policy: mustPolicy(t, `
-sandboxes:
-  sb:
-    allow: [.example.com]
-    deny: [bad.example.com]
-`)})
+	_, enforcing := startProxy(t, Config{Upstreams: []string{up.addr}, Events: events2, Policy: policyOf(map[string]*SandboxPolicy{"sb": {Allow: []string{".example.com"}, Deny: []string{"bad.example.com"}}})})
 	for _, name := range []string{"unlisted.org.", "bad.example.com."} {
 		if r := query(t, enforcing, name, dns.TypeA); r.Rcode != dns.RcodeNameError {
 			t.Errorf("%s enforced: %s, want NXDOMAIN", name, dns.RcodeToString[r.Rcode])

@@ -24,7 +24,7 @@ func TestLocalAnswersPerPreset(t *testing.T) {
 	for _, preset := range policy.PresetNames() {
 		p := parse(t, fmt.Sprintf("version: 1\nsandboxes:\n  - name: sb\n    select: {cgroups: [/w/sb]}\n    preset: %s\n", preset))
 		plan, _ := compile(t, p, env)
-		got := plan.DNS.Sandboxes["sb"].LocalAllow
+		got := prefixStrings(plan.DNS.Sandboxes["sb"].LocalAllow)
 		w, ok := want[preset]
 		if !ok {
 			t.Errorf("preset %s: no expectation", preset)
@@ -46,12 +46,20 @@ sandboxes:
     egress: {default: allow}
 `)
 	plan, _ := compile(t, p, env)
-	if got := plan.DNS.Sandboxes["svc"].LocalAllow; !slices.Equal(got, []string{"127.0.0.0/8", "::1/128"}) {
+	if got := prefixStrings(plan.DNS.Sandboxes["svc"].LocalAllow); !slices.Equal(got, []string{"127.0.0.0/8", "::1/128"}) {
 		t.Errorf("loopback service: LocalAllow %v", got)
 	}
-	if got := plan.DNS.Sandboxes["open"].LocalAllow; !slices.Equal(got, []string{"0.0.0.0/0", "::/0"}) {
+	if got := prefixStrings(plan.DNS.Sandboxes["open"].LocalAllow); !slices.Equal(got, []string{"0.0.0.0/0", "::/0"}) {
 		t.Errorf("egress default allow: LocalAllow %v", got)
 	}
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
 }
 
 // TestSideDoorsPlanned: a sandbox whose egress is not allow gets the ping

@@ -197,10 +197,10 @@ func (c *compiler) network(sb *policy.Sandbox, sid uint32) error {
 // carry local addresses (loopback, private, metadata...) only inside the
 // networks its explicit egress rules name (egress.allow, loopback services,
 // every network for egress default allow); anything else is DNS rebinding.
-func localAllowOf(rules []egressrules.Rule) []string {
-	var out []string
+func localAllowOf(rules []egressrules.Rule) []netip.Prefix {
+	var out []netip.Prefix
 	for _, r := range rules {
-		if p := r.Prefix.Masked().String(); !slices.Contains(out, p) {
+		if p := r.Prefix.Masked(); !slices.Contains(out, p) {
 			out = append(out, p)
 		}
 	}

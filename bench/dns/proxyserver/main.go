@@ -1,5 +1,6 @@
 // Command proxyserver runs the DNS allowlist proxy alone for benchmarks
-// (bench/dns/run.sh): one listener, one sandbox, a policy file, upstreams.
+// (bench/dns/run.sh): one listener, one sandbox, a watcher policy file
+// (its DNS policy compiled as the agent compiles it), upstreams.
 //
 //	go run ./bench/dns/proxyserver -listen 127.0.0.1:5391 -policy p.yaml -upstream 127.0.0.1:5390
 package main
@@ -16,30 +17,36 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/dnsproxy"
+	"github.com/watcherhq/watcher/internal/plan"
+	"github.com/watcherhq/watcher/internal/policy"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:5391", "address to serve on (UDP and TCP)")
-	policy := flag.String("policy", "", "policy YAML file")
+	policyPath := flag.String("policy", "", "watcher policy file")
 	sandbox := flag.String("sandbox", "bench", "sandbox of every query")
 	upstreams := flag.String("upstream", "", "comma-separated upstream resolvers")
 	statsEvery := flag.Duration("stats", 0, "log counters this often (0: only at exit)")
 	flag.Parse()
-	if err := run(*listen, *policy, *sandbox, *upstreams, *statsEvery); err != nil {
+	if err := run(*listen, *policyPath, *sandbox, *upstreams, *statsEvery); err != nil {
 		fmt.Fprintln(os.Stderr, "proxyserver:", err)
 		os.Exit(1)
 	}
 }
 
 func run(listen, policyPath, sandbox, upstreams string, statsEvery time.Duration) error {
-	p, err := dnsproxy.LoadPolicyFile(policyPath)
+	p, err := policy.Load(policyPath)
+	if err != nil {
+		return err
+	}
+	pl, err := plan.Compile(p, plan.Env{}, plan.NewRuleTable())
 	if err != nil {
 		return err
 	}
 	s, err := dnsproxy.New(dnsproxy.Config{
 		Listeners: []dnsproxy.Listener{{Addr: listen, Sandbox: sandbox}},
 		Upstreams: strings.Split(upstreams, ","),
-		Policy:    p,
+		Policy:    pl.DNS,
 	})
 	if err != nil {
 		return err

@@ -113,10 +113,7 @@ func setup(t testing.TB) *fixture {
 	dir.Set("rec", recordID)
 	f.admit = &dnsbind.Admitter{Egress: f.eg, Directory: dir}
 	f.dir = dir
-	pol, err := dnsproxy.ParsePolicy([]byte("sandboxes:\n  sb:\n    allow: [.allowed.test, .cdn.test]\n  rec:\n    allow: [.allowed.test]\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := compiledPolicy(t, dnsSandbox("sb", ".allowed.test, .cdn.test", "")+dnsSandbox("rec", ".allowed.test", "")).DNS
 	f.proxy, err = dnsproxy.New(dnsproxy.Config{
 		Listeners: []dnsproxy.Listener{{Addr: "127.0.0.1:0"}, {Addr: "[::1]:0"}},
 		Upstreams: []string{netip.AddrPortFrom(f.net.dnsSrv, 53).String()},
@@ -477,14 +474,11 @@ func TestRulesOverflowAndReattach(t *testing.T) {
 	svc := listenLoopback(t, "127.0.0.1")
 	other := listenLoopback(t, "127.0.0.1")
 	cidr := listenLoopback(t, "127.0.0.8")
-	pol, err := egress.ParsePolicy([]byte("services:\n  - name: db\n    port: " + itoa(svc.Port()) + "\nallow:\n  - cidr: 127.0.0.8/32\n    ports: " + itoa(cidr.Port()) + "\n    protocol: tcp\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, _, err := pol.Config(100)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A loopback service and a network rule, as the agent compiles them.
+	pl := compiledPolicy(t, "  - name: sb\n    select: {cgroups: [/sb]}\n    egress:\n"+
+		"      loopback: [{name: db, port: "+itoa(svc.Port())+"}]\n"+
+		"      allow: [{cidr: 127.0.0.8/32, ports: ["+itoa(cidr.Port())+"], protocol: tcp}]\n")
+	cfg := pl.Egress[pl.SandboxIDs["sb"]]
 	if err := eg.SetSandbox(sandboxID, cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -90,11 +90,10 @@ func testRebinding(t *testing.T, f *fixture) {
 	}
 	t.Cleanup(func() { f.eg.Detach(cg) })
 	f.dir.Set("local", localID)
-	pol, err := dnsproxy.ParsePolicy([]byte("sandboxes:\n  sb:\n    allow: [.allowed.test, .cdn.test]\n  rec:\n    allow: [.allowed.test]\n" +
-		"  local:\n    allow: [.allowed.test]\n    local_allow: [127.0.0.0/8]\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// "local" names loopback in its egress rules: its answers may carry
+	// loopback addresses (the proxy's local allowance).
+	pol := compiledPolicy(t, dnsSandbox("sb", ".allowed.test, .cdn.test", "")+dnsSandbox("rec", ".allowed.test", "")+
+		dnsSandbox("local", ".allowed.test", "    egress: {allow: [{cidr: 127.0.0.0/8}]}\n")).DNS
 	if err := f.proxy.SetPolicy(pol); err != nil {
 		t.Fatal(err)
 	}
