@@ -59,8 +59,8 @@ const (
 	OpOtherIPC        = lsmrules.OpOtherIPC
 	OpTTYInject       = lsmrules.OpTTYInject
 	OpNotifyMark      = lsmrules.OpNotifyMark
-	// opMax is one past the last operation (OP_MAX in bpf/lsm.c).
-	opMax = lsmrules.OpNotifyMark + 1
+	// opMax is one past the last operation (LSM_OP_MAX in bpf/lsm.c).
+	opMax Op = 30
 )
 
 // Access bits and wildcards: lsmrules'.
