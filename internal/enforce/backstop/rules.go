@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
@@ -623,22 +624,14 @@ const mountedSB = 0xffffffff
 // mountedDevs lists the devices of the filesystems mounted in this
 // process's mount namespace, where Dirs' paths were resolved.
 func mountedDevs() ([]uint32, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := cgroupfs.ReadMountinfo("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("backstop dir rules: %w", err)
 	}
 	seen := map[uint32]bool{}
 	var out []uint32
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 3 {
-			continue
-		}
-		var maj, min uint32
-		if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
-			continue
-		}
-		d := maj<<20 | min
+	for _, m := range mounts {
+		d := m.Major<<20 | m.Minor
 		if !seen[d] {
 			seen[d] = true
 			out = append(out, d)
