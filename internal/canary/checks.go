@@ -350,10 +350,7 @@ func dnsListed(entries []string, name string) bool {
 func egressAllowsLoopback(e *policy.Egress) bool {
 	lo := netip.MustParseAddr("127.0.0.1")
 	for _, r := range e.Allow {
-		if p, err := netip.ParsePrefix(r.CIDR); err == nil && p.Contains(lo) {
-			return true
-		}
-		if a, err := netip.ParseAddr(r.CIDR); err == nil && a == lo {
+		if p, err := policy.ParseCIDR(r.CIDR); err == nil && p.Contains(lo) {
 			return true
 		}
 	}
