@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/pipeline"
 )
 
 // EventHeader is the common header of every kernel event (struct event_hdr
@@ -124,7 +125,7 @@ type Reader struct {
 	ev    audit.Event         // decoded in place, then copied into the batch
 	cur   []audit.Event       // the batch being filled
 	comms map[[16]byte]string // interned process names
-	burst bursts
+	burst *pipeline.Fold      // the fold stage
 }
 
 // maxFastKind bounds the kinds looked up in Reader.byKind.
@@ -172,7 +173,7 @@ func (e *Engine) NewReader(opts ReaderOptions) *Reader {
 		free:    make(chan []audit.Event, 8),
 		bootOff: bootOffset(),
 		comms:   map[[16]byte]string{},
-		burst:   newBursts(opts.Burst),
+		burst:   pipeline.NewFold(opts.Burst),
 		ctx:     context.Background(),
 	}
 }
@@ -318,9 +319,9 @@ func (r *Reader) readRings(ctx context.Context, wait *ringWait, alertRd, routine
 				break
 			}
 		}
-		r.burst.flush(time.Now(), false, r.deliver)
+		r.burst.Flush(time.Now(), false, r.deliver)
 		if ctx.Err() != nil {
-			r.burst.flush(time.Now(), true, r.deliver)
+			r.burst.Flush(time.Now(), true, r.deliver)
 			r.handOver()
 			return nil
 		}
@@ -352,7 +353,7 @@ func (r *Reader) drain(rd *ringbuf.Reader, rec *ringbuf.Record, limit int) (int,
 		r.handle(rec.RawSample)
 		if n%1024 == 0 {
 			// A burst that never pauses still gets a record per maxAge.
-			r.burst.flush(time.Now(), false, r.deliver)
+			r.burst.Flush(time.Now(), false, r.deliver)
 		}
 		if rec.Remaining == 0 {
 			break
@@ -465,7 +466,7 @@ func (r *Reader) handle(raw []byte) {
 		r.decodeErrs.Add(1)
 		return
 	}
-	if ev.Verdict != audit.VerdictAllowed && r.burst.fold(ev) {
+	if ev.Verdict != audit.VerdictAllowed && r.burst.Fold(ev) {
 		r.folded.Add(1)
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
@@ -15,7 +16,10 @@ import (
 
 // Append adds e to the ledger unless sampling drops it, and returns its
 // sequence number and whether it was kept. Secrets are redacted first
-// (audit.Redact). The record is acknowledged (durable) once Durable()
+// (audit.Redact) and a missing time is set: this is the way in for
+// everything that does not come through the agent's pipeline (watcher
+// workspace, exec proofs, the ledger's own records), so no record reaches
+// the file unredacted. The record is acknowledged (durable) once Durable()
 // exceeds seq or a later Sync returns nil. While the ledger cannot write
 // (for example ENOSPC) kept records are counted and ErrNotWritten is
 // returned; they are reported in a loss record once writing works again.
@@ -24,6 +28,26 @@ func (l *Ledger) Append(e audit.Event) (seq uint64, kept bool, err error) {
 		e.Time = time.Now()
 	}
 	audit.Redact(&e)
+	return l.append(&e)
+}
+
+// AppendRedacted is Append for an event the pipeline's redact stage has
+// already redacted (pipeline.LedgerSink): it is appended as it is, not
+// redacted a second time, and neither kept nor changed. Only the pipeline
+// calls it; anything else appends with Append.
+func (l *Ledger) AppendRedacted(e *audit.Event) (seq uint64, kept bool, err error) {
+	if e.Time.IsZero() {
+		// The enrich stage sets it; a record without a time is still
+		// never written.
+		cp := *e
+		cp.Time = time.Now()
+		e = &cp
+	}
+	return l.append(e)
+}
+
+// append samples, encodes and buffers e, which it does not change.
+func (l *Ledger) append(e *audit.Event) (seq uint64, kept bool, err error) {
 	alert := e.IsAlert()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -31,7 +55,7 @@ func (l *Ledger) Append(e audit.Event) (seq uint64, kept bool, err error) {
 		return 0, false, ErrClosed
 	}
 	l.stats.Offered++
-	if !l.sampler.offer(&e, alert) {
+	if !l.sampler.offer(e, alert) {
 		l.stats.SampledOut++
 		return 0, false, nil
 	}
@@ -43,7 +67,7 @@ func (l *Ledger) Append(e audit.Event) (seq uint64, kept bool, err error) {
 		l.loseLocked(1, b2u(alert))
 		return 0, true, l.notWrittenLocked()
 	}
-	seq = l.appendLocked(&e, alert)
+	seq = l.appendLocked(e, alert)
 	if len(l.buf) >= l.opts.BufferBytes {
 		// write(2) only: page cache, no waiting for the disk.
 		l.flushLocked()
@@ -81,6 +105,16 @@ func (l *Ledger) Notify(e audit.Event) error {
 	return nil
 }
 
+// NotifyRedacted is Notify for the pipeline's ledger sink
+// (pipeline.RedactedAppender): AppendRedacted, failing only after Close.
+func (l *Ledger) NotifyRedacted(e *audit.Event) error {
+	_, _, err := l.AppendRedacted(e)
+	if errors.Is(err, ErrClosed) {
+		return err
+	}
+	return nil
+}
+
 // RecordLoss writes a loss record: count events lost at stage (ringbuf_alert,
 // ringbuf_routine, queue, sink:<name>, ...). Loss records are alerts and are
 // never sampled out.
@@ -97,7 +131,11 @@ func (l *Ledger) appendLocked(e *audit.Event, alert bool) uint64 {
 	l.buf, h = appendRecord(l.buf, l.lh, l.cur.next, l.cur.prev, e)
 	if n := len(l.buf) - start; n > MaxRecordBytes {
 		l.buf = l.buf[:start]
-		fitEvent(e)
+		// Cut a copy: e may be the pipeline's, which later sinks see.
+		cp := *e
+		cp.Redacted = slices.Clip(cp.Redacted)
+		fitEvent(&cp)
+		e = &cp
 		l.buf, h = appendRecord(l.buf, l.lh, l.cur.next, l.cur.prev, e)
 		if len(l.buf)-start > MaxRecordBytes {
 			l.buf = l.buf[:start]
