@@ -55,7 +55,7 @@ func (l *Ledger) append(e *audit.Event) (seq uint64, kept bool, err error) {
 		return 0, false, ErrClosed
 	}
 	l.stats.Offered++
-	if !l.sampler.offer(e, alert) {
+	if !l.sampler.Offer(e, alert) {
 		l.stats.SampledOut++
 		return 0, false, nil
 	}

@@ -113,12 +113,12 @@ func (l *Ledger) summaryLocked(now time.Time) {
 	if l.degraded {
 		return // counts carry over to the next summary
 	}
-	rows := l.sampler.rows()
+	rows := l.sampler.Rows()
 	if len(rows) == 0 {
 		return
 	}
 	e := audit.Event{Time: now, Kind: audit.KindSampleSummary, Verdict: audit.VerdictRecorded,
 		Severity: audit.SeverityRoutine, Mechanism: "ledger", Summary: &audit.SampleSummary{Rows: rows}}
 	l.appendLocked(&e, false)
-	l.sampler.reset()
+	l.sampler.Reset()
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/pipeline"
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
 )
@@ -181,7 +182,7 @@ type Ledger struct {
 	segStart   time.Time // when the segment was started
 	written    state     // after the last successful write(2)
 	durable    state     // after the last successful fdatasync
-	sampler    *sampler
+	sampler    *pipeline.Sampler
 	degraded   bool
 	truncFail  bool // the segment may hold bytes past written.off
 	lostSince  time.Time

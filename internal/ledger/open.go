@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/pipeline"
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/sys/unix"
 )
@@ -39,7 +40,7 @@ func Open(dir string, opts Options) (*Ledger, error) {
 	}
 	l := &Ledger{
 		dir: dir, opts: opts, lock: lock, lh: newLeafHasher(),
-		sampler: newSampler(opts.SampleEvery, opts.Seed),
+		sampler: pipeline.NewSampler(opts.SampleEvery, opts.Seed),
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), bgDone: make(chan struct{}),
 		work: make(chan string, 64), workDone: make(chan struct{}), ckptNotify: make(chan struct{}, 1),
 	}
