@@ -443,7 +443,6 @@ func (r *Reader) handle(raw []byte) {
 		Time:      time.Unix(0, int64(hdr.TsNs)+int64(r.bootOff)),
 		Kind:      reg.kind,
 		Mechanism: reg.mechanism,
-		Severity:  audit.SeverityRoutine,
 		Sandbox:   audit.Sandbox{CgroupID: hdr.SandboxCg, ID: hdr.SandboxId},
 		RuleID:    hdr.RuleId,
 		Process: audit.Process{
@@ -455,6 +454,9 @@ func (r *Reader) handle(raw []byte) {
 		ev.Verdict = verdicts[hdr.Verdict]
 	}
 	if ev.Verdict != audit.VerdictAllowed {
+		// Decoded, not a default: what the kernel did not allow is an
+		// alert, which the queue's reserve and the fold go by. The
+		// pipeline's enrich stage sets routine on the rest (Defaults).
 		ev.Severity = audit.SeverityAlert
 	}
 	// Decoding is pure: ids as the kernel wrote them, with the id as the
