@@ -134,8 +134,8 @@ func (f *frozenLeaves) take(sandbox string) []string {
 }
 
 // escapeSink is the escape watch in the fan-out: it classifies each event
-// (escape.Classify) and feeds the scorer; a score over the threshold comes back
-// as a decision, not a call into the agent.
+// (escape.Classify) and feeds the scorer; a score over the threshold comes
+// back as a decision, not a call into the agent.
 type escapeSink struct{ s *escape.Scorer }
 
 func (e escapeSink) Name() string { return "escape_watch" }
