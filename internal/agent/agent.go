@@ -456,7 +456,7 @@ func (a *Agent) startDNS() error {
 		Upstreams: upstreams,
 		Policy:    denyAllDNS(a.pol),
 		Sandboxes: dnsproxy.SandboxResolverFunc(a.dnsSandbox),
-		Events:    sinkFunc(a.emitErr),
+		Events:    pipeline.EmitFunc(a.emit),
 		OnAnswer:  a.onAnswer,
 		OwnProbe:  a.canaryProbeQuery,
 	}
@@ -650,12 +650,6 @@ func (a *Agent) emit(ev audit.Event) {
 }
 
 var eventPool = sync.Pool{New: func() any { return new(audit.Event) }}
-
-func (a *Agent) emitErr(ev audit.Event) error { a.emit(ev); return nil }
-
-type sinkFunc func(audit.Event) error
-
-func (f sinkFunc) Notify(e audit.Event) error { return f(e) }
 
 // applyPolicy compiles pol and writes it into every layer; on failure the
 // previous policy is written back and stays in force.

@@ -14,6 +14,7 @@ import (
 	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/escape"
+	"github.com/watcherhq/watcher/internal/pipeline"
 	"github.com/watcherhq/watcher/internal/policy"
 )
 
@@ -130,6 +131,27 @@ func (f *frozenLeaves) take(sandbox string) []string {
 	}
 	delete(f.paths, sandbox)
 	return out
+}
+
+// escapeSink is the escape watch in the fan-out: it classifies each event
+// (escape.Classify) and feeds the scorer; a score over the threshold comes
+// back as a decision, not a call into the agent.
+type escapeSink struct{ s *escape.Scorer }
+
+func (e escapeSink) Name() string { return "escape_watch" }
+func (e escapeSink) Close() error { return nil }
+func (e escapeSink) Consume(ev *audit.Event) (pipeline.Decision, error) {
+	// The classify step, once per event: most events carry no escape
+	// signal and stop here, in place; the few that do are scored with
+	// their class (the scorer copies only those).
+	sig, mult, ok := escape.Classify(ev)
+	if !ok {
+		return pipeline.Decision{}, nil
+	}
+	if d := e.s.ObserveClassified(ev, sig, mult); d != nil {
+		return pipeline.Decision{Kind: "escape", Value: d}, nil
+	}
+	return pipeline.Decision{}, nil
 }
 
 // escaped acts on an escape-watch decision: freeze the leaf that earned

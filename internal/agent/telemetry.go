@@ -16,7 +16,8 @@ import (
 )
 
 // newPipeline is the agent's event path, in order (see package pipeline):
-// the kernel reader has decoded; enrich and redact once; then the sinks.
+// the kernel reader has decoded and folded; enrich and redact once; then
+// the sinks, the ledger first (it samples, and does not redact again).
 // Sinks return decisions (the escape watch's freeze), carried out by
 // decide. The metrics sink is the one counter of events and losses:
 // /metrics and `watcher status` both read it; the rest of /metrics is read
@@ -24,10 +25,10 @@ import (
 func (a *Agent) newPipeline() *pipeline.Pipeline {
 	p := pipeline.New(
 		[]pipeline.Stage{
-			{Name: "enrich", Run: a.enrich},
+			{Name: "enrich", Run: pipeline.Enrich(a.enrich)},
 			{Name: "redact", Run: pipeline.Redact},
 		},
-		pipeline.Notifier{SinkName: "ledger", Sink: a.ledger},
+		pipeline.LedgerSink{Ledger: a.ledger},
 		pipeline.Notifier{SinkName: "tail", Sink: a.tail},
 		a.metrics,
 		escapeSink{a.escape},
@@ -51,23 +52,11 @@ func (a *Agent) newPipeline() *pipeline.Pipeline {
 	return p
 }
 
-// enrich is the enrich stage: what the producer left out, set once.
-// Kernel events arrive as decoded (ids, the kernel's verdict and severity):
-// sandbox and rule ids are named here, from the plan in force and the
-// agent's rule table.
-func (a *Agent) enrich(ev *audit.Event) bool {
-	if ev.Time.IsZero() {
-		ev.Time = time.Now()
-	}
-	if ev.Severity == "" {
-		ev.Severity = audit.SeverityRoutine
-		if ev.IsAlert() {
-			ev.Severity = audit.SeverityAlert
-		}
-	}
-	if ev.Kind == audit.KindAgent && ev.Mechanism == "" {
-		ev.Mechanism = "agent"
-	}
+// enrich is the agent's part of the enrich stage (pipeline.Enrich sets
+// the defaults first). Kernel events arrive as decoded (ids, the kernel's
+// verdict and severity): sandbox and rule ids are named here, from the
+// plan in force and the agent's rule table.
+func (a *Agent) enrich(ev *audit.Event) {
 	if ev.RuleID != 0 {
 		if name := a.rules.Name(ev.RuleID); name != "" {
 			ev.Rule = name
@@ -103,26 +92,6 @@ func (a *Agent) enrich(ev *audit.Event) bool {
 		}
 		ev.Sandbox.Labels[audit.LabelCanary] = check
 	}
-	return true
-}
-
-// escapeSink feeds the escape watch; a score over the threshold comes back
-// as a decision, not a call into the agent.
-type escapeSink struct{ s *escape.Scorer }
-
-func (e escapeSink) Name() string { return "escape_watch" }
-func (e escapeSink) Close() error { return nil }
-func (e escapeSink) Consume(ev *audit.Event) (pipeline.Decision, error) {
-	// Most events carry no escape signal: classify in place, so only the
-	// few that do are copied into the scorer (Observe takes its own copy,
-	// which escapes to the heap: one allocation per event otherwise).
-	if _, _, ok := escape.Classify(ev); !ok {
-		return pipeline.Decision{}, nil
-	}
-	if d := e.s.Observe(*ev); d != nil {
-		return pipeline.Decision{Kind: "escape", Value: d}, nil
-	}
-	return pipeline.Decision{}, nil
 }
 
 // decide carries out a sink's decision and returns the events that record

@@ -17,6 +17,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce/rules"
+	"github.com/watcherhq/watcher/internal/pipeline"
 )
 
 // EventHeader is the common header of every kernel event (struct event_hdr
@@ -125,7 +126,7 @@ type Reader struct {
 	ev    audit.Event         // decoded in place, then copied into the batch
 	cur   []audit.Event       // the batch being filled
 	comms map[[16]byte]string // interned process names
-	burst bursts
+	burst *pipeline.Fold      // the fold stage
 }
 
 // maxFastKind bounds the kinds looked up in Reader.byKind.
@@ -173,7 +174,7 @@ func (e *Engine) NewReader(opts ReaderOptions) *Reader {
 		free:    make(chan []audit.Event, 8),
 		bootOff: bootOffset(),
 		comms:   map[[16]byte]string{},
-		burst:   newBursts(opts.Burst),
+		burst:   pipeline.NewFold(opts.Burst),
 		ctx:     context.Background(),
 	}
 }
@@ -319,9 +320,9 @@ func (r *Reader) readRings(ctx context.Context, wait *ringWait, alertRd, routine
 				break
 			}
 		}
-		r.burst.flush(time.Now(), false, r.deliver)
+		r.burst.Flush(time.Now(), false, r.deliver)
 		if ctx.Err() != nil {
-			r.burst.flush(time.Now(), true, r.deliver)
+			r.burst.Flush(time.Now(), true, r.deliver)
 			r.handOver()
 			return nil
 		}
@@ -353,7 +354,7 @@ func (r *Reader) drain(rd *ringbuf.Reader, rec *ringbuf.Record, limit int) (int,
 		r.handle(rec.RawSample)
 		if n%1024 == 0 {
 			// A burst that never pauses still gets a record per maxAge.
-			r.burst.flush(time.Now(), false, r.deliver)
+			r.burst.Flush(time.Now(), false, r.deliver)
 		}
 		if rec.Remaining == 0 {
 			break
@@ -443,7 +444,6 @@ func (r *Reader) handle(raw []byte) {
 		Time:      time.Unix(0, int64(hdr.TsNs)+int64(r.bootOff)),
 		Kind:      reg.kind,
 		Mechanism: reg.mechanism,
-		Severity:  audit.SeverityRoutine,
 		Sandbox:   audit.Sandbox{CgroupID: hdr.SandboxCg, ID: hdr.SandboxId},
 		RuleID:    hdr.RuleId,
 		Process: audit.Process{
@@ -455,6 +455,9 @@ func (r *Reader) handle(raw []byte) {
 		ev.Verdict = verdicts[hdr.Verdict]
 	}
 	if ev.Verdict != audit.VerdictAllowed {
+		// Decoded, not a default: what the kernel did not allow is an
+		// alert, which the queue's reserve and the fold go by. The
+		// pipeline's enrich stage sets routine on the rest (Defaults).
 		ev.Severity = audit.SeverityAlert
 	}
 	// Decoding is pure: ids as the kernel wrote them, with the id as the
@@ -466,7 +469,7 @@ func (r *Reader) handle(raw []byte) {
 		r.decodeErrs.Add(1)
 		return
 	}
-	if ev.Verdict != audit.VerdictAllowed && r.burst.fold(ev) {
+	if ev.Verdict != audit.VerdictAllowed && r.burst.Fold(ev) {
 		r.folded.Add(1)
 		return
 	}

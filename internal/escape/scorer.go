@@ -144,16 +144,24 @@ func (s *Scorer) limits(sb string) (float64, time.Duration, bool) {
 // Observe scores one event. It returns a decision when the event takes its
 // sandbox's score to the threshold or above, once until Reset.
 func (s *Scorer) Observe(ev audit.Event) *Decision {
+	sig, mult, ok := Classify(&ev)
+	if !ok {
+		return nil
+	}
+	return s.ObserveClassified(&ev, sig, mult)
+}
+
+// ObserveClassified is Observe for an event already classified (Classify
+// returned sig, mult and true): a caller that classifies every event to
+// find the few worth scoring does not classify them twice. It keeps a copy
+// of ev, not ev.
+func (s *Scorer) ObserveClassified(ev *audit.Event, sig Signal, mult float64) *Decision {
 	if ev.Sandbox.Labels[audit.LabelCanary] != "" {
 		// The canary's probes prove the cage; they are never an attack.
 		return nil
 	}
-	name := SandboxKey(&ev)
+	name := SandboxKey(ev)
 	if name == "" {
-		return nil
-	}
-	sig, mult, ok := Classify(&ev)
-	if !ok {
 		return nil
 	}
 	threshold, window, enabled := s.limits(name)
@@ -171,7 +179,7 @@ func (s *Scorer) Observe(ev audit.Event) *Decision {
 	now := s.cfg.Now()
 	key := boxKey{sandbox: name}
 	if s.cfg.Leaf != nil {
-		key.leaf = s.cfg.Leaf(&ev)
+		key.leaf = s.cfg.Leaf(ev)
 	}
 
 	s.mu.Lock()
@@ -185,7 +193,7 @@ func (s *Scorer) Observe(ev audit.Event) *Decision {
 		b.cgroupID = ev.Sandbox.CgroupID
 	}
 	s.expire(b, now, window)
-	list := append(b.bySignal[sig], Evidence{At: now, Signal: sig, Score: score, Event: ev})
+	list := append(b.bySignal[sig], Evidence{At: now, Signal: sig, Score: score, Event: *ev})
 	if len(list) > s.cfg.MaxEvidence {
 		list = list[len(list)-s.cfg.MaxEvidence:]
 	}

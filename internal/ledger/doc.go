@@ -99,15 +99,16 @@
 //
 // # Sampling
 //
-// Routine events are kept 1 in Options.SampleEvery per sandbox and kind,
-// deterministically given Options.Seed (the n-th routine event of a sandbox
-// and kind is kept when (n + phase) mod N = 0, with the phase derived from
-// the seed, sandbox and kind). Alerts (audit.Event.IsAlert: denials, kills,
-// losses, recoveries, escapes, severity alert) are always kept. Every
-// SummaryInterval and at Close a sample_summary record gives, per sandbox
-// and kind, how many events were offered (seen) and written (kept) since the
-// previous summary, alerts included, so sampled-out events are accounted
-// for in the chain.
+// Routine events are kept 1 in Options.SampleEvery per sandbox and kind
+// (pipeline.Sampler, the sample stage, run under the ledger's lock on every
+// append), deterministically given Options.Seed (the n-th routine event of a
+// sandbox and kind is kept when (n + phase) mod N = 0, with the phase
+// derived from the seed, sandbox and kind). Alerts (audit.Event.IsAlert:
+// denials, kills, losses, recoveries, escapes, severity alert) are always
+// kept. Every SummaryInterval and at Close a sample_summary record gives,
+// per sandbox and kind, how many events were offered (seen) and written
+// (kept) since the previous summary, alerts included, so sampled-out events
+// are accounted for in the chain.
 //
 // # Losses
 //
@@ -132,9 +133,12 @@
 //
 // # Redaction
 //
-// Before hashing, audit.Redact replaces secrets (password=, token=,
-// Authorization headers, AWS keys, private key blocks, long high-entropy
-// argv tokens) with "***" and lists the fields in the event's Redacted.
+// No record is hashed unredacted: audit.Redact replaces secrets
+// (password=, token=, Authorization headers, AWS keys, private key blocks,
+// long high-entropy argv tokens) with "***" and lists the fields in the
+// event's Redacted. Append and Notify redact every event they take; the
+// agent's pipeline redacts once in its redact stage and its ledger sink
+// appends with AppendRedacted, which does not redact again.
 //
 // # Verification
 //

@@ -1,17 +1,29 @@
 // Package pipeline is the one path every event takes inside the agent,
-// written as one ordered list of named stages (as blocky and CoreDNS write
-// their chains):
+// written as one ordered list of named stages, each in its own file
+// (stage_*.go) with its own test, as blocky and CoreDNS write their
+// chains:
 //
-//	decode   kernel samples become audit.Events (enforce.Reader, which also
-//	         folds bursts of identical alerts and keeps alerts from being
-//	         dropped); the DNS proxy, the egress hooks' notifier and the
-//	         agent itself build their events directly
-//	enrich   sandbox name, exec label, severity, mechanism: set once
-//	redact   secrets replaced by "***" (audit.Redact), before anyone sees
-//	         the event
-//	fan-out  every sink in order: ledger, tail, metrics (the one count of
-//	         events and losses: /metrics and `watcher status` read it),
-//	         escape watch, log
+//	decode   kernel samples become audit.Events (enforce.Reader): ids,
+//	         the kernel's verdict and the severity it implies; the DNS
+//	         proxy, the egress hooks' notifier and the agent itself build
+//	         their events directly
+//	fold     Fold (stage_fold.go): identical alerts become one burst
+//	         record; the kernel reader runs it before its queue, which a
+//	         flood must not fill
+//	enrich   Enrich (stage_enrich.go): time, severity, mechanism, then
+//	         the agent's names (sandbox, rule, labels): set once
+//	redact   Redact (stage_redact.go): secrets replaced by "***"
+//	         (audit.Redact), once, before anyone sees the event
+//	classify the escape watch's sink classifies each event once
+//	         (escape.Classify) and scores only those with a signal
+//	sample   Sampler (stage_sample.go): the ledger keeps 1 in N routine
+//	         events per sandbox and kind; the ledger runs it under its
+//	         lock, for every path that appends, and its counts become
+//	         summary records of the chain; the other sinks see every event
+//	fan-out  every sink in order (stage_fanout.go): ledger (LedgerSink,
+//	         which appends without redacting again), tail, metrics (the
+//	         one count of events and losses: /metrics and `watcher
+//	         status` read it), escape watch, log
 //	export   the ledger's tap (ledger.Tap) feeds the OTLP exporters
 //	         (internal/otlpexport) every record it appends, in sequence
 //	         order with its leaf hash; they queue and never wait
@@ -222,40 +234,3 @@ func (p *Pipeline) Close() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Redact is the redact stage: audit.Redact, once, before the fan-out.
-func Redact(ev *audit.Event) bool {
-	audit.Redact(ev)
-	return true
-}
-
-// SinkFunc adapts a function (a sink with nothing to close and no
-// decisions: logs) to Sink.
-type SinkFunc struct {
-	SinkName string
-	Fn       func(*audit.Event)
-}
-
-// Name implements Sink.
-func (f SinkFunc) Name() string { return f.SinkName }
-
-// Consume implements Sink.
-func (f SinkFunc) Consume(ev *audit.Event) (Decision, error) { f.Fn(ev); return Decision{}, nil }
-
-// Close implements Sink.
-func (f SinkFunc) Close() error { return nil }
-
-// Notifier adapts an audit.Sink (ledger, tail) to Sink: it gets a copy.
-type Notifier struct {
-	SinkName string
-	Sink     audit.Sink
-}
-
-// Name implements Sink.
-func (n Notifier) Name() string { return n.SinkName }
-
-// Consume implements Sink.
-func (n Notifier) Consume(ev *audit.Event) (Decision, error) { return Decision{}, n.Sink.Notify(*ev) }
-
-// Close implements Sink.
-func (n Notifier) Close() error { return n.Sink.Close() }

@@ -1,4 +1,4 @@
-package ledger
+package pipeline
 
 import (
 	"cmp"
@@ -24,10 +24,14 @@ type sampleCounter struct {
 	kept    uint64 // since the last summary, alerts included
 }
 
-// sampler keeps alerts and 1 in every N routine events per sandbox and kind.
-// Which routine events are kept depends only on the seed and on the order of
-// events within their sandbox and kind, so a run can be reproduced.
-type sampler struct {
+// Sampler is the sample stage: it keeps alerts and 1 in every N routine
+// events per sandbox and kind. Which routine events are kept depends only
+// on the seed and on the order of events within their sandbox and kind,
+// so a run can be reproduced. The ledger runs it, under its lock, on
+// every event any path appends (the other sinks see every event), and
+// writes its counts as sample_summary records; it is not safe for
+// concurrent use.
+type Sampler struct {
 	every    uint64
 	seed     uint64
 	counters map[sampleKey]*sampleCounter
@@ -39,8 +43,10 @@ type sampler struct {
 	last     *sampleCounter
 }
 
-func newSampler(every, seed uint64) *sampler {
-	return &sampler{every: max(every, 1), seed: seed, counters: map[sampleKey]*sampleCounter{}}
+// NewSampler returns a sample stage keeping 1 in every routine events (0
+// or 1: all), in the pattern seed fixes.
+func NewSampler(every, seed uint64) *Sampler {
+	return &Sampler{every: max(every, 1), seed: seed, counters: map[sampleKey]*sampleCounter{}}
 }
 
 // sandboxLabel names a sandbox in sampling keys and summaries.
@@ -54,8 +60,8 @@ func sandboxLabel(s *audit.Sandbox) string {
 	return ""
 }
 
-// offer counts e and reports whether it is kept.
-func (s *sampler) offer(e *audit.Event, alert bool) bool {
+// Offer counts e (an alert when alert) and reports whether it is kept.
+func (s *Sampler) Offer(e *audit.Event, alert bool) bool {
 	c := s.last
 	if c == nil || e.Sandbox.Name != s.lastName || e.Sandbox.CgroupID != s.lastCg || e.Kind != s.lastKind {
 		k := sampleKey{sandboxLabel(&e.Sandbox), e.Kind}
@@ -78,7 +84,7 @@ func (s *sampler) offer(e *audit.Event, alert bool) bool {
 	return keep
 }
 
-func (s *sampler) phase(k sampleKey) uint64 {
+func (s *Sampler) phase(k sampleKey) uint64 {
 	if s.every == 1 {
 		return 0
 	}
@@ -92,8 +98,9 @@ func (s *sampler) phase(k sampleKey) uint64 {
 	return h.Sum64() % s.every
 }
 
-// rows returns the counts since the last reset, sorted by sandbox and kind.
-func (s *sampler) rows() []audit.SampleRow {
+// Rows returns the counts since the last Reset, sorted by sandbox and
+// kind.
+func (s *Sampler) Rows() []audit.SampleRow {
 	var rows []audit.SampleRow
 	for k, c := range s.counters {
 		if c.seen == 0 {
@@ -107,14 +114,14 @@ func (s *sampler) rows() []audit.SampleRow {
 	return rows
 }
 
-// maxIdleCounters bounds the sampler's memory: beyond this many sandbox and
+// maxIdleCounters bounds the Sampler's memory: beyond this many sandbox and
 // kind pairs, pairs idle for a whole summary period are forgotten (their
 // 1-in-N pattern restarts if they come back, which is the only way sampling
 // can depend on timing).
 const maxIdleCounters = 4096
 
-// reset starts a new summary period.
-func (s *sampler) reset() {
+// Reset starts a new summary period.
+func (s *Sampler) Reset() {
 	s.last = nil // reset may forget it
 	prune := len(s.counters) > maxIdleCounters
 	for k, c := range s.counters {

@@ -1,4 +1,4 @@
-package enforce
+package pipeline
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 // process, other verdict) is delivered at once; the table stays bounded
 // when every refusal differs.
 func TestBurstFold(t *testing.T) {
-	b := newBursts(time.Second)
+	b := NewFold(time.Second)
 	t0 := time.Unix(1000, 0)
 	refused := func(port uint16, tgid uint32, at time.Duration) *audit.Event {
 		return &audit.Event{Time: t0.Add(at), Kind: audit.KindNet, Verdict: audit.VerdictDenied, Severity: audit.SeverityAlert,
@@ -25,22 +25,22 @@ func TestBurstFold(t *testing.T) {
 	const n = 100000
 	for i := range n {
 		ev := refused(80, 7, time.Duration(i)*time.Microsecond)
-		if !b.fold(ev) {
+		if !b.Fold(ev) {
 			deliver(ev)
 		}
 	}
 	// Distinct operations are never folded into it.
 	for _, ev := range []*audit.Event{refused(81, 7, time.Second), refused(80, 8, time.Second)} {
-		if b.fold(ev) {
+		if b.Fold(ev) {
 			t.Fatalf("distinct operation %+v folded", ev.Net)
 		}
 		deliver(ev)
 	}
-	b.flush(t0.Add(500*time.Millisecond), false, deliver) // not quiet yet
+	b.Flush(t0.Add(500*time.Millisecond), false, deliver) // not quiet yet
 	if len(delivered) != 3 {
 		t.Fatalf("%d records before the burst went quiet, want 3 (first, two distinct)", len(delivered))
 	}
-	b.flush(t0.Add(3*time.Second), false, deliver)
+	b.Flush(t0.Add(3*time.Second), false, deliver)
 	var total uint64
 	for _, e := range delivered {
 		if e.Net.Port == 80 && e.Process.TGID == 7 {
@@ -62,12 +62,12 @@ func TestBurstFold(t *testing.T) {
 	delivered = nil
 	for i := range 30 {
 		at := time.Duration(i) * time.Second
-		if ev := refused(80, 9, at); !b.fold(ev) {
+		if ev := refused(80, 9, at); !b.Fold(ev) {
 			deliver(ev)
 		}
-		b.flush(t0.Add(at), false, deliver)
+		b.Flush(t0.Add(at), false, deliver)
 	}
-	b.flush(t0.Add(time.Hour), true, deliver)
+	b.Flush(t0.Add(time.Hour), true, deliver)
 	total = 0
 	for _, e := range delivered {
 		total += e.Count()
@@ -80,8 +80,8 @@ func TestBurstFold(t *testing.T) {
 	for i := range 3 * maxBursts {
 		ev := refused(uint16(i), uint32(i), 0)
 		ev.Net.Addr = fmt.Sprint(i)
-		b.fold(ev)
-		b.flush(t0, false, deliver)
+		b.Fold(ev)
+		b.Flush(t0, false, deliver)
 		if len(b.open) > maxBursts {
 			t.Fatalf("%d open bursts", len(b.open))
 		}

@@ -1,4 +1,4 @@
-package enforce
+package pipeline
 
 import (
 	"hash/maphash"
@@ -12,12 +12,14 @@ import (
 // varies.
 const maxBursts = 4096
 
-// bursts folds identical alerts that follow each other into one record
-// per burst with an exact count and first/last times: a loop of refused
-// connects becomes two records (the first refusal, then the repeats),
-// not a million, and cannot push a later distinct alert out of the queue.
-// Owned by the reading goroutine.
-type bursts struct {
+// Fold is the fold stage: it folds identical alerts that follow each
+// other into one record per burst with an exact count and first/last
+// times: a loop of refused connects becomes two records (the first
+// refusal, then the repeats), not a million, and cannot push a later
+// distinct alert out of the queue. The kernel reader runs it right after
+// decode, before its queue (enforce.Reader), since that queue is what a
+// flood must not fill; it is not safe for concurrent use.
+type Fold struct {
 	quiet, maxAge time.Duration
 	hash          maphash.Hash
 	open          map[uint64]*burst
@@ -31,14 +33,16 @@ type burst struct {
 	first, last time.Time   // of the folded ones
 }
 
-func newBursts(quiet time.Duration) bursts {
-	return bursts{quiet: quiet, maxAge: 10 * quiet, open: map[uint64]*burst{}}
+// NewFold returns a fold stage that closes a burst once no repeat came
+// for quiet, or after 10*quiet at most; quiet < 0 folds nothing.
+func NewFold(quiet time.Duration) *Fold {
+	return &Fold{quiet: quiet, maxAge: 10 * quiet, open: map[uint64]*burst{}}
 }
 
-// fold reports whether ev repeats an open burst and was counted there
+// Fold reports whether ev repeats an open burst and was counted there
 // (the caller then does not deliver it); otherwise it opens a burst with
 // ev as its first operation and the caller delivers ev.
-func (b *bursts) fold(ev *audit.Event) bool {
+func (b *Fold) Fold(ev *audit.Event) bool {
 	if b.quiet < 0 || ev.Kind == audit.KindLoss || len(ev.Process.Args) > 0 {
 		return false
 	}
@@ -62,10 +66,10 @@ func (b *bursts) fold(ev *audit.Event) bool {
 	return false
 }
 
-// flush delivers the record of every burst that went quiet (none for
+// Flush delivers the record of every burst that went quiet (none for
 // quiet) or has lasted maxAge, and forgets quiet ones; all, when final or
 // when the table is full. It checks at most every quiet/10.
-func (b *bursts) flush(now time.Time, all bool, deliver func(*audit.Event)) {
+func (b *Fold) Flush(now time.Time, all bool, deliver func(*audit.Event)) {
 	if len(b.open) == 0 || (!all && len(b.open) < maxBursts && now.Sub(b.lastFlush) < b.quiet/10) {
 		return
 	}
