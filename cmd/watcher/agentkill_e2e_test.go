@@ -16,7 +16,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // fsetsigKill makes the kernel send the agent a SIGKILL with no kill-family

@@ -21,8 +21,8 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/ledger"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // floodBinary builds testdata/flood once, without cgo: it must not link

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/dockertest"
+	"github.com/watcherhq/watcher/internal/testkit/dockertest"
 )
 
 // TestRunningAgentSelectsByLabels: a sandbox selecting containers by the

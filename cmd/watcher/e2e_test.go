@@ -22,9 +22,9 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/tail"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 func TestMain(m *testing.M) {

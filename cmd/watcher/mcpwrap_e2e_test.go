@@ -20,7 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // mcpServersDir is where scripts/setup.sh installs the npm MCP servers.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // TestSandboxSignalLeavesAgentWorking: a SIGINT during the agent's start

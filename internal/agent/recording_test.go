@@ -11,11 +11,11 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // startTestAgent starts a real agent in this process on a private world

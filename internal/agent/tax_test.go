@@ -10,7 +10,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
-	"github.com/watcherhq/watcher/internal/syscallbench"
+	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 // TestAgentTax measures what a running agent costs processes outside every

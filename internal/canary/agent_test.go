@@ -14,9 +14,9 @@ import (
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // The test binary is also the probe (the canary package's initialiser

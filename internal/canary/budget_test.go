@@ -15,7 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // envSpend makes the test binary a process that spends its sandbox's DNS

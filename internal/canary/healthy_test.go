@@ -17,8 +17,8 @@ import (
 	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
-	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // healthy is the real agent, started in this process, with one enforcing

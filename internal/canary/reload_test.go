@@ -14,7 +14,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/agent"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
-	"github.com/watcherhq/watcher/internal/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // envConnects makes the test binary connectsMain.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/containers"
-	"github.com/watcherhq/watcher/internal/dockertest"
+	"github.com/watcherhq/watcher/internal/testkit/dockertest"
 )
 
 // TestLabelTargets: a real dockerd's containers selected by their labels

@@ -6,10 +6,10 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/containers"
-	"github.com/watcherhq/watcher/internal/dockertest"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/limits"
 	"github.com/watcherhq/watcher/internal/policy"
+	"github.com/watcherhq/watcher/internal/testkit/dockertest"
 )
 
 // Docker's default capability set (moby's oci/caps/defaults.go), what a

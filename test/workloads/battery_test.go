@@ -28,9 +28,9 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/control"
-	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/tail"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // sessions and the sandboxes each runs in.

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/watcherhq/watcher/internal/syscallbench"
+	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 func main() {

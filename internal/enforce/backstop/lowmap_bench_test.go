@@ -12,7 +12,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/syscallbench"
+	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 // TestLowMappingCost measures what the backstop's sys_exit costs an mmap:

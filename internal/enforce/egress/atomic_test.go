@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/e2etest"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/testkit/e2etest"
 )
 
 // corpusDir finds ../shared/corpus beside the repository root.

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/watcherhq/watcher/internal/syscallbench"
+	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 const loopMode = "syscall-loop"

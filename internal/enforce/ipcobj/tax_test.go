@@ -11,7 +11,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/ipcobj"
-	"github.com/watcherhq/watcher/internal/syscallbench"
+	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 // TestLoopChild is the helper of TestIPCTax's loops.

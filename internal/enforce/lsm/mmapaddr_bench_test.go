@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/watcherhq/watcher/internal/syscallbench"
+	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 // TestMmapAddrCost measures what the mmap_addr hook adds to every mmap of

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest/nltest"
-	"github.com/watcherhq/watcher/internal/syscallbench"
+	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 // subtreeOp performs one own-subtree or host-state operation (issue 25),
