@@ -19,6 +19,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 var helperBin string
@@ -53,19 +54,19 @@ type collector struct {
 }
 
 func (c *collector) find(pred func(audit.Event) bool) (audit.Event, bool) {
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
+	var found audit.Event
+	ok := poll.Within(3*time.Second, func() bool {
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		for _, ev := range c.events {
 			if pred(ev) {
-				c.mu.Unlock()
-				return ev, true
+				found = ev
+				return true
 			}
 		}
-		c.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	}
-	return audit.Event{}, false
+		return false
+	})
+	return found, ok
 }
 
 func (c *collector) count(pred func(audit.Event) bool) int {
