@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,7 +18,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/launch"
-	"github.com/watcherhq/watcher/internal/testkit/poll"
+	"github.com/watcherhq/watcher/internal/testkit/collect"
 )
 
 var helperBin string
@@ -48,38 +47,14 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
-type collector struct {
-	mu     sync.Mutex
-	events []audit.Event
-}
+// collector is the events the reader emits; find waits up to 3 s.
+type collector struct{ collect.Events }
 
 func (c *collector) find(pred func(audit.Event) bool) (audit.Event, bool) {
-	var found audit.Event
-	ok := poll.Within(3*time.Second, func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, ev := range c.events {
-			if pred(ev) {
-				found = ev
-				return true
-			}
-		}
-		return false
-	})
-	return found, ok
+	return c.Find(3*time.Second, pred)
 }
 
-func (c *collector) count(pred func(audit.Event) bool) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, ev := range c.events {
-		if pred(ev) {
-			n++
-		}
-	}
-	return n
-}
+func (c *collector) count(pred func(audit.Event) bool) int { return c.Count(pred) }
 
 func setup(t *testing.T, cfg recorder.Config) (*enforce.Engine, *recorder.Recorder, *collector, string, uint64) {
 	t.Helper()
@@ -112,13 +87,7 @@ func setupWith(t *testing.T, cfg recorder.Config, opts recorder.AttachOptions) (
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); rd.Run(ctx) }()
-	go func() {
-		for ev := range rd.Events() {
-			c.mu.Lock()
-			c.events = append(c.events, ev)
-			c.mu.Unlock()
-		}
-	}()
+	go c.Drain(rd.Events())
 	t.Cleanup(func() { cancel(); <-done })
 	return eng, tr, c, sb, sbID
 }
