@@ -13,6 +13,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // TestPostureRequire: a sandbox requiring no_new_privs and cap_drop_all.
@@ -45,17 +46,15 @@ func TestPostureRequire(t *testing.T) {
 	// waitStatus polls `watcher status --posture` until the row shows want.
 	waitStatus := func(want string, wantCode int) string {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			out, code := tb.watcher("status", "--posture", "--socket", sock)
-			if code == wantCode && strings.Contains(out, want) {
-				return out
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("status --posture never showed %q with exit %d; last (exit %d):\n%s\nagent log:\n%s", want, wantCode, code, out, tb.agentLog)
-			}
-			time.Sleep(200 * time.Millisecond)
+		var out string
+		var code int
+		if !poll.Within(30*time.Second, func() bool {
+			out, code = tb.watcher("status", "--posture", "--socket", sock)
+			return code == wantCode && strings.Contains(out, want)
+		}) {
+			t.Fatalf("status --posture never showed %q with exit %d; last (exit %d):\n%s\nagent log:\n%s", want, wantCode, code, out, tb.agentLog)
 		}
+		return out
 	}
 
 	// metric returns the watcher_posture_missing sample for a requirement.

@@ -16,6 +16,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/testkit/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // startTestAgent starts a real agent in this process on a private world
@@ -115,11 +116,7 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
+		poll.Eventually(t, 10*time.Second, cond, "timed out waiting for %s", what)
 	}
 	check("started, no command yet", false)
 

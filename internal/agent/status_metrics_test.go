@@ -17,6 +17,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // TestStatusAndMetricsAgree: `watcher status` and /metrics read the same
@@ -54,11 +55,7 @@ func TestStatusAndMetricsAgree(t *testing.T) {
 	t.Cleanup(func() { cgroupfs.Remove(leaf) })
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
+		poll.Eventually(t, 15*time.Second, cond, "timed out waiting for %s", what)
 	}
 	waitFor("the sandbox root to be registered", func() bool { return len(a.Status().Sandboxes) > 0 })
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/limits"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 func sleeperIn(t *testing.T, cg string) *exec.Cmd {
@@ -99,16 +100,12 @@ func TestFreezeV1(t *testing.T) {
 	}
 	v1, _ := v1Freezer(cg)
 	t.Cleanup(func() { thawV1(cg); os.Remove(v1) })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, _ := os.ReadFile(filepath.Join(v1, "freezer.state"))
-		if strings.TrimSpace(string(st)) == "FROZEN" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("v1 freezer.state %q", st)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var st []byte
+	if !poll.Within(10*time.Second, func() bool {
+		st, _ = os.ReadFile(filepath.Join(v1, "freezer.state"))
+		return strings.TrimSpace(string(st)) == "FROZEN"
+	}) {
+		t.Fatalf("v1 freezer.state %q", st)
 	}
 	procs, _ := os.ReadFile(filepath.Join(v1, "cgroup.procs"))
 	if !strings.Contains(" "+strings.Join(strings.Fields(string(procs)), " ")+" ", " "+strconv.Itoa(sl.Process.Pid)+" ") {
@@ -117,7 +114,7 @@ func TestFreezeV1(t *testing.T) {
 	if err := thawV1(cg); err != nil {
 		t.Fatal(err)
 	}
-	st, _ := os.ReadFile(filepath.Join(v1, "freezer.state"))
+	st, _ = os.ReadFile(filepath.Join(v1, "freezer.state"))
 	if strings.TrimSpace(string(st)) != "THAWED" {
 		t.Errorf("after thaw: %q", st)
 	}

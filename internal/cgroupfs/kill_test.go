@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // killBound is how long a kill of a frozen cgroup may take in these tests.
@@ -73,16 +75,6 @@ func startIn(t *testing.T, cg string, args ...string) *proc {
 		}
 	})
 	return p
-}
-
-// waitFor polls cond every 10 ms up to d.
-func waitFor(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-	return true
 }
 
 func procState(pid int) string {
@@ -149,7 +141,7 @@ func testKillFrozen(t *testing.T, v2, v1, useKillFile bool) {
 	// The neighbour counts in a file: it must keep counting.
 	counter := filepath.Join(t.TempDir(), "count")
 	neighbour := startIn(t, other, "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > "$0"; sleep 0.02; done`, counter)
-	if !waitFor(killBound, func() bool { p, _ := SubtreeProcs(leaf, nil); return len(p) == 3 }) {
+	if !poll.Within(killBound, func() bool { p, _ := SubtreeProcs(leaf, nil); return len(p) == 3 }) {
 		p, _ := SubtreeProcs(leaf, nil)
 		t.Fatalf("leaf has %v, want 3 tasks", p)
 	}
@@ -159,7 +151,7 @@ func testKillFrozen(t *testing.T, v2, v1, useKillFile bool) {
 		if err := Freeze(leaf, true); err != nil {
 			t.Fatal(err)
 		}
-		if !waitFor(killBound, func() bool {
+		if !poll.Within(killBound, func() bool {
 			data, _ := os.ReadFile(filepath.Join(leaf, "cgroup.events"))
 			return strings.Contains(string(data), "frozen 1")
 		}) {
@@ -183,7 +175,7 @@ func testKillFrozen(t *testing.T, v2, v1, useKillFile bool) {
 		// SIGKILL works, and kill what is left in the freezer cgroup.
 		t.Cleanup(func() {
 			os.WriteFile(filepath.Join(v1cg, "freezer.state"), []byte("THAWED"), 0)
-			if !waitFor(killBound, func() bool {
+			if !poll.Within(killBound, func() bool {
 				data, _ := os.ReadFile(filepath.Join(v1cg, "cgroup.procs"))
 				for _, f := range strings.Fields(string(data)) {
 					var pid int
@@ -205,7 +197,7 @@ func testKillFrozen(t *testing.T, v2, v1, useKillFile bool) {
 			t.Fatal(err)
 		}
 		// Tasks the cgroup2 freezer holds may keep it FREEZING.
-		if !waitFor(killBound, func() bool { st := fz.state(rel + "/frozen"); return st == "FROZEN" || v2 && st == "FREEZING" }) {
+		if !poll.Within(killBound, func() bool { st := fz.state(rel + "/frozen"); return st == "FROZEN" || v2 && st == "FREEZING" }) {
 			t.Fatalf("v1 freezer state %q", fz.state(rel+"/frozen"))
 		}
 	}
@@ -259,7 +251,7 @@ func testKillFrozen(t *testing.T, v2, v1, useKillFile bool) {
 	default:
 	}
 	// Any progress will do: a loaded host may run it slowly.
-	if !waitFor(3*killBound, func() bool { return readCount(counter) > before }) {
+	if !poll.Within(3*killBound, func() bool { return readCount(counter) > before }) {
 		pid := neighbour.cmd.Process.Pid
 		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))

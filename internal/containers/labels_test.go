@@ -8,6 +8,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/containers"
 	"github.com/watcherhq/watcher/internal/testkit/dockertest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // TestLabelTargets: a real dockerd's containers selected by their labels
@@ -83,11 +84,5 @@ func TestLabelTargets(t *testing.T) {
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Eventually(t, 30*time.Second, cond, "timed out waiting for %s", what)
 }

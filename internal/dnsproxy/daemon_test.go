@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // freePort returns a loopback port that was free a moment ago (UDP and TCP).
@@ -74,14 +75,13 @@ func startDaemon(t *testing.T, bin string, args []string, addr, probe string) {
 		}
 	})
 	c := &dns.Client{Net: "udp", Timeout: 200 * time.Millisecond}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	if poll.Within(10*time.Second, func() bool {
 		m := new(dns.Msg)
 		m.SetQuestion(probe, dns.TypeA)
-		if r, _, err := c.Exchange(m, addr); err == nil && r.Rcode == dns.RcodeSuccess {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+		r, _, err := c.Exchange(m, addr)
+		return err == nil && r.Rcode == dns.RcodeSuccess
+	}) {
+		return
 	}
 	mu.Lock()
 	defer mu.Unlock()

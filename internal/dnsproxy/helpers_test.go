@@ -11,6 +11,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/testkit/collect"
 )
 
 // upstream is a real miekg/dns server on loopback answering every A query
@@ -107,24 +108,10 @@ func (u *upstream) seen() []string {
 	return append([]string(nil), u.names...)
 }
 
-// eventLog collects audit events.
-type eventLog struct {
-	mu     sync.Mutex
-	events []audit.Event
-}
+// eventLog collects audit events (its Notify is collect.Events').
+type eventLog struct{ collect.Events }
 
-func (l *eventLog) Notify(e audit.Event) error {
-	l.mu.Lock()
-	l.events = append(l.events, e)
-	l.mu.Unlock()
-	return nil
-}
-
-func (l *eventLog) all() []audit.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]audit.Event(nil), l.events...)
-}
+func (l *eventLog) all() []audit.Event { return l.All() }
 
 // fakeClock is a settable clock for TTL and window tests.
 type fakeClock struct {
@@ -219,8 +206,4 @@ func ede(m *dns.Msg) (uint16, string, bool) {
 // addresses the test machine may own.
 func noHostAddrs() ([]netip.Addr, error) { return nil, nil }
 
-func (l *eventLog) reset() {
-	l.mu.Lock()
-	l.events = nil
-	l.mu.Unlock()
-}
+func (l *eventLog) reset() { l.Reset() }

@@ -17,6 +17,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/limits"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // frozenBound is how long ending a run whose leaf is frozen may take here
@@ -28,10 +29,8 @@ var frozenCommand = []string{"-c", "echo started; sleep 1000 & sleep 1000"}
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(frozenBound); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v", what, frozenBound)
-		}
+	if !poll.Within(frozenBound, cond) {
+		t.Fatalf("%s: not after %v", what, frozenBound)
 	}
 }
 

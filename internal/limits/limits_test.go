@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 	"golang.org/x/sys/unix"
 )
 
@@ -226,17 +227,9 @@ func TestForkBombStopsAtThePidsLimit(t *testing.T) {
 		os.WriteFile(filepath.Join(leaf.V2, "cgroup.kill"), []byte("1"), 0)
 		bomb.Wait()
 	}()
-	deadline := time.Now().Add(60 * time.Second)
 	var u Usage
-	for {
-		u = leaf.Usage()
-		if u.PIDsMaxHits > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the fork bomb never hit the pids limit: %+v", u)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(60*time.Second, func() bool { u = leaf.Usage(); return u.PIDsMaxHits > 0 }) {
+		t.Fatalf("the fork bomb never hit the pids limit: %+v", u)
 	}
 	// The host stays responsive: it can still start processes of its own
 	// while the bomb keeps trying.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // testRelay is a relay whose "kernel" sends every connection to dest for
@@ -117,10 +118,7 @@ func TestRelayConnectionCap(t *testing.T) {
 		held = append(held, c)
 	}
 	// Let the relay count both before the third arrives.
-	deadline := time.Now().Add(2 * time.Second)
-	for r.Stats().Accepted < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Within(2*time.Second, func() bool { return r.Stats().Accepted >= 2 })
 	time.Sleep(50 * time.Millisecond)
 	third, err := net.Dial("tcp", addr.String())
 	if err != nil {

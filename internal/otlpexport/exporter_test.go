@@ -24,6 +24,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/otlpexport/otelcoltest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	logs "go.opentelemetry.io/proto/otlp/logs/v1"
@@ -66,13 +67,7 @@ func event(i int, sandbox string, kind audit.Kind) audit.Event {
 // waitFor polls cond for up to 20s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Eventually(t, 20*time.Second, cond, "timed out waiting for %s", what)
 }
 
 // exported reads the collector's file: every watcher log record.

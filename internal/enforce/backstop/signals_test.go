@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,13 +39,7 @@ func TestOperatorSignals(t *testing.T) {
 	r := f.run(t, f.sandbox, "sigio", strconv.Itoa(agent), strconv.Itoa(int(sig)))
 	// The sender is killed at the first delivery; its exit's close sends
 	// the second. Both are the sandbox's.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, sb := count(); sb >= sb0+2 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Within(5*time.Second, func() bool { _, sb := count(); return sb >= sb0+2 })
 	op1, sb1 := count()
 	if sb1 < sb0+1 {
 		t.Fatalf("sandbox SIGIO to the agent not counted (%d -> %d; helper %v: %s)", sb0, sb1, r.err, r.out)

@@ -206,8 +206,7 @@ func TestDenialsRecorded(t *testing.T) {
 			t.Errorf("%d denial events for %s, want 1", n, p)
 		}
 	}
-	c.mu.Lock()
-	for _, ev := range c.events {
+	for _, ev := range c.All() {
 		if mine(ev) && ev.Verdict == audit.VerdictDenied {
 			t.Logf("%s %s %s: %s", ev.Kind, ev.Mechanism, ev.Syscall.Name, ev.Message)
 			if ev.File != nil {
@@ -215,7 +214,6 @@ func TestDenialsRecorded(t *testing.T) {
 			}
 		}
 	}
-	c.mu.Unlock()
 
 	// The same restrictions outside any sandbox: refused, not recorded.
 	outside := enforcetest.Cgroup(t, "outside")

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
 	"github.com/watcherhq/watcher/internal/launch"
+	"github.com/watcherhq/watcher/internal/testkit/collect"
 )
 
 var helperBin string
@@ -47,38 +47,14 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
-type collector struct {
-	mu     sync.Mutex
-	events []audit.Event
-}
+// collector is the events the reader emits; find waits up to 3 s.
+type collector struct{ collect.Events }
 
 func (c *collector) find(pred func(audit.Event) bool) (audit.Event, bool) {
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		c.mu.Lock()
-		for _, ev := range c.events {
-			if pred(ev) {
-				c.mu.Unlock()
-				return ev, true
-			}
-		}
-		c.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	}
-	return audit.Event{}, false
+	return c.Find(3*time.Second, pred)
 }
 
-func (c *collector) count(pred func(audit.Event) bool) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, ev := range c.events {
-		if pred(ev) {
-			n++
-		}
-	}
-	return n
-}
+func (c *collector) count(pred func(audit.Event) bool) int { return c.Count(pred) }
 
 func setup(t *testing.T, cfg recorder.Config) (*enforce.Engine, *recorder.Recorder, *collector, string, uint64) {
 	t.Helper()
@@ -111,13 +87,7 @@ func setupWith(t *testing.T, cfg recorder.Config, opts recorder.AttachOptions) (
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); rd.Run(ctx) }()
-	go func() {
-		for ev := range rd.Events() {
-			c.mu.Lock()
-			c.events = append(c.events, ev)
-			c.mu.Unlock()
-		}
-	}()
+	go c.Drain(rd.Events())
 	t.Cleanup(func() { cancel(); <-done })
 	return eng, tr, c, sb, sbID
 }
