@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -65,14 +64,7 @@ func TestDNSTypeChannelUnderExec(t *testing.T) {
 	}
 	cdnAddr, dnsAddr, inNS := cdnNamespace(t)
 	var reached atomic.Int64
-	var pc net.PacketConn
-	if err := inNS(func() (err error) {
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(dnsAddr, 53).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+	serveDNSIn(t, dnsAddr, inNS, func(w dns.ResponseWriter, r *dns.Msg) {
 		reached.Add(1)
 		m := new(dns.Msg)
 		m.SetReply(r)
@@ -80,12 +72,7 @@ func TestDNSTypeChannelUnderExec(t *testing.T) {
 			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 0}, A: cdnAddr.AsSlice()})
 		}
 		w.WriteMsg(m)
-	})}
-	started := make(chan struct{})
-	srv.NotifyStartedFunc = func() { close(started) }
-	go srv.ActivateAndServe()
-	<-started
-	t.Cleanup(func() { srv.Shutdown() })
+	})
 
 	// No query rate limit: only the information budget may stop it.
 	tb := newTestbed(t, "    dns: {allow: [.cdn.test], detection: {rate_limit: 0}}\n", "{enabled: false}")

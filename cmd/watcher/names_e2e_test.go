@@ -226,14 +226,7 @@ func serveCDN(t *testing.T, cdn netip.Addr, inNS func(func() error) error) strin
 // address; everything else is NXDOMAIN.
 func serveCDNDNS(t *testing.T, at, cdn netip.Addr, inNS func(func() error) error) {
 	t.Helper()
-	var pc net.PacketConn
-	if err := inNS(func() (err error) {
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(at, 53).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+	serveDNSIn(t, at, inNS, func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		q := r.Question[0]
@@ -243,7 +236,21 @@ func serveCDNDNS(t *testing.T, at, cdn netip.Addr, inNS func(func() error) error
 			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: cdn.AsSlice()})
 		}
 		w.WriteMsg(m)
-	})}
+	})
+}
+
+// serveDNSIn serves DNS over UDP on port 53 of at, inside the test's
+// namespace, until the test ends.
+func serveDNSIn(t *testing.T, at netip.Addr, inNS func(func() error) error, handler dns.HandlerFunc) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := inNS(func() (err error) {
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(at, 53).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: handler}
 	started := make(chan struct{})
 	srv.NotifyStartedFunc = func() { close(started) }
 	go srv.ActivateAndServe()
