@@ -63,6 +63,30 @@ static long dir_walk_step(__u64 i, void *arg)
 	return 0;
 }
 
+/* inode_judged carries out a verdict on an inode reached through the
+ * dentry start (a change, a notify mark): kill when the verdict says so,
+ * then report the file by the path the task would see. */
+static __always_inline void inode_judged(struct sandbox *sb, __u64 root, __u32 verdict, __u32 rule_id,
+					 struct inode *inode, struct dentry *start, __u32 dev, __s64 nr, __u32 cat)
+{
+	if (verdict == VERDICT_ALLOWED)
+		return;
+	if (verdict == VERDICT_KILLED)
+		bpf_send_signal(SIGKILL);
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+	struct path fp = { .dentry = start, .mnt = NULL };
+	struct path troot = BPF_CORE_READ(task, fs, root);
+	pw_resolve(&s->pw, &fp, &troot);
+	send_file_event(s, verdict, rule_id, root, sb, nr, cat, (struct file_ident){
+		.ino = BPF_CORE_READ(inode, i_ino),
+		.dev = dev,
+		.i_mode = BPF_CORE_READ(inode, i_mode),
+	});
+}
+
 static __always_inline void inode_changed(struct inode *inode)
 {
 	/* A directory changed (an entry added, removed or renamed), on any
@@ -124,24 +148,11 @@ static __always_inline void inode_changed(struct inode *inode)
 	__u32 verdict = backstop_verdict(sb, w.found.action);
 	if (verdict == VERDICT_ALLOWED)
 		return;
-	if (verdict == VERDICT_KILLED)
-		bpf_send_signal(SIGKILL);
-	struct scratch *s = get_scratch();
-	if (!s)
-		return;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	struct path fp = { .dentry = start, .mnt = NULL };
-	struct path troot = BPF_CORE_READ(task, fs, root);
-	pw_resolve(&s->pw, &fp, &troot);
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
 	__s64 nr = regs ? BPF_CORE_READ(regs, orig_ax) : -1;
 	if (in_compat_syscall(nr))
 		nr += COMPAT_NR_BASE;
-	send_file_event(s, verdict, w.found.rule_id, root, sb, nr, CAT_MODIFY, (struct file_ident){
-		.ino = BPF_CORE_READ(inode, i_ino),
-		.dev = w.dev,
-		.i_mode = BPF_CORE_READ(inode, i_mode),
-	});
+	inode_judged(sb, root, verdict, w.found.rule_id, inode, start, w.dev, nr, CAT_MODIFY);
 }
 
 /* Filesystems without multigrain timestamps set ctime here... */

@@ -71,21 +71,5 @@ static __always_inline void notify_mark_added(struct pt_regs *regs)
 	bpf_loop(PW_MAX_STEPS, dir_walk_step, &w, 0);
 	if (w.hit && w.found.kind == DIR_WRITABLE)
 		return;
-	__u32 verdict = backstop_verdict(sb, action);
-	if (verdict == VERDICT_ALLOWED)
-		return;
-	if (verdict == VERDICT_KILLED)
-		bpf_send_signal(SIGKILL);
-	struct scratch *s = get_scratch();
-	if (!s)
-		return;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	struct path fp = { .dentry = start, .mnt = NULL };
-	struct path troot = BPF_CORE_READ(task, fs, root);
-	pw_resolve(&s->pw, &fp, &troot);
-	send_file_event(s, verdict, rule_id, root, sb, NR_inotify_add_watch, CAT_NOTIFY_MARK, (struct file_ident){
-		.ino = BPF_CORE_READ(inode, i_ino),
-		.dev = w.dev,
-		.i_mode = BPF_CORE_READ(inode, i_mode),
-	});
+	inode_judged(sb, root, backstop_verdict(sb, action), rule_id, inode, start, w.dev, NR_inotify_add_watch, CAT_NOTIFY_MARK);
 }
