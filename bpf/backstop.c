@@ -42,6 +42,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #include "backstop_rules.h"
 #include "backstop_ipc.h"
 #include "backstop_entry.h"
+#include "backstop_btf.h"
 #include "backstop_syscall_event.h"
 #include "backstop_mmap_exec.h"
 #include "backstop_compat.h"

@@ -6,7 +6,7 @@
  * by its descendants):
  *   - DNS (TCP or UDP to port 53, any address) is redirected to the sandbox's
  *     DNS proxy; the client's source port is recorded so the proxy can tell
- *     which sandbox asked (egress_dns_clients), and the server it asked is
+ *     which sandbox asked (egress_dns_clients_ns), and the server it asked is
  *     recorded by socket cookie (egress_dns_orig) so recvmsg4/6 and
  *     getpeername4/6 can show the client the server it asked.
  *   - Every other destination must be an address the proxy answered for this
@@ -25,6 +25,7 @@
 #include "common.h"
 #include <bpf/bpf_endian.h>
 #include "listen.h"
+#include "egress_netns.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -186,10 +187,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } egress_dns_orig SEC(".maps");
 
-/* Source port (as the proxy sees it) -> sandbox that sent the query. */
+/* Source port (as the proxy sees it) in a network namespace -> sandbox
+ * that sent the query. */
 struct dns_client_key {
+	__u64 netns; /* netns cookie of the client socket */
 	__u16 port;  /* host order */
 	__u16 proto; /* IPPROTO_TCP or IPPROTO_UDP */
+	__u32 pad;
 };
 
 struct dns_client {
@@ -210,7 +214,7 @@ struct {
 	__type(key, struct dns_client_key);
 	__type(value, struct dns_client);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} egress_dns_clients SEC(".maps");
+} egress_dns_clients_ns SEC(".maps");
 
 /* Ephemeral range used to bind a DNS client socket's source port. */
 struct port_span {
@@ -449,11 +453,11 @@ static __always_inline void read_sock(struct bpf_sock_addr *ctx, struct sock_inf
 /* note_client records which sandbox owns the socket's source port and which
  * server it asked. */
 static __always_inline void note_client(struct bpf_sock_addr *ctx, struct sock_info *si,
-					struct sandbox *sb, __u64 root, __u16 src_port,
+					struct sandbox *sb, __u64 root, __u64 netns, __u16 src_port,
 					__u32 proto, struct dest *orig, __u16 orig_port_be)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct dns_client_key k = { .port = src_port, .proto = proto };
+	struct dns_client_key k = { .netns = netns, .port = src_port, .proto = proto };
 	struct dns_client c = {
 		.cookie = cookie,
 		.sandbox_cg = root,
@@ -476,7 +480,7 @@ static __always_inline void note_client(struct bpf_sock_addr *ctx, struct sock_i
 		c.local_addr[2] = si->src_ip6[2];
 		c.local_addr[3] = si->src_ip6[3];
 	}
-	bpf_map_update_elem(&egress_dns_clients, &k, &c, BPF_ANY);
+	bpf_map_update_elem(&egress_dns_clients_ns, &k, &c, BPF_ANY);
 
 	struct dns_orig o = { .port = orig_port_be, .family = orig->family };
 	o.addr[0] = orig->addr[0];
@@ -545,7 +549,10 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 		return refuse(ctx, sb, root, cfg, &d, op, NET_R_NO_POLICY, 0);
 
 	bool dns_proto = proto == IPPROTO_TCP || proto == IPPROTO_UDP;
-	/* The proxy address as seen in this context's family. */
+	struct sock_ns ns = {};
+	read_ns(ctx, &ns);
+	/* The proxy address as seen in this context's family; in another
+	 * namespace, the port of the agent's listener there (0: none yet). */
 	bool have_proxy;
 	__u32 px[4] = {};
 	__u16 pport;
@@ -554,6 +561,8 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 		px[2] = bpf_htonl(0xffff);
 		px[3] = cfg->proxy_ip4;
 		pport = cfg->proxy_port4;
+		if (ns.foreign)
+			pport = ns.np ? ns.np->dns4 : 0;
 	} else {
 		have_proxy = cfg->flags & EGRESS_F_PROXY6;
 		px[0] = cfg->proxy_ip6[0];
@@ -561,14 +570,18 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 		px[2] = cfg->proxy_ip6[2];
 		px[3] = cfg->proxy_ip6[3];
 		pport = cfg->proxy_port6;
+		if (ns.foreign)
+			pport = ns.np ? ns.np->dns6 : 0;
 	}
-	bool to_proxy = have_proxy && (__u16)port_be == pport && d.addr[0] == px[0] &&
+	bool to_proxy = have_proxy && pport && (__u16)port_be == pport && d.addr[0] == px[0] &&
 			d.addr[1] == px[1] && d.addr[2] == px[2] && d.addr[3] == px[3];
 
 	if (dns_proto && (d.port == DNS_PORT || to_proxy)) {
 		if (!have_proxy)
 			return refuse(ctx, sb, root, cfg, &d, op, NET_R_DNS_NO_PROXY,
 				      cfg->dns_rule_id);
+		if (!pport)
+			return refuse(ctx, sb, root, cfg, &d, op, NET_R_NETNS, cfg->dns_rule_id);
 		if (!si.ok)
 			return refuse(ctx, sb, root, cfg, &d, op, NET_R_DNS_BIND, cfg->dns_rule_id);
 		__u16 src_port = si.src_port;
@@ -576,7 +589,7 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 			src_port = bind_source_port(ctx, si.family == AF_INET6);
 		if (!src_port)
 			return refuse(ctx, sb, root, cfg, &d, op, NET_R_DNS_BIND, cfg->dns_rule_id);
-		note_client(ctx, &si, sb, root, src_port, proto, &d, (__u16)port_be);
+		note_client(ctx, &si, sb, root, ns.cookie, src_port, proto, &d, (__u16)port_be);
 		if (to_proxy)
 			return 1;
 		count(CNT_DNS_REDIRECT);
@@ -605,8 +618,11 @@ static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 	if (relay_quic_refused(sb->id, &d, proto))
 		return refuse(ctx, sb, root, cfg, &d, op, NET_R_QUIC, 0);
 	if (allowed(sb->id, &d, proto, &reason, &rule_id)) {
-		if (relay_tcp(ctx, sb, &si, &d, v6, op) == RELAY_REFUSE)
+		int rv = relay_tcp(ctx, sb, &si, &ns, &d, v6, op);
+		if (rv == RELAY_REFUSE)
 			return refuse(ctx, sb, root, cfg, &d, op, NET_R_RELAY_NONE, 0);
+		if (rv == RELAY_NO_NETNS)
+			return refuse(ctx, sb, root, cfg, &d, op, NET_R_NETNS, 0);
 		return 1;
 	}
 	if (dns_proto && own_loopback_server(ctx, &d, sb->id))
@@ -721,18 +737,25 @@ static __always_inline int restore(struct bpf_sock_addr *ctx, bool v6)
 	struct net_config *cfg = bpf_map_lookup_elem(&egress_configs, &id);
 	if (!cfg)
 		return 1;
+	struct sock_ns ns = {};
+	read_ns(ctx, &ns);
+	__u16 p4 = cfg->proxy_port4, p6 = cfg->proxy_port6;
+	if (ns.foreign) {
+		p4 = ns.np ? ns.np->dns4 : 0;
+		p6 = ns.np ? ns.np->dns6 : 0;
+	}
 	if (v6) {
 		__u32 a0 = ctx->user_ip6[0], a1 = ctx->user_ip6[1], a2 = ctx->user_ip6[2],
 		      a3 = ctx->user_ip6[3];
 		bool from_proxy;
 		if (a0 == 0 && a1 == 0 && a2 == bpf_htonl(0xffff))
-			from_proxy = (cfg->flags & EGRESS_F_PROXY4) && a3 == cfg->proxy_ip4 &&
-				     (__u16)ctx->user_port == cfg->proxy_port4;
+			from_proxy = (cfg->flags & EGRESS_F_PROXY4) && p4 && a3 == cfg->proxy_ip4 &&
+				     (__u16)ctx->user_port == p4;
 		else
 			from_proxy = (cfg->flags & EGRESS_F_PROXY6) && a0 == cfg->proxy_ip6[0] &&
 				     a1 == cfg->proxy_ip6[1] && a2 == cfg->proxy_ip6[2] &&
-				     a3 == cfg->proxy_ip6[3] &&
-				     (__u16)ctx->user_port == cfg->proxy_port6;
+				     a3 == cfg->proxy_ip6[3] && p6 &&
+				     (__u16)ctx->user_port == p6;
 		if (!from_proxy)
 			return 1;
 		ctx->user_ip6[0] = o->addr[0];
@@ -740,8 +763,8 @@ static __always_inline int restore(struct bpf_sock_addr *ctx, bool v6)
 		ctx->user_ip6[2] = o->addr[2];
 		ctx->user_ip6[3] = o->addr[3];
 	} else {
-		if (!(cfg->flags & EGRESS_F_PROXY4) || ctx->user_ip4 != cfg->proxy_ip4 ||
-		    (__u16)ctx->user_port != cfg->proxy_port4)
+		if (!(cfg->flags & EGRESS_F_PROXY4) || !p4 || ctx->user_ip4 != cfg->proxy_ip4 ||
+		    (__u16)ctx->user_port != p4)
 			return 1;
 		ctx->user_ip4 = o->addr[3];
 	}

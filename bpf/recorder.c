@@ -8,7 +8,8 @@
  *   in a per-CPU map while only 1 in N travels to user space.
  * - sys_exit: refusals by the launcher's seccomp filter and Landlock
  *   ruleset (`watcher exec`), which act before any LSM or sys_enter program
- *   sees the operation. A seccomp SECCOMP_RET_ERRNO skips the syscall and
+ *   sees the operation, where fexit programs do not load (elsewhere
+ *   recorder_fexit.h records them without a syscall-wide program). A seccomp SECCOMP_RET_ERRNO skips the syscall and
  *   the sys_enter tracepoint, but sys_exit still fires with the syscall
  *   number and -EPERM (seen on 6.18). sys_enter marks the watched syscalls
  *   it does see, so an EPERM at exit with no mark is seccomp's, not the
@@ -85,6 +86,7 @@ enum deny_flag {
 	DENY_F_PATH_TRUNCATED = 2,  /* the path string was longer than path[] */
 	DENY_F_PATH_UNREADABLE = 4, /* the path pointer could not be read */
 	DENY_F_DAC_OVERRIDE = 8,    /* the task had CAP_DAC_OVERRIDE: file modes did not refuse */
+	DENY_F_LSM_HOOK = 16,       /* seen leaving a security_* hook: an LSM refused, not file modes */
 };
 
 /* Marks in tr_syscall_entered: nr + 1, with this bit for i386 syscalls. */
@@ -370,9 +372,72 @@ static __always_inline __u64 open_flags_of(long nr, struct pt_regs *regs)
 	return 0;
 }
 
-/* Refusals the launcher's seccomp filter and Landlock ruleset made, for
- * tasks that run under them (a seccomp filter and no_new_privs: what
- * `watcher exec` applies; other tasks' refusals are not attributed). */
+/* launcher_task says the task runs under what `watcher exec` applies (a
+ * seccomp filter and no_new_privs): other tasks' refusals are not
+ * attributed. */
+static __always_inline bool launcher_task(struct task_struct *task)
+{
+	return BPF_CORE_READ(task, seccomp.mode) == SECCOMP_MODE_FILTER &&
+	       (BPF_CORE_READ(task, atomic_flags) & (1UL << PFA_NO_NEW_PRIVS));
+}
+
+/* record_denial sends the refusal of syscall nr (its saved registers regs,
+ * its result ret) as a denial record; flags are DENY_F_* known already. */
+static __always_inline void record_denial(struct task_struct *task, struct pt_regs *regs, long nr, long ret,
+					  __u32 denial, __u32 flags, bool ia32, __u64 root, struct sandbox *sb)
+{
+	struct syscall_event *e = reserve_event(sizeof(*e), true);
+	if (!e)
+		return;
+	/* The kernel refused: DENIED even in record-only sandboxes. */
+	fill_hdr(&e->hdr, EV_SYSCALL, VERDICT_DENIED, 0, root, sb);
+	e->nr = nr;
+	e->count = 1;
+	e->args[0] = BPF_CORE_READ(regs, di);
+	e->args[1] = BPF_CORE_READ(regs, si);
+	e->args[2] = BPF_CORE_READ(regs, dx);
+	e->args[3] = BPF_CORE_READ(regs, r10);
+	e->args[4] = BPF_CORE_READ(regs, r8);
+	e->args[5] = BPF_CORE_READ(regs, r9);
+	if (ia32) {
+		/* i386 argument registers: ebx, ecx, edx, esi, edi, ebp. */
+		e->args[0] = BPF_CORE_READ(regs, bx);
+		e->args[1] = BPF_CORE_READ(regs, cx);
+		e->args[2] = BPF_CORE_READ(regs, dx);
+		e->args[3] = BPF_CORE_READ(regs, si);
+		e->args[4] = BPF_CORE_READ(regs, di);
+		e->args[5] = BPF_CORE_READ(regs, bp);
+		flags |= DENY_F_IA32;
+	}
+	e->ret = ret;
+	e->denial = denial;
+	e->flags = flags;
+	e->open_flags = 0;
+	e->path[0] = 0;
+	/* kernel_cap_t is a u64 since 6.3 and was two u32 before: the low
+	 * 32 bits are at the start either way (little endian). */
+	const struct cred *cred = BPF_CORE_READ(task, cred);
+	__u32 caps = 0;
+	bpf_probe_read_kernel(&caps, sizeof(caps), __builtin_preserve_access_index(&cred->cap_effective));
+	if (caps & (1U << CAP_DAC_OVERRIDE))
+		e->flags |= DENY_F_DAC_OVERRIDE;
+	if (denial == DENIAL_OPEN) {
+		e->open_flags = open_flags_of(nr, regs);
+		void *p = (void *)e->args[open_path_arg(nr) & 3];
+		long n = bpf_probe_read_user_str(e->path, sizeof(e->path), p);
+		if (n < 0) {
+			e->path[0] = 0;
+			e->flags |= DENY_F_PATH_UNREADABLE;
+		} else if (n == sizeof(e->path)) {
+			e->flags |= DENY_F_PATH_TRUNCATED;
+		}
+	}
+	submit_event(e, true);
+}
+
+/* Refusals the launcher's seccomp filter and Landlock ruleset made, seen
+ * at sys_exit: the fallback where fexit programs do not load (see
+ * recorder_fexit.h for the rest). */
 SEC("tp_btf/sys_exit")
 int BPF_PROG(trace_sys_exit, struct pt_regs *regs, long ret)
 {
@@ -415,58 +480,13 @@ int BPF_PROG(trace_sys_exit, struct pt_regs *regs, long ret)
 		denial = DENIAL_OPEN;
 	if (denial == DENIAL_NONE)
 		return 0;
-	if (BPF_CORE_READ(task, seccomp.mode) != SECCOMP_MODE_FILTER ||
-	    !(BPF_CORE_READ(task, atomic_flags) & (1UL << PFA_NO_NEW_PRIVS)))
+	if (!launcher_task(task))
 		return 0;
-
-	struct syscall_event *e = reserve_event(sizeof(*e), true);
-	if (!e)
-		return 0;
-	/* The kernel refused: DENIED even in record-only sandboxes. */
-	fill_hdr(&e->hdr, EV_SYSCALL, VERDICT_DENIED, 0, root, sb);
-	e->nr = nr;
-	e->count = 1;
-	e->args[0] = BPF_CORE_READ(regs, di);
-	e->args[1] = BPF_CORE_READ(regs, si);
-	e->args[2] = BPF_CORE_READ(regs, dx);
-	e->args[3] = BPF_CORE_READ(regs, r10);
-	e->args[4] = BPF_CORE_READ(regs, r8);
-	e->args[5] = BPF_CORE_READ(regs, r9);
-	if (ia32) {
-		/* i386 argument registers: ebx, ecx, edx, esi, edi, ebp. */
-		e->args[0] = BPF_CORE_READ(regs, bx);
-		e->args[1] = BPF_CORE_READ(regs, cx);
-		e->args[2] = BPF_CORE_READ(regs, dx);
-		e->args[3] = BPF_CORE_READ(regs, si);
-		e->args[4] = BPF_CORE_READ(regs, di);
-		e->args[5] = BPF_CORE_READ(regs, bp);
-	}
-	e->ret = ret;
-	e->denial = denial;
-	e->flags = ia32 ? DENY_F_IA32 : 0;
-	e->open_flags = 0;
-	e->path[0] = 0;
-	/* kernel_cap_t is a u64 since 6.3 and was two u32 before: the low
-	 * 32 bits are at the start either way (little endian). */
-	const struct cred *cred = BPF_CORE_READ(task, cred);
-	__u32 caps = 0;
-	bpf_probe_read_kernel(&caps, sizeof(caps), __builtin_preserve_access_index(&cred->cap_effective));
-	if (caps & (1U << CAP_DAC_OVERRIDE))
-		e->flags |= DENY_F_DAC_OVERRIDE;
-	if (denial == DENIAL_OPEN) {
-		e->open_flags = open_flags_of(nr, regs);
-		void *p = (void *)e->args[open_path_arg(nr) & 3];
-		long n = bpf_probe_read_user_str(e->path, sizeof(e->path), p);
-		if (n < 0) {
-			e->path[0] = 0;
-			e->flags |= DENY_F_PATH_UNREADABLE;
-		} else if (n == sizeof(e->path)) {
-			e->flags |= DENY_F_PATH_TRUNCATED;
-		}
-	}
-	submit_event(e, true);
+	record_denial(task, regs, nr, ret, denial, 0, ia32, root, sb);
 	return 0;
 }
+
+#include "recorder_fexit.h"
 
 static __always_inline void fill_ancestors(struct ancestor *a, struct task_struct *task)
 {

@@ -5,6 +5,9 @@
 // handled, kernel ring and queue losses (`watcher status --json`, the
 // metrics endpoint), and the agent's CPU time and peak RSS (/proc), with the
 // workload's open rate without the agent as the baseline of the same run.
+// It also appends records like the agent's to a fresh ledger in this
+// process, before the agent starts and again beside a last flood round, and
+// prints both rates next to the agent's own ledger rate in each round.
 //
 // Event source: on a host where BPF LSM programs load, routine file-open
 // events come from lsm/file_open. Where they cannot load (this project's
@@ -159,6 +162,11 @@ func (b *bench) run(opens, rounds int) error {
 		" this host, and nothing else emits routine file_open events (the kill backstop reports only opens" +
 		" matching a path rule; tracepoints report exec, exit and syscalls): each syscall is one kernel event.")
 
+	const ledgerRecords = 1_000_000
+	alone, err := printLedgerAlone("before the agent", ledgerRecords)
+	if err != nil {
+		return err
+	}
 	base1, err := b.workloadRun(opens)
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
@@ -178,11 +186,33 @@ func (b *bench) run(opens, rounds int) error {
 		}
 		results = append(results, r)
 		fmt.Printf("round %d: %9.0f kernel events/s handled (%d events in %.3fs, drained %.3fs after the workload),"+
-			" workload %9.0f opens/s (%.2fx slower than baseline), agent CPU %.2fs = %.0f%% of a core, %.0f ns/event\n",
+			" workload %9.0f opens/s (%.2fx slower than baseline), agent CPU %.2fs = %.0f%% of a core, %.0f ns/event;"+
+			" the agent's ledger %9.0f records/s\n",
 			i+1, r.eventsPerSec(), r.events, r.span.Seconds(), (r.span - r.work.elapsed).Seconds(),
 			r.work.opensPerSec(), base1.opensPerSec()/r.work.opensPerSec(), r.cpu.Seconds(),
-			100*r.cpu.Seconds()/r.span.Seconds(), float64(r.cpu.Nanoseconds())/float64(max(r.events, 1)))
+			100*r.cpu.Seconds()/r.span.Seconds(), float64(r.cpu.Nanoseconds())/float64(max(r.events, 1)),
+			float64(r.records)/r.span.Seconds())
 	}
+	// The ledger's own rate again, while the agent records a flood on the
+	// same two cores.
+	type rateResult struct {
+		rate float64
+		err  error
+	}
+	during := make(chan rateResult, 1)
+	go func() {
+		r, err := ledgerAlone(ledgerRecords)
+		during <- rateResult{r, err}
+	}()
+	if _, err := b.agentRound(pid, opens); err != nil {
+		return fmt.Errorf("flood round: %w", err)
+	}
+	dr := <-during
+	if dr.err != nil {
+		return fmt.Errorf("ledger during a flood: %w", dr.err)
+	}
+	fmt.Printf("ledger append alone (during a flood round): %9.0f records/s, %.2f of the rate before the agent\n",
+		dr.rate, dr.rate/alone)
 	// Losses are turned into loss events once a second.
 	time.Sleep(1500 * time.Millisecond)
 	st, err := b.status()
@@ -249,10 +279,11 @@ type workResult struct {
 func (w workResult) opensPerSec() float64 { return float64(w.opens) / w.elapsed.Seconds() }
 
 type roundResult struct {
-	work   workResult
-	events uint64        // sandbox events the agent counted in the round
-	span   time.Duration // workload start to the last event handled
-	cpu    time.Duration // agent user+system CPU in the round
+	work    workResult
+	events  uint64        // sandbox events the agent counted in the round
+	records uint64        // records the agent's ledger appended in the round
+	span    time.Duration // workload start to the last event handled
+	cpu     time.Duration // agent user+system CPU in the round
 }
 
 func (r roundResult) eventsPerSec() float64 { return float64(r.events) / r.span.Seconds() }
@@ -291,6 +322,10 @@ func (b *bench) agentRound(pid, opens int) (roundResult, error) {
 	if err != nil {
 		return roundResult{}, err
 	}
+	st0, err := b.status()
+	if err != nil {
+		return roundResult{}, err
+	}
 	cpu0, err := procCPU(pid)
 	if err != nil {
 		return roundResult{}, err
@@ -317,7 +352,12 @@ func (b *bench) agentRound(pid, opens int) (roundResult, error) {
 	if err != nil {
 		return roundResult{}, err
 	}
-	return roundResult{work: w, events: last - before, span: lastChange.Sub(start), cpu: cpu1 - cpu0}, nil
+	st1, err := b.status()
+	if err != nil {
+		return roundResult{}, err
+	}
+	return roundResult{work: w, events: last - before, records: st1.Ledger.Records - st0.Ledger.Records,
+		span: lastChange.Sub(start), cpu: cpu1 - cpu0}, nil
 }
 
 func (b *bench) startAgent() error {

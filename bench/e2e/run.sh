@@ -3,8 +3,10 @@
 # binary (watcher run) recording its syscalls into the ledger at the default
 # sampling; prints kernel events/s handled, kernel ring and queue losses, the
 # agent's CPU time and peak RSS, and the workload's rate without the agent
-# (baseline, same run). Root. Private pin dir, cgroups, sockets and ledger,
-# all removed at the end.
+# (baseline, same run), and the ledger's append rate alone (agent-like
+# records into a fresh ledger, in the bench's process) before the agent
+# starts and beside one more flood round. Root. Private pin dir, cgroups,
+# sockets and ledgers, all removed at the end.
 # Usage: bench/e2e/run.sh [-opens N] [-rounds N] [-rate R]
 set -e
 cd "$(dirname "$0")/../.."

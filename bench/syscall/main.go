@@ -27,12 +27,15 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
 var (
-	loopBin  string
-	progTime bool
+	loopBin   string
+	progTime  bool
+	beforeObj string
+	cpuClock  bool
 )
 
 type config struct {
@@ -40,13 +43,17 @@ type config struct {
 	where  string // "bare", "inside", "outside"
 	attach func() ([]link.Link, error)
 	// rules, when set, replace DefaultRules for this configuration's runs.
-	rules *backstop.Rules
+	rules *backstoprules.Rules
+	// timed are the syscall programs whose run time -progtime reads.
+	timed []*ebpf.Program
 }
 
 func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds per configuration (median reported)")
 	iters := flag.Int("iters", 200000, "iterations per op per run")
 	flag.BoolVar(&progTime, "progtime", false, "also report the backstop's sys_enter+sys_exit run time per loop iteration and the verdict cache's hits (kernel BPF statistics, which add their own cost to every program run)")
+	flag.StringVar(&beforeObj, "before", "", "another build of the backstop object (e.g. main's internal/enforce/backstop/backstop_x86_bpfel.o, run.sh -before REV builds it): its outside and inside rows are measured interleaved with this tree's")
+	flag.BoolVar(&cpuClock, "cpu", false, "time each operation by the loop thread's CPU clock, not the wall clock: on a loaded host the time the loop waits for a CPU does not count")
 	flag.StringVar(&loopBin, "loop", "", "the loop binary (go build ./bench/syscall/loop); it must not link cilium/ebpf, whose init calls bpf(2), which the backstop kills in a sandbox")
 	flag.Parse()
 	if loopBin == "" {
@@ -156,18 +163,8 @@ func run(rounds, iters int) error {
 		}
 		return ls, nil
 	}
-	// The backstop as Attach attaches it: the inode-change programs too
-	// (the verdict cache's name generation), where this kernel has them.
-	var progs []*ebpf.Program
-	for _, name := range []string{backstop.ProgSysEnter, backstop.ProgSysExit, backstop.ProgPrepareExec,
-		backstop.ProgIOUringSubmit, backstop.ProgFork, backstop.ProgCgroupAttach,
-		backstop.ProgCtimeSet, backstop.ProgCtimeXchg, backstop.ProgCtimeSkip} {
-		if p := bs.Program(name); p != nil {
-			progs = append(progs, p)
-		}
-	}
 	_, noCtime := bs.Missing()[backstop.ProgCtimeXchg]
-	attached := tracing(progs...)
+	attached := tracing(backstopProgs(bs)...)
 	// cache turns the verdict cache on or off, then attaches.
 	cache := func(on bool) func() ([]link.Link, error) {
 		return func() ([]link.Link, error) {
@@ -196,29 +193,50 @@ func run(rounds, iters int) error {
 	// both miss) before it is allowed, the most a syscall ruled only
 	// elsewhere costs.
 	elsewhere := backstop.DefaultRules()
-	elsewhere.Sandboxes = map[uint32]backstop.SandboxRules{2: {Syscalls: []backstop.SyscallRule{
-		{Name: "getpid", Rule: backstop.Rule{Action: enforce.ActionKill, ID: 1}}}}}
+	elsewhere.Sandboxes = map[uint32]backstoprules.SandboxRules{2: {Syscalls: []backstoprules.SyscallRule{
+		{Name: "getpid", Rule: backstoprules.Rule{Action: enforce.ActionKill, ID: 1}}}}}
 	configs := []config{
-		{"bare", "bare", nil, nil},
-		{"empty tp_btf sys_enter+exit", "outside", tracing(probes.EmptyTpBtfEnter, probes.EmptyTpBtfExit), nil},
-		{"empty raw_tp sys_enter+exit", "outside", rawTP, nil},
-		{"empty tracepoint sys_{enter,exit}_openat", "outside", perSyscall, nil},
-		{"backstop, outside", "outside", full, nil},
-		{"backstop, inside, no verdict cache", "inside", cache(false), nil},
-		{"backstop, inside", "inside", full, nil},
-		{"backstop, inside, getpid ruled elsewhere", "inside", full, &elsewhere},
-		{"backstop+trace, outside", "outside", fullWithTrace, nil},
-		{"backstop+trace, inside", "inside", fullWithTrace, nil},
+		{"bare", "bare", nil, nil, nil},
+		{"empty tp_btf sys_enter+exit", "outside", tracing(probes.EmptyTpBtfEnter, probes.EmptyTpBtfExit), nil,
+			[]*ebpf.Program{probes.EmptyTpBtfEnter, probes.EmptyTpBtfExit}},
+		{"empty raw_tp sys_enter+exit", "outside", rawTP, nil, nil},
+		{"empty tracepoint sys_{enter,exit}_openat", "outside", perSyscall, nil, nil},
+		{"backstop, outside", "outside", full, nil, syscallProgs(bs)},
+		{"backstop, inside, no verdict cache", "inside", cache(false), nil, syscallProgs(bs)},
+		{"backstop, inside", "inside", full, nil, syscallProgs(bs)},
+		{"backstop, inside, getpid ruled elsewhere", "inside", full, &elsewhere, syscallProgs(bs)},
+		{"backstop+trace, outside", "outside", fullWithTrace, nil, syscallProgs(bs)},
+		{"backstop+trace, inside", "inside", fullWithTrace, nil, syscallProgs(bs)},
+	}
+	if beforeObj != "" {
+		// The other object's programs share this engine's pinned maps
+		// (rules, verdict cache control), so the rules set above and
+		// SetVerdictCache apply to both.
+		before, err := backstop.LoadObject(eng, beforeObj)
+		if err != nil {
+			return err
+		}
+		defer before.Close()
+		beforeFull := func() ([]link.Link, error) {
+			if err := bs.SetVerdictCache(!noCtime); err != nil {
+				return nil, err
+			}
+			return tracing(backstopProgs(before)...)()
+		}
+		configs = append(configs[:5], append([]config{
+			{"before: backstop, outside", "outside", beforeFull, nil, syscallProgs(before)},
+			{"before: backstop, inside", "inside", beforeFull, nil, syscallProgs(before)},
+		}, configs[5:]...)...)
 	}
 	// Run time of the backstop's syscall programs per loop iteration (all
 	// three ops), by configuration: the programs' own cost, less exposed
 	// to scheduling noise than the loop's wall time.
 	progNS := map[string][]float64{}
 	cacheHits, cacheStores := map[string]uint64{}, map[string]uint64{}
-	runTime := func() time.Duration {
+	runTime := func(progs []*ebpf.Program) time.Duration {
 		var d time.Duration
-		for _, name := range []string{backstop.ProgSysEnter, backstop.ProgSysExit} {
-			if st, err := bs.Program(name).Stats(); err == nil {
+		for _, p := range progs {
+			if st, err := p.Stats(); err == nil {
 				d += st.Runtime
 			}
 		}
@@ -257,10 +275,10 @@ func run(rounds, iters int) error {
 			case "outside":
 				cg = outside
 			}
-			t0 := runTime()
+			t0 := runTime(c.timed)
 			h0, s0, _ := bs.VerdictCacheStats()
 			res, err := runLoop(cg, iters, file)
-			progNS[c.name] = append(progNS[c.name], float64(runTime()-t0)/float64(iters))
+			progNS[c.name] = append(progNS[c.name], float64(runTime(c.timed)-t0)/float64(iters))
 			h1, s1, _ := bs.VerdictCacheStats()
 			cacheHits[c.name] += h1 - h0
 			cacheStores[c.name] += s1 - s0
@@ -281,7 +299,11 @@ func run(rounds, iters int) error {
 			}
 		}
 	}
-	fmt.Printf("kernel %s, %d rounds x %d iterations, median ns/op and ratio to bare (same run)\n\n", syscallbench.KernelRelease(), rounds, iters)
+	clock := "wall clock"
+	if cpuClock {
+		clock = "thread CPU clock"
+	}
+	fmt.Printf("kernel %s, %d rounds x %d iterations, median ns/op (%s) and ratio to bare (same run)\n\n", syscallbench.KernelRelease(), rounds, iters, clock)
 	fmt.Printf("%-42s", "configuration")
 	for _, op := range syscallbench.Ops {
 		fmt.Printf(" %22s", op)
@@ -301,9 +323,9 @@ func run(rounds, iters int) error {
 		fmt.Println()
 	}
 	if progTime {
-		fmt.Printf("\nbackstop sys_enter+sys_exit run time per loop iteration (openat+close, stat, getpid), median\n")
+		fmt.Printf("\nsys_enter+sys_exit run time per loop iteration (openat+close, stat, getpid), median\n")
 		for _, c := range configs {
-			if skipped[c.name] == nil && c.attach != nil {
+			if skipped[c.name] == nil && c.timed != nil {
 				fmt.Printf("%-42s %8.0f ns  verdict cache: %d hits, %d stores\n", c.name, syscallbench.Median(progNS[c.name]), cacheHits[c.name], cacheStores[c.name])
 			}
 		}
@@ -311,10 +333,34 @@ func run(rounds, iters int) error {
 	return nil
 }
 
+// backstopProgs lists b's programs as Attach attaches them: the
+// inode-change programs too (the verdict cache's name generation), where
+// this kernel has them.
+func backstopProgs(b *backstop.Backstop) []*ebpf.Program {
+	var progs []*ebpf.Program
+	for _, name := range []string{backstop.ProgSysEnter, backstop.ProgSysExit, backstop.ProgPrepareExec,
+		backstop.ProgIOUringSubmit, backstop.ProgFork, backstop.ProgCgroupAttach,
+		backstop.ProgCtimeSet, backstop.ProgCtimeXchg, backstop.ProgCtimeSkip} {
+		if p := b.Program(name); p != nil {
+			progs = append(progs, p)
+		}
+	}
+	return progs
+}
+
+// syscallProgs are b's sys_enter and sys_exit programs.
+func syscallProgs(b *backstop.Backstop) []*ebpf.Program {
+	return []*ebpf.Program{b.Program(backstop.ProgSysEnter), b.Program(backstop.ProgSysExit)}
+}
+
 // runLoop runs the loop in a child started directly in cgroup cg ("" for
 // the bench's own cgroup).
 func runLoop(cg string, iters int, file string) (syscallbench.Result, error) {
-	cmd := exec.Command(loopBin, fmt.Sprint(iters), file)
+	args := []string{fmt.Sprint(iters), file}
+	if cpuClock {
+		args = append(args, "cpu")
+	}
+	cmd := exec.Command(loopBin, args...)
 	if cg != "" {
 		// A fresh leaf per run (cgroup.kill quirk, and clean accounting).
 		leaf := filepath.Join(cg, fmt.Sprintf("run-%d", time.Now().UnixNano()))

@@ -9,7 +9,9 @@
 static __always_inline bool in_compat_syscall(long id)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	return (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT) || (id & X32_SYSCALL_BIT);
+	/* A direct load (the task is a BTF pointer), no helper call: every
+	 * syscall of the host runs this. */
+	return (task->thread_info.status & TS_COMPAT) || (id & X32_SYSCALL_BIT);
 }
 
 /* compat_enter judges a 32-bit syscall: refused outright (CAT_COMPAT), or

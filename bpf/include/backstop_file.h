@@ -12,25 +12,25 @@
  * inode-change hooks (backstop_inode.h). */
 static __always_inline bool open_changed(long nr, struct pt_regs *regs, unsigned int fmode)
 {
-	__u64 flags = 0;
 	if (fmode & FMODE_CREATED_)
 		return true;
+	/* Registers by plain loads (regs is a BTF pointer); each case returns
+	 * on its own, so no load is shared with the stack copy of openat2's. */
 	switch (nr) {
 	case NR_open:
-		flags = BPF_CORE_READ(regs, si);
-		break;
+		return regs->si & (O_CREAT_ | O_TRUNC_);
 	case NR_openat:
-		flags = BPF_CORE_READ(regs, dx);
-		break;
+		return regs->dx & (O_CREAT_ | O_TRUNC_);
 	case NR_creat:
 		return true;
 	case NR_openat2: {
+		__u64 flags = 0;
 		struct open_how *how = (struct open_how *)BPF_CORE_READ(regs, dx);
 		bpf_probe_read_user(&flags, sizeof(flags), &how->flags);
-		break;
+		return flags & (O_CREAT_ | O_TRUNC_);
 	}
 	}
-	return flags & (O_CREAT_ | O_TRUNC_);
+	return false;
 }
 
 struct cmp_ctx {

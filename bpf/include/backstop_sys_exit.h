@@ -17,11 +17,9 @@ static __always_inline void complete_pending(long nr, long ret)
 #define NR_inotify_add_watch 254
 static __always_inline void notify_mark_added(struct pt_regs *regs);
 
-SEC("tp_btf/sys_exit")
-int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
+/* sys_exit_judged: everything but the fast path below (see sys_enter_judged). */
+static __noinline int sys_exit_judged(struct pt_regs *regs, long ret, long nr, bool compat)
 {
-	long nr = BPF_CORE_READ(regs, orig_ax);
-	bool compat = in_compat_syscall(nr);
 	if (vc_mount_syscall(nr, compat))
 		vc_mount_exit();
 	if (compat) {
@@ -41,10 +39,11 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 		struct sandbox *sb = current_sandbox(&root);
 		if (!sb)
 			return 0;
-		struct file *file = pw_fd_file(ret);
+		struct file *file = bs_fd_file(ret);
 		if (!file)
 			return 0;
-		unsigned int fmode = BPF_CORE_READ(file, f_mode);
+		unsigned int fmode = bpf_ksym_exists(bpf_rdonly_cast) ? bs_cast(file, struct file)->f_mode
+								      : BPF_CORE_READ(file, f_mode);
 		if (fmode & FMODE_PATH)
 			return 0; /* O_PATH: no access; a reopen is judged itself */
 		__u32 ops = ((fmode & FMODE_READ) ? OP_READ : 0) | ((fmode & FMODE_WRITE) ? OP_WRITE : 0);
@@ -83,6 +82,44 @@ int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
 	emit_syscall(pending);
 	pending->hdr.kind = 0; /* sent (or its loss counted): never twice */
 	return 0;
+}
+
+/* Native syscalls sys_exit_judged looks at whatever the rules: the open
+ * family, connect, inotify_add_watch, mmap, mremap, shmat and the mount
+ * family (the verdict cache's busy count). A bitmap by number, in .rodata:
+ * one load and a shift instead of a compare per number. */
+#define EXIT_ALWAYS(X, w) (X(NR_open, w) | X(NR_openat, w) | X(NR_openat2, w) | X(NR_creat, w) | \
+	X(NR_open_by_handle_at, w) | X(NR_connect, w) | X(NR_inotify_add_watch, w) | X(NR_mmap, w) | \
+	X(NR_mremap, w) | X(NR_shmat, w) | X(155, w) | X(161, w) | X(165, w) | X(166, w) | X(428, w) | \
+	X(429, w) | X(432, w) | X(442, w) | X(467, w))
+static const volatile __u64 bs_exit_always[MAX_SYSCALLS / 64] = {
+	EXIT_ALWAYS(NR_BIT, 0), EXIT_ALWAYS(NR_BIT, 1), EXIT_ALWAYS(NR_BIT, 2), EXIT_ALWAYS(NR_BIT, 3),
+	EXIT_ALWAYS(NR_BIT, 4), EXIT_ALWAYS(NR_BIT, 5), EXIT_ALWAYS(NR_BIT, 6), EXIT_ALWAYS(NR_BIT, 7),
+};
+
+/* The fast path: a native syscall that returns nothing judged here and
+ * that no sandbox has a rule or category for leaves after one array
+ * lookup, whoever makes it. The opens go on: the sandbox is looked up
+ * (one lookup, the per-cgroup membership, for a task outside). */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(backstop_sys_exit, struct pt_regs *regs, long ret)
+{
+	long nr = regs->orig_ax; /* a direct load: regs is a BTF pointer */
+	bool compat = in_compat_syscall(nr);
+	if (!compat && (unsigned long)nr < MAX_SYSCALLS && !((bs_exit_always[nr >> 6] >> (nr & 63)) & 1)) {
+		__u32 n = nr;
+		struct syscall_rule *r = bpf_map_lookup_elem(&bs_syscall_rules, &n);
+		if (r && !r->action && !r->category)
+			return 0;
+	}
+	/* An open's return, outside every sandbox: the membership of the
+	 * cgroup the task is in now, as current_sandbox reads it (a miss or a
+	 * stale generation goes on to compute it). open_by_handle_at may
+	 * complete an event of sys_enter's. */
+	if (!compat && (nr == NR_openat || nr == NR_open || nr == NR_openat2 || nr == NR_creat) &&
+	    (ret < 0 || bs_outside_now()))
+		return 0;
+	return sys_exit_judged(regs, ret, nr, compat);
 }
 
 /* sched_prepare_exec runs before the new image replaces the old one: a kill

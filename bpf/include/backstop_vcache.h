@@ -166,18 +166,21 @@ static __always_inline void vc_mount_exit(void)
 	}
 }
 
+/* The key is read with plain loads through BTF pointers (bpf_rdonly_cast,
+ * Linux >= 6.2: before 6.8 the cache is off anyway), not a helper call per
+ * field: every repeated open of a sandbox pays these reads. */
 static __always_inline __u64 vc_mnt_id(struct vfsmount *vm)
 {
-	struct mount *m = (struct mount *)((void *)vm - bpf_core_field_offset(struct mount, mnt));
-	return BPF_CORE_READ(m, mnt_id_unique);
+	struct mount *m = bs_cast((void *)vm - bpf_core_field_offset(struct mount, mnt), struct mount);
+	return m->mnt_id_unique;
 }
 
 /* vc_prepare fills the key of an open's file and the generations now;
  * false when the verdict may not be cached. */
-static __always_inline bool vc_prepare(struct file *file, __u32 ops, struct sandbox *sb, struct vc_key *k,
+static __always_inline bool vc_prepare(struct file *fp, __u32 ops, struct sandbox *sb, struct vc_key *k,
 				       struct vc_entry *gens)
 {
-	if (!bpf_core_field_exists(struct mount, mnt_id_unique))
+	if (!bpf_core_field_exists(struct mount, mnt_id_unique) || !bpf_ksym_exists(bpf_rdonly_cast))
 		return false; /* Linux < 6.8: mount ids are reused */
 	__u64 *rg = vc_ctl(VC_RULES_GEN), *ng = vc_ctl(VC_NAME_GEN), *busy = vc_ctl(VC_BUSY);
 	if (!rg || !ng || !busy)
@@ -187,26 +190,27 @@ static __always_inline bool vc_prepare(struct file *file, __u32 ops, struct sand
 	/* Odd: off or rules being written; 0: never set by an agent. */
 	if ((gens->rules_gen & 1) || !gens->rules_gen || *(volatile __u64 *)busy)
 		return false;
-	struct inode *inode = BPF_CORE_READ(file, f_inode);
-	__u32 mode = BPF_CORE_READ(inode, i_mode) & S_IFMT_;
+	struct file *file = bs_cast(fp, struct file);
+	struct inode *inode = file->f_inode;
+	__u32 mode = inode->i_mode & S_IFMT_;
 	if (mode == S_IFREG_) {
-		if (BPF_CORE_READ(inode, __i_nlink) != 1)
+		if (inode->__i_nlink != 1)
 			return false; /* more names than the one judged, or none */
 	} else if (mode != S_IFDIR_) {
 		return false;
 	}
-	struct super_block *isb = BPF_CORE_READ(inode, i_sb);
-	unsigned long magic = BPF_CORE_READ(isb, s_magic);
+	struct super_block *isb = inode->i_sb;
+	unsigned long magic = isb->s_magic;
 	if (magic != EXT4_SUPER_MAGIC_ && magic != XFS_SUPER_MAGIC_ && magic != TMPFS_MAGIC_)
 		return false;
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-	struct path root = BPF_CORE_READ(task, fs, root);
-	k->ino = BPF_CORE_READ(inode, i_ino);
-	k->mnt = vc_mnt_id(BPF_CORE_READ(file, f_path.mnt));
-	k->root_mnt = vc_mnt_id(root.mnt);
-	k->root_ino = BPF_CORE_READ(root.dentry, d_inode, i_ino);
-	k->dev = BPF_CORE_READ(isb, s_dev);
-	k->generation = BPF_CORE_READ(inode, i_generation);
+	struct fs_struct *fs = task->fs;
+	k->ino = inode->i_ino;
+	k->mnt = vc_mnt_id(file->f_path.mnt);
+	k->root_mnt = vc_mnt_id(fs->root.mnt);
+	k->root_ino = fs->root.dentry->d_inode->i_ino;
+	k->dev = isb->s_dev;
+	k->generation = inode->i_generation;
 	k->sandbox_id = sb->id;
 	k->ops = ops;
 	return true;

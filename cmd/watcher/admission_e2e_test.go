@@ -1,10 +1,8 @@
 package main
 
 import (
-	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -43,12 +41,7 @@ func TestAdmissionScopedUnderExec(t *testing.T) {
 		}
 	}()
 	tb := newTestbed(t, "    dns: {allow: [.cdn.test]}\n", "{enabled: false}")
-	pol, _ := os.ReadFile(tb.policy)
-	listen := fmt.Sprintf(`dns: {listen: "127.0.0.1:%d"}`, tb.DNSPort)
-	pol = []byte(strings.Replace(string(pol), listen, fmt.Sprintf(`dns: {listen: "127.0.0.1:%d", upstreams: ["%s"]}`, tb.DNSPort, netip.AddrPortFrom(dnsAddr, 53)), 1))
-	if err := os.WriteFile(tb.policy, pol, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tb.resolveThrough(dnsAddr)
 	tb.startAgent()
 	script := "curl -sS --max-time 10 --cacert " + caFile + " https://a.cdn.test/; echo; " +
 		"curl -sS --max-time 10 http://a.cdn.test:4444/; echo \" curl4444-exit=$?\""

@@ -17,6 +17,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/testkit/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // fsetsigKill makes the kernel send the agent a SIGKILL with no kill-family
@@ -60,21 +61,19 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 			// The backstop killed the sender at its F_SETOWN aimed at the
 			// agent, before it armed the pipe. The kill family remains:
 			// the backstop kills the sender at entry, but the call
-			// completes first (docs/privilege.md), so the SIGKILL lands.
+			// completes first (docs/concepts/privilege.md), so the SIGKILL lands.
 			k := inSandbox(t, tb.cgAbs, fmt.Sprintf("kill%db", round), "kill -KILL "+fmt.Sprint(pid))
 			k.WaitDelay = 5 * time.Second
 			kout, _ := k.CombinedOutput()
 			aout = append(append(aout, "\nfallback kill(2): "...), kout...)
 		}
-		for deadline := time.Now().Add(10 * time.Second); !tb.agent.Exited(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				if round == 1 {
-					// Where a BPF LSM hook (file_send_sigiotask) refuses the
-					// signal, the agent never dies: nothing to restart.
-					t.Skipf("the agent survived the sandbox's SIGKILL by F_SETSIG and by kill(2) (refused by BPF LSM hooks here, the protection this test stands in for): %s", aout)
-				}
-				t.Fatalf("round %d: the agent survived the SIGKILL it died of in round 1:\n%s", round, aout)
+		if !poll.Within(10*time.Second, tb.agent.Exited) {
+			if round == 1 {
+				// Where a BPF LSM hook (file_send_sigiotask) refuses the
+				// signal, the agent never dies: nothing to restart.
+				t.Skipf("the agent survived the sandbox's SIGKILL by F_SETSIG and by kill(2) (refused by BPF LSM hooks here, the protection this test stands in for): %s", aout)
 			}
+			t.Fatalf("round %d: the agent survived the SIGKILL it died of in round 1:\n%s", round, aout)
 		}
 		deaths = append(deaths, time.Now())
 		if ws := tb.agent.Cmd.ProcessState.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
@@ -103,14 +102,12 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 		startAgentSlow(tb)
 		// The restarted agent read the signal's record from the queue and
 		// froze the sandbox.
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			if data, _ := os.ReadFile(freezeFile); strings.TrimSpace(string(data)) == "1" {
-				break
-			}
-			if time.Now().After(deadline) {
-				led, _ := tb.watcher("ledger", "cat", tb.ledger)
-				t.Fatalf("round %d: the restarted agent did not freeze the sandbox that killed its predecessor\nledger:\n%s\nagent log:\n%s", round, led, tb.agentLog)
-			}
+		if !poll.Within(20*time.Second, func() bool {
+			data, _ := os.ReadFile(freezeFile)
+			return strings.TrimSpace(string(data)) == "1"
+		}) {
+			led, _ := tb.watcher("ledger", "cat", tb.ledger)
+			t.Fatalf("round %d: the restarted agent did not freeze the sandbox that killed its predecessor\nledger:\n%s\nagent log:\n%s", round, led, tb.agentLog)
 		}
 		if out, code := tb.watcher("thaw", "--socket", tb.ControlSocket(), "agents"); code != 0 {
 			t.Fatalf("thaw: exit %d\n%s", code, out)
@@ -118,10 +115,11 @@ func TestAgentKilledFromSandboxLoop(t *testing.T) {
 	}
 	// The last gap record follows the restart by the settle time (2 s);
 	// the freeze may come first.
-	gapsBefore := gapRecords(t, tb)
-	for deadline := time.Now().Add(30 * time.Second); len(gapsBefore) < rounds && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+	var gapsBefore []audit.Event
+	poll.Within(30*time.Second, func() bool {
 		gapsBefore = gapRecords(t, tb)
-	}
+		return len(gapsBefore) >= rounds
+	})
 	// A clean stop, then a start: no gap.
 	tb.stopAgent(syscall.SIGTERM)
 	startAgentSlow(tb)

@@ -17,7 +17,7 @@ const mcpUsage = `Usage: watcher mcp serve [flags]          a sandbox's tool gat
        watcher mcp wrap [flags] -- CMD ARGS  an MCP server run in a sandbox of its own
 
 Run 'watcher mcp serve --help' or 'watcher mcp wrap --help' for their flags.
-See docs/mcp.md.`
+See docs/concepts/mcp.md.`
 
 func runMCP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {

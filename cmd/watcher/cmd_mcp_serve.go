@@ -37,7 +37,7 @@ Every tools/call goes through the gateway's decision path (the policy's tool
 rules, approvals, the kernel's path checks, watcher exec for shell) and is
 recorded in the ledger with the MCP session and request id. A refused call
 is a tool result with isError whose text says what was refused, by which
-rule and layer, and which policy lines would allow it. See docs/mcp.md.
+rule and layer, and which policy lines would allow it. See docs/concepts/mcp.md.
 
 In a client's configuration (.mcp.json, claude_desktop_config.json):
   {"mcpServers": {"watcher": {"command": "sudo", "args": ["watcher", "mcp", "serve"]}}}`); err != nil {

@@ -78,7 +78,7 @@ definitions are pinned on first sight (in the agent's state directory): a
 tool whose name, description or input schema changes later is hidden and
 refused until approved again with --accept-changes, and the change is
 recorded. The server's kernel events during a call carry the call's label
-(SESSION.call-N); between calls, the session's. See docs/mcp-wrap.md.`); err != nil {
+(SESSION.call-N); between calls, the session's. See docs/concepts/mcp-wrap.md.`); err != nil {
 		return helpOK(err)
 	}
 	argv := fs.Args()

@@ -143,6 +143,10 @@ func printLayers(w io.Writer, layers []control.Layer) {
 // logEvent logs agent events always, and alerts unless quiet.
 func logEvent(log *slog.Logger, e *audit.Event, quiet bool) {
 	switch {
+	case e.Kind == audit.KindAgent && e.Rule == agent.RuleNetnsListeners && e.Severity != audit.SeverityAlert:
+		// Listeners opened and closed in sandboxes' network namespaces:
+		// routine, as often as containers come and go.
+		log.Debug(e.Message, "kind", e.Kind)
 	case e.Kind == audit.KindAgent || e.Kind == audit.KindLoss || e.Kind == audit.KindEscape:
 		// The message is the record's message (one msg key); a multi-line
 		// one (the layer table, printed on stdout as a table) is logged by

@@ -3,8 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"sync/atomic"
@@ -76,12 +74,7 @@ func TestDNSTypeChannelUnderExec(t *testing.T) {
 
 	// No query rate limit: only the information budget may stop it.
 	tb := newTestbed(t, "    dns: {allow: [.cdn.test], detection: {rate_limit: 0}}\n", "{enabled: false}")
-	pol, _ := os.ReadFile(tb.policy)
-	listen := fmt.Sprintf(`dns: {listen: "127.0.0.1:%d"}`, tb.DNSPort)
-	pol = []byte(strings.Replace(string(pol), listen, fmt.Sprintf(`dns: {listen: "127.0.0.1:%d", upstreams: ["%s"]}`, tb.DNSPort, netip.AddrPortFrom(dnsAddr, 53)), 1))
-	if err := os.WriteFile(tb.policy, pol, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tb.resolveThrough(dnsAddr)
 	tb.startAgent()
 	out, code := tb.watcher("exec", "--socket", tb.ControlSocket(), "--", "python3", "-c", typeChannelScript, dnsAddr.String())
 	var answered, refused, lost int

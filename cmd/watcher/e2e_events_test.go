@@ -23,6 +23,7 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/ledger"
 	"github.com/watcherhq/watcher/internal/testkit/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // floodBinary builds testdata/flood once, without cgo: it must not link
@@ -230,13 +231,11 @@ func TestRedactedEverywhere(t *testing.T) {
 	echoes := func(lines string) int {
 		return strings.Count(lines, `"exe":"/usr/bin/echo"`) + strings.Count(lines, `"exe":"/bin/echo"`)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for echoes(jsonTail.text()) < want || strings.Count(compactTail.text(), "***") < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("tail saw %d of %d echo execs (compact: %d redacted lines):\njson:\n%s\ncompact:\n%s",
-				echoes(jsonTail.text()), want, strings.Count(compactTail.text(), "***"), jsonTail.text(), compactTail.text())
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !poll.Within(15*time.Second, func() bool {
+		return echoes(jsonTail.text()) >= want && strings.Count(compactTail.text(), "***") >= want
+	}) {
+		t.Fatalf("tail saw %d of %d echo execs (compact: %d redacted lines):\njson:\n%s\ncompact:\n%s",
+			echoes(jsonTail.text()), want, strings.Count(compactTail.text(), "***"), jsonTail.text(), compactTail.text())
 	}
 	resp, err := http.Get("http://" + tb.metrics + "/metrics")
 	if err != nil {
@@ -322,14 +321,10 @@ cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t
 		}
 		return ""
 	}
-	deadline := time.Now().Add(20 * time.Second)
 	var leaf string
-	for leaf = frozenLeaf("attack"); leaf == ""; leaf = frozenLeaf("attack") {
-		if time.Now().After(deadline) {
-			out, _ := tb.watcher("ledger", "cat", tb.ledger)
-			t.Fatalf("the attacking run was not frozen:\n%s\nledger:\n%s\nagent log:\n%s", attackOut.String(), out, tb.agentLog)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !poll.Within(20*time.Second, func() bool { leaf = frozenLeaf("attack"); return leaf != "" }) {
+		out, _ := tb.watcher("ledger", "cat", tb.ledger)
+		t.Fatalf("the attacking run was not frozen:\n%s\nledger:\n%s\nagent log:\n%s", attackOut.String(), out, tb.agentLog)
 	}
 	countAt := func() int { data, _ := os.ReadFile(count); return strings.Count(string(data), "\n") }
 	atFreeze := countAt()

@@ -25,6 +25,7 @@ import (
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/testkit/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 func TestMain(m *testing.M) {
@@ -347,17 +348,12 @@ cat /root/.ssh/id_rsa; echo $$ > /sys/fs/cgroup/unified/cgroup.procs; nsenter -t
 		esc.Wait()
 	}()
 
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	if !poll.Within(15*time.Second, func() bool {
 		data, _ := os.ReadFile(filepath.Join(tb.cgAbs, "cgroup.freeze"))
-		if strings.TrimSpace(string(data)) == "1" {
-			break
-		}
-		if time.Now().After(deadline) {
-			out, _ := tb.watcher("ledger", "cat", tb.ledger)
-			t.Fatalf("sandbox not frozen after the escape sequence; ledger:\n%s\nagent log:\n%s", out, tb.agentLog)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return strings.TrimSpace(string(data)) == "1"
+	}) {
+		out, _ := tb.watcher("ledger", "cat", tb.ledger)
+		t.Fatalf("sandbox not frozen after the escape sequence; ledger:\n%s\nagent log:\n%s", out, tb.agentLog)
 	}
 	st, _ := tb.watcher("status", "--json", "--socket", filepath.Join(tb.socketDir, "control.sock"))
 	if !regexp.MustCompile(`"name": "agents",[^}]*"frozen": true`).MatchString(st) {
@@ -399,17 +395,12 @@ func TestReloadAndMountUndo(t *testing.T) {
 	if strings.Contains(string(out), "after-mount") {
 		t.Fatalf("mount in the sandbox was not stopped:\n%s", out)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !poll.Within(10*time.Second, func() bool {
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
-		if !strings.Contains(string(mi), " "+mnt+" ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			exec.Command("umount", "-l", mnt).Run()
-			t.Fatalf("the killed process's tmpfs is still mounted at %s", mnt)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return !strings.Contains(string(mi), " "+mnt+" ")
+	}) {
+		exec.Command("umount", "-l", mnt).Run()
+		t.Fatalf("the killed process's tmpfs is still mounted at %s", mnt)
 	}
 
 	// A broken edit: refused, the old policy stays in force.
@@ -424,16 +415,12 @@ func TestReloadAndMountUndo(t *testing.T) {
 	// A good edit (record mode), picked up from the file change alone.
 	rec := strings.Replace(string(good), "    preset: restricted\n", "    preset: restricted\n    mode: record\n", 1)
 	os.WriteFile(tb.policy, []byte(rec), 0o600)
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		out, _ := inSandbox(t, tb.cgAbs, fmt.Sprintf("r%d", time.Now().UnixNano()), "cat /etc/shadow").CombinedOutput()
-		if strings.Contains(string(out), "root:") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("record mode not in force after editing the policy file:\n%s\n%s", out, tb.agentLog)
-		}
-		time.Sleep(200 * time.Millisecond)
+	var recOut []byte
+	if !poll.Within(10*time.Second, func() bool {
+		recOut, _ = inSandbox(t, tb.cgAbs, fmt.Sprintf("r%d", time.Now().UnixNano()), "cat /etc/shadow").CombinedOutput()
+		return strings.Contains(string(recOut), "root:")
+	}) {
+		t.Fatalf("record mode not in force after editing the policy file:\n%s\n%s", recOut, tb.agentLog)
 	}
 	tb.stopAgent(syscall.SIGTERM)
 	cat, _ := tb.watcher("ledger", "cat", "--json", tb.ledger)
@@ -463,16 +450,12 @@ func TestContainerFlag(t *testing.T) {
 	if err := cgroupfs.Create(scope); err != nil { // the container starts after the agent
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	caged := poll.Within(15*time.Second, func() bool {
 		out, _ := inSandbox(t, scope, fmt.Sprintf("p%d", time.Now().UnixNano()), "cat /etc/shadow && echo READ").CombinedOutput()
-		if !strings.Contains(string(out), "READ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the container's cgroup was never caged:\n%s", tb.agentLog)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return !strings.Contains(string(out), "READ")
+	})
+	if !caged {
+		t.Fatalf("the container's cgroup was never caged:\n%s", tb.agentLog)
 	}
 }
 

@@ -333,7 +333,7 @@ func TestMCPClientsSDKs(t *testing.T) {
 // reached through a loopback relay to the gateway socket, and logs each
 // scenario's result. The scenarios that need tools, prompts or resources
 // the reference server has and a watcher sandbox does not are expected to
-// fail (docs/mcp.md lists them); the protocol's core must pass.
+// fail (docs/concepts/mcp.md lists them); the protocol's core must pass.
 func TestMCPConformance(t *testing.T) {
 	cli := os.Getenv("WATCHER_MCP_CONFORMANCE")
 	if cli == "" {

@@ -57,12 +57,7 @@ func TestNameBindingEndToEnd(t *testing.T) {
         secrets:
           - {name: api, env: API_TOKEN, from_env: WATCHER_E2E_API_VALUE, hosts: [api.cdn.test]}
 `, "{enabled: false}")
-	pol, _ := os.ReadFile(tb.policy)
-	listen := fmt.Sprintf(`dns: {listen: "127.0.0.1:%d"}`, tb.DNSPort)
-	pol = []byte(strings.Replace(string(pol), listen, fmt.Sprintf(`dns: {listen: "127.0.0.1:%d", upstreams: ["%s"]}`, tb.DNSPort, netip.AddrPortFrom(dnsAddr, 53)), 1))
-	if err := os.WriteFile(tb.policy, pol, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tb.resolveThrough(dnsAddr)
 	tb.startAgent()
 	events := tb.tailJSON(func(e audit.Event) bool { return e.Mechanism == "name-relay" })
 	time.Sleep(300 * time.Millisecond)
@@ -90,10 +85,11 @@ func TestNameBindingEndToEnd(t *testing.T) {
 		t.Fatalf("fronted name reached the CDN: %s", out)
 	}
 	// watcher exec: the command sees the placeholder, never the value,
-	// and the relay swaps it on the way to the bound host.
-	script := `echo "token=$API_TOKEN"; env | grep -c e2e-value-7; curl -sS --max-time 10 -H "Authorization: Bearer $API_TOKEN" https://api.cdn.test/`
+	// and the relay swaps it on the way to the bound host, over the
+	// HTTP/2 curl negotiates with the relay.
+	script := `echo "token=$API_TOKEN"; env | grep -c e2e-value-7; curl -sS --max-time 10 -w " http=%{http_version}" -H "Authorization: Bearer $API_TOKEN" https://api.cdn.test/`
 	out, code := tb.watcher("exec", "--socket", tb.ControlSocket(), "--", "/bin/sh", "-c", script)
-	if !strings.Contains(out, "token=watcher-placeholder-agents-api\n0\n") || !strings.Contains(out, "host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue) {
+	if !strings.Contains(out, "token=watcher-placeholder-agents-api\n0\n") || !strings.Contains(out, "host=api.cdn.test sni=api.cdn.test auth=Bearer "+secretValue+" http=2") {
 		t.Fatalf("brokered secret (exit %d):\n%s\nagent log:\n%s", code, out, tb.agentLog)
 	}
 	timeout := time.After(10 * time.Second)
@@ -123,6 +119,26 @@ func TestNameBindingEndToEnd(t *testing.T) {
 }
 
 const secretValue = "real-e2e-value-7c1"
+
+// resolveThrough points the testbed agent's DNS proxy at the server at
+// dnsAddr:53 (in the test's namespace) instead of the host's resolvers: the
+// policy's dns listen line gains the upstream. Call it before startAgent.
+func (tb *testbed) resolveThrough(dnsAddr netip.Addr) {
+	tb.t.Helper()
+	pol, err := os.ReadFile(tb.policy)
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	listen := fmt.Sprintf(`dns: {listen: "127.0.0.1:%d"}`, tb.DNSPort)
+	if !strings.Contains(string(pol), listen) {
+		tb.t.Fatalf("the testbed policy has no %s line to add the upstream to", listen)
+	}
+	withUpstream := fmt.Sprintf(`dns: {listen: "127.0.0.1:%d", upstreams: ["%s"]}`, tb.DNSPort, netip.AddrPortFrom(dnsAddr, 53))
+	pol = []byte(strings.Replace(string(pol), listen, withUpstream, 1))
+	if err := os.WriteFile(tb.policy, pol, 0o600); err != nil {
+		tb.t.Fatal(err)
+	}
+}
 
 // cdnNamespace makes a network namespace joined to the host by a veth pair
 // on a random 198.18.x.0/24 and returns the CDN's and the DNS server's

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 	"github.com/watcherhq/watcher/internal/workspace"
 )
 
@@ -157,16 +158,11 @@ func TestWorkspaceOverlay(t *testing.T) {
 	}
 	loopDone := make(chan error, 1)
 	go func() { loopDone <- loop.Wait() }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if !poll.Within(30*time.Second, func() bool {
 		out, _ = tb.watcher("workspace", "diff", "--socket", ctl, "agents")
-		if strings.Contains(out, "loop.txt") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the looping command never wrote:\n%s", out)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(out, "loop.txt")
+	}) {
+		t.Fatalf("the looping command never wrote:\n%s", out)
 	}
 	if out, code = tb.watcher("workspace", "rollback", "--socket", ctl, "agents", "s1"); code != 0 {
 		t.Fatalf("rollback to s1: %d\n%s", code, out)
@@ -300,16 +296,10 @@ func TestWorkspacePrepareForRuntime(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Wait() }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(merged, "c.txt")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the container process never wrote")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Eventually(t, 20*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(merged, "c.txt"))
+		return err == nil
+	}, "the container process never wrote")
 	if _, err := os.Stat(filepath.Join(tb.ws, "c.txt")); err == nil {
 		t.Fatal("the container's write reached the real workspace")
 	}
@@ -422,14 +412,10 @@ func TestWorkspaceRollbackIPC(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- running.Wait() }()
 	var runningOut []byte
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Within(30*time.Second, func() bool {
 		runningOut, _ = os.ReadFile(outFile)
-		if strings.Contains(string(runningOut), "ready") || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(string(runningOut), "ready")
+	})
 	for k, v := range ipcmkIDs(string(runningOut)) {
 		sb[k] = append(sb[k], v...)
 	}

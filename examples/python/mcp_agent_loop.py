@@ -2,7 +2,7 @@
 """Example agent loop over MCP, with nothing but Python's standard library.
 
 watcher serves each sandbox's tools over the Model Context Protocol
-(docs/mcp.md). An agent built on an MCP SDK (`pip install mcp`) spawns
+(docs/concepts/mcp.md). An agent built on an MCP SDK (`pip install mcp`) spawns
 `watcher mcp serve` and speaks to it; this example does the same by hand
 (JSON-RPC 2.0, one message per line on stdio), so it runs where the SDK
 is not installed. A real agent asks its model for the next call; this one

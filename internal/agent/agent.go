@@ -104,6 +104,7 @@ type Agent struct {
 	relayPols   atomic.Pointer[map[uint32]*namerelay.Policy]
 	answers     *namerelay.Answers
 	netnsCookie uint64
+	netns       netnsState // listeners in sandboxes' own network namespaces (netns.go)
 	casMu       sync.Mutex
 	cas         map[string]*namerelay.CA // credential-broker CA per sandbox name
 

@@ -85,7 +85,7 @@ func (a *Agent) dnsSandbox(src dnsproxy.QuerySource) (string, bool) {
 	if a.egress.Egress == nil {
 		return "", false
 	}
-	return dnsbind.Resolver{Egress: a.egress.Egress, Directory: a.egress.dirs}.Sandbox(src)
+	return dnsbind.Resolver{Egress: a.egress.Egress, Directory: a.egress.dirs, Netns: a.netnsOf}.Sandbox(src)
 }
 
 // onAnswer admits answered addresses to the sandbox's egress allowlist,

@@ -14,8 +14,8 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/lsm"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/plan"
 )
 
@@ -130,7 +130,7 @@ func inodeWatchDirs(p *plan.Plan, skip []string) []string {
 			switch {
 			case !pr.Prefix:
 				exact = append(exact, pr.Path)
-			case pr.Path != "/" && pr.Decision.Action != enforce.ActionAllow && (pr.Access == 0 || pr.Access&lsm.AccessRead != 0):
+			case pr.Path != "/" && pr.Decision.Action != enforce.ActionAllow && (pr.Access == 0 || pr.Access&lsmrules.AccessRead != 0):
 				prefixes = append(prefixes, pr.Path)
 			}
 		}
@@ -139,7 +139,7 @@ func inodeWatchDirs(p *plan.Plan, skip []string) []string {
 		switch {
 		case !pr.Prefix:
 			exact = append(exact, pr.Path)
-		case pr.Path != "/" && pr.Action != enforce.ActionAllow && pr.Ops&backstop.OpRead != 0:
+		case pr.Path != "/" && pr.Action != enforce.ActionAllow && pr.Ops&backstoprules.OpRead != 0:
 			prefixes = append(prefixes, pr.Path)
 		}
 	}

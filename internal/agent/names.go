@@ -32,6 +32,7 @@ func (a *Agent) startRelay() {
 	cookie, err := egress.NetnsCookie()
 	if err != nil {
 		a.relayErr = err
+		a.startNetns()
 		return
 	}
 	a.netnsCookie = cookie
@@ -47,9 +48,11 @@ func (a *Agent) startRelay() {
 	}
 	if err != nil {
 		a.relayErr = err
+		a.startNetns()
 		return
 	}
 	a.relay = r
+	a.startNetns()
 }
 
 func (a *Agent) relayLookup(src netip.AddrPort) (namerelay.Conn, bool) {
@@ -57,6 +60,16 @@ func (a *Agent) relayLookup(src netip.AddrPort) (namerelay.Conn, bool) {
 		return namerelay.Conn{}, false
 	}
 	r, ok := a.egress.LookupRelayed(src, relayMaxAge)
+	return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID, Cgroup: r.Cgroup}, ok
+}
+
+// relayLookupIn is relayLookup for a connection accepted in another
+// network namespace (its cookie).
+func (a *Agent) relayLookupIn(netns uint64, src netip.AddrPort) (namerelay.Conn, bool) {
+	if a.egress.Egress == nil {
+		return namerelay.Conn{}, false
+	}
+	r, ok := a.egress.LookupRelayedIn(netns, src, relayMaxAge)
 	return namerelay.Conn{SandboxID: r.SandboxID, Dest: r.Dest, PID: r.PID, Cgroup: r.Cgroup}, ok
 }
 
@@ -217,14 +230,23 @@ func (a *Agent) recordAnswer(id uint32, ans dnsproxy.Answer, grace time.Duration
 	a.answers.Record(id, ans.Name, ans.Addrs, time.Duration(ans.TTL)*time.Second+grace)
 }
 
-// expireAnswers drops expired names until ctx ends.
+// expireAnswers drops expired names until ctx ends; it also keeps the
+// listeners in sandboxes' own network namespaces (netns.go), closed when
+// ctx ends.
 func (a *Agent) expireAnswers(ctx context.Context) {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
+	ns := time.NewTicker(netnsSweep)
+	defer ns.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			a.closeNetns()
 			return
+		case <-ns.C:
+			a.sweepNetns()
+		case <-a.netns.kick:
+			a.sweepNetns()
 		case <-t.C:
 			if a.answers != nil {
 				a.answers.Expire()

@@ -11,9 +11,11 @@ import (
 )
 
 // Recording the refusals of `watcher exec` commands (seccomp and Landlock
-// act before any hook of ours) takes the raw sys_enter/sys_exit
-// tracepoints, which put every task of the host on the syscall slow path.
-// They are attached while a command may run: from its PrepareExec, while
+// act before any hook of ours) takes fexit programs on __secure_computing
+// and the security_* functions Landlock refuses from where fexit loads,
+// else the raw sys_enter/sys_exit tracepoints, which put every task of
+// the host on the syscall slow path (recorder.Recorder.DenialPrograms).
+// Either is attached while a command may run: from its PrepareExec, while
 // any exec leaf cgroup lives, and for execIdle after both; a private agent
 // (Options.RecordExecDenials) keeps them.
 
@@ -78,9 +80,13 @@ func (a *Agent) syncRecording() error {
 		}
 	}
 	if a.recorder.denialsOn.Swap(want) != want {
-		msg := "recording seccomp and Landlock refusals of watcher exec commands (syscall tracepoints attached)"
+		progs := "syscall tracepoints"
+		if a.recorder.FexitError() == nil {
+			progs = "fexit programs"
+		}
+		msg := fmt.Sprintf("recording seccomp and Landlock refusals of watcher exec commands (%s attached)", progs)
 		if !want {
-			msg = fmt.Sprintf("no watcher exec command for %s: refusal recording detached (syscall tracepoints off)", execIdle)
+			msg = fmt.Sprintf("no watcher exec command for %s: refusal recording detached (%s off)", execIdle, progs)
 		}
 		a.emit(audit.Event{Kind: audit.KindAgent, Verdict: audit.VerdictRecorded, Message: msg})
 	}

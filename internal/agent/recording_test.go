@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/watcherhq/watcher/internal/canary"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
@@ -92,13 +93,22 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 		t.Errorf("LSM guest: the restricted preset still needs syscall tracepoints: backstop syscalls %v, io_uring %+v, compat %+v, stream %v",
 			plan.Backstop.For(1).Syscalls, plan.Backstop.For(1).IOUring, plan.Backstop.For(1).Compat, plan.SyscallStream)
 	}
+	// Where fexit loads, refusals are recorded without syscall tracepoints.
+	fexit := a.recorder.FexitError() == nil
+	t.Logf("refusals recorded by %v (fexit: %v)", a.recorder.DenialPrograms(), a.recorder.FexitError())
 	check := func(state string, denials bool) {
 		t.Helper()
 		tl := kernelLinks(t, trIDs)
-		wantEnter := denials || plan.SyscallStream
-		if (tl[recorder.ProgSysEnter] > 0) != wantEnter || (tl[recorder.ProgSysExit] > 0) != denials {
+		wantEnter := plan.SyscallStream || (denials && !fexit)
+		wantExit := denials && !fexit
+		if (tl[recorder.ProgSysEnter] > 0) != wantEnter || (tl[recorder.ProgSysExit] > 0) != wantExit {
 			t.Errorf("%s: recording sys_enter %d, sys_exit %d links in the kernel; want sys_enter=%v sys_exit=%v",
-				state, tl[recorder.ProgSysEnter], tl[recorder.ProgSysExit], wantEnter, denials)
+				state, tl[recorder.ProgSysEnter], tl[recorder.ProgSysExit], wantEnter, wantExit)
+		}
+		for _, name := range recorder.FexitPrograms {
+			if want := denials && fexit; (tl[name] > 0) != want {
+				t.Errorf("%s: %s has %d links, want linked=%v", state, name, tl[name], want)
+			}
 		}
 		if tl[recorder.ProgExec] != 1 || tl[recorder.ProgExit] != 1 {
 			t.Errorf("%s: exec/exit recording has %d/%d links, want 1/1", state, tl[recorder.ProgExec], tl[recorder.ProgExit])
@@ -153,17 +163,43 @@ func TestSyscallTracepointsOnDemand(t *testing.T) {
 // TestNoSyscallWidePrograms: on a kernel where every LSM hook and fentry
 // program loads (the qemu guest, both boots: WATCHER_EXPECT_MECH), an
 // agent with one runtime-placed sandbox links no raw syscall tracepoint
-// (the backstop's or the recording's), whatever the preset. Elsewhere it
-// says which rules ask for them.
+// (the backstop's or the recording's), whatever the preset, also while
+// its canary and a watcher exec command with refusals run: their seccomp
+// and Landlock refusals are still recorded (fexit programs). Elsewhere it
+// says which rules and programs ask for them.
 func TestNoSyscallWidePrograms(t *testing.T) {
 	guest := os.Getenv("WATCHER_EXPECT_MECH") != ""
 	for _, preset := range policy.PresetNames() {
 		t.Run(preset, func(t *testing.T) {
-			a, _ := startTestAgent(t, func(cg string) string {
-				return fmt.Sprintf("  - name: rec\n    select: {cgroups: [%s]}\n    preset: %s\n    canary: {enabled: false}\n", cg, preset)
+			env := newRefusalEnv(t)
+			a, cg := startTestAgent(t, func(cg string) string {
+				return fmt.Sprintf("  - name: rec\n    select: {cgroups: [%s]}\n    preset: %s\n    escape: {enabled: false}\n    canary: {enabled: true, interval: 1h}\n%s",
+					cg, preset, env.sandboxRules())
 			})
 			plan := a.Plan()
 			need := a.backstop.Backstop != nil && plan.Backstop.NeedsSyscallTracepoints()
+			// The canary's probes through watcher exec's launcher, then a
+			// command of our own: refusals the recording must see.
+			reps, err := a.Check("rec")
+			if err != nil {
+				t.Fatal(err)
+			}
+			execRefusals := 0
+			for _, rep := range reps {
+				for _, r := range rep.Results {
+					if r.Path != canary.PathExec || r.Expected == canary.Allowed {
+						continue
+					}
+					execRefusals++
+					if r.Event != "yes" {
+						t.Errorf("canary %s/%s refused (%s) but not recorded: %+v", r.Path, r.Check, r.Got, r)
+					}
+				}
+			}
+			refusalRun(t, a, cg, env)
+			if !a.recorder.denialsOn.Load() {
+				t.Fatal("refusal recording is off right after a command")
+			}
 			links := map[string]int{}
 			if ids, err := a.recorder.ProgramIDs(); err == nil {
 				for k, v := range kernelLinks(t, ids) {
@@ -179,14 +215,17 @@ func TestNoSyscallWidePrograms(t *testing.T) {
 			}
 			wide := links["recorder "+recorder.ProgSysEnter] + links["recorder "+recorder.ProgSysExit] +
 				links["backstop "+backstop.ProgSysEnter] + links["backstop "+backstop.ProgSysExit]
-			t.Logf("preset %s: backstop rules need syscall tracepoints: %v, syscall stream: %v, syscall-wide links: %d",
-				preset, need, plan.SyscallStream, wide)
+			t.Logf("preset %s: backstop rules need syscall tracepoints: %v, syscall stream: %v, syscall-wide links: %d; %d canary exec refusals; refusals recorded by %v (fexit: %v)",
+				preset, need, plan.SyscallStream, wide, execRefusals, a.recorder.DenialPrograms(), a.recorder.FexitError())
 			if !guest {
 				return
 			}
 			if need || plan.SyscallStream || wide != 0 {
 				t.Errorf("LSM guest, preset %s: syscall-wide programs linked (%d; backstop rules need them: %v, stream: %v): backstop syscalls %v, io_uring %+v, compat %+v",
 					preset, wide, need, plan.SyscallStream, plan.Backstop.For(1).Syscalls, plan.Backstop.For(1).IOUring, plan.Backstop.For(1).Compat)
+			}
+			if links["recorder "+recorder.ProgSeccompExit] != 1 || links["recorder "+recorder.ProgFileOpen] != 1 {
+				t.Errorf("LSM guest, preset %s: the fexit refusal programs are not linked: %v", preset, links)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
@@ -68,11 +69,7 @@ func TestAgentTax(t *testing.T) {
 		linked[state] = s
 	}
 	waitIdle := func() {
-		for deadline := time.Now().Add(10 * time.Second); a.recorder.denialsOn.Load(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("recording not detached")
-			}
-		}
+		poll.Eventually(t, 10*time.Second, func() bool { return !a.recorder.denialsOn.Load() }, "recording not detached")
 	}
 	describe("agent idle")
 	for r := 0; r < rounds; r++ {

@@ -14,7 +14,7 @@ package dangerous
 // Check says which calls of a HostOp the backstop kills.
 type Check string
 
-// Argument checks (bpf/backstop.c entry_category).
+// Argument checks (entry_category in bpf/include/backstop_entry.h).
 const (
 	// CheckAll: every call.
 	CheckAll Check = ""

@@ -95,7 +95,7 @@
 // query that reaches the upstream, what its choice among the names and
 // types already used could carry (channel.go: an aging frequency model of
 // the (name, type) symbols, renewals in expiry order free), summed over a
-// sliding window (default 10 min); docs/dns-channels.md. Over a window (default 5 min) it also
+// sliding window (default 10 min); docs/concepts/dns-channels.md. Over a window (default 5 min) it also
 // counts names judged encoded (including names with bytes no hostname
 // has), answers that were NXDOMAIN, and queries for TXT/NULL/CNAME/MX/SRV
 // or private types. The domain is cut off (every name under it answered

@@ -22,6 +22,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
 	"github.com/watcherhq/watcher/internal/enforce/recorder"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // stormHelper builds the getpid storm generator once per benchmark. It is a
@@ -64,7 +65,7 @@ func BenchmarkReaderEvents(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			rules := backstop.Rules{SandboxRules: backstop.SandboxRules{Syscalls: []backstop.SyscallRule{{Name: "getpid", Rule: backstop.Rule{Action: enforce.ActionRecord, ID: 1}}}}}
+			rules := backstoprules.Rules{SandboxRules: backstoprules.SandboxRules{Syscalls: []backstoprules.SyscallRule{{Name: "getpid", Rule: backstoprules.Rule{Action: enforce.ActionRecord, ID: 1}}}}}
 			if err := bs.SetRules(rules); err != nil {
 				b.Fatal(err)
 			}

@@ -11,7 +11,7 @@ import (
 // BenchmarkExecSubtree times one launch of /bin/true with the exec
 // restrictions (seccomp, Landlock's default rules), without and with the
 // subtree namespaces and the capability drop: their cost per
-// `watcher exec` run (docs/exec-privilege.md). Run the cases in one
+// `watcher exec` run (docs/concepts/exec-privilege.md). Run the cases in one
 // go test invocation and compare ratios, not absolute times.
 func BenchmarkExecSubtree(b *testing.B) {
 	enforcetest.RequireRoot(b)

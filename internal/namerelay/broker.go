@@ -136,8 +136,8 @@ type prefixConn struct {
 func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // broker terminates the client's TLS for sni (whose ClientHello is in
-// hello), opens verified TLS to the destination and relays HTTP/1.1
-// requests with placeholders swapped.
+// hello), opens verified TLS to the destination and relays the requests
+// (HTTP/1.1 here, HTTP/2 in h2.go) with placeholders swapped.
 func (s *session) broker(hello []byte, sni string) {
 	leaf, err := s.pol.CA.leaf(sni)
 	if err != nil {
@@ -146,8 +146,10 @@ func (s *session) broker(hello []byte, sni string) {
 	}
 	client := tls.Server(&prefixConn{Conn: s.client, r: io.MultiReader(bytes.NewReader(hello), s.client)}, &tls.Config{
 		Certificates: []tls.Certificate{*leaf},
-		NextProtos:   []string{"http/1.1"}, // one request at a time, judged one by one
-		MinVersion:   tls.VersionTLS12,
+		// Every request is judged on either: HTTP/1.1 one at a time,
+		// HTTP/2 stream by stream (h2.go).
+		NextProtos: []string{"h2", "http/1.1"},
+		MinVersion: tls.VersionTLS12,
 	})
 	defer client.Close()
 	client.SetDeadline(time.Now().Add(s.r.cfg.HelloTimeout))
@@ -155,13 +157,17 @@ func (s *session) broker(hello []byte, sni string) {
 		return // the client does not trust the sandbox CA, or hung up
 	}
 	client.SetDeadline(time.Time{})
+	if client.ConnectionState().NegotiatedProtocol == "h2" {
+		s.serveH2(client, sni)
+		return
+	}
 
 	br := bufio.NewReader(client)
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		return
 	}
-	if !s.checkRequest(req, true, client, sni) {
+	if !s.checkRequest(req, sni, s.answerH1(client)) {
 		return
 	}
 	raw, err := s.dial()

@@ -93,6 +93,7 @@ type Relay struct {
 	stats struct {
 		accepted, passed, refused, recorded, unknown, dialFailed, substituted, overLimit atomic.Uint64
 	}
+	ns     netnsServing // listeners in other network namespaces (netns.go)
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	open   map[uint32]int // connections per sandbox
@@ -136,7 +137,7 @@ func (r *Relay) Start() error {
 	}
 	for _, ln := range r.lns {
 		r.wg.Add(1)
-		go r.serve(ln)
+		go r.serve(ln, nil)
 	}
 	return nil
 }
@@ -161,6 +162,7 @@ func (r *Relay) Close() error {
 	for _, ln := range r.lns {
 		ln.Close()
 	}
+	r.closeAllNetns()
 	r.wg.Wait()
 	return nil
 }
@@ -207,7 +209,10 @@ func (r *Relay) untrack(c net.Conn) {
 	r.mu.Unlock()
 }
 
-func (r *Relay) serve(ln net.Listener) {
+// serve accepts on ln; ns is the network namespace of a listener opened
+// in another one (nil for the relay's own), whose connections are looked
+// up and dialled there.
+func (r *Relay) serve(ln net.Listener, ns *netnsOf) {
 	defer r.wg.Done()
 	for {
 		c, err := ln.Accept()
@@ -227,6 +232,10 @@ func (r *Relay) serve(ln net.Listener) {
 				return
 			}
 			defer r.untrack(c)
+			if ns != nil {
+				r.noteNetns(c, ns)
+				defer r.forgetNetns(c)
+			}
 			defer c.Close()
 			r.handle(c)
 		}()
@@ -256,7 +265,7 @@ func (s *session) out() io.Writer {
 
 func (r *Relay) handle(c net.Conn) {
 	src := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	info, ok := r.cfg.Lookup(src)
+	info, ok := r.lookup(c, src)
 	if !ok {
 		// Not redirected by the kernel: a process that dialled the relay
 		// itself. Nothing to relay to.
@@ -443,8 +452,15 @@ func (s *session) passed() {
 func (s *session) dial() (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.DialTimeout)
 	defer cancel()
-	var d net.Dialer
-	up, err := d.DialContext(ctx, "tcp", s.info.Dest.String())
+	var up net.Conn
+	var err error
+	if ns := s.r.netnsOfConn(s.client); ns != nil {
+		// The route to the destination exists in the client's namespace.
+		up, err = ns.dial(ctx, "tcp", s.info.Dest.String())
+	} else {
+		var d net.Dialer
+		up, err = d.DialContext(ctx, "tcp", s.info.Dest.String())
+	}
 	if err != nil {
 		s.r.stats.dialFailed.Add(1)
 		return nil, err
@@ -509,7 +525,7 @@ func (s *session) http(first []byte) {
 	if h, _, err := net.SplitHostPort(req.Host); err == nil {
 		s.name = normName(h)
 	}
-	if !s.checkRequest(req, true, s.client, "") {
+	if !s.checkRequest(req, "", s.answerH1(s.client)) {
 		return
 	}
 	up, err := s.dial()
@@ -553,7 +569,7 @@ func (s *session) requests(br *bufio.Reader, client, up net.Conn, req *http.Requ
 			closeWrite(up)
 			return
 		}
-		if !s.checkRequest(req, false, client, tlsHost) {
+		if !s.checkRequest(req, tlsHost, nil) {
 			// Responses to earlier requests may be in flight: the
 			// connection is cut, not answered.
 			up.Close()
@@ -563,68 +579,78 @@ func (s *session) requests(br *bufio.Reader, client, up net.Conn, req *http.Requ
 	}
 }
 
-// checkRequest judges one request and swaps its placeholders; first says
-// no byte went upstream yet, so a refusal can be answered with a 403
-// (written to w). tlsHost is the terminated TLS name, "" on plain HTTP.
-func (s *session) checkRequest(req *http.Request, first bool, w io.Writer, tlsHost string) bool {
-	if w != s.client {
-		s.tlsOut = w
+// answerFunc answers a refused request with a status and a body saying
+// why; nil where bytes of the connection already went upstream (the
+// connection is cut instead).
+type answerFunc func(code int, body string)
+
+// answerH1 answers on an HTTP/1.1 connection (plain, or the terminated
+// TLS connection w) and closes it.
+func (s *session) answerH1(w io.Writer) answerFunc {
+	return func(code int, body string) {
+		s.client.SetWriteDeadline(time.Now().Add(time.Second))
+		writeStatus(w, code, body)
+	}
+}
+
+// checkRequest judges one request and swaps its placeholders; a refusal
+// is recorded and, where answer is not nil, answered with a status whose
+// body says why. tlsHost is the terminated TLS name, "" on plain HTTP.
+func (s *session) checkRequest(req *http.Request, tlsHost string, answer answerFunc) bool {
+	refused := func(name, why string, code int, body string) bool {
+		if s.refuse(name, why, nil) {
+			return true // record-only
+		}
+		if answer != nil {
+			answer(code, body)
+		}
+		return false
 	}
 	host := req.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	var refusal []byte
-	if first {
-		refusal = forbidden403("")
-	}
 	if host == "" {
-		return s.refuse("", "HTTP request without a Host: the connection carries no name", refusal)
+		return refused("", "HTTP request without a Host: the connection carries no name", http.StatusForbidden,
+			"watcher: the request carries no name this sandbox may reach\n")
 	}
 	name := normName(host)
-	if first {
-		refusal = forbidden403(fmt.Sprintf("watcher: %s is not a name answered for %s to this sandbox\n", quote(name), s.info.Dest.Addr()))
-	}
-	if tlsHost != "" && name != tlsHost {
+	if tlsHost != "" && name != normName(tlsHost) {
 		// The name the TLS session was judged (and its certificate
 		// issued) for is the only one it may carry.
-		if !s.refuse(name, fmt.Sprintf("Host %s differs from the TLS server name %s", quote(name), quote(tlsHost)), refusal) {
+		if req.ProtoMajor == 2 {
+			// Connection coalescing: 421 tells an HTTP/2 client to open
+			// a connection of its own for that name.
+			if !refused(name, fmt.Sprintf("HTTP/2 request for %s on the connection for TLS server name %s (connection coalescing)", quote(name), quote(tlsHost)),
+				http.StatusMisdirectedRequest, fmt.Sprintf("watcher: this connection was opened for %s; %s needs a connection of its own\n", quote(tlsHost), quote(name))) {
+				return false
+			}
+		} else if !refused(name, fmt.Sprintf("Host %s differs from the TLS server name %s", quote(name), quote(tlsHost)),
+			http.StatusForbidden, fmt.Sprintf("watcher: Host %s differs from the TLS server name %s\n", quote(name), quote(tlsHost))) {
 			return false
 		}
-	} else if !s.judge(host, refusal) {
+	} else if !s.judge(host, nil) {
+		if answer != nil {
+			answer(http.StatusForbidden, fmt.Sprintf("watcher: %s is not a name answered for %s to this sandbox\n", quote(name), s.info.Dest.Addr()))
+		}
 		return false
 	}
 	if s.pol.ReadOnly.Match(host) && !readMethods[req.Method] {
-		refusal = nil
-		if first {
-			refusal = forbidden403(fmt.Sprintf("watcher: %s is read-only for this sandbox: %s refused (GET, HEAD, OPTIONS only)\n", quote(name), quote(req.Method)))
-		}
-		if !s.refuse(name, "read-only name: method "+quote(req.Method)+" refused", refusal) {
+		if !refused(name, "read-only name: method "+quote(req.Method)+" refused", http.StatusForbidden,
+			fmt.Sprintf("watcher: %s is read-only for this sandbox: %s refused (GET, HEAD, OPTIONS only)\n", quote(name), quote(req.Method))) {
 			return false
 		}
 	}
 	if leak := s.substitute(req, name, tlsHost != ""); leak != "" {
-		refusal = nil
-		if first {
-			refusal = forbidden403(fmt.Sprintf("watcher: the placeholder of secret %s may not be sent to %s\n", quote(leak), quote(name)))
-		}
 		why := fmt.Sprintf("leak attempt: the placeholder of secret %s sent to %s, where it is not bound", quote(leak), quote(name))
 		if tlsHost == "" {
 			why += " (or over plain HTTP)"
 		}
-		if !s.refuse(name, why, refusal) {
+		if !refused(name, why, http.StatusForbidden, fmt.Sprintf("watcher: the placeholder of secret %s may not be sent to %s\n", quote(leak), quote(name))) {
 			return false
 		}
 	}
 	return true
-}
-
-// forbidden403 is a 403 response whose body says why.
-func forbidden403(body string) []byte {
-	if body == "" {
-		body = "watcher: the request carries no name this sandbox may reach\n"
-	}
-	return fmt.Appendf(nil, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 }
 
 // quote escapes a name the sandbox chose before a human reads it.

@@ -358,7 +358,7 @@ func (c *compiler) backstopFiles(sid uint32, fs *fileSet, sysctlRules int) map[s
 }
 
 // backstopChangeNote says what the backstop does about changes made
-// without a write-open (bpf/backstop.c, inode_changed).
+// without a write-open (inode_changed in bpf/include/backstop_inode.h).
 const backstopChangeNote = "truncate, chmod, chown, rename, link, unlink, symlink, mknod, xattr, utimes: killed after the fact " +
 	"(ctime tracepoints, Linux >= 6.13), not on overlay filesystems (a container's root, a workspace overlay), where only opens are judged"
 

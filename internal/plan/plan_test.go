@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
-	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/lsm"
 	"github.com/watcherhq/watcher/internal/enforce/rules"
 	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
@@ -507,10 +506,10 @@ sandboxes:
 		t.Errorf("admission scope %+v: want a 2m cap", scope)
 	} else {
 		wantSpans := map[string][]egressrules.PortSpan{
-			"example.org.":   egress.WebPorts,
-			"github.com":     append(slices.Clone(egress.WebPorts), egress.PortSpan{Lo: 22, Hi: 22, Protocol: egress.ProtoTCP}),
-			"a.stun.test.":   append(slices.Clone(egress.WebPorts), egress.PortSpan{Lo: 3478, Hi: 3479, Protocol: egress.ProtoUDP}),
-			"API.GitHub.com": egress.WebPorts,
+			"example.org.":   egressrules.WebPorts,
+			"github.com":     append(slices.Clone(egressrules.WebPorts), egressrules.PortSpan{Lo: 22, Hi: 22, Protocol: egressrules.ProtoTCP}),
+			"a.stun.test.":   append(slices.Clone(egressrules.WebPorts), egressrules.PortSpan{Lo: 3478, Hi: 3479, Protocol: egressrules.ProtoUDP}),
+			"API.GitHub.com": egressrules.WebPorts,
 		}
 		for name, w := range wantSpans {
 			if got := scope.Spans(name); !slices.Equal(got, w) {
@@ -646,7 +645,7 @@ sandboxes:
 	}
 }
 
-// lookupBackstop models bs_path_rules as bpf/backstop.c reads it: the
+// lookupBackstop models bs_path_rules as bpf/include/backstop_file.h reads it: the
 // longest key matching path (prefix keys by bytes, exact keys whole), its
 // action when its ops cover op, else nothing.
 func lookupBackstop(rules []backstoprules.PathRule, sid uint32, path string, op backstoprules.Op) (uint32, bool) {

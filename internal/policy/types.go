@@ -79,7 +79,7 @@ type Agent struct {
 	// reject a history the host rewrote and re-signed. Empty: none.
 	Witnesses []Witness `yaml:"witnesses"`
 	// Export sends the ledger's records, as OpenTelemetry log records, to
-	// OTLP endpoints (an OpenTelemetry Collector); see docs/otlp.md.
+	// OTLP endpoints (an OpenTelemetry Collector); see docs/operations/otlp.md.
 	// Read at agent start (a reload does not change it). Empty: none.
 	Export []Export `yaml:"export,omitempty"`
 	// DockerSocket is dockerd's API socket, read for sandboxes that select
@@ -611,7 +611,7 @@ type Egress struct {
 	// sockets (the D-Bus system bus, systemd-resolved, nscd, docker.sock)
 	// and abstract ones are refused, judged on the path as passed.
 	Unix []string `yaml:"unix"`
-	// Names binds TCP connections to names (docs/egress-names.md).
+	// Names binds TCP connections to names (docs/concepts/egress-names.md).
 	Names EgressNames `yaml:"names"`
 }
 
@@ -645,7 +645,7 @@ type EgressNames struct {
 	// to TCP, where the name is judged.
 	QUIC bool `yaml:"quic"`
 	// Secrets are credentials the sandbox holds only placeholders for
-	// (credential brokering, docs/egress-names.md).
+	// (credential brokering, docs/concepts/egress-names.md).
 	Secrets []EgressSecret `yaml:"secrets"`
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/watcherhq/watcher/internal/plan"
 	"github.com/watcherhq/watcher/internal/policy"
 	"github.com/watcherhq/watcher/internal/testkit/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // The test binary plays three roles: the test itself, the agent
@@ -466,9 +467,9 @@ func (b *bed) viaExec(tech, arg string) outcome {
 // eventsFor returns the non-allowed events of an attacker run (its pids,
 // its leaf cgroup or its label), waiting up to a few seconds for them.
 func (b *bed) eventsFor(o outcome, want func(audit.Event) bool) []audit.Event {
-	deadline := time.Now().Add(4 * time.Second)
-	for {
-		var got []audit.Event
+	var got []audit.Event
+	poll.Within(4*time.Second, func() bool {
+		got = nil
 		data, _ := os.ReadFile(b.events)
 		for _, line := range bytes.Split(data, []byte("\n")) {
 			var e audit.Event
@@ -488,11 +489,9 @@ func (b *bed) eventsFor(o outcome, want func(audit.Event) bool) []audit.Event {
 				got = append(got, e)
 			}
 		}
-		if len(got) > 0 || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(got) > 0
+	})
+	return got
 }
 
 func isMounted(dir string) bool {

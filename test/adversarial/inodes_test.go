@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/watcherhq/watcher/internal/audit"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // refreshMsg is what the agent records when the file rules follow a change.
@@ -45,13 +46,8 @@ func (b *bed) refreshes(path string) int {
 func (b *bed) hostChange(path string, change func()) {
 	before := b.refreshes(path)
 	change()
-	deadline := time.Now().Add(20 * time.Second)
-	for b.refreshes(path) <= before {
-		if time.Now().After(deadline) {
-			b.t.Errorf("the agent did not record following the change to %s\n%s", path, b.agentLog)
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !poll.Within(20*time.Second, func() bool { return b.refreshes(path) > before }) {
+		b.t.Errorf("the agent did not record following the change to %s\n%s", path, b.agentLog)
 	}
 }
 

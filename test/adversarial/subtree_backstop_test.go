@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest/nltest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 	"golang.org/x/sys/unix"
 )
 
@@ -177,16 +178,15 @@ func hostGone(b *bed, o outcome) (bool, string) {
 	if cmd == nil {
 		return false, "no host process"
 	}
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
-		var ws unix.WaitStatus
-		if n, _ := unix.Wait4(cmd.Process.Pid, &ws, unix.WNOHANG, nil); n == cmd.Process.Pid {
-			b.t.Logf("host process %d ended: signal %v, exit %d", n, ws.Signal(), ws.ExitStatus())
-			return true, "host process got " + ws.Signal().String()
-		}
-		time.Sleep(20 * time.Millisecond)
+	var ws unix.WaitStatus
+	if !poll.Within(time.Second, func() bool {
+		n, _ := unix.Wait4(cmd.Process.Pid, &ws, unix.WNOHANG, nil)
+		return n == cmd.Process.Pid
+	}) {
+		return false, ""
 	}
-	return false, ""
+	b.t.Logf("host process %d ended: signal %v, exit %d", cmd.Process.Pid, ws.Signal(), ws.ExitStatus())
+	return true, "host process got " + ws.Signal().String()
 }
 
 // hostProc reads /proc/PID/<file> of the row's host process and reports

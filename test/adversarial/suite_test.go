@@ -18,6 +18,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // technique is one row of the suite.
@@ -112,12 +113,8 @@ func printed(s string) func(*bed, outcome) (bool, string) {
 // by the agent shortly after; wait for it.
 func mountedAt(sub string) func(*bed, outcome) (bool, string) {
 	return func(b *bed, o outcome) (bool, string) {
-		deadline := time.Now().Add(5 * time.Second)
-		for isMounted(filepath.Join(b.ws, sub)) {
-			if time.Now().After(deadline) {
-				return true, "still mounted"
-			}
-			time.Sleep(100 * time.Millisecond)
+		if !poll.Within(5*time.Second, func() bool { return !isMounted(filepath.Join(b.ws, sub)) }) {
+			return true, "still mounted"
 		}
 		return leaked(b, o)
 	}
@@ -279,7 +276,7 @@ var techniques = []technique{
 // list cannot go stale). Key: name + "/" + path + "/" + layer.
 var knownOpen = map[string]string{
 	// (empty: fsetown-sigio-host closed once the sandbox that set a file's
-	// owner judges every SIGIO for it, whoever sends it; bpf/lsm.c.)
+	// owner judges every SIGIO for it, whoever sends it; bpf/include/lsm_sigio.h.)
 }
 
 // raceNotWon is what a race technique prints when its flip never reached

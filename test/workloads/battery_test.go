@@ -31,6 +31,7 @@ import (
 	"github.com/watcherhq/watcher/internal/launch"
 	"github.com/watcherhq/watcher/internal/tail"
 	"github.com/watcherhq/watcher/internal/testkit/e2etest"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // sessions and the sandboxes each runs in.
@@ -251,13 +252,14 @@ func (b *battery) startAgent() {
 	t.Logf("agent up in %s", time.Since(start).Round(10*time.Millisecond))
 	// Where the start went (the agent logs it once Start returns, which
 	// may be just after status first answers).
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if _, rest, ok := strings.Cut(b.agent.Log.String(), `startup="`); ok {
+	poll.Within(5*time.Second, func() bool {
+		_, rest, ok := strings.Cut(b.agent.Log.String(), `startup="`)
+		if ok {
 			line, _, _ := strings.Cut(rest, `"`)
 			t.Logf("agent start-up: %s", line)
-			break
 		}
-	}
+		return ok
+	})
 	st, err := tail.Dial(b.EventsSocket(), tail.Filter{
 		Verdicts: []audit.Verdict{audit.VerdictDenied, audit.VerdictKilled, audit.VerdictRecorded}})
 	if err != nil {

@@ -105,6 +105,21 @@ func Load(eng *enforce.Engine) (*Backstop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load backstop spec: %w", err)
 	}
+	return loadSpec(eng, spec)
+}
+
+// LoadObject is Load from another build of bpf/backstop.c (an ELF file),
+// so bench/syscall can measure main's object beside this tree's in one
+// run. The object must use the map layouts of this package's.
+func LoadObject(eng *enforce.Engine, path string) (*Backstop, error) {
+	spec, err := ebpf.LoadCollectionSpec(path)
+	if err != nil {
+		return nil, fmt.Errorf("load backstop object %s: %w", path, err)
+	}
+	return loadSpec(eng, spec)
+}
+
+func loadSpec(eng *enforce.Engine, spec *ebpf.CollectionSpec) (*Backstop, error) {
 	missing := dropMissingTracepoints(spec)
 	coll, err := ebpf.NewCollectionWithOptions(spec, *eng.CollectionOptions())
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // decoy starts a process outside every sandbox, as a target for ptrace,
@@ -291,7 +292,7 @@ func TestPathResolution(t *testing.T) {
 // with it the cloner dies at clone and no partner exists.
 func TestHoleCloneFiles(t *testing.T) {
 	t.Run("without_fix_leaks", func(t *testing.T) {
-		f := newFixture(t, func(r *backstop.Rules) { r.CloneFiles = backstop.Rule{} })
+		f := newFixture(t, func(r *backstoprules.Rules) { r.CloneFiles = backstoprules.Rule{} })
 		r := f.run(t, f.sandbox, "clonefiles", f.secret)
 		f.expectKilled(t, r, wantPath(f.secret))
 		if !strings.Contains(r.out, "SECRET") {
@@ -322,7 +323,7 @@ var uringVariants = []string{"plain", "async", "sqpoll", "fixed"}
 // a policy allows rings, open requests are killed at submission.
 func TestHoleIOUring(t *testing.T) {
 	t.Run("without_fix_leaks", func(t *testing.T) {
-		f := newFixture(t, func(r *backstop.Rules) { r.IOUring, r.IOUringOpen = backstop.Rule{}, backstop.Rule{} })
+		f := newFixture(t, func(r *backstoprules.Rules) { r.IOUring, r.IOUringOpen = backstoprules.Rule{}, backstoprules.Rule{} })
 		r := f.run(t, f.sandbox, "uring", "fixed", f.secret)
 		if r.killed || !strings.Contains(r.out, "SECRET") {
 			t.Fatalf("reproducer did not reproduce: killed=%v\n%s", r.killed, r.out)
@@ -349,7 +350,7 @@ func TestHoleIOUring(t *testing.T) {
 		if _, ok := backstopMissing(t)[backstop.ProgIOUringSubmit]; ok {
 			t.Skip("io_uring_submit_req tracepoint missing on this kernel")
 		}
-		f := newFixture(t, func(r *backstop.Rules) { r.IOUring = backstop.Rule{} })
+		f := newFixture(t, func(r *backstoprules.Rules) { r.IOUring = backstoprules.Rule{} })
 		for _, v := range uringVariants {
 			r := f.run(t, f.sandbox, "uring", v, f.secret)
 			f.expectKilled(t, r, all(wantKind(audit.KindFileOpen), wantMessage("category=io_uring_open")))
@@ -509,15 +510,15 @@ func TestRulesValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	for _, r := range []backstop.Rules{
-		{SandboxRules: backstop.SandboxRules{Syscalls: []backstop.SyscallRule{{Name: "no_such_call", Rule: backstop.Rule{Action: enforce.ActionKill}}}}},
-		{SandboxRules: backstop.SandboxRules{Syscalls: []backstop.SyscallRule{{Name: "clone", Rule: backstop.Rule{Action: enforce.ActionKill}}}}},
-		{Sandboxes: map[uint32]backstop.SandboxRules{3: {ProcMem: backstop.Rule{Action: 9}}}},
-		{Sandboxes: map[uint32]backstop.SandboxRules{0: {ProcMem: backstop.Rule{Action: enforce.ActionKill}}}},
-		{Paths: []backstop.PathRule{{Path: "relative", Ops: backstop.OpRead, Rule: backstop.Rule{Action: enforce.ActionKill}}}},
-		{Paths: []backstop.PathRule{{Path: "/x", Rule: backstop.Rule{Action: enforce.ActionKill}}}},
-		{Paths: []backstop.PathRule{{Path: "/" + strings.Repeat("a", 300), Ops: backstop.OpRead}}},
-		{SandboxRules: backstop.SandboxRules{ProcMem: backstop.Rule{Action: 9}}},
+	for _, r := range []backstoprules.Rules{
+		{SandboxRules: backstoprules.SandboxRules{Syscalls: []backstoprules.SyscallRule{{Name: "no_such_call", Rule: backstoprules.Rule{Action: enforce.ActionKill}}}}},
+		{SandboxRules: backstoprules.SandboxRules{Syscalls: []backstoprules.SyscallRule{{Name: "clone", Rule: backstoprules.Rule{Action: enforce.ActionKill}}}}},
+		{Sandboxes: map[uint32]backstoprules.SandboxRules{3: {ProcMem: backstoprules.Rule{Action: 9}}}},
+		{Sandboxes: map[uint32]backstoprules.SandboxRules{0: {ProcMem: backstoprules.Rule{Action: enforce.ActionKill}}}},
+		{Paths: []backstoprules.PathRule{{Path: "relative", Ops: backstoprules.OpRead, Rule: backstoprules.Rule{Action: enforce.ActionKill}}}},
+		{Paths: []backstoprules.PathRule{{Path: "/x", Rule: backstoprules.Rule{Action: enforce.ActionKill}}}},
+		{Paths: []backstoprules.PathRule{{Path: "/" + strings.Repeat("a", 300), Ops: backstoprules.OpRead}}},
+		{SandboxRules: backstoprules.SandboxRules{ProcMem: backstoprules.Rule{Action: 9}}},
 	} {
 		if err := b.SetRules(r); err == nil {
 			t.Errorf("rules %+v accepted", r)
@@ -538,8 +539,8 @@ func TestPacketSockets(t *testing.T) {
 			t.Fatalf("packet socket not created without the rule: killed=%v\n%s", r.killed, r.out)
 		}
 	})
-	kill := backstop.Rule{Action: enforce.ActionKill, ID: 91}
-	f := newFixture(t, func(r *backstop.Rules) { r.PacketSocket = kill })
+	kill := backstoprules.Rule{Action: enforce.ActionKill, ID: 91}
+	f := newFixture(t, func(r *backstoprules.Rules) { r.PacketSocket = kill })
 	for _, parent := range []string{f.sandbox, f.nested} {
 		r := f.run(t, parent, "socket", "packet")
 		f.expectKilled(t, r, all(wantSyscall("socket"), wantMessage("category=packet_socket")))
@@ -582,14 +583,14 @@ func linked(t *testing.T, bs *backstop.Backstop) map[string]int {
 // them, as the kernel's link table shows; the event tracepoints stay.
 func TestSyscallTracepointsFollowRules(t *testing.T) {
 	// Rules the event tracepoints enforce alone: leaving the sandbox.
-	noSyscalls := backstop.Rules{SandboxRules: backstop.SandboxRules{CgroupEscape: backstop.Rule{Action: enforce.ActionKill, ID: 9}}}
+	noSyscalls := backstoprules.Rules{SandboxRules: backstoprules.SandboxRules{CgroupEscape: backstoprules.Rule{Action: enforce.ActionKill, ID: 9}}}
 	if noSyscalls.NeedsSyscallTracepoints() {
 		t.Fatal("a cgroup-escape rule needs no syscall tracepoint")
 	}
-	f := newFixture(t, func(r *backstop.Rules) { *r = noSyscalls })
+	f := newFixture(t, func(r *backstoprules.Rules) { *r = noSyscalls })
 	withSecret := backstop.DefaultRules()
-	withSecret.Paths = append(withSecret.Paths, backstop.PathRule{Path: f.secret, Ops: backstop.OpRead,
-		Rule: backstop.Rule{Action: enforce.ActionKill, ID: f.secretID}})
+	withSecret.Paths = append(withSecret.Paths, backstoprules.PathRule{Path: f.secret, Ops: backstoprules.OpRead,
+		Rule: backstoprules.Rule{Action: enforce.ActionKill, ID: f.secretID}})
 	pin := func(name string) bool {
 		_, err := os.Stat(filepath.Join(enforce.LinkPinDir(f.eng.PinDir(), backstop.Group), name))
 		return err == nil

@@ -23,9 +23,6 @@ const (
 	EvKillCgroup  uint32 = 34
 )
 
-// Mechanism is the audit mechanism name of the backstop's events.
-const Mechanism = backstoprules.Mechanism
-
 // RetUnknown is the return value of an event whose syscall never returned
 // (RET_UNKNOWN in bpf/backstop.c).
 const RetUnknown = -(int64(1) << 62)
@@ -63,11 +60,11 @@ func Register(r *enforce.Reader) { RegisterWithHandlers(r, Handlers{}) }
 
 // RegisterWithHandlers registers the decoders and the agent's handlers.
 func RegisterWithHandlers(r *enforce.Reader, h Handlers) {
-	r.Register(EvKillFile, audit.KindFileOpen, Mechanism, decodeFile)
-	r.Register(EvKillSyscall, audit.KindSyscall, Mechanism, func(raw []byte, ev *audit.Event) error {
+	r.Register(EvKillFile, audit.KindFileOpen, backstoprules.Mechanism, decodeFile)
+	r.Register(EvKillSyscall, audit.KindSyscall, backstoprules.Mechanism, func(raw []byte, ev *audit.Event) error {
 		return decodeSyscall(raw, ev, h)
 	})
-	r.Register(EvKillCgroup, audit.KindEscape, Mechanism, decodeCgroup)
+	r.Register(EvKillCgroup, audit.KindEscape, backstoprules.Mechanism, decodeCgroup)
 }
 
 // Messages are built with these appends, not fmt: decoders run once per

@@ -1,19 +1,22 @@
 package backstop
 
-import "github.com/watcherhq/watcher/internal/enforce"
+import (
+	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
+)
 
 // SandboxRuleEntries returns bs_sb_rules as sandbox id -> "what" (sbr* |
 // number) -> rule, for tests that check a reload leaves no stale entry.
-func (b *Backstop) SandboxRuleEntries() (map[uint32]map[uint32]Rule, error) {
-	out := map[uint32]map[uint32]Rule{}
+func (b *Backstop) SandboxRuleEntries() (map[uint32]map[uint32]backstoprules.Rule, error) {
+	out := map[uint32]map[uint32]backstoprules.Rule{}
 	var k backstopSbRuleKey
 	var v backstopCategoryRule
 	it := b.maps("bs_sb_rules").Iterate()
 	for it.Next(&k, &v) {
 		if out[k.SandboxId] == nil {
-			out[k.SandboxId] = map[uint32]Rule{}
+			out[k.SandboxId] = map[uint32]backstoprules.Rule{}
 		}
-		out[k.SandboxId][k.What] = Rule{Action: v.Action, ID: v.RuleId}
+		out[k.SandboxId][k.What] = backstoprules.Rule{Action: v.Action, ID: v.RuleId}
 	}
 	return out, it.Err()
 }

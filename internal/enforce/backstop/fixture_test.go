@@ -18,6 +18,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // fixture is a loaded, attached backstop with a reader collecting events,
@@ -31,7 +32,7 @@ type fixture struct {
 	sbID     uint64
 	secret   string // temp file under an exact path rule
 	secretID uint32 // its rule id
-	rules    backstop.Rules
+	rules    backstoprules.Rules
 	mounts   []backstop.MountKill
 
 	mu     sync.Mutex
@@ -72,7 +73,7 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
-func newFixture(t *testing.T, edit func(*backstop.Rules)) *fixture {
+func newFixture(t *testing.T, edit func(*backstoprules.Rules)) *fixture {
 	t.Helper()
 	eng := enforcetest.Engine(t)
 	f := &fixture{eng: eng}
@@ -90,9 +91,9 @@ func newFixture(t *testing.T, edit func(*backstop.Rules)) *fixture {
 	}
 	f.secretID = 77
 	f.rules = backstop.DefaultRules()
-	f.rules.Paths = append(f.rules.Paths, backstop.PathRule{
-		Path: f.secret, Ops: backstop.OpRead | backstop.OpWrite,
-		Rule: backstop.Rule{Action: enforce.ActionKill, ID: f.secretID},
+	f.rules.Paths = append(f.rules.Paths, backstoprules.PathRule{
+		Path: f.secret, Ops: backstoprules.OpRead | backstoprules.OpWrite,
+		Rule: backstoprules.Rule{Action: enforce.ActionKill, ID: f.secretID},
 	})
 	if edit != nil {
 		edit(&f.rules)
@@ -223,7 +224,7 @@ func (f *fixture) expectKilled(t *testing.T, r result, check func(audit.Event) e
 	if !ok {
 		t.Fatalf("no killed event for pid %d; events: %+v", r.pid, f.eventsOf(r.pid))
 	}
-	if ev.Mechanism != backstop.Mechanism || ev.Severity != audit.SeverityAlert {
+	if ev.Mechanism != backstoprules.Mechanism || ev.Severity != audit.SeverityAlert {
 		t.Errorf("mechanism %q severity %q", ev.Mechanism, ev.Severity)
 	}
 	if ev.Process.CgroupID != r.cgroup || ev.Sandbox.CgroupID != f.sbID {

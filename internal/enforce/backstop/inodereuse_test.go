@@ -13,6 +13,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // Rule ids of the reuse tests.
@@ -121,13 +122,13 @@ func TestInodeReuseNotJudged(t *testing.T) {
 		// Entries there match by number alone, as documented.
 		t.Skipf("no inode generation readable under %s (%v)", base, err)
 	}
-	rw := backstop.OpRead | backstop.OpWrite
-	kill := func(id uint32) backstop.Rule { return backstop.Rule{Action: enforce.ActionKill, ID: id} }
-	f := newFixture(t, func(r *backstop.Rules) {
+	rw := backstoprules.OpRead | backstoprules.OpWrite
+	kill := func(id uint32) backstoprules.Rule { return backstoprules.Rule{Action: enforce.ActionKill, ID: id} }
+	f := newFixture(t, func(r *backstoprules.Rules) {
 		r.Paths = append(r.Paths,
-			backstop.PathRule{Path: ledger + "/", Prefix: true, Ops: rw, Rule: kill(reuseDirID)},
-			backstop.PathRule{Path: ledger, Ops: rw, Rule: kill(reuseDirID)},
-			backstop.PathRule{Path: key, Ops: rw, Rule: kill(reuseKeyID)})
+			backstoprules.PathRule{Path: ledger + "/", Prefix: true, Ops: rw, Rule: kill(reuseDirID)},
+			backstoprules.PathRule{Path: ledger, Ops: rw, Rule: kill(reuseDirID)},
+			backstoprules.PathRule{Path: key, Ops: rw, Rule: kill(reuseKeyID)})
 	})
 	_, ctimeMissing := f.bs.Missing()[backstop.ProgCtimeSet]
 
@@ -237,11 +238,11 @@ func TestInodeEntryTmpfs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rw := backstop.OpRead | backstop.OpWrite
-	f := newFixture(t, func(r *backstop.Rules) {
+	rw := backstoprules.OpRead | backstoprules.OpWrite
+	f := newFixture(t, func(r *backstoprules.Rules) {
 		r.Paths = append(r.Paths,
-			backstop.PathRule{Path: prot + "/", Prefix: true, Ops: rw, Rule: backstop.Rule{Action: enforce.ActionKill, ID: reuseDirID}},
-			backstop.PathRule{Path: key, Ops: rw, Rule: backstop.Rule{Action: enforce.ActionKill, ID: reuseKeyID}})
+			backstoprules.PathRule{Path: prot + "/", Prefix: true, Ops: rw, Rule: backstoprules.Rule{Action: enforce.ActionKill, ID: reuseDirID}},
+			backstoprules.PathRule{Path: key, Ops: rw, Rule: backstoprules.Rule{Action: enforce.ActionKill, ID: reuseKeyID}})
 	})
 	for _, c := range []struct {
 		target string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
@@ -28,10 +29,10 @@ func TestLowMappingCost(t *testing.T) {
 		t.Skip("measurement; run with WATCHER_BENCH_MMAP=1")
 	}
 	iters, rounds := syscallbench.Iterations(100000), 9
-	f := newFixture(t, func(r *backstop.Rules) {
-		r.LowMapping = backstop.Rule{Action: enforce.ActionKill, ID: 1}
+	f := newFixture(t, func(r *backstoprules.Rules) {
+		r.LowMapping = backstoprules.Rule{Action: enforce.ActionKill, ID: 1}
 	})
-	none := backstop.Rules{}
+	none := backstoprules.Rules{}
 	loop := func(parent string) float64 {
 		t.Helper()
 		r := f.run(t, parent, "mmaploop", strconv.Itoa(iters))

@@ -13,8 +13,8 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
 
@@ -102,9 +102,9 @@ func TestLowMappings(t *testing.T) {
 		{"record", enforce.ActionRecord, 802, audit.VerdictRecorded},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			f := newFixture(t, func(r *backstop.Rules) {
-				r.LowMapping = backstop.Rule{Action: mode.action, ID: mode.id}
-				r.Compat = backstop.Rule{} // i386 calls run, judged like 64-bit ones
+			f := newFixture(t, func(r *backstoprules.Rules) {
+				r.LowMapping = backstoprules.Rule{Action: mode.action, ID: mode.id}
+				r.Compat = backstoprules.Rule{} // i386 calls run, judged like 64-bit ones
 			})
 			if got, err := f.bs.MmapMinAddr(); err != nil || got != min {
 				t.Errorf("bs_lowmap_min %d (%v), vm.mmap_min_addr is %d", got, err, min)
@@ -138,7 +138,7 @@ func TestLowMappings(t *testing.T) {
 							t.Errorf("%s in the %s: no low-mapping event; events %+v", op.name, where, f.eventsOf(r.pid))
 							continue
 						}
-						if ev.Verdict != mode.verdict || ev.Rule != fmt.Sprintf("rule-%d", mode.id) || ev.Mechanism != backstop.Mechanism ||
+						if ev.Verdict != mode.verdict || ev.Rule != fmt.Sprintf("rule-%d", mode.id) || ev.Mechanism != backstoprules.Mechanism ||
 							ev.Sandbox.CgroupID != f.sbID || ev.Process.CgroupID != r.cgroup {
 							t.Errorf("%s in the %s: event %+v", op.name, where, ev)
 						}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // TestNoI386Table: a sandbox's rules on a kernel without 32-bit system
@@ -11,9 +12,9 @@ import (
 // with them (NoI386 false, compat allowed) the same rules are keyed by
 // both numbers.
 func TestNoI386Table(t *testing.T) {
-	kill := Rule{Action: enforce.ActionKill, ID: 7}
-	rules := SandboxRules{Syscalls: []SyscallRule{{Name: "mount", Rule: kill}, {Name: "umount2", Rule: kill}}, IOUring: kill}
-	count := func(r SandboxRules) (native, i386 int) {
+	kill := backstoprules.Rule{Action: enforce.ActionKill, ID: 7}
+	rules := backstoprules.SandboxRules{Syscalls: []backstoprules.SyscallRule{{Name: "mount", Rule: kill}, {Name: "umount2", Rule: kill}}, IOUring: kill}
+	count := func(r backstoprules.SandboxRules) (native, i386 int) {
 		tab, err := sandboxTableOf(r)
 		if err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // TestRulesPerSandbox: syscall and category rules are each sandbox's own.
@@ -28,19 +29,19 @@ import (
 // entry; a sandbox dropped from the sets has no entry left.
 func TestRulesPerSandbox(t *testing.T) {
 	const chrootID, uringID, packetID, compatID, cgwriteID = 101, 102, 103, 104, 105
-	kill := func(id uint32) backstop.Rule { return backstop.Rule{Action: enforce.ActionKill, ID: id} }
-	blocks := backstop.SandboxRules{
-		Syscalls: []backstop.SyscallRule{{Name: "chroot", Rule: kill(chrootID)}},
+	kill := func(id uint32) backstoprules.Rule { return backstoprules.Rule{Action: enforce.ActionKill, ID: id} }
+	blocks := backstoprules.SandboxRules{
+		Syscalls: []backstoprules.SyscallRule{{Name: "chroot", Rule: kill(chrootID)}},
 		IOUring:  kill(uringID), PacketSocket: kill(packetID),
 		CgroupWrite: kill(cgwriteID), // judged at open's return
 	}
 	blocks32 := blocks
 	blocks32.Compat = kill(compatID)
-	f := newFixture(t, func(r *backstop.Rules) {
-		r.Sandboxes = map[uint32]backstop.SandboxRules{1: blocks, 2: {}, 3: blocks32}
+	f := newFixture(t, func(r *backstoprules.Rules) {
+		r.Sandboxes = map[uint32]backstoprules.SandboxRules{1: blocks, 2: {}, 3: blocks32}
 		// DefaultRules' path rule on writes below /sys/ would kill the
 		// cgroupfs write-open in every sandbox: the category decides here.
-		r.Paths = slices.DeleteFunc(r.Paths, func(p backstop.PathRule) bool { return p.Path == "/sys/" })
+		r.Paths = slices.DeleteFunc(r.Paths, func(p backstoprules.PathRule) bool { return p.Path == "/sys/" })
 	})
 	ops := enforcetest.Cgroup(t, "ops")
 	opsCG, err := f.eng.AddSandbox(ops, 2, 0)
@@ -153,7 +154,7 @@ func TestRulesPerSandbox(t *testing.T) {
 	// Reload: ops gets the blocking set (and refuses 32-bit calls), block
 	// the empty one; trial leaves the per-sandbox sets.
 	rules := f.rules
-	rules.Sandboxes = map[uint32]backstop.SandboxRules{1: {}, 2: blocks32}
+	rules.Sandboxes = map[uint32]backstoprules.SandboxRules{1: {}, 2: blocks32}
 	if err := f.bs.SetRules(rules); err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestRulesPerSandbox(t *testing.T) {
 	if len(entries[1]) != len(every) {
 		t.Errorf("block: %d entries, want %d (one allow per every-sandbox rule)", len(entries[1]), len(every))
 	}
-	want := map[uint32]backstop.Rule{
+	want := map[uint32]backstoprules.Rule{
 		// No i386 numbers: its compat rule decides every 32-bit call.
 		backstop.SBRSyscall | 161:                  kill(chrootID),
 		backstop.SBRCategory | backstop.CatIOUring: kill(uringID),
@@ -217,10 +218,10 @@ func TestRulesPerSandbox(t *testing.T) {
 // adopted set is in force) keeps enforcing them for every sandbox: Load
 // copies them into the every-sandbox set, rule ids included.
 func TestAdoptHostWideRules(t *testing.T) {
-	f := newFixture(t, func(r *backstop.Rules) {
-		*r = backstop.Rules{SandboxRules: backstop.SandboxRules{
-			Syscalls:     []backstop.SyscallRule{{Name: "chroot", Rule: backstop.Rule{Action: enforce.ActionKill, ID: 55}}},
-			PacketSocket: backstop.Rule{Action: enforce.ActionKill, ID: 56},
+	f := newFixture(t, func(r *backstoprules.Rules) {
+		*r = backstoprules.Rules{SandboxRules: backstoprules.SandboxRules{
+			Syscalls:     []backstoprules.SyscallRule{{Name: "chroot", Rule: backstoprules.Rule{Action: enforce.ActionKill, ID: 55}}},
+			PacketSocket: backstoprules.Rule{Action: enforce.ActionKill, ID: 56},
 		}}
 	})
 	if err := f.bs.ClearSandboxRules(); err != nil {
@@ -241,7 +242,7 @@ func TestAdoptHostWideRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[uint32]backstop.Rule{
+	want := map[uint32]backstoprules.Rule{
 		backstop.SBRSyscall | 161:                 {Action: enforce.ActionKill, ID: 55},
 		backstop.SBRSyscall32 | 61:                {Action: enforce.ActionKill, ID: 55},
 		backstop.SBRCategory | backstop.CatPacket: {Action: enforce.ActionKill, ID: 56},

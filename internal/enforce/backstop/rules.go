@@ -17,29 +17,6 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
-// Rule types, in backstoprules so the planner needs no BPF.
-type (
-	Op           = backstoprules.Op
-	Rule         = backstoprules.Rule
-	SyscallRule  = backstoprules.SyscallRule
-	PathRule     = backstoprules.PathRule
-	Rules        = backstoprules.Rules
-	SandboxRules = backstoprules.SandboxRules
-	DirKind      = backstoprules.DirKind
-	DirRule      = backstoprules.DirRule
-	UnixPaths    = backstoprules.UnixPaths
-)
-
-// File operations and dir kinds: backstoprules'.
-const (
-	OpRead       = backstoprules.OpRead
-	OpWrite      = backstoprules.OpWrite
-	OpExec       = backstoprules.OpExec
-	DirDefault   = backstoprules.DirDefault
-	DirWritable  = backstoprules.DirWritable
-	DirProtected = backstoprules.DirProtected
-)
-
 // Categories (enum bs_category in bpf/backstop.c).
 const (
 	catCgroupWrite  = 1
@@ -157,19 +134,19 @@ var categorySyscalls = map[string][]uint32{
 
 // DefaultRules is the backstop for the dangerous operations watcher refuses
 // with BPF LSM where it can: everything killed.
-func DefaultRules() Rules {
-	kill := Rule{Action: enforce.ActionKill}
-	var r Rules
+func DefaultRules() backstoprules.Rules {
+	kill := backstoprules.Rule{Action: enforce.ActionKill}
+	var r backstoprules.Rules
 	for _, name := range []string{
 		"ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",
 		"mount", "umount2", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
 		"mount_setattr", "pivot_root", "chroot",
 		"bpf", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
 	} {
-		r.Syscalls = append(r.Syscalls, SyscallRule{Name: name, Rule: kill})
+		r.Syscalls = append(r.Syscalls, backstoprules.SyscallRule{Name: name, Rule: kill})
 	}
-	rw := OpRead | OpWrite
-	for _, p := range []PathRule{
+	rw := backstoprules.OpRead | backstoprules.OpWrite
+	for _, p := range []backstoprules.PathRule{
 		{Path: "/etc/shadow", Ops: rw}, {Path: "/etc/gshadow", Ops: rw},
 		{Path: "/etc/shadow-", Ops: rw}, {Path: "/etc/gshadow-", Ops: rw},
 		{Path: "/etc/sudoers", Ops: rw}, {Path: "/etc/sudoers.d/", Prefix: true, Ops: rw},
@@ -177,8 +154,8 @@ func DefaultRules() Rules {
 		{Path: "/root/.ssh/", Prefix: true, Ops: rw},
 		{Path: "/dev/mem", Ops: rw}, {Path: "/dev/kmem", Ops: rw}, {Path: "/dev/port", Ops: rw},
 		{Path: "/proc/kcore", Ops: rw},
-		{Path: "/proc/sys/", Prefix: true, Ops: OpWrite},
-		{Path: "/sys/", Prefix: true, Ops: OpWrite},
+		{Path: "/proc/sys/", Prefix: true, Ops: backstoprules.OpWrite},
+		{Path: "/sys/", Prefix: true, Ops: backstoprules.OpWrite},
 		{Path: "/sys/fs/bpf/", Prefix: true, Ops: rw},
 	} {
 		p.Rule = kill
@@ -198,7 +175,7 @@ func DefaultRules() Rules {
 //
 // The verdict cache is off while the maps are written (the rules
 // generation is odd) and every verdict cached before is stale after.
-func (b *Backstop) SetRules(r Rules) error {
+func (b *Backstop) SetRules(r backstoprules.Rules) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.advanceRulesGen(false); err != nil {
@@ -230,13 +207,13 @@ func (b *Backstop) SetRules(r Rules) error {
 
 // setDirs writes the inode table that judges changes made without a
 // write-open. Places that do not exist are left out (nothing to change).
-func (b *Backstop) setDirs(r Rules) error {
+func (b *Backstop) setDirs(r backstoprules.Rules) error {
 	m := b.maps("bs_dirs")
 	dirs := r.Dirs
 	if dirs == nil {
 		for _, p := range r.Paths {
-			if p.Ops&OpRead != 0 && p.Action != enforce.ActionAllow && p.Path != "/" {
-				dirs = append(dirs, DirRule{Path: p.Path, Kind: DirProtected, SandboxID: p.SandboxID, Rule: p.Rule})
+			if p.Ops&backstoprules.OpRead != 0 && p.Action != enforce.ActionAllow && p.Path != "/" {
+				dirs = append(dirs, backstoprules.DirRule{Path: p.Path, Kind: backstoprules.DirProtected, SandboxID: p.SandboxID, Rule: p.Rule})
 			}
 		}
 	}
@@ -245,7 +222,7 @@ func (b *Backstop) setDirs(r Rules) error {
 		if err := checkAction(d.Action); err != nil {
 			return fmt.Errorf("backstop dir rule %q: %w", d.Path, err)
 		}
-		if d.Kind == DirDefault {
+		if d.Kind == backstoprules.DirDefault {
 			want[backstopDirKey{SandboxId: d.SandboxID}] = backstopDirRule{Action: d.Action, RuleId: d.ID}
 			continue
 		}
@@ -254,7 +231,7 @@ func (b *Backstop) setDirs(r Rules) error {
 			continue
 		}
 		k := backstopDirKey{Ino: id.Ino, Dev: devOf(id.Dev), SandboxId: d.SandboxID}
-		if cur, ok := want[k]; ok && cur.Kind == uint32(DirProtected) {
+		if cur, ok := want[k]; ok && cur.Kind == uint32(backstoprules.DirProtected) {
 			continue // protection wins over an allowance on the same inode
 		}
 		// With the generation: a later file reusing the number is
@@ -311,12 +288,12 @@ const (
 
 // sandboxTable is one sandbox's syscall and category rules by bs_sb_rules
 // "what" (sbr* | number), allow entries left out.
-type sandboxTable map[uint32]Rule
+type sandboxTable map[uint32]backstoprules.Rule
 
 // table validates r and lays it out by bs_sb_rules key.
-func sandboxTableOf(r SandboxRules) (sandboxTable, error) {
+func sandboxTableOf(r backstoprules.SandboxRules) (sandboxTable, error) {
 	t := sandboxTable{}
-	set := func(what uint32, rule Rule) {
+	set := func(what uint32, rule backstoprules.Rule) {
 		// By i386 number only where 32-bit calls run at all: a compat
 		// rule decides every one of them before its number is looked at.
 		if rule.Action != enforce.ActionAllow && (what&sbrSyscall32 == 0 || r.Compat.Action == enforce.ActionAllow && !r.NoI386) {
@@ -372,8 +349,8 @@ func sandboxTableOf(r SandboxRules) (sandboxTable, error) {
 	return t, nil
 }
 
-func categoriesOf(r SandboxRules) map[uint32]Rule {
-	return map[uint32]Rule{
+func categoriesOf(r backstoprules.SandboxRules) map[uint32]backstoprules.Rule {
+	return map[uint32]backstoprules.Rule{
 		catCgroupWrite: r.CgroupWrite, catProcMem: r.ProcMem, catCloneFiles: r.CloneFiles,
 		catIOUring: r.IOUring, catIOUringOpen: r.IOUringOpen, catSignalAgent: r.SignalAgent,
 		catCgroupEscape: r.CgroupEscape, catCompat: r.Compat, catExecFileless: r.ExecFileless, catMmapExec: r.MmapExec,
@@ -391,7 +368,7 @@ func categoriesOf(r SandboxRules) map[uint32]Rule {
 // syscalls and categories no sandbox cares about. Order, so a reload
 // opens no gap: the per-sandbox entries first, then the arrays (a gate
 // never opens onto a missing entry), stale per-sandbox entries last.
-func (b *Backstop) setSyscalls(r Rules) error {
+func (b *Backstop) setSyscalls(r backstoprules.Rules) error {
 	every, err := sandboxTableOf(r.SandboxRules)
 	if err != nil {
 		return err
@@ -495,7 +472,7 @@ func checkAction(a uint32) error {
 // 4 of them the sandbox id).
 const rulePathLen = 252
 
-func pathKey(p PathRule) (backstopPathKey, error) {
+func pathKey(p backstoprules.PathRule) (backstopPathKey, error) {
 	if len(p.Path) == 0 || p.Path[0] != '/' {
 		return backstopPathKey{}, fmt.Errorf("backstop path rule %q: not absolute", p.Path)
 	}
@@ -513,14 +490,14 @@ func pathKey(p PathRule) (backstopPathKey, error) {
 	return k, nil
 }
 
-func (b *Backstop) setPaths(rules []PathRule) error {
+func (b *Backstop) setPaths(rules []backstoprules.PathRule) error {
 	wantPaths := map[backstopPathKey]backstopPathRule{}
 	wantInodes := map[backstopInodeKey]backstopPathRule{}
 	for _, p := range rules {
 		if err := checkAction(p.Action); err != nil {
 			return fmt.Errorf("backstop path rule %q: %w", p.Path, err)
 		}
-		if p.Ops == 0 || p.Ops&^(OpRead|OpWrite|OpExec) != 0 {
+		if p.Ops == 0 || p.Ops&^(backstoprules.OpRead|backstoprules.OpWrite|backstoprules.OpExec) != 0 {
 			return fmt.Errorf("backstop path rule %q: invalid ops %#x", p.Path, p.Ops)
 		}
 		k, err := pathKey(p)
@@ -563,10 +540,10 @@ func (b *Backstop) setPaths(rules []PathRule) error {
 // entries too (enforce.TreeInodes), each with the rule its own path gets
 // (the longest rule of its sandbox), as the files are now; exact rules'
 // entries win.
-func treeInodes(rules []PathRule, want map[backstopInodeKey]backstopPathRule) error {
+func treeInodes(rules []backstoprules.PathRule, want map[backstopInodeKey]backstopPathRule) error {
 	budget := enforce.MaxTreeInodes
 	for _, p := range rules {
-		if !p.Prefix || p.Ops&OpRead == 0 || p.Action == 0 || p.Path == "/" {
+		if !p.Prefix || p.Ops&backstoprules.OpRead == 0 || p.Action == 0 || p.Path == "/" {
 			continue
 		}
 		_, err := enforce.TreeInodes(strings.TrimSuffix(p.Path, "/"), &budget, func(path string, id *enforce.FileID) {
@@ -586,8 +563,8 @@ func treeInodes(rules []PathRule, want map[backstopInodeKey]backstopPathRule) er
 
 // longestRule is the rule of sandbox sid the kernel's longest prefix
 // match picks for path (a directory also as path + "/").
-func longestRule(rules []PathRule, sid uint32, path string, dir bool) *PathRule {
-	var best *PathRule
+func longestRule(rules []backstoprules.PathRule, sid uint32, path string, dir bool) *backstoprules.PathRule {
+	var best *backstoprules.PathRule
 	bestLen := -1
 	for i := range rules {
 		r := &rules[i]

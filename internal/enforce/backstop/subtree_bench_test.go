@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
@@ -42,7 +43,7 @@ func TestSubtreeCost(t *testing.T) {
 	}
 	var rs syscallbench.Rounds
 	for i := 0; i < rounds; i++ {
-		if err := f.bs.SetRules(backstop.Rules{}); err != nil {
+		if err := f.bs.SetRules(backstoprules.Rules{}); err != nil {
 			t.Fatal(err)
 		}
 		b := loop(f.outside)

@@ -11,17 +11,17 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // subtreeRules turns on every own-subtree and host-state check.
-func subtreeRules(r *backstop.Rules) {
-	kill := backstop.Rule{Action: enforce.ActionKill, ID: 25}
+func subtreeRules(r *backstoprules.Rules) {
+	kill := backstoprules.Rule{Action: enforce.ActionKill, ID: 25}
 	r.OtherTask, r.TTYInject, r.NetConfig, r.ClockAdjust = kill, kill, kill, kill
 	r.Namespaces, r.Syslog, r.Quota = kill, kill, kill
-	r.CapUse = map[int]backstop.Rule{12: kill, 25: kill}
+	r.CapUse = map[int]backstoprules.Rule{12: kill, 25: kill}
 	for _, name := range []string{"settimeofday", "clock_settime", "sethostname", "setdomainname", "fanotify_init"} {
-		r.Syscalls = append(r.Syscalls, backstop.SyscallRule{Name: name, Rule: kill})
+		r.Syscalls = append(r.Syscalls, backstoprules.SyscallRule{Name: name, Rule: kill})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // opConnect marks an allowed socket path in bs_unix_paths (OP_CONNECT).
@@ -15,7 +16,7 @@ const opConnect = 8
 // sandbox id alone, which every path of the sandbox matches when nothing
 // longer does) and its allowed paths. New entries before stale ones are
 // removed, so a reload never opens a gap.
-func (b *Backstop) setUnixPaths(sets []UnixPaths) error {
+func (b *Backstop) setUnixPaths(sets []backstoprules.UnixPaths) error {
 	m := b.maps("bs_unix_paths")
 	want := map[backstopPathKey]backstopPathRule{}
 	for _, set := range sets {
@@ -24,7 +25,7 @@ func (b *Backstop) setUnixPaths(sets []UnixPaths) error {
 		}
 		want[backstopPathKey{Prefixlen: 32, SandboxId: set.SandboxID}] = backstopPathRule{RuleId: set.Rule}
 		for _, p := range set.Paths {
-			k, err := pathKey(PathRule{Path: p, Prefix: strings.HasSuffix(p, "/"), SandboxID: set.SandboxID})
+			k, err := pathKey(backstoprules.PathRule{Path: p, Prefix: strings.HasSuffix(p, "/"), SandboxID: set.SandboxID})
 			if err != nil {
 				return fmt.Errorf("backstop unix path: %w", err)
 			}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/backstop"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // serveUnix listens on a stream (or datagram) unix socket at path,
@@ -77,9 +77,9 @@ func TestUnixPeers(t *testing.T) {
 	})
 
 	const ruleID = 93
-	f := newFixture(t, func(r *backstop.Rules) {
-		r.UnixPeer = backstop.Rule{Action: enforce.ActionKill, ID: 1}
-		r.UnixPaths = []backstop.UnixPaths{{SandboxID: 1, Paths: []string{ws + "/"}, Rule: ruleID}}
+	f := newFixture(t, func(r *backstoprules.Rules) {
+		r.UnixPeer = backstoprules.Rule{Action: enforce.ActionKill, ID: 1}
+		r.UnixPaths = []backstoprules.UnixPaths{{SandboxID: 1, Paths: []string{ws + "/"}, Rule: ruleID}}
 	})
 	wantPeer := func(path string) func(audit.Event) error {
 		return func(ev audit.Event) error {

@@ -18,6 +18,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/backstop"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/backstoprules"
 )
 
 // vcFixture is a backstop whose rules kill reads below blocked/ (and, for
@@ -47,13 +48,13 @@ func newVCFixture(t *testing.T) *vcFixture {
 			t.Fatal(err)
 		}
 	}
-	v.fixture = newFixture(t, func(r *backstop.Rules) {
-		kill := backstop.Rule{Action: enforce.ActionKill, ID: 91}
+	v.fixture = newFixture(t, func(r *backstoprules.Rules) {
+		kill := backstoprules.Rule{Action: enforce.ActionKill, ID: 91}
 		r.Paths = append(r.Paths,
-			backstop.PathRule{Path: v.blocked + "/", Prefix: true, Ops: backstop.OpRead | backstop.OpWrite, Rule: kill},
-			backstop.PathRule{Path: "/" + v.jailName + "/", Prefix: true, Ops: backstop.OpRead, Rule: kill})
+			backstoprules.PathRule{Path: v.blocked + "/", Prefix: true, Ops: backstoprules.OpRead | backstoprules.OpWrite, Rule: kill},
+			backstoprules.PathRule{Path: "/" + v.jailName + "/", Prefix: true, Ops: backstoprules.OpRead, Rule: kill})
 		// The chroot case runs chroot in the sandbox.
-		r.Syscalls = slices.DeleteFunc(r.Syscalls, func(s backstop.SyscallRule) bool { return s.Name == "chroot" })
+		r.Syscalls = slices.DeleteFunc(r.Syscalls, func(s backstoprules.SyscallRule) bool { return s.Name == "chroot" })
 	})
 	on, err := v.bs.VerdictCacheOn()
 	if err != nil {
@@ -272,8 +273,8 @@ func TestVerdictCache(t *testing.T) {
 	t.Run("rules reloaded", func(t *testing.T) {
 		a := v.file(t, v.allowed, "reload")
 		rules := v.rules
-		rules.Paths = append(slices.Clip(rules.Paths), backstop.PathRule{Path: a, Ops: backstop.OpRead,
-			Rule: backstop.Rule{Action: enforce.ActionKill, ID: 92}})
+		rules.Paths = append(slices.Clip(rules.Paths), backstoprules.PathRule{Path: a, Ops: backstoprules.OpRead,
+			Rule: backstoprules.Rule{Action: enforce.ActionKill, ID: 92}})
 		v.refusedAfter(t, a, a, func() { must(t, v.bs.SetRules(rules)) })
 		must(t, v.bs.SetRules(v.rules))
 		r := v.openThen(t, a, a, "", nil) // allowed (and cached) again

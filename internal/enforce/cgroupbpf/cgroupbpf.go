@@ -30,14 +30,12 @@ import (
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 // Group is the hook group name used for link pins.
 const Group = "cgroup"
 
 // Any matches every value of a rule field (ANY in bpf/cgroup.c).
-const Any = cgrouprules.Any
 
 const anyKey = ^uint32(0)
 

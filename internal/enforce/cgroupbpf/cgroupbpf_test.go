@@ -20,6 +20,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 const (
@@ -251,7 +252,7 @@ func (f *fixture) checkCommon(t *testing.T, ev audit.Event, cgPath string, rule 
 	if ev.Process.CgroupID != cg || ev.Sandbox.CgroupID != f.sbCg {
 		t.Errorf("event cgroup %d sandbox %d, want %d and %d", ev.Process.CgroupID, ev.Sandbox.CgroupID, cg, f.sbCg)
 	}
-	if ev.Verdict != audit.VerdictDenied || ev.Mechanism != cgroupbpf.Mechanism || ev.Rule != rule {
+	if ev.Verdict != audit.VerdictDenied || ev.Mechanism != cgrouprules.Mechanism || ev.Rule != rule {
 		t.Errorf("event verdict %q mechanism %q rule %q", ev.Verdict, ev.Mechanism, ev.Rule)
 	}
 	if ev.Process.PID == 0 || ev.Process.Comm == "" {
@@ -336,7 +337,7 @@ func TestSysctl(t *testing.T) {
 	}
 	// A per-sandbox rule for one name overrides the default.
 	if err := f.hooks.SetSysctlRules(append(cgroupbpf.DefaultSysctlRules(ruleSysctl),
-		cgroupbpf.SysctlRule{Sandbox: sandboxID, Name: "kernel.printk_ratelimit", Write: true, Action: enforce.ActionAllow})); err != nil {
+		cgrouprules.SysctlRule{Sandbox: sandboxID, Name: "kernel.printk_ratelimit", Write: true, Action: enforce.ActionAllow})); err != nil {
 		t.Fatal(err)
 	}
 	if err := runOp(t, f.child, "sysctl-write:"+name+":"+val); err != nil {
@@ -350,7 +351,7 @@ func TestSysctl(t *testing.T) {
 func TestSocketCreate(t *testing.T) {
 	f := setup(t)
 	// A sandbox's own rule next to the defaults.
-	if err := f.hooks.SetSocketRules(append(cgroupbpf.DefaultSocketRules(ruleSock), cgroupbpf.SocketRule{
+	if err := f.hooks.SetSocketRules(append(cgroupbpf.DefaultSocketRules(ruleSock), cgrouprules.SocketRule{
 		Sandbox: sandboxID, Family: unix.AF_INET6, Type: unix.SOCK_DGRAM, Protocol: unix.IPPROTO_UDP,
 		Action: enforce.ActionBlock, RuleID: ruleSock,
 	})); err != nil {
@@ -494,12 +495,12 @@ func TestProbe(t *testing.T) {
 func TestRuleValidation(t *testing.T) {
 	f := setup(t)
 	bad := []error{
-		f.hooks.SetDeviceRules([]cgroupbpf.DeviceRule{{Type: 3, Major: 1, Minor: 1}}),
-		f.hooks.SetDeviceRules([]cgroupbpf.DeviceRule{{Type: cgroupbpf.CharDevice, Major: cgroupbpf.Any, Minor: 3}}),
-		f.hooks.SetDeviceRules([]cgroupbpf.DeviceRule{{Type: cgroupbpf.CharDevice, Major: 1, Minor: 1, Action: 9}}),
-		f.hooks.SetSysctlRules([]cgroupbpf.SysctlRule{{Name: strings.Repeat("x", 200)}}),
-		f.hooks.SetSocketRules([]cgroupbpf.SocketRule{{Family: cgroupbpf.Any, Type: cgroupbpf.Any, Protocol: cgroupbpf.Any}}),
-		f.hooks.SetSocketRules([]cgroupbpf.SocketRule{{Family: -5, Type: 1, Protocol: 0}}),
+		f.hooks.SetDeviceRules([]cgrouprules.DeviceRule{{Type: 3, Major: 1, Minor: 1}}),
+		f.hooks.SetDeviceRules([]cgrouprules.DeviceRule{{Type: cgrouprules.CharDevice, Major: cgrouprules.Any, Minor: 3}}),
+		f.hooks.SetDeviceRules([]cgrouprules.DeviceRule{{Type: cgrouprules.CharDevice, Major: 1, Minor: 1, Action: 9}}),
+		f.hooks.SetSysctlRules([]cgrouprules.SysctlRule{{Name: strings.Repeat("x", 200)}}),
+		f.hooks.SetSocketRules([]cgrouprules.SocketRule{{Family: cgrouprules.Any, Type: cgrouprules.Any, Protocol: cgrouprules.Any}}),
+		f.hooks.SetSocketRules([]cgrouprules.SocketRule{{Family: -5, Type: 1, Protocol: 0}}),
 	}
 	for i, err := range bad {
 		if err == nil {

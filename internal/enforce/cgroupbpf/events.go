@@ -15,7 +15,6 @@ import (
 )
 
 // Mechanism is the audit mechanism name of this group's events.
-const Mechanism = cgrouprules.Mechanism
 
 // Kernel event types generated from bpf/cgroup.c.
 type (
@@ -26,10 +25,10 @@ type (
 
 // Register adds the decoders of this group's event kinds to r.
 func Register(r *enforce.Reader) {
-	r.Register(enforce.EvDevice, audit.KindDevice, Mechanism, decodeDevice)
-	r.Register(enforce.EvSysctl, audit.KindSysctl, Mechanism, decodeSysctl)
-	r.Register(enforce.EvSocket, audit.KindSocket, Mechanism, decodeSocket)
-	r.Register(enforce.EvListen, audit.KindNet, Mechanism, decodeListen)
+	r.Register(enforce.EvDevice, audit.KindDevice, cgrouprules.Mechanism, decodeDevice)
+	r.Register(enforce.EvSysctl, audit.KindSysctl, cgrouprules.Mechanism, decodeSysctl)
+	r.Register(enforce.EvSocket, audit.KindSocket, cgrouprules.Mechanism, decodeSocket)
+	r.Register(enforce.EvListen, audit.KindNet, cgrouprules.Mechanism, decodeListen)
 }
 
 // fillPPID completes the header: these programs cannot read task_struct
@@ -65,14 +64,14 @@ func decodeDevice(raw []byte, ev *audit.Event) error {
 	fillPPID(ev)
 	mode := uint32(unix.S_IFCHR)
 	kind := "char"
-	if DeviceType(e.DevType) == BlockDevice {
+	if cgrouprules.DeviceType(e.DevType) == cgrouprules.BlockDevice {
 		mode, kind = unix.S_IFBLK, "block"
 	}
-	acc := DeviceAccess(e.Access)
+	acc := cgrouprules.DeviceAccess(e.Access)
 	ev.File = &audit.FileDetail{
 		Mode:  mode,
 		Dev:   e.Major<<20 | e.Minor,
-		Write: acc&AccessWrite != 0,
+		Write: acc&cgrouprules.AccessWrite != 0,
 	}
 	ev.Message = fmt.Sprintf("%s device %d:%d %s", kind, e.Major, e.Minor, acc)
 	return nil

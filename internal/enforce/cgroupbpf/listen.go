@@ -11,22 +11,12 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
-// MaxListenRanges is how many port ranges one sandbox's ListenRule holds
-// (MAX_LISTEN_RANGES in bpf/cgroup.c).
-const MaxListenRanges = cgrouprules.MaxListenRanges
-
-// cgrouprules' count must be the kernel's: a constant overflow fails the
+// cgrouprules.MaxListenRanges must be MAX_LISTEN_RANGES in bpf/cgroup.c: a constant overflow fails the
 // build when they differ.
-const _ = uint(len(cgroupListenCfg{}.Ranges)-MaxListenRanges) + uint(MaxListenRanges-len(cgroupListenCfg{}.Ranges))
-
-// Listener rule types, in cgrouprules.
-type (
-	PortRange  = cgrouprules.PortRange
-	ListenRule = cgrouprules.ListenRule
-)
+const _ = uint(len(cgroupListenCfg{}.Ranges)-cgrouprules.MaxListenRanges) + uint(cgrouprules.MaxListenRanges-len(cgroupListenCfg{}.Ranges))
 
 // SetListenRules replaces the listener rule table.
-func (h *Programs) SetListenRules(rules []ListenRule) error {
+func (h *Programs) SetListenRules(rules []cgrouprules.ListenRule) error {
 	want := map[uint32]cgroupListenCfg{}
 	for i, r := range rules {
 		if r.Sandbox == 0 {
@@ -35,8 +25,8 @@ func (h *Programs) SetListenRules(rules []ListenRule) error {
 		if err := checkAction(r.Action); err != nil {
 			return fmt.Errorf("listen rule %d: %w", i, err)
 		}
-		if len(r.Ports) > MaxListenRanges {
-			return fmt.Errorf("listen rule %d: %d port ranges, at most %d fit", i, len(r.Ports), MaxListenRanges)
+		if len(r.Ports) > cgrouprules.MaxListenRanges {
+			return fmt.Errorf("listen rule %d: %d port ranges, at most %d fit", i, len(r.Ports), cgrouprules.MaxListenRanges)
 		}
 		if _, dup := want[r.Sandbox]; dup {
 			return fmt.Errorf("listen rule %d: second rule for sandbox %d", i, r.Sandbox)

@@ -18,8 +18,8 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 const ruleListen = 104
@@ -285,7 +285,7 @@ func expectListenEvent(t *testing.T, f *fixture, op string, port int) audit.Even
 	ev := f.expectEvent(t, op+" event", func(ev audit.Event) bool {
 		return ev.Kind == audit.KindNet && ev.Net != nil && ev.Net.Op == op && int(ev.Net.Port) == port
 	})
-	if ev.Verdict != audit.VerdictDenied || ev.Mechanism != cgroupbpf.Mechanism || ev.Sandbox.CgroupID != f.sbCg {
+	if ev.Verdict != audit.VerdictDenied || ev.Mechanism != cgrouprules.Mechanism || ev.Sandbox.CgroupID != f.sbCg {
 		t.Errorf("%s event: verdict %q mechanism %q sandbox cgroup %d", op, ev.Verdict, ev.Mechanism, ev.Sandbox.CgroupID)
 	}
 	return ev
@@ -302,8 +302,8 @@ func TestListen(t *testing.T) {
 	f := setup(t)
 	n := newListenNet(t)
 	const allowed, denied = 18080, 18081
-	if err := f.hooks.SetListenRules([]cgroupbpf.ListenRule{{Sandbox: sandboxID,
-		Ports:  []cgroupbpf.PortRange{{Lo: allowed, Hi: allowed}, {Lo: 19000, Hi: 19100}},
+	if err := f.hooks.SetListenRules([]cgrouprules.ListenRule{{Sandbox: sandboxID,
+		Ports:  []cgrouprules.PortRange{{Lo: allowed, Hi: allowed}, {Lo: 19000, Hi: 19100}},
 		Action: enforce.ActionBlock, RuleID: ruleListen}}); err != nil {
 		t.Fatal(err)
 	}
@@ -416,9 +416,9 @@ func TestListen(t *testing.T) {
 func TestListenRecordAndReload(t *testing.T) {
 	f := setup(t)
 	n := newListenNet(t)
-	rules := func(ports ...cgroupbpf.PortRange) {
+	rules := func(ports ...cgrouprules.PortRange) {
 		t.Helper()
-		if err := f.hooks.SetListenRules([]cgroupbpf.ListenRule{{Sandbox: sandboxID, Ports: ports,
+		if err := f.hooks.SetListenRules([]cgrouprules.ListenRule{{Sandbox: sandboxID, Ports: ports,
 			Action: enforce.ActionBlock, RuleID: ruleListen}}); err != nil {
 			t.Fatal(err)
 		}
@@ -443,7 +443,7 @@ func TestListenRecordAndReload(t *testing.T) {
 	if err := listenOp(t, "", n.peer, fmt.Sprintf("connect|198.18.0.1|%d", s.port)); err != unix.ETIMEDOUT {
 		t.Fatalf("peer before the reload: %v, want ETIMEDOUT", err)
 	}
-	rules(cgroupbpf.PortRange{Lo: uint16(s.port), Hi: uint16(s.port)})
+	rules(cgrouprules.PortRange{Lo: uint16(s.port), Hi: uint16(s.port)})
 	if err := listenOp(t, "", n.peer, fmt.Sprintf("connect|198.18.0.1|%d", s.port)); err != nil {
 		t.Errorf("peer after the reload listed the port: %v", err)
 	}
@@ -454,16 +454,16 @@ func TestListenRecordAndReload(t *testing.T) {
 
 func TestListenRuleValidation(t *testing.T) {
 	f := setup(t)
-	many := make([]cgroupbpf.PortRange, cgroupbpf.MaxListenRanges+1)
+	many := make([]cgrouprules.PortRange, cgrouprules.MaxListenRanges+1)
 	for i := range many {
-		many[i] = cgroupbpf.PortRange{Lo: uint16(1000 + i), Hi: uint16(1000 + i)}
+		many[i] = cgrouprules.PortRange{Lo: uint16(1000 + i), Hi: uint16(1000 + i)}
 	}
-	for i, rs := range [][]cgroupbpf.ListenRule{
+	for i, rs := range [][]cgrouprules.ListenRule{
 		{{Sandbox: 0}},
 		{{Sandbox: 1, Action: 9}},
 		{{Sandbox: 1, Ports: many}},
-		{{Sandbox: 1, Ports: []cgroupbpf.PortRange{{Lo: 0, Hi: 5}}}},
-		{{Sandbox: 1, Ports: []cgroupbpf.PortRange{{Lo: 9, Hi: 5}}}},
+		{{Sandbox: 1, Ports: []cgrouprules.PortRange{{Lo: 0, Hi: 5}}}},
+		{{Sandbox: 1, Ports: []cgrouprules.PortRange{{Lo: 9, Hi: 5}}}},
 		{{Sandbox: 1}, {Sandbox: 1}},
 	} {
 		if err := f.hooks.SetListenRules(rs); err == nil {

@@ -10,27 +10,8 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
-// Rule types, in cgrouprules so the planner needs no BPF.
-type (
-	DeviceType   = cgrouprules.DeviceType
-	DeviceAccess = cgrouprules.DeviceAccess
-	DeviceRule   = cgrouprules.DeviceRule
-	SysctlRule   = cgrouprules.SysctlRule
-	SocketRule   = cgrouprules.SocketRule
-)
-
-// Device types and accesses.
-const (
-	BlockDevice = cgrouprules.BlockDevice
-	CharDevice  = cgrouprules.CharDevice
-	AccessMknod = cgrouprules.AccessMknod
-	AccessRead  = cgrouprules.AccessRead
-	AccessWrite = cgrouprules.AccessWrite
-	AccessAll   = cgrouprules.AccessAll
-)
-
 func field(v int, what string) (uint32, error) {
-	if v == Any {
+	if v == cgrouprules.Any {
 		return anyKey, nil
 	}
 	if v < 0 || v >= int(anyKey) {
@@ -47,10 +28,10 @@ func checkAction(a uint32) error {
 }
 
 // SetDeviceRules replaces the device rule table.
-func (h *Programs) SetDeviceRules(rules []DeviceRule) error {
+func (h *Programs) SetDeviceRules(rules []cgrouprules.DeviceRule) error {
 	want := map[cgroupDevKey]cgroupRule{}
 	for i, r := range rules {
-		if r.Type != BlockDevice && r.Type != CharDevice {
+		if r.Type != cgrouprules.BlockDevice && r.Type != cgrouprules.CharDevice {
 			return fmt.Errorf("device rule %d: unknown device type %d", i, r.Type)
 		}
 		maj, err := field(r.Major, "major")
@@ -69,9 +50,9 @@ func (h *Programs) SetDeviceRules(rules []DeviceRule) error {
 		}
 		acc := r.Access
 		if acc == 0 {
-			acc = AccessAll
+			acc = cgrouprules.AccessAll
 		}
-		if acc&^AccessAll != 0 {
+		if acc&^cgrouprules.AccessAll != 0 {
 			return fmt.Errorf("device rule %d: unknown access bits %#x", i, acc)
 		}
 		k := cgroupDevKey{SandboxId: r.Sandbox, Type: uint32(r.Type), Major: maj, Minor: minor}
@@ -84,7 +65,7 @@ func (h *Programs) SetDeviceRules(rules []DeviceRule) error {
 }
 
 // SetSysctlRules replaces the sysctl rule table.
-func (h *Programs) SetSysctlRules(rules []SysctlRule) error {
+func (h *Programs) SetSysctlRules(rules []cgrouprules.SysctlRule) error {
 	want := map[cgroupSysctlKey]cgroupRule{}
 	for i, r := range rules {
 		var k cgroupSysctlKey
@@ -114,7 +95,7 @@ func (h *Programs) SetSysctlRules(rules []SysctlRule) error {
 }
 
 // SetSocketRules replaces the socket rule table.
-func (h *Programs) SetSocketRules(rules []SocketRule) error {
+func (h *Programs) SetSocketRules(rules []cgrouprules.SocketRule) error {
 	want := map[cgroupSockKey]cgroupRule{}
 	for i, r := range rules {
 		fam, err := field(r.Family, "family")
@@ -149,13 +130,13 @@ func (h *Programs) SetSocketRules(rules []SocketRule) error {
 // urandom, tty, ptmx and the pseudo-terminals. So raw disks, /dev/mem,
 // /dev/kmem, /dev/port, /dev/kmsg, /dev/console, tun, fuse, kvm and the rest
 // are refused. The rules are sandbox defaults (Sandbox 0).
-func DefaultDeviceRules(ruleID uint32) []DeviceRule {
-	rules := []DeviceRule{
-		{Type: BlockDevice, Major: Any, Minor: Any, Action: enforce.ActionBlock, RuleID: ruleID},
-		{Type: CharDevice, Major: Any, Minor: Any, Action: enforce.ActionBlock, RuleID: ruleID},
+func DefaultDeviceRules(ruleID uint32) []cgrouprules.DeviceRule {
+	rules := []cgrouprules.DeviceRule{
+		{Type: cgrouprules.BlockDevice, Major: cgrouprules.Any, Minor: cgrouprules.Any, Action: enforce.ActionBlock, RuleID: ruleID},
+		{Type: cgrouprules.CharDevice, Major: cgrouprules.Any, Minor: cgrouprules.Any, Action: enforce.ActionBlock, RuleID: ruleID},
 	}
 	allow := func(major, minor int) {
-		rules = append(rules, DeviceRule{Type: CharDevice, Major: major, Minor: minor,
+		rules = append(rules, cgrouprules.DeviceRule{Type: cgrouprules.CharDevice, Major: major, Minor: minor,
 			Action: enforce.ActionAllow, RuleID: ruleID})
 	}
 	for _, minor := range []int{3, 5, 7, 8, 9} { // null zero full random urandom
@@ -164,14 +145,14 @@ func DefaultDeviceRules(ruleID uint32) []DeviceRule {
 	allow(5, 0)                               // /dev/tty
 	allow(5, 2)                               // /dev/ptmx
 	for major := 136; major <= 143; major++ { // /dev/pts/*
-		allow(major, Any)
+		allow(major, cgrouprules.Any)
 	}
 	return rules
 }
 
 // DefaultSysctlRules refuses writes to /proc/sys and allows reads.
-func DefaultSysctlRules(ruleID uint32) []SysctlRule {
-	return []SysctlRule{{Write: true, Action: enforce.ActionBlock, RuleID: ruleID}}
+func DefaultSysctlRules(ruleID uint32) []cgrouprules.SysctlRule {
+	return []cgrouprules.SysctlRule{{Write: true, Action: enforce.ActionBlock, RuleID: ruleID}}
 }
 
 // DefaultSocketRules refuses raw IPv4 and IPv6 sockets (forged packets,
@@ -183,8 +164,8 @@ func DefaultSysctlRules(ruleID uint32) []SysctlRule {
 // sockets cannot be refused here: the launcher's seccomp filter refuses
 // them for commands watcher starts (see internal/launch), and the kill
 // backstop or BPF LSM covers other processes.
-func DefaultSocketRules(ruleID uint32) []SocketRule {
-	return []SocketRule{
-		{Family: Any, Type: unix.SOCK_RAW, Protocol: Any, Action: enforce.ActionBlock, RuleID: ruleID},
+func DefaultSocketRules(ruleID uint32) []cgrouprules.SocketRule {
+	return []cgrouprules.SocketRule{
+		{Family: cgrouprules.Any, Type: unix.SOCK_RAW, Protocol: cgrouprules.Any, Action: enforce.ActionBlock, RuleID: ruleID},
 	}
 }

@@ -12,7 +12,8 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 	"github.com/watcherhq/watcher/internal/textesc"
 )
 
@@ -88,7 +89,7 @@ func (a *admission) addName(name string) {
 // Allow lets sandbox id reach addrs on every port and protocol until ttl
 // plus the grace period from now (tests, and callers that scope nothing).
 func (e *Egress) Allow(id uint32, addrs []netip.Addr, ttl time.Duration) error {
-	return e.Admit(id, addrs, ttl, "", AllPorts)
+	return e.Admit(id, addrs, ttl, "", egressrules.AllPorts)
 }
 
 // Admit lets sandbox id reach addrs, answered for name, on ports until ttl
@@ -97,7 +98,7 @@ func (e *Egress) Allow(id uint32, addrs []netip.Addr, ttl time.Duration) error {
 // sandbox's share is full, expired entries go first, then the
 // earliest-expiring ones; each eviction of a live entry is counted and
 // reported, and the evicted address is refused again until resolved anew.
-func (e *Egress) Admit(id uint32, addrs []netip.Addr, ttl time.Duration, name string, ports []PortSpan) error {
+func (e *Egress) Admit(id uint32, addrs []netip.Addr, ttl time.Duration, name string, ports []egressrules.PortSpan) error {
 	if id == 0 {
 		return errors.New("admit: sandbox id must be > 0")
 	}
@@ -222,7 +223,7 @@ func (e *Egress) reportOverflow(id uint32, evicted []netip.Addr) {
 	first := evicted[0]
 	e.opts.Notify(audit.Event{
 		Time: time.Now(), Kind: audit.KindNet, Verdict: audit.VerdictRecorded,
-		Severity: audit.SeverityAlert, Mechanism: cgroupbpf.Mechanism,
+		Severity: audit.SeverityAlert, Mechanism: cgrouprules.Mechanism,
 		Net: &audit.NetDetail{
 			Op: "allowlist", Addr: first.String(),
 			Reason: fmt.Sprintf("answered-address allowlist of sandbox %d full: %d unexpired address(es) evicted, earliest expiry first; they are refused until resolved again", id, len(evicted)),
@@ -270,7 +271,7 @@ func (e *Egress) Allowed(id uint32) map[netip.Addr]time.Time {
 
 // AdmittedSpan is one span of an admission as the kernel holds it.
 type AdmittedSpan struct {
-	PortSpan
+	egressrules.PortSpan
 	// Expires is when the span closes (wall clock, from CLOCK_BOOTTIME).
 	Expires time.Time
 }
@@ -286,14 +287,14 @@ func (e *Egress) Admitted(id uint32, addr netip.Addr) ([]AdmittedSpan, error) {
 	var out []AdmittedSpan
 	for i := range min(int(v.N), MaxAdmitSpans) {
 		s := v.S[i]
-		p := ProtoAny
+		p := egressrules.ProtoAny
 		switch s.Protos {
 		case protoBitTCP:
-			p = ProtoTCP
+			p = egressrules.ProtoTCP
 		case protoBitUDP:
-			p = ProtoUDP
+			p = egressrules.ProtoUDP
 		}
-		out = append(out, AdmittedSpan{PortSpan: PortSpan{Lo: s.Lo, Hi: s.Hi, Protocol: p},
+		out = append(out, AdmittedSpan{PortSpan: egressrules.PortSpan{Lo: s.Lo, Hi: s.Hi, Protocol: p},
 			Expires: wall.Add(time.Duration(int64(s.ExpiresNs) - int64(now)))})
 	}
 	return out, nil
@@ -303,14 +304,18 @@ func (e *Egress) Admitted(id uint32, addr netip.Addr) ([]AdmittedSpan, error) {
 // Register does, and completes a refusal for a port (ReasonPort): its
 // message names what the address was admitted for ("admitted for
 // <names> on tcp/80, tcp/443"), so the refusal says which name needs an
-// egress.name_ports entry.
+// egress.name_ports entry. A refusal for a namespace without listeners
+// (ReasonNetns) calls the OnNetnsRefused hook.
 func (e *Egress) RegisterEvents(r *enforce.Reader) {
-	r.Register(enforce.EvNet, audit.KindNet, cgroupbpf.Mechanism, func(raw []byte, ev *audit.Event) error {
+	r.Register(enforce.EvNet, audit.KindNet, cgrouprules.Mechanism, func(raw []byte, ev *audit.Event) error {
 		if err := decodeNet(raw, ev); err != nil {
 			return err
 		}
 		if ev.Net != nil && ev.Net.Reason == reasons[ReasonPort] {
 			ev.Message = e.describe(ev.Sandbox.ID, ev.Net.Addr)
+		}
+		if ev.Net != nil && ev.Net.Reason == reasons[ReasonNetns] {
+			e.netnsRefused()
 		}
 		return nil
 	})

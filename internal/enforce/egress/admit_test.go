@@ -23,6 +23,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
 // admitHelper runs in a helper child in the sandbox cgroup.
@@ -181,9 +182,9 @@ func TestAdmissionScope(t *testing.T) {
 	})
 
 	t.Run("a name's ports", func(t *testing.T) {
-		f.admit.Scopes = func(string) *egress.Scope {
-			return &egress.Scope{Names: []egress.NameSpans{{Pattern: ".cdn.test", Spans: []egress.PortSpan{
-				{Lo: 4444, Hi: 4444, Protocol: egress.ProtoTCP}, {Lo: 4445, Hi: 4445, Protocol: egress.ProtoUDP}}}}}
+		f.admit.Scopes = func(string) *egressrules.Scope {
+			return &egressrules.Scope{Names: []egressrules.NameSpans{{Pattern: ".cdn.test", Spans: []egressrules.PortSpan{
+				{Lo: 4444, Hi: 4444, Protocol: egressrules.ProtoTCP}, {Lo: 4445, Hi: 4445, Protocol: egressrules.ProtoUDP}}}}}
 		}
 		defer func() { f.admit.Scopes = nil }()
 		mustOK(t, "x.cdn.test TCP 4444", resolve(t, "x.cdn.test", 4444, false), "port4444")
@@ -206,10 +207,10 @@ func TestAdmissionScope(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		limit := time.Now().Add(egress.DefaultAdmissionCap + grace + 5*time.Second)
+		limit := time.Now().Add(egressrules.DefaultAdmissionCap + grace + 5*time.Second)
 		for _, s := range spans {
 			if s.Expires.After(limit) {
-				t.Errorf("span %d-%d admitted until %s, beyond the %s cap", s.Lo, s.Hi, s.Expires.Format(time.RFC3339), egress.DefaultAdmissionCap)
+				t.Errorf("span %d-%d admitted until %s, beyond the %s cap", s.Lo, s.Hi, s.Expires.Format(time.RFC3339), egressrules.DefaultAdmissionCap)
 			}
 		}
 		if len(spans) == 0 {
@@ -218,7 +219,7 @@ func TestAdmissionScope(t *testing.T) {
 	})
 
 	t.Run("an established connection outlives its admission", func(t *testing.T) {
-		f.admit.Scopes = func(string) *egress.Scope { return &egress.Scope{Cap: time.Second} }
+		f.admit.Scopes = func(string) *egressrules.Scope { return &egressrules.Scope{Cap: time.Second} }
 		defer func() { f.admit.Scopes = nil }()
 		env := []string{"WATCHER_NAME=short.allowed.test", "WATCHER_PORT=443", "WATCHER_HOLD=3s",
 			"WATCHER_DNS=" + netip.AddrPortFrom(n.dead, 53).String()}

@@ -3,12 +3,14 @@ package egress
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
 func TestCIDRMerge(t *testing.T) {
-	rules := []Rule{
-		{ID: 1, Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: PortRange{Lo: 443, Hi: 443}, Protocol: ProtoTCP},
-		{ID: 2, Prefix: netip.MustParsePrefix("10.1.0.0/16"), Ports: PortRange{Lo: 53, Hi: 53}, Protocol: ProtoUDP},
+	rules := []egressrules.Rule{
+		{ID: 1, Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: egressrules.PortRange{Lo: 443, Hi: 443}, Protocol: egressrules.ProtoTCP},
+		{ID: 2, Prefix: netip.MustParsePrefix("10.1.0.0/16"), Ports: egressrules.PortRange{Lo: 53, Hi: 53}, Protocol: egressrules.ProtoUDP},
 	}
 	got, err := cidrEntries(7, rules)
 	if err != nil {
@@ -36,9 +38,9 @@ func TestCIDRMerge(t *testing.T) {
 			t.Errorf("sandbox id %d", k.SandboxId)
 		}
 	}
-	var many []Rule
+	var many []egressrules.Rule
 	for i := range 9 {
-		many = append(many, Rule{ID: uint32(i), Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: PortRange{Lo: uint16(i + 1), Hi: uint16(i + 1)}})
+		many = append(many, egressrules.Rule{ID: uint32(i), Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: egressrules.PortRange{Lo: uint16(i + 1), Hi: uint16(i + 1)}})
 	}
 	if _, err := cidrEntries(1, many); err == nil {
 		t.Error("9 ranges on one prefix accepted")

@@ -29,6 +29,12 @@ type Client struct {
 // any sandbox still maps to that sandbox (the stricter policy) until a
 // sandbox reuses it.
 func (e *Egress) LookupClient(network string, src netip.AddrPort) (Client, bool) {
+	return e.LookupClientIn(e.home, network, src)
+}
+
+// LookupClientIn is LookupClient for a query received by a listener in the
+// network namespace whose cookie is netns: source ports are per namespace.
+func (e *Egress) LookupClientIn(netns uint64, network string, src netip.AddrPort) (Client, bool) {
 	var proto uint16
 	switch strings.TrimRight(network, "46") {
 	case "udp":
@@ -39,7 +45,7 @@ func (e *Egress) LookupClient(network string, src netip.AddrPort) (Client, bool)
 		return Client{}, false
 	}
 	var c egressDnsClient
-	if err := e.objs.EgressDnsClients.Lookup(egressDnsClientKey{Port: src.Port(), Proto: proto}, &c); err != nil {
+	if err := e.objs.EgressDnsClientsNs.Lookup(egressDnsClientKey{Netns: netns, Port: src.Port(), Proto: proto}, &c); err != nil {
 		return Client{}, false
 	}
 	if local := wordsToAddr(c.LocalAddr); local.IsValid() && !local.IsUnspecified() && local.Unmap() != src.Addr().Unmap() {

@@ -10,6 +10,8 @@
 // The proxy learns which sandbox asked from the client's source port, which
 // the kernel side records (see Egress.LookupClient); after an allowed answer
 // it calls Egress.Admit with the answer's addresses, TTL and port spans.
+// Sockets in another network namespace than the agent's are sent to the
+// listeners the agent opened in theirs (netns.go, internal/nslisten).
 package egress
 
 import (
@@ -21,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -43,12 +46,11 @@ const (
 	MaxAllowEntries = 65536
 	// MaxRangesPerPrefix bounds the port ranges one CIDR can carry after
 	// rules with overlapping prefixes are merged.
-	MaxRangesPerPrefix = egressrules.MaxRangesPerPrefix
 )
 
 // egressrules' count must be the kernel's: a constant overflow fails the
 // build when they differ.
-const _ = uint(len(egressCidrVal{}.R)-MaxRangesPerPrefix) + uint(MaxRangesPerPrefix-len(egressCidrVal{}.R))
+const _ = uint(len(egressCidrVal{}.R)-egressrules.MaxRangesPerPrefix) + uint(egressrules.MaxRangesPerPrefix-len(egressCidrVal{}.R))
 
 // Flags of struct net_config (EGRESS_F_* in bpf/egress.c).
 const (
@@ -89,6 +91,11 @@ type Egress struct {
 	sandboxes map[uint32]*sandboxState
 	total     int // entries in egress_admit
 	links     map[uint64][]link.Link
+	// home is the agent's netns cookie (0: unknown, every socket is
+	// treated as the agent's); netns.go.
+	home uint64
+	// onNetns is called on each ReasonNetns refusal (OnNetnsRefused).
+	onNetns atomic.Pointer[func()]
 }
 
 // sandboxState mirrors what the kernel holds for one sandbox.
@@ -204,11 +211,18 @@ func Load(eng *enforce.Engine, opts Options) (*Egress, error) {
 		e.objs.Close()
 		return nil, fmt.Errorf("load egress: %w", err)
 	}
-	// An older agent's answered addresses, without port spans: no
-	// program reads them any more.
-	if err := os.Remove(filepath.Join(enforce.MapPinDir(e.pinDir), "egress_allow")); err != nil && !errors.Is(err, os.ErrNotExist) {
+	// An older agent's answered addresses, without port spans, and its
+	// client records keyed by source port alone: no program reads them
+	// any more.
+	for _, old := range []string{"egress_allow", "egress_dns_clients", "egress_relay_conns"} {
+		if err := os.Remove(filepath.Join(enforce.MapPinDir(e.pinDir), old)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			e.objs.Close()
+			return nil, fmt.Errorf("load egress: remove the old map %s: %w", old, err)
+		}
+	}
+	if err := e.setHome(); err != nil {
 		e.objs.Close()
-		return nil, fmt.Errorf("load egress: remove the old answered-address map: %w", err)
+		return nil, fmt.Errorf("load egress: %w", err)
 	}
 	return e, nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/egress/dnsbind"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
 func TestMain(m *testing.M) {
@@ -60,6 +61,9 @@ type fixture struct {
 	kernelEvents                    *eventLog
 	// onAnswer, when set, also sees every answer the proxy admits.
 	onAnswer atomic.Pointer[func(dnsproxy.Answer)]
+	// netnsOf, when set, tells the namespace of a listener in another
+	// network namespace (ownnetns_test.go).
+	netnsOf atomic.Pointer[func(netip.AddrPort) uint64]
 }
 
 type eventLog struct {
@@ -118,8 +122,13 @@ func setup(t testing.TB) *fixture {
 		Listeners: []dnsproxy.Listener{{Addr: "127.0.0.1:0"}, {Addr: "[::1]:0"}},
 		Upstreams: []string{netip.AddrPortFrom(f.net.dnsSrv, 53).String()},
 		Policy:    pol,
-		Sandboxes: dnsbind.Resolver{Egress: f.eg, Directory: dir},
-		Events:    f.dnsEvents,
+		Sandboxes: dnsbind.Resolver{Egress: f.eg, Directory: dir, Netns: func(local netip.AddrPort) uint64 {
+			if h := f.netnsOf.Load(); h != nil {
+				return (*h)(local)
+			}
+			return 0
+		}},
+		Events: f.dnsEvents,
 		OnAnswer: func(a dnsproxy.Answer) {
 			f.admit.OnAnswer(a)
 			if h := f.onAnswer.Load(); h != nil {
@@ -154,7 +163,7 @@ func setup(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	for _, id := range []uint32{sandboxID, recordID} {
-		if err := f.eg.SetSandbox(id, egress.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6}); err != nil {
+		if err := f.eg.SetSandbox(id, egressrules.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -63,8 +63,10 @@ type egressDnsClient struct {
 
 type egressDnsClientKey struct {
 	_     structs.HostLayout
+	Netns uint64
 	Port  uint16
 	Proto uint16
+	Pad   uint32
 }
 
 type egressDnsOrig struct {
@@ -129,6 +131,14 @@ type egressNetEvent struct {
 	_        [4]byte
 }
 
+type egressNetnsPorts struct {
+	_      structs.HostLayout
+	Dns4   uint16
+	Dns6   uint16
+	Relay4 uint16
+	Relay6 uint16
+}
+
 type egressPortRange struct {
 	_      structs.HostLayout
 	Lo     uint16
@@ -164,7 +174,15 @@ type egressRelayConn struct {
 	Addr      [4]uint32
 	Port      uint16
 	Family    uint16
-	_         [4]byte
+	RelayPort uint16
+	Pad       uint16
+}
+
+type egressRelayConnKey struct {
+	_     structs.HostLayout
+	Netns uint64
+	Port  uint32
+	Pad   uint32
 }
 
 type egressSandbox struct {
@@ -198,11 +216,13 @@ const (
 	egressMapEgressCidr          = "egress_cidr"
 	egressMapEgressConfigs       = "egress_configs"
 	egressMapEgressCounters      = "egress_counters"
-	egressMapEgressDnsClients    = "egress_dns_clients"
+	egressMapEgressDnsClientsNs  = "egress_dns_clients_ns"
 	egressMapEgressDnsOrig       = "egress_dns_orig"
 	egressMapEgressEphemeral     = "egress_ephemeral"
+	egressMapEgressHome          = "egress_home"
+	egressMapEgressNetns         = "egress_netns"
 	egressMapEgressRelayCfg      = "egress_relay_cfg"
-	egressMapEgressRelayConns    = "egress_relay_conns"
+	egressMapEgressRelayConnsNs  = "egress_relay_conns_ns"
 	egressMapEgressUnix          = "egress_unix"
 	egressMapMembershipCache     = "membership_cache"
 	egressMapRingbufDrops        = "ringbuf_drops"
@@ -230,9 +250,11 @@ const (
 	egressVarUnusedEgressConfig  = "unused_egress_config"
 	egressVarUnusedEventHdr      = "unused_event_hdr"
 	egressVarUnusedNetEvent      = "unused_net_event"
+	egressVarUnusedNetnsPorts    = "unused_netns_ports"
 	egressVarUnusedPortSpan      = "unused_port_span"
 	egressVarUnusedRelayConfig   = "unused_relay_config"
 	egressVarUnusedRelayConn     = "unused_relay_conn"
+	egressVarUnusedRelayConnKey  = "unused_relay_conn_key"
 	egressVarUnusedSandbox       = "unused_sandbox"
 	egressVarUnusedUnixEvent     = "unused_unix_event"
 	egressVarUnusedUnixKey       = "unused_unix_key"
@@ -296,24 +318,26 @@ type egressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressMapSpecs struct {
-	AgentTgid        *ebpf.MapSpec `ebpf:"agent_tgid"`
-	AlertEvents      *ebpf.MapSpec `ebpf:"alert_events"`
-	CgListenSocks    *ebpf.MapSpec `ebpf:"cg_listen_socks"`
-	EgressAdmit      *ebpf.MapSpec `ebpf:"egress_admit"`
-	EgressCidr       *ebpf.MapSpec `ebpf:"egress_cidr"`
-	EgressConfigs    *ebpf.MapSpec `ebpf:"egress_configs"`
-	EgressCounters   *ebpf.MapSpec `ebpf:"egress_counters"`
-	EgressDnsClients *ebpf.MapSpec `ebpf:"egress_dns_clients"`
-	EgressDnsOrig    *ebpf.MapSpec `ebpf:"egress_dns_orig"`
-	EgressEphemeral  *ebpf.MapSpec `ebpf:"egress_ephemeral"`
-	EgressRelayCfg   *ebpf.MapSpec `ebpf:"egress_relay_cfg"`
-	EgressRelayConns *ebpf.MapSpec `ebpf:"egress_relay_conns"`
-	EgressUnix       *ebpf.MapSpec `ebpf:"egress_unix"`
-	MembershipCache  *ebpf.MapSpec `ebpf:"membership_cache"`
-	RingbufDrops     *ebpf.MapSpec `ebpf:"ringbuf_drops"`
-	RoutineEvents    *ebpf.MapSpec `ebpf:"routine_events"`
-	SandboxGen       *ebpf.MapSpec `ebpf:"sandbox_gen"`
-	Sandboxes        *ebpf.MapSpec `ebpf:"sandboxes"`
+	AgentTgid          *ebpf.MapSpec `ebpf:"agent_tgid"`
+	AlertEvents        *ebpf.MapSpec `ebpf:"alert_events"`
+	CgListenSocks      *ebpf.MapSpec `ebpf:"cg_listen_socks"`
+	EgressAdmit        *ebpf.MapSpec `ebpf:"egress_admit"`
+	EgressCidr         *ebpf.MapSpec `ebpf:"egress_cidr"`
+	EgressConfigs      *ebpf.MapSpec `ebpf:"egress_configs"`
+	EgressCounters     *ebpf.MapSpec `ebpf:"egress_counters"`
+	EgressDnsClientsNs *ebpf.MapSpec `ebpf:"egress_dns_clients_ns"`
+	EgressDnsOrig      *ebpf.MapSpec `ebpf:"egress_dns_orig"`
+	EgressEphemeral    *ebpf.MapSpec `ebpf:"egress_ephemeral"`
+	EgressHome         *ebpf.MapSpec `ebpf:"egress_home"`
+	EgressNetns        *ebpf.MapSpec `ebpf:"egress_netns"`
+	EgressRelayCfg     *ebpf.MapSpec `ebpf:"egress_relay_cfg"`
+	EgressRelayConnsNs *ebpf.MapSpec `ebpf:"egress_relay_conns_ns"`
+	EgressUnix         *ebpf.MapSpec `ebpf:"egress_unix"`
+	MembershipCache    *ebpf.MapSpec `ebpf:"membership_cache"`
+	RingbufDrops       *ebpf.MapSpec `ebpf:"ringbuf_drops"`
+	RoutineEvents      *ebpf.MapSpec `ebpf:"routine_events"`
+	SandboxGen         *ebpf.MapSpec `ebpf:"sandbox_gen"`
+	Sandboxes          *ebpf.MapSpec `ebpf:"sandboxes"`
 }
 
 // egressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -331,9 +355,11 @@ type egressVariableSpecs struct {
 	UnusedEgressConfig *ebpf.VariableSpec `ebpf:"unused_egress_config"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
 	UnusedNetEvent     *ebpf.VariableSpec `ebpf:"unused_net_event"`
+	UnusedNetnsPorts   *ebpf.VariableSpec `ebpf:"unused_netns_ports"`
 	UnusedPortSpan     *ebpf.VariableSpec `ebpf:"unused_port_span"`
 	UnusedRelayConfig  *ebpf.VariableSpec `ebpf:"unused_relay_config"`
 	UnusedRelayConn    *ebpf.VariableSpec `ebpf:"unused_relay_conn"`
+	UnusedRelayConnKey *ebpf.VariableSpec `ebpf:"unused_relay_conn_key"`
 	UnusedSandbox      *ebpf.VariableSpec `ebpf:"unused_sandbox"`
 	UnusedUnixEvent    *ebpf.VariableSpec `ebpf:"unused_unix_event"`
 	UnusedUnixKey      *ebpf.VariableSpec `ebpf:"unused_unix_key"`
@@ -359,24 +385,26 @@ func (o *egressObjects) Close() error {
 //
 // It can be passed to loadEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressMaps struct {
-	AgentTgid        *ebpf.Map `ebpf:"agent_tgid"`
-	AlertEvents      *ebpf.Map `ebpf:"alert_events"`
-	CgListenSocks    *ebpf.Map `ebpf:"cg_listen_socks"`
-	EgressAdmit      *ebpf.Map `ebpf:"egress_admit"`
-	EgressCidr       *ebpf.Map `ebpf:"egress_cidr"`
-	EgressConfigs    *ebpf.Map `ebpf:"egress_configs"`
-	EgressCounters   *ebpf.Map `ebpf:"egress_counters"`
-	EgressDnsClients *ebpf.Map `ebpf:"egress_dns_clients"`
-	EgressDnsOrig    *ebpf.Map `ebpf:"egress_dns_orig"`
-	EgressEphemeral  *ebpf.Map `ebpf:"egress_ephemeral"`
-	EgressRelayCfg   *ebpf.Map `ebpf:"egress_relay_cfg"`
-	EgressRelayConns *ebpf.Map `ebpf:"egress_relay_conns"`
-	EgressUnix       *ebpf.Map `ebpf:"egress_unix"`
-	MembershipCache  *ebpf.Map `ebpf:"membership_cache"`
-	RingbufDrops     *ebpf.Map `ebpf:"ringbuf_drops"`
-	RoutineEvents    *ebpf.Map `ebpf:"routine_events"`
-	SandboxGen       *ebpf.Map `ebpf:"sandbox_gen"`
-	Sandboxes        *ebpf.Map `ebpf:"sandboxes"`
+	AgentTgid          *ebpf.Map `ebpf:"agent_tgid"`
+	AlertEvents        *ebpf.Map `ebpf:"alert_events"`
+	CgListenSocks      *ebpf.Map `ebpf:"cg_listen_socks"`
+	EgressAdmit        *ebpf.Map `ebpf:"egress_admit"`
+	EgressCidr         *ebpf.Map `ebpf:"egress_cidr"`
+	EgressConfigs      *ebpf.Map `ebpf:"egress_configs"`
+	EgressCounters     *ebpf.Map `ebpf:"egress_counters"`
+	EgressDnsClientsNs *ebpf.Map `ebpf:"egress_dns_clients_ns"`
+	EgressDnsOrig      *ebpf.Map `ebpf:"egress_dns_orig"`
+	EgressEphemeral    *ebpf.Map `ebpf:"egress_ephemeral"`
+	EgressHome         *ebpf.Map `ebpf:"egress_home"`
+	EgressNetns        *ebpf.Map `ebpf:"egress_netns"`
+	EgressRelayCfg     *ebpf.Map `ebpf:"egress_relay_cfg"`
+	EgressRelayConnsNs *ebpf.Map `ebpf:"egress_relay_conns_ns"`
+	EgressUnix         *ebpf.Map `ebpf:"egress_unix"`
+	MembershipCache    *ebpf.Map `ebpf:"membership_cache"`
+	RingbufDrops       *ebpf.Map `ebpf:"ringbuf_drops"`
+	RoutineEvents      *ebpf.Map `ebpf:"routine_events"`
+	SandboxGen         *ebpf.Map `ebpf:"sandbox_gen"`
+	Sandboxes          *ebpf.Map `ebpf:"sandboxes"`
 }
 
 func (m *egressMaps) Close() error {
@@ -388,11 +416,13 @@ func (m *egressMaps) Close() error {
 		m.EgressCidr,
 		m.EgressConfigs,
 		m.EgressCounters,
-		m.EgressDnsClients,
+		m.EgressDnsClientsNs,
 		m.EgressDnsOrig,
 		m.EgressEphemeral,
+		m.EgressHome,
+		m.EgressNetns,
 		m.EgressRelayCfg,
-		m.EgressRelayConns,
+		m.EgressRelayConnsNs,
 		m.EgressUnix,
 		m.MembershipCache,
 		m.RingbufDrops,
@@ -417,9 +447,11 @@ type egressVariables struct {
 	UnusedEgressConfig *ebpf.Variable `ebpf:"unused_egress_config"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
 	UnusedNetEvent     *ebpf.Variable `ebpf:"unused_net_event"`
+	UnusedNetnsPorts   *ebpf.Variable `ebpf:"unused_netns_ports"`
 	UnusedPortSpan     *ebpf.Variable `ebpf:"unused_port_span"`
 	UnusedRelayConfig  *ebpf.Variable `ebpf:"unused_relay_config"`
 	UnusedRelayConn    *ebpf.Variable `ebpf:"unused_relay_conn"`
+	UnusedRelayConnKey *ebpf.Variable `ebpf:"unused_relay_conn_key"`
 	UnusedSandbox      *ebpf.Variable `ebpf:"unused_sandbox"`
 	UnusedUnixEvent    *ebpf.Variable `ebpf:"unused_unix_event"`
 	UnusedUnixKey      *ebpf.Variable `ebpf:"unused_unix_key"`

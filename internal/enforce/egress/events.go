@@ -11,7 +11,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
-	"github.com/watcherhq/watcher/internal/enforce/cgroupbpf"
+	"github.com/watcherhq/watcher/internal/enforce/rules/cgrouprules"
 )
 
 // NetEvent is a refused (or recorded) connection or datagram, struct
@@ -56,7 +56,7 @@ var ops = map[uint8]string{1: "connect", 2: "sendmsg"}
 
 // Register registers the decoder of the egress programs' events.
 func Register(r *enforce.Reader) {
-	r.Register(enforce.EvNet, audit.KindNet, cgroupbpf.Mechanism, decodeNet)
+	r.Register(enforce.EvNet, audit.KindNet, cgrouprules.Mechanism, decodeNet)
 }
 
 func decodeNet(raw []byte, ev *audit.Event) error {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/dnsproxy"
-	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
 // testRebinding: an allowed name whose answer is a local address (the
@@ -79,9 +79,9 @@ func testRebinding(t *testing.T, f *fixture) {
 	if _, err := f.eng.AddSandbox(cg, localID, 0); err != nil {
 		t.Fatal(err)
 	}
-	svcPorts := egress.PortRange{Lo: loopSvc.Port(), Hi: loopSvc.Port()}
-	if err := f.eg.SetSandbox(localID, egress.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6, Rules: []egress.Rule{
-		{ID: 7, Prefix: netip.MustParsePrefix("127.0.0.0/8"), Ports: svcPorts, Protocol: egress.ProtoTCP},
+	svcPorts := egressrules.PortRange{Lo: loopSvc.Port(), Hi: loopSvc.Port()}
+	if err := f.eg.SetSandbox(localID, egressrules.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6, Rules: []egressrules.Rule{
+		{ID: 7, Prefix: netip.MustParsePrefix("127.0.0.0/8"), Ports: svcPorts, Protocol: egressrules.ProtoTCP},
 	}}); err != nil {
 		t.Fatal(err)
 	}

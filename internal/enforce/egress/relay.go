@@ -29,7 +29,7 @@ const (
 )
 
 func init() {
-	reasons[ReasonRelayNone] = "name binding on, but no relay listens for this address family"
+	reasons[ReasonRelayNone] = "name binding on, but no relay listens for this address family or network namespace"
 	reasons[ReasonQUIC] = "QUIC (UDP 443) to an answered address: the name inside cannot be judged; clients fall back to TCP"
 }
 
@@ -102,8 +102,14 @@ type Relayed struct {
 // was going. The record is keyed by src's port; a record older than
 // maxAge is ignored (a port reused by a process outside any sandbox).
 func (e *Egress) LookupRelayed(src netip.AddrPort, maxAge time.Duration) (Relayed, bool) {
+	return e.LookupRelayedIn(e.home, src, maxAge)
+}
+
+// LookupRelayedIn is LookupRelayed for a connection accepted by a listener
+// in the network namespace whose cookie is netns.
+func (e *Egress) LookupRelayedIn(netns uint64, src netip.AddrPort, maxAge time.Duration) (Relayed, bool) {
 	var c egressRelayConn
-	if err := e.objs.EgressRelayConns.Lookup(uint32(src.Port()), &c); err != nil {
+	if err := e.objs.EgressRelayConnsNs.Lookup(egressRelayConnKey{Netns: netns, Port: uint32(src.Port())}, &c); err != nil {
 		return Relayed{}, false
 	}
 	age := time.Duration(bootNanos() - c.TsNs)

@@ -30,6 +30,7 @@ import (
 	"github.com/watcherhq/watcher/internal/dnsproxy"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 	"github.com/watcherhq/watcher/internal/namerelay"
 )
 
@@ -182,10 +183,10 @@ func setupRelay(t testing.TB) *relayFixture {
 	// The CDN also serves plain HTTP on 8080, TLS on 8443 and a
 	// server-first protocol on 2223: open them as egress.name_ports would
 	// (answers admit TCP 80 and 443 only by default).
-	open := []egress.PortSpan{{Lo: 80, Hi: 80, Protocol: egress.ProtoTCP}, {Lo: 443, Hi: 443, Protocol: egress.ProtoTCP},
-		{Lo: 8080, Hi: 8080, Protocol: egress.ProtoTCP}, {Lo: 8443, Hi: 8443, Protocol: egress.ProtoTCP},
-		{Lo: 2223, Hi: 2223, Protocol: egress.ProtoTCP}}
-	f.admit.Scopes = func(string) *egress.Scope { return &egress.Scope{Default: open} }
+	open := []egressrules.PortSpan{{Lo: 80, Hi: 80, Protocol: egressrules.ProtoTCP}, {Lo: 443, Hi: 443, Protocol: egressrules.ProtoTCP},
+		{Lo: 8080, Hi: 8080, Protocol: egressrules.ProtoTCP}, {Lo: 8443, Hi: 8443, Protocol: egressrules.ProtoTCP},
+		{Lo: 2223, Hi: 2223, Protocol: egressrules.ProtoTCP}}
+	f.admit.Scopes = func(string) *egressrules.Scope { return &egressrules.Scope{Default: open} }
 	hook := func(a dnsproxy.Answer) {
 		if id, ok := f.dir.ID(a.Sandbox); ok {
 			rf.answers.Record(id, a.Name, a.Addrs, time.Duration(a.TTL)*time.Second)

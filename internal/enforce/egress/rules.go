@@ -11,39 +11,12 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
-// Rule types, in egressrules so the planner needs no BPF.
-type (
-	Protocol      = egressrules.Protocol
-	PortRange     = egressrules.PortRange
-	Rule          = egressrules.Rule
-	SandboxConfig = egressrules.SandboxConfig
-	PortSpan      = egressrules.PortSpan
-	Scope         = egressrules.Scope
-	NameSpans     = egressrules.NameSpans
-)
-
-// Protocols.
-const (
-	ProtoAny = egressrules.ProtoAny
-	ProtoTCP = egressrules.ProtoTCP
-	ProtoUDP = egressrules.ProtoUDP
-)
-
-// DefaultAdmissionCap is egressrules.DefaultAdmissionCap.
-const DefaultAdmissionCap = egressrules.DefaultAdmissionCap
-
-// WebPorts and AllPorts are egressrules'.
-var (
-	WebPorts = egressrules.WebPorts
-	AllPorts = egressrules.AllPorts
-)
-
 // protoBits are the protocol bits of struct port_range for p.
-func protoBits(p Protocol) uint32 {
+func protoBits(p egressrules.Protocol) uint32 {
 	switch p {
-	case ProtoTCP:
+	case egressrules.ProtoTCP:
 		return protoBitTCP
-	case ProtoUDP:
+	case egressrules.ProtoUDP:
 		return protoBitUDP
 	}
 	return protoBitTCP | protoBitUDP
@@ -52,7 +25,7 @@ func protoBits(p Protocol) uint32 {
 // SetSandbox sets the egress configuration of sandbox id (the id of the
 // shared sandboxes map). New CIDR entries are in force before stale ones are
 // removed.
-func (e *Egress) SetSandbox(id uint32, cfg SandboxConfig) error {
+func (e *Egress) SetSandbox(id uint32, cfg egressrules.SandboxConfig) error {
 	if id == 0 {
 		return errors.New("set egress sandbox: id must be > 0")
 	}
@@ -157,10 +130,10 @@ func (e *Egress) RemoveSandbox(id uint32) error {
 // cidrEntries turns rules into LPM trie entries. A lookup finds only the
 // longest matching prefix, so each prefix carries the ranges of every rule
 // whose prefix contains it.
-func cidrEntries(id uint32, rules []Rule) (map[egressCidrKey]egressCidrVal, error) {
+func cidrEntries(id uint32, rules []egressrules.Rule) (map[egressCidrKey]egressCidrVal, error) {
 	type norm struct {
 		p    netip.Prefix // IPv4 as IPv4-mapped, bits counted in the 128-bit form
-		rule Rule
+		rule egressrules.Rule
 	}
 	var ns []norm
 	for _, r := range rules {
@@ -188,8 +161,8 @@ func cidrEntries(id uint32, rules []Rule) (map[egressCidrKey]egressCidrVal, erro
 			if m.p.Bits() > n.p.Bits() || !m.p.Contains(n.p.Addr()) {
 				continue
 			}
-			if v.N == MaxRangesPerPrefix {
-				return nil, fmt.Errorf("prefix %s: more than %d port ranges apply", n.rule.Prefix, MaxRangesPerPrefix)
+			if v.N == egressrules.MaxRangesPerPrefix {
+				return nil, fmt.Errorf("prefix %s: more than %d port ranges apply", n.rule.Prefix, egressrules.MaxRangesPerPrefix)
 			}
 			lo, hi := m.rule.Ports.Bounds()
 			v.R[v.N] = egressPortRange{Lo: lo, Hi: hi, Protos: protoBits(m.rule.Protocol), RuleId: m.rule.ID}

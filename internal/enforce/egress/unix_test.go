@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/watcherhq/watcher/internal/audit"
-	"github.com/watcherhq/watcher/internal/enforce/egress"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
 // TestUnixSocketsAndResolverPorts: a sandbox whose egress is not allow
@@ -67,7 +67,7 @@ func TestUnixSocketsAndResolverPorts(t *testing.T) {
 	if _, err := f.eng.AddSandbox(cg, id, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.eg.SetSandbox(id, egress.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6,
+	if err := f.eg.SetSandbox(id, egressrules.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6,
 		ResolverPorts: true, RestrictUnix: true, UnixPaths: []string{ws + "/"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestUnixSocketsAndResolverPorts(t *testing.T) {
 	}
 
 	// A record-only sandbox reaches the broker, and the connect is recorded.
-	if err := f.eg.SetSandbox(recordID, egress.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6, RecordOnly: true,
+	if err := f.eg.SetSandbox(recordID, egressrules.SandboxConfig{Proxy4: f.proxy4, Proxy6: f.proxy6, RecordOnly: true,
 		RestrictUnix: true, UnixPaths: []string{ws + "/"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
@@ -44,19 +45,19 @@ func TestBenchVM(t *testing.T) {
 	}
 	// A realistic rule set: credentials, write-protected system
 	// directories, exec refused from /tmp, the dangerous operations.
-	ops := map[Op]Decision{}
-	for op := OpPtraceAttach; op < opMax; op++ {
-		ops[op] = Decision{Action: enforce.ActionBlock, RuleID: uint32(op)}
+	ops := map[lsmrules.Op]lsmrules.Decision{}
+	for op := lsmrules.OpPtraceAttach; op < opMax; op++ {
+		ops[op] = lsmrules.Decision{Action: enforce.ActionBlock, RuleID: uint32(op)}
 	}
-	must(t, l.SetRules(7, Rules{
+	must(t, l.SetRules(7, lsmrules.Rules{
 		Ops: ops,
-		Paths: []PathRule{
-			{Path: "/etc/shadow", Decision: Decision{Action: enforce.ActionBlock, RuleID: 100}},
-			{Path: "/etc/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 101}},
-			{Path: "/usr/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 102}},
-			{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 103}},
+		Paths: []lsmrules.PathRule{
+			{Path: "/etc/shadow", Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 100}},
+			{Path: "/etc/", Prefix: true, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 101}},
+			{Path: "/usr/", Prefix: true, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 102}},
+			{Path: "/proc/sys/", Prefix: true, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 103}},
 		},
-		Exec: []ExecRule{{Path: "/tmp/", Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: 104}}},
+		Exec: []lsmrules.ExecRule{{Path: "/tmp/", Prefix: true, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 104}}},
 	}))
 	for r := 0; r < rounds; r++ {
 		measure("outside", "")

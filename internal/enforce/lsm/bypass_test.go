@@ -14,6 +14,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // bypassOps are the ways to reach target's contents that must all arrive
@@ -59,10 +60,10 @@ func TestFileOpenBypassesRefused(t *testing.T) {
 	dir := t.TempDir()
 	secret := filepath.Join(dir, "secret")
 	must(t, os.WriteFile(secret, []byte("s3cret\n"), 0o600))
-	paths := []PathRule{{Path: secret, Decision: Decision{Action: enforce.ActionBlock, RuleID: 301}}}
+	paths := []lsmrules.PathRule{{Path: secret, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 301}}}
 	ops, want := bypassOps(t, dir, "standin", secret)
 	if _, err := os.Stat("/etc/shadow"); err == nil {
-		paths = append(paths, PathRule{Path: "/etc/shadow", Decision: Decision{Action: enforce.ActionBlock, RuleID: 302}})
+		paths = append(paths, lsmrules.PathRule{Path: "/etc/shadow", Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 302}})
 		o, w := bypassOps(t, dir, "shadow", "/etc/shadow")
 		ops = append(ops, o...)
 		for k, v := range w {
@@ -71,7 +72,7 @@ func TestFileOpenBypassesRefused(t *testing.T) {
 	} else {
 		t.Logf("no /etc/shadow here (%v): the stand-in carries the test", err)
 	}
-	sb := newSandbox(t, eng, l, 0, Rules{Paths: paths})
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{Paths: paths})
 
 	for _, run := range []struct {
 		where string
@@ -122,13 +123,13 @@ func TestRecordModeAllowsAndReports(t *testing.T) {
 	blocked := filepath.Join(dir, "blocked")
 	must(t, os.WriteFile(recorded, nil, 0o600))
 	must(t, os.WriteFile(blocked, nil, 0o600))
-	rules := Rules{
-		Paths: []PathRule{
-			{Path: recorded, Decision: Decision{Action: enforce.ActionRecord, RuleID: 401}},
-			{Path: blocked, Decision: Decision{Action: enforce.ActionBlock, RuleID: 402}},
+	rules := lsmrules.Rules{
+		Paths: []lsmrules.PathRule{
+			{Path: recorded, Decision: lsmrules.Decision{Action: enforce.ActionRecord, RuleID: 401}},
+			{Path: blocked, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 402}},
 		},
-		Ops:  map[Op]Decision{OpBPF: {Action: enforce.ActionRecord, RuleID: 403}},
-		Caps: []CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: Decision{Action: enforce.ActionRecord, RuleID: 404}}},
+		Ops:  map[lsmrules.Op]lsmrules.Decision{lsmrules.OpBPF: {Action: enforce.ActionRecord, RuleID: 403}},
+		Caps: []lsmrules.CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: lsmrules.Decision{Action: enforce.ActionRecord, RuleID: 404}}},
 	}
 	ops := []opSpec{
 		{Name: "recorded", Kind: "open", Path: recorded},
@@ -222,7 +223,7 @@ func TestPinnedLinksOutliveTheLoader(t *testing.T) {
 	if _, err := eng.AddSandbox(cg, 77, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.SetRules(77, Rules{Paths: []PathRule{{Path: secret, Decision: Decision{Action: enforce.ActionBlock, RuleID: 1}}}}); err != nil {
+	if err := l.SetRules(77, lsmrules.Rules{Paths: []lsmrules.PathRule{{Path: secret, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Close(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // changeTree is the fixture of TestChangesJudgedByWriteRules: prot/ is
@@ -60,16 +61,16 @@ func TestChangesJudgedByWriteRules(t *testing.T) {
 	ct := newChangeTree(t, dir)
 	outside := enforcetest.Cgroup(t, "outside")
 	agent := os.Getpid()
-	rid := func(op Op) uint32 { return 400 + uint32(op) }
-	ops := map[Op]Decision{}
-	for _, op := range []Op{OpCloneIntoCgroup, OpPerfEvent, OpUserNS, OpKeyring, OpUserfaultfd, OpIOUring, OpAgentSignal} {
-		ops[op] = Decision{Action: enforce.ActionBlock, RuleID: rid(op)}
+	rid := func(op lsmrules.Op) uint32 { return 400 + uint32(op) }
+	ops := map[lsmrules.Op]lsmrules.Decision{}
+	for _, op := range []lsmrules.Op{lsmrules.OpCloneIntoCgroup, lsmrules.OpPerfEvent, lsmrules.OpUserNS, lsmrules.OpKeyring, lsmrules.OpUserfaultfd, lsmrules.OpIOUring, lsmrules.OpAgentSignal} {
+		ops[op] = lsmrules.Decision{Action: enforce.ActionBlock, RuleID: rid(op)}
 	}
-	sb := newSandbox(t, eng, l, 0, Rules{
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{
 		Ops: ops,
-		Paths: []PathRule{
-			{Path: ct.prot + "/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 301}},
-			{Path: ct.secret + "/", Prefix: true, Access: AccessRead, Decision: Decision{Action: enforce.ActionBlock, RuleID: 302}},
+		Paths: []lsmrules.PathRule{
+			{Path: ct.prot + "/", Prefix: true, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 301}},
+			{Path: ct.secret + "/", Prefix: true, Access: lsmrules.AccessRead, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 302}},
 		},
 	})
 	p := func(rel string) string { return filepath.Join(dir, rel) }

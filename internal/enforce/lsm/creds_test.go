@@ -12,6 +12,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // doCredOp runs the operations of TestCapabilityUnderSubstitutedCreds.
@@ -73,9 +74,9 @@ func TestCapabilityUnderSubstitutedCreds(t *testing.T) {
 	must(t, os.WriteFile(plain, nil, 0o644))
 
 	const capRule = 301
-	sb := newSandbox(t, eng, l, 0, Rules{
-		Ops:  map[Op]Decision{OpIOUring: {Action: enforce.ActionBlock, RuleID: 302}},
-		Caps: []CapRule{{Cap: unix.CAP_SYS_ADMIN, Decision: Decision{Action: enforce.ActionBlock, RuleID: capRule}}},
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{
+		Ops:  map[lsmrules.Op]lsmrules.Decision{lsmrules.OpIOUring: {Action: enforce.ActionBlock, RuleID: 302}},
+		Caps: []lsmrules.CapRule{{Cap: unix.CAP_SYS_ADMIN, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: capRule}}},
 	})
 	// The first lookups of the merged tree happen in the sandbox, so
 	// overlayfs reads the opaque flag for the sandboxed task.

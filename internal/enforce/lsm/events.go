@@ -6,11 +6,12 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // Mechanism names this group's BPF LSM programs in events; fmod_ret
 // programs report MechFmodRet.
-const Mechanism = MechLSM
+const Mechanism = lsmrules.MechLSM
 
 // evFmodRet is added to an event kind by the fmod_ret programs
 // (EV_FMOD_RET in bpf/include/lsm_hook.h).
@@ -41,10 +42,10 @@ func Register(r *enforce.Reader) {
 		{enforce.EvLSMSocket, audit.KindSocket, decodeSock},
 		{enforce.EvLSMUnix, audit.KindNet, decodeSock},
 	} {
-		r.Register(k.kind, k.ak, MechLSM, k.dec)
-		r.Register(k.kind+evFmodRet, k.ak, MechFmodRet, k.dec)
+		r.Register(k.kind, k.ak, lsmrules.MechLSM, k.dec)
+		r.Register(k.kind+evFmodRet, k.ak, lsmrules.MechFmodRet, k.dec)
 	}
-	r.Register(enforce.EvOperation+evFentry, audit.KindOperation, MechFentry, decodeTask)
+	r.Register(enforce.EvOperation+evFentry, audit.KindOperation, lsmrules.MechFentry, decodeTask)
 }
 
 // cstr converts a NUL-terminated C char array (int8 in Go) to a string.
@@ -56,7 +57,7 @@ func cstr(b []int8) string {
 var matchNames = [...]string{"none", "path", "inode", "filesystem", "device", "proc_mem", "exec", "fileless exec",
 	"other_ipc", "notify_mark", "other_tty", "other_process"}
 
-// Own-subtree matches (MATCH_OTHER_IPC, MATCH_NOTIFY in bpf/lsm.c); a
+// Own-subtree matches (MATCH_OTHER_IPC, MATCH_NOTIFY in bpf/include/lsm_rules.h); a
 // notify event's flags are the mark's object type.
 const (
 	matchOtherIPC = 8
@@ -96,15 +97,15 @@ func decodeFile(raw []byte, ev *audit.Event) error {
 	ev.Message = "matched by " + match + " rule"
 	switch e.Match {
 	case matchOtherIPC:
-		ev.Message = OpOtherIPC.String() + ": a POSIX message queue created outside the sandbox"
+		ev.Message = lsmrules.OpOtherIPC.String() + ": a POSIX message queue created outside the sandbox"
 	case matchOtherPID:
-		ev.Message = OpOtherTask.String() + ": the open descriptors of a process outside the sandbox (/proc/PID/fd, fdinfo)"
+		ev.Message = lsmrules.OpOtherTask.String() + ": the open descriptors of a process outside the sandbox (/proc/PID/fd, fdinfo)"
 	case matchOtherTTY:
-		ev.Message = OpTTYInject.String() + ": open of a terminal controlled by a session outside the sandbox"
+		ev.Message = lsmrules.OpTTYInject.String() + ": open of a terminal controlled by a session outside the sandbox"
 	case matchNotify:
-		ev.Message = OpNotifyMark.String() + ": a mark outside the sandbox's workspaces"
+		ev.Message = lsmrules.OpNotifyMark.String() + ": a mark outside the sandbox's workspaces"
 		if e.Flags == fsnotifyObjSB {
-			ev.Message = OpNotifyMark.String() + ": a filesystem-wide mark"
+			ev.Message = lsmrules.OpNotifyMark.String() + ": a filesystem-wide mark"
 		}
 	}
 	if e.Op != 0 && e.Match != matchNotify && e.Match != matchOtherIPC && e.Match != matchOtherTTY && e.Match != matchOtherPID {
@@ -163,7 +164,7 @@ func decodeTask(raw []byte, ev *audit.Event) error {
 	if e.Hdr.Kind&^(evFmodRet|evFentry) == enforce.EvOperation && e.Mode&syscallTag != 0 {
 		// A dangerous syscall judged in its own context (its capability,
 		// its key permission, its entry).
-		ev.Message = syscallName(e.Mode&^syscallTag) + ": " + Op(e.Op).String()
+		ev.Message = syscallName(e.Mode&^syscallTag) + ": " + lsmrules.Op(e.Op).String()
 		if e.Cap >= 0 {
 			ev.Message += " (" + CapName(int(e.Cap)) + ")"
 			t.Capability = e.Cap
@@ -186,22 +187,22 @@ func decodeTask(raw []byte, ev *audit.Event) error {
 		}
 	case enforce.EvSignal:
 		ev.Message = fmt.Sprintf("signal %d to the agent", e.Mode)
-		if Op(e.Op) == OpOtherTask {
-			ev.Message = fmt.Sprintf("%s: signal %d to pid %d (%s), outside the sandbox", OpOtherTask, e.Mode, e.TargetPid, t.Comm)
+		if lsmrules.Op(e.Op) == lsmrules.OpOtherTask {
+			ev.Message = fmt.Sprintf("%s: signal %d to pid %d (%s), outside the sandbox", lsmrules.OpOtherTask, e.Mode, e.TargetPid, t.Comm)
 		}
 	default:
-		ev.Message = Op(e.Op).String()
+		ev.Message = lsmrules.Op(e.Op).String()
 	}
-	switch Op(e.Op) {
-	case OpOtherTask:
+	switch lsmrules.Op(e.Op) {
+	case lsmrules.OpOtherTask:
 		if e.Hdr.Kind&^evFmodRet != enforce.EvSignal {
-			ev.Message = fmt.Sprintf("%s: %s pid %d (%s), outside the sandbox", OpOtherTask, otherTaskWhat(e), e.TargetPid, t.Comm)
+			ev.Message = fmt.Sprintf("%s: %s pid %d (%s), outside the sandbox", lsmrules.OpOtherTask, otherTaskWhat(e), e.TargetPid, t.Comm)
 		}
-	case OpOtherIPC:
+	case lsmrules.OpOtherIPC:
 		ev.Message = otherIPCMessage(e)
 		t.PID, t.Mode = 0, e.Mode
-	case OpTTYInject:
-		ev.Message = fmt.Sprintf("%s: ioctl %#x (TIOCSTI/TIOCLINUX)", OpTTYInject, e.Mode)
+	case lsmrules.OpTTYInject:
+		ev.Message = fmt.Sprintf("%s: ioctl %#x (TIOCSTI/TIOCLINUX)", lsmrules.OpTTYInject, e.Mode)
 	}
 	ev.Target = t
 	return nil
@@ -213,7 +214,7 @@ func decodeMount(raw []byte, ev *audit.Event) error {
 		return err
 	}
 	ev.Mount = &audit.MountDetail{
-		Op:     Op(e.Op).String(),
+		Op:     lsmrules.Op(e.Op).String(),
 		Source: cstr(e.Source[:]),
 		Target: cstr(e.Target[:]),
 		FSType: cstr(e.Fstype[:]),
@@ -234,7 +235,7 @@ func decodeModule(raw []byte, ev *audit.Event) error {
 	if int(e.Id) < len(kernelFileIDs) {
 		what = kernelFileIDs[e.Id]
 	}
-	ev.Message = Op(e.Op).String() + ": " + what
+	ev.Message = lsmrules.Op(e.Op).String() + ": " + what
 	if p := cstr(e.Path[:]); p != "" {
 		ev.File = &audit.FileDetail{Path: p}
 	}
@@ -244,7 +245,7 @@ func decodeModule(raw []byte, ev *audit.Event) error {
 // Operations of socket events (enum sock_op).
 var sockOps = [...]string{"", "sock_create", "connect", "sendmsg"}
 
-// Why a unix peer was refused (UNIX_PEER_* in bpf/lsm.c).
+// Why a unix peer was refused (UNIX_PEER_* in bpf/include/lsm_socket.h).
 var unixReasons = [...]string{"", "unix socket outside the sandbox's socket paths (judged on the socket the kernel found)",
 	"abstract unix socket (the host's namespace)"}
 
@@ -274,7 +275,7 @@ func decodeSock(raw []byte, ev *audit.Event) error {
 }
 
 // Sub-operations of other-process events outside the signal and ptrace
-// hooks (OTHER_* in bpf/lsm.c): task_event.mode is tag | detail.
+// hooks (OTHER_* in bpf/include/lsm_task.h): task_event.mode is tag | detail.
 const (
 	otherSetrlimit = 0x01000000
 	otherSetnice   = 0x02000000
@@ -315,7 +316,7 @@ func otherTaskWhat(e *lsmTaskEvent) string {
 	return fmt.Sprintf("operation %#x on", e.Mode)
 }
 
-// Other-IPC events (IPC_TAG in bpf/lsm.c): mode is tag | what << 16 |
+// Other-IPC events (IPC_TAG in bpf/include/lsm_ipc.h): mode is tag | what << 16 |
 // detail, target_pid the object's id, cap its key.
 const (
 	ipcTag      = 0x20000000
@@ -331,5 +332,5 @@ func otherIPCMessage(e *lsmTaskEvent) string {
 	case ipcWhatCtl:
 		what = fmt.Sprintf("ctl command %d", e.Mode&0xffff)
 	}
-	return fmt.Sprintf("%s: %s of System V object id %d key %#x, created outside the sandbox", OpOtherIPC, what, e.TargetPid, uint32(e.Cap))
+	return fmt.Sprintf("%s: %s of System V object id %d key %#x, created outside the sandbox", lsmrules.OpOtherIPC, what, e.TargetPid, uint32(e.Cap))
 }

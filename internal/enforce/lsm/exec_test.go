@@ -9,6 +9,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // TestExecRulesJudgeTheCodeFile: an exec rule on a directory means what a
@@ -51,9 +52,9 @@ func TestExecRulesJudgeTheCodeFile(t *testing.T) {
 	must(t, os.WriteFile(lib, make([]byte, 8192), 0o644))
 	must(t, os.WriteFile(wsLib, make([]byte, 8192), 0o644))
 
-	sb := newSandbox(t, eng, l, 0, Rules{Exec: []ExecRule{
-		{Path: noexec + "/", Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: 501}},
-	}, Ops: map[Op]Decision{OpExecFileless: {Action: enforce.ActionBlock, RuleID: 502}}})
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{Exec: []lsmrules.ExecRule{
+		{Path: noexec + "/", Prefix: true, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 501}},
+	}, Ops: map[lsmrules.Op]lsmrules.Decision{lsmrules.OpExecFileless: {Action: enforce.ActionBlock, RuleID: 502}}})
 	refused := []struct {
 		op     opSpec
 		fileOp string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // reuseInodeNumber creates files in dir until one gets inode number ino
@@ -52,8 +53,8 @@ func TestInodeEntryNamesTheFile(t *testing.T) {
 	dir := t.TempDir()
 	plain := filepath.Join(dir, "plain")
 	must(t, os.WriteFile(plain, []byte("plain\n"), 0o644))
-	sb := newSandbox(t, eng, l, 0, Rules{Paths: []PathRule{
-		{Path: filepath.Join(dir, "unrelated"), Decision: Decision{Action: enforce.ActionBlock, RuleID: 600}},
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{Paths: []lsmrules.PathRule{
+		{Path: filepath.Join(dir, "unrelated"), Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 600}},
 	}})
 	id, err := enforce.IdentifyFile(plain, true)
 	must(t, err)
@@ -111,7 +112,7 @@ func TestInodeReuseNotJudged(t *testing.T) {
 	dir := t.TempDir()
 	var sfs unix.Statfs_t
 	must(t, unix.Statfs(dir, &sfs))
-	sb := newSandbox(t, eng, l, 0, Rules{})
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{})
 	ledger := filepath.Join(dir, "ledger")
 	keyDir := filepath.Join(dir, "keys")
 	elsewhere := filepath.Join(dir, "elsewhere")
@@ -122,9 +123,9 @@ func TestInodeReuseNotJudged(t *testing.T) {
 	for _, p := range []string{seg, keep, keyFile} {
 		must(t, os.WriteFile(p, []byte("protected\n"), 0o600))
 	}
-	rules := Rules{Paths: []PathRule{
-		{Path: ledger + "/", Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: 602}},
-		{Path: keyFile, Decision: Decision{Action: enforce.ActionBlock, RuleID: 603}},
+	rules := lsmrules.Rules{Paths: []lsmrules.PathRule{
+		{Path: ledger + "/", Prefix: true, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 602}},
+		{Path: keyFile, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 603}},
 	}}
 	must(t, l.SetRules(sb.sid, rules))
 	keepLink, keyLink := filepath.Join(elsewhere, "keep-link"), filepath.Join(elsewhere, "key-link")

@@ -99,13 +99,6 @@ func hookNames(spec *ebpf.CollectionSpec) []string {
 	return out
 }
 
-// Mechanisms a hook's program can run under: lsmrules.Mech*.
-const (
-	MechLSM     = lsmrules.MechLSM
-	MechFmodRet = lsmrules.MechFmodRet
-	MechFentry  = lsmrules.MechFentry
-)
-
 // hookPrograms are the two programs of one hook in the spec.
 type hookPrograms map[string]string // mechanism -> program name
 
@@ -114,16 +107,16 @@ type hookPrograms map[string]string // mechanism -> program name
 func programsByHook(spec *ebpf.CollectionSpec) map[string]hookPrograms {
 	out := map[string]hookPrograms{}
 	for name := range spec.Programs {
-		mech, hook := MechLSM, ""
+		mech, hook := lsmrules.MechLSM, ""
 		switch {
 		case strings.HasPrefix(name, "lsm_"):
 			hook = strings.TrimPrefix(name, "lsm_")
 		case strings.HasPrefix(name, "fmod_"):
-			mech, hook = MechFmodRet, strings.TrimPrefix(name, "fmod_")
+			mech, hook = lsmrules.MechFmodRet, strings.TrimPrefix(name, "fmod_")
 		case strings.HasPrefix(name, "entry_"):
-			mech, hook = MechFentry, strings.TrimPrefix(name, "entry_")
+			mech, hook = lsmrules.MechFentry, strings.TrimPrefix(name, "entry_")
 		case strings.HasPrefix(name, "exit_"): // fexit, same family
-			mech, hook = MechFentry, strings.TrimPrefix(name, "exit_")
+			mech, hook = lsmrules.MechFentry, strings.TrimPrefix(name, "exit_")
 		default:
 			continue
 		}
@@ -149,7 +142,7 @@ func absent(kspec *btf.Spec, spec *ebpf.CollectionSpec, progs hookPrograms) bool
 	}
 	for mech, name := range progs {
 		target := spec.Programs[name].AttachTo
-		if mech == MechLSM {
+		if mech == lsmrules.MechLSM {
 			target = "bpf_lsm_" + target
 		}
 		var fn *btf.Func
@@ -168,13 +161,13 @@ func absent(kspec *btf.Spec, spec *ebpf.CollectionSpec, progs hookPrograms) bool
 func mechanismOrder() ([]string, string) {
 	lsms, err := os.ReadFile("/sys/kernel/security/lsm")
 	if err != nil {
-		return []string{MechFmodRet, MechFentry}, fmt.Sprintf("active LSM list unknown (%v): BPF LSM programs might never run", err)
+		return []string{lsmrules.MechFmodRet, lsmrules.MechFentry}, fmt.Sprintf("active LSM list unknown (%v): BPF LSM programs might never run", err)
 	}
 	list := strings.TrimSpace(string(lsms))
 	if slices.Contains(strings.Split(list, ","), "bpf") {
-		return []string{MechLSM, MechFmodRet, MechFentry}, ""
+		return []string{lsmrules.MechLSM, lsmrules.MechFmodRet, lsmrules.MechFentry}, ""
 	}
-	return []string{MechFmodRet, MechFentry}, fmt.Sprintf("`bpf` is not in the active LSM list %q", list)
+	return []string{lsmrules.MechFmodRet, lsmrules.MechFentry}, fmt.Sprintf("`bpf` is not in the active LSM list %q", list)
 }
 
 // Load loads the programs with the engine's shared maps, one per hook:
@@ -250,8 +243,8 @@ func pick(spec *ebpf.CollectionSpec, maps *ebpf.Collection, use func(hook, mech 
 	for hook, progs := range byHook {
 		if absent(kspec, spec, progs) {
 			out[hook] = ErrHookAbsent
-		} else if why != "" && progs[MechLSM] != "" {
-			errs[hook] = append(errs[hook], fmt.Errorf("%s: not tried: %s", MechLSM, why))
+		} else if why != "" && progs[lsmrules.MechLSM] != "" {
+			errs[hook] = append(errs[hook], fmt.Errorf("%s: not tried: %s", lsmrules.MechLSM, why))
 		}
 	}
 	for _, mech := range order {
@@ -399,9 +392,9 @@ func (l *LSM) attach(hook, mech string, p *ebpf.Program) error {
 
 	var lk link.Link
 	switch mech {
-	case MechFmodRet:
+	case lsmrules.MechFmodRet:
 		lk, err = link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachModifyReturn})
-	case MechFentry:
+	case lsmrules.MechFentry:
 		// fentry or fexit, as the program was loaded.
 		lk, err = link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachNone})
 	default:

@@ -21,6 +21,8 @@ import (
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
+	"github.com/watcherhq/watcher/internal/testkit/poll"
 )
 
 // The hook tests share one engine and one loaded group (loading 14
@@ -156,7 +158,7 @@ type sandboxFixture struct {
 	rootID, nestID uint64
 }
 
-func newSandbox(t *testing.T, eng *enforce.Engine, l *LSM, flags uint32, rules Rules) sandboxFixture {
+func newSandbox(t *testing.T, eng *enforce.Engine, l *LSM, flags uint32, rules lsmrules.Rules) sandboxFixture {
 	t.Helper()
 	sid := shared.nextSID.Add(1)
 	root := enforcetest.Cgroup(t, "sb")
@@ -187,26 +189,25 @@ func newSandbox(t *testing.T, eng *enforce.Engine, l *LSM, flags uint32, rules R
 // matched, so two operations cannot be proven by one event.
 func waitEvent(t *testing.T, what string, pred func(audit.Event) bool) audit.Event {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var found audit.Event
+	if !poll.Within(15*time.Second, func() bool {
 		shared.mu.Lock()
+		defer shared.mu.Unlock()
 		if shared.used == nil {
 			shared.used = map[int]bool{}
 		}
 		for i, ev := range shared.events {
 			if !shared.used[i] && pred(ev) {
 				shared.used[i] = true
-				shared.mu.Unlock()
-				return ev
+				found = ev
+				return true
 			}
 		}
-		shared.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Errorf("no event for %s", what)
-			return audit.Event{}
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Errorf("no event for %s", what)
 	}
+	return found
 }
 
 // eventsFrom returns the events of process tgid (or its children).
@@ -243,10 +244,10 @@ func TestProbeAgreesWithLoad(t *testing.T) {
 	// Every decision is built for both attach types; the fentry programs
 	// on syscall entry points (no hook) are the one kind alone.
 	for h, progs := range programsByHook(spec) {
-		if progs[MechFentry] != "" && len(progs) == 1 {
+		if progs[lsmrules.MechFentry] != "" && len(progs) == 1 {
 			continue
 		}
-		if progs[MechLSM] == "" || progs[MechFmodRet] == "" {
+		if progs[lsmrules.MechLSM] == "" || progs[lsmrules.MechFmodRet] == "" {
 			t.Errorf("hook %s has programs %v, want one per mechanism", h, progs)
 		}
 	}
@@ -334,10 +335,10 @@ func expectedMechanism(t *testing.T) string {
 	}
 	for _, n := range strings.Split(strings.TrimSpace(string(lsms)), ",") {
 		if n == "bpf" {
-			return MechLSM
+			return lsmrules.MechLSM
 		}
 	}
-	return MechFmodRet
+	return lsmrules.MechFmodRet
 }
 
 func mustSpec(t *testing.T) *ebpf.CollectionSpec {
@@ -366,8 +367,8 @@ func TestMechanismPerBoot(t *testing.T) {
 			continue
 		}
 		w := want
-		if progs := programsByHook(mustSpec(t))[h]; progs[MechFentry] != "" {
-			w = MechFentry // a syscall's entry point, not a hook
+		if progs := programsByHook(mustSpec(t))[h]; progs[lsmrules.MechFentry] != "" {
+			w = lsmrules.MechFentry // a syscall's entry point, not a hook
 		}
 		if mechs[h] != w {
 			t.Errorf("%s runs as %q, want %q", h, mechs[h], w)
@@ -378,12 +379,12 @@ func TestMechanismPerBoot(t *testing.T) {
 
 func TestSetRulesValidates(t *testing.T) {
 	_, l := setup(t)
-	bad := []Rules{
-		{Paths: []PathRule{{Path: "relative", Decision: Decision{Action: enforce.ActionBlock}}}},
-		{Paths: []PathRule{{Path: "/" + strings.Repeat("a", 260)}}},
-		{Ops: map[Op]Decision{Op(99): {Action: enforce.ActionBlock}}},
-		{Caps: []CapRule{{Cap: 64}}},
-		{Ops: map[Op]Decision{OpBPF: {Action: 9}}},
+	bad := []lsmrules.Rules{
+		{Paths: []lsmrules.PathRule{{Path: "relative", Decision: lsmrules.Decision{Action: enforce.ActionBlock}}}},
+		{Paths: []lsmrules.PathRule{{Path: "/" + strings.Repeat("a", 260)}}},
+		{Ops: map[lsmrules.Op]lsmrules.Decision{lsmrules.Op(99): {Action: enforce.ActionBlock}}},
+		{Caps: []lsmrules.CapRule{{Cap: 64}}},
+		{Ops: map[lsmrules.Op]lsmrules.Decision{lsmrules.OpBPF: {Action: 9}}},
 	}
 	for i, r := range bad {
 		if err := l.SetRules(9999, r); err == nil {
@@ -393,10 +394,10 @@ func TestSetRulesValidates(t *testing.T) {
 }
 
 func TestPathInheritance(t *testing.T) {
-	entries, err := buildPaths([]PathRule{
-		{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 1}},
-		{Path: "/proc/", Prefix: true, Access: AccessRead, Decision: Decision{Action: enforce.ActionRecord, RuleID: 2}},
-		{Path: "/proc/sys/kernel/hostname", Access: AccessRead, Decision: Decision{Action: enforce.ActionAllow, RuleID: 3}},
+	entries, err := buildPaths([]lsmrules.PathRule{
+		{Path: "/proc/sys/", Prefix: true, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 1}},
+		{Path: "/proc/", Prefix: true, Access: lsmrules.AccessRead, Decision: lsmrules.Decision{Action: enforce.ActionRecord, RuleID: 2}},
+		{Path: "/proc/sys/kernel/hostname", Access: lsmrules.AccessRead, Decision: lsmrules.Decision{Action: enforce.ActionAllow, RuleID: 3}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -452,20 +453,20 @@ func TestHooksRefuseInsideAllowOutside(t *testing.T) {
 	addr := firstMapping(t, tpid)
 	agent := os.Getpid()
 
-	rid := func(op Op) uint32 { return 100 + uint32(op) }
-	ops := map[Op]Decision{}
-	for op := OpPtraceAttach; op < opMax; op++ {
-		ops[op] = Decision{Action: enforce.ActionBlock, RuleID: rid(op)}
+	rid := func(op lsmrules.Op) uint32 { return 100 + uint32(op) }
+	ops := map[lsmrules.Op]lsmrules.Decision{}
+	for op := lsmrules.OpPtraceAttach; op < opMax; op++ {
+		ops[op] = lsmrules.Decision{Action: enforce.ActionBlock, RuleID: rid(op)}
 	}
-	sb := newSandbox(t, eng, l, 0, Rules{
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{
 		Ops: ops,
-		Paths: []PathRule{
-			{Path: secret, Decision: Decision{Action: enforce.ActionBlock, RuleID: 201}},
-			{Path: "/proc/sys/", Prefix: true, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 202}},
+		Paths: []lsmrules.PathRule{
+			{Path: secret, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 201}},
+			{Path: "/proc/sys/", Prefix: true, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 202}},
 		},
-		FS:      []FSRule{{Magic: unix.CGROUP2_SUPER_MAGIC, Access: AccessWrite, Decision: Decision{Action: enforce.ActionBlock, RuleID: 204}}},
-		Devices: []DeviceRule{{Block: true, Major: AnyDevice, Minor: AnyDevice, Decision: Decision{Action: enforce.ActionBlock, RuleID: 205}}, {Major: 1, Minor: 1, Decision: Decision{Action: enforce.ActionBlock, RuleID: 206}}},
-		Caps:    []CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: Decision{Action: enforce.ActionBlock, RuleID: 207}}},
+		FS:      []lsmrules.FSRule{{Magic: unix.CGROUP2_SUPER_MAGIC, Access: lsmrules.AccessWrite, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 204}}},
+		Devices: []lsmrules.DeviceRule{{Block: true, Major: lsmrules.AnyDevice, Minor: lsmrules.AnyDevice, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 205}}, {Major: 1, Minor: 1, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 206}}},
+		Caps:    []lsmrules.CapRule{{Cap: unix.CAP_SYS_RESOURCE, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 207}}},
 	})
 	procsFile := filepath.Join(sb.root, "cgroup.procs")
 
@@ -491,45 +492,45 @@ func TestHooksRefuseInsideAllowOutside(t *testing.T) {
 			func(ev audit.Event) bool { return ev.File != nil && ev.File.Path == blk && ev.File.Dev == 240<<20|7 }},
 		{opSpec{Name: "open_devmem", Kind: "open", Path: mem}, audit.KindFileOpen, 206, true,
 			func(ev audit.Event) bool { return ev.File != nil && ev.File.Path == mem && ev.File.Dev == 1<<20|1 }},
-		{opSpec{Name: "open_proc_self_mem", Kind: "open", Path: "/proc/self/mem"}, audit.KindFileOpen, rid(OpProcMem), true,
+		{opSpec{Name: "open_proc_self_mem", Kind: "open", Path: "/proc/self/mem"}, audit.KindFileOpen, rid(lsmrules.OpProcMem), true,
 			func(ev audit.Event) bool {
 				return ev.File != nil && strings.HasPrefix(ev.File.Path, "/proc/") && strings.HasSuffix(ev.File.Path, "/mem")
 			}},
-		{opSpec{Name: "ptrace_attach", Kind: "ptrace_seize", PID: tpid}, audit.KindPtrace, rid(OpPtraceAttach), true, targetPID(tpid)},
-		{opSpec{Name: "process_vm_readv", Kind: "process_vm_readv", PID: tpid, Num: addr}, audit.KindPtrace, rid(OpPtraceAttach), true, targetPID(tpid)},
-		{opSpec{Name: "pidfd_getfd", Kind: "pidfd_getfd", PID: tpid}, audit.KindPtrace, rid(OpPtraceAttach), true, targetPID(tpid)},
-		{opSpec{Name: "proc_environ", Kind: "open", Path: fmt.Sprintf("/proc/%d/environ", tpid)}, audit.KindPtrace, rid(OpPtraceRead), true, targetPID(tpid)},
-		{opSpec{Name: "traceme", Kind: "traceme"}, audit.KindPtrace, rid(OpPtraceTraceme), true,
+		{opSpec{Name: "ptrace_attach", Kind: "ptrace_seize", PID: tpid}, audit.KindPtrace, rid(lsmrules.OpPtraceAttach), true, targetPID(tpid)},
+		{opSpec{Name: "process_vm_readv", Kind: "process_vm_readv", PID: tpid, Num: addr}, audit.KindPtrace, rid(lsmrules.OpPtraceAttach), true, targetPID(tpid)},
+		{opSpec{Name: "pidfd_getfd", Kind: "pidfd_getfd", PID: tpid}, audit.KindPtrace, rid(lsmrules.OpPtraceAttach), true, targetPID(tpid)},
+		{opSpec{Name: "proc_environ", Kind: "open", Path: fmt.Sprintf("/proc/%d/environ", tpid)}, audit.KindPtrace, rid(lsmrules.OpPtraceRead), true, targetPID(tpid)},
+		{opSpec{Name: "traceme", Kind: "traceme"}, audit.KindPtrace, rid(lsmrules.OpPtraceTraceme), true,
 			func(ev audit.Event) bool { return ev.Message == "ptrace_traceme" }},
-		{opSpec{Name: "agent_environ", Kind: "open", Path: fmt.Sprintf("/proc/%d/environ", agent)}, audit.KindPtrace, rid(OpAgentPtrace), true, targetPID(agent)},
-		{opSpec{Name: "kill_agent", Kind: "kill", PID: agent, Num: uint64(unix.SIGCONT)}, audit.KindSignal, rid(OpAgentSignal), true, targetPID(agent)},
-		{opSpec{Name: "mount", Kind: "mount", Path: filepath.Join(dir, "mnt")}, audit.KindMount, rid(OpMount), true,
+		{opSpec{Name: "agent_environ", Kind: "open", Path: fmt.Sprintf("/proc/%d/environ", agent)}, audit.KindPtrace, rid(lsmrules.OpAgentPtrace), true, targetPID(agent)},
+		{opSpec{Name: "kill_agent", Kind: "kill", PID: agent, Num: uint64(unix.SIGCONT)}, audit.KindSignal, rid(lsmrules.OpAgentSignal), true, targetPID(agent)},
+		{opSpec{Name: "mount", Kind: "mount", Path: filepath.Join(dir, "mnt")}, audit.KindMount, rid(lsmrules.OpMount), true,
 			func(ev audit.Event) bool {
 				return mnt("mount", filepath.Join(dir, "mnt"))(ev) && ev.Mount.FSType == "tmpfs" && ev.Mount.Source == "none"
 			}},
-		{opSpec{Name: "umount", Kind: "umount", Path: filepath.Join(dir, "um")}, audit.KindMount, rid(OpUmount), true, mnt("umount", filepath.Join(dir, "um"))},
-		{opSpec{Name: "move_mount", Kind: "move_mount", Path: filepath.Join(dir, "mvsrc"), Path2: filepath.Join(dir, "mvdst")}, audit.KindMount, rid(OpMoveMount), true,
+		{opSpec{Name: "umount", Kind: "umount", Path: filepath.Join(dir, "um")}, audit.KindMount, rid(lsmrules.OpUmount), true, mnt("umount", filepath.Join(dir, "um"))},
+		{opSpec{Name: "move_mount", Kind: "move_mount", Path: filepath.Join(dir, "mvsrc"), Path2: filepath.Join(dir, "mvdst")}, audit.KindMount, rid(lsmrules.OpMoveMount), true,
 			func(ev audit.Event) bool {
 				return mnt("move_mount", filepath.Join(dir, "mvdst"))(ev) && ev.Mount.Source == filepath.Join(dir, "mvsrc")
 			}},
-		{opSpec{Name: "fsconfig", Kind: "fsconfig"}, audit.KindMount, rid(OpFSConfig), true,
+		{opSpec{Name: "fsconfig", Kind: "fsconfig"}, audit.KindMount, rid(lsmrules.OpFSConfig), true,
 			func(ev audit.Event) bool {
 				return mnt("fsconfig", "1m")(ev) && ev.Mount.FSType == "tmpfs" && ev.Mount.Source == "size"
 			}},
-		{opSpec{Name: "pivot_root", Kind: "pivot_root", Path: filepath.Join(dir, "pr"), Path2: filepath.Join(dir, "pr/old")}, audit.KindMount, rid(OpPivotRoot), false,
+		{opSpec{Name: "pivot_root", Kind: "pivot_root", Path: filepath.Join(dir, "pr"), Path2: filepath.Join(dir, "pr/old")}, audit.KindMount, rid(lsmrules.OpPivotRoot), false,
 			mnt("pivot_root", filepath.Join(dir, "pr"))},
-		{opSpec{Name: "finit_module", Kind: "finit_module", Path: junk}, audit.KindModule, rid(OpKernelReadFile), false,
+		{opSpec{Name: "finit_module", Kind: "finit_module", Path: junk}, audit.KindModule, rid(lsmrules.OpKernelReadFile), false,
 			func(ev audit.Event) bool {
 				return ev.File != nil && ev.File.Path == junk && ev.Message == "kernel_read_file: module"
 			}},
-		{opSpec{Name: "init_module", Kind: "init_module"}, audit.KindModule, rid(OpKernelLoadData), false,
+		{opSpec{Name: "init_module", Kind: "init_module"}, audit.KindModule, rid(lsmrules.OpKernelLoadData), false,
 			func(ev audit.Event) bool { return ev.Message == "kernel_load_data: module" }},
-		{opSpec{Name: "bpf", Kind: "bpf_map_create"}, audit.KindBPF, rid(OpBPF), true,
+		{opSpec{Name: "bpf", Kind: "bpf_map_create"}, audit.KindBPF, rid(lsmrules.OpBPF), true,
 			func(ev audit.Event) bool { return ev.Message == "bpf(BPF_MAP_CREATE)" }},
 		{opSpec{Name: "cap_sys_resource", Kind: "raise_nofile"}, audit.KindCapability, 207, true,
 			func(ev audit.Event) bool { return ev.Target != nil && ev.Target.Capability == unix.CAP_SYS_RESOURCE }},
 		// chroot("/") changes nothing when allowed; last anyway.
-		{opSpec{Name: "chroot", Kind: "chroot", Path: "/"}, audit.KindMount, rid(OpChroot), true, mnt("chroot", "/")},
+		{opSpec{Name: "chroot", Kind: "chroot", Path: "/"}, audit.KindMount, rid(lsmrules.OpChroot), true, mnt("chroot", "/")},
 	}
 	var specs []opSpec
 	for _, c := range cases {

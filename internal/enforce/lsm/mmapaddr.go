@@ -1,6 +1,6 @@
 package lsm
 
-// The mmap_addr hook's minimum (bpf/lsm.c decide_mmap_addr): mappings
+// The mmap_addr hook's minimum (decide_mmap_addr in bpf/include/lsm_task.h): mappings
 // below vm.mmap_min_addr are judged as uses of CAP_SYS_RAWIO, which the
 // kernel checks there without asking the capable hook.
 

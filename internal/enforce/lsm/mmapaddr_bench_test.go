@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/testkit/syscallbench"
 )
 
@@ -54,7 +55,7 @@ func TestMmapAddrCost(t *testing.T) {
 	attach := func() link.Link {
 		var lk link.Link
 		var err error
-		if mech == MechFmodRet {
+		if mech == lsmrules.MechFmodRet {
 			lk, err = link.AttachTracing(link.TracingOptions{Program: prog, AttachType: ebpf.AttachModifyReturn})
 		} else {
 			lk, err = link.AttachLSM(link.LSMOptions{Program: prog})

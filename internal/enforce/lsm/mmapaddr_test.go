@@ -15,6 +15,7 @@ import (
 	"github.com/watcherhq/watcher/internal/dangerous"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 	"github.com/watcherhq/watcher/internal/launch/ia32"
 )
 
@@ -39,12 +40,14 @@ func lowMapSandboxes(t *testing.T, rule uint32) lowMapFixture {
 	if min == 0 {
 		t.Skip("vm.mmap_min_addr is 0: the kernel checks no capability for low mappings")
 	}
-	rawio := func(d Decision) Rules { return Rules{Caps: []CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: d}}} }
+	rawio := func(d lsmrules.Decision) lsmrules.Rules {
+		return lsmrules.Rules{Caps: []lsmrules.CapRule{{Cap: unix.CAP_SYS_RAWIO, Decision: d}}}
+	}
 	return lowMapFixture{
 		l:       l,
 		minAddr: min,
-		block:   newSandbox(t, eng, l, 0, rawio(Decision{Action: enforce.ActionBlock, RuleID: rule})),
-		record:  newSandbox(t, eng, l, 0, rawio(Decision{Action: enforce.ActionRecord, RuleID: rule + 1})),
+		block:   newSandbox(t, eng, l, 0, rawio(lsmrules.Decision{Action: enforce.ActionBlock, RuleID: rule})),
+		record:  newSandbox(t, eng, l, 0, rawio(lsmrules.Decision{Action: enforce.ActionRecord, RuleID: rule + 1})),
 	}
 }
 

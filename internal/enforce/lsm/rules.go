@@ -14,65 +14,10 @@ import (
 	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
-// Rule types, in lsmrules so the planner needs no BPF.
-type (
-	Op         = lsmrules.Op
-	Decision   = lsmrules.Decision
-	Access     = lsmrules.Access
-	PathRule   = lsmrules.PathRule
-	FSRule     = lsmrules.FSRule
-	DeviceRule = lsmrules.DeviceRule
-	CapRule    = lsmrules.CapRule
-	ExecRule   = lsmrules.ExecRule
-	Rules      = lsmrules.Rules
-	SocketRule = lsmrules.SocketRule
-)
+// opMax is one past the last operation (LSM_OP_MAX in bpf/include/lsm_rules.h).
+const opMax lsmrules.Op = 30
 
-// Operations: lsmrules.Op*.
-const (
-	OpPtraceAttach    = lsmrules.OpPtraceAttach
-	OpPtraceRead      = lsmrules.OpPtraceRead
-	OpPtraceTraceme   = lsmrules.OpPtraceTraceme
-	OpMount           = lsmrules.OpMount
-	OpUmount          = lsmrules.OpUmount
-	OpMoveMount       = lsmrules.OpMoveMount
-	OpPivotRoot       = lsmrules.OpPivotRoot
-	OpChroot          = lsmrules.OpChroot
-	OpFSConfig        = lsmrules.OpFSConfig
-	OpKernelReadFile  = lsmrules.OpKernelReadFile
-	OpKernelLoadData  = lsmrules.OpKernelLoadData
-	OpBPF             = lsmrules.OpBPF
-	OpProcMem         = lsmrules.OpProcMem
-	OpAgentSignal     = lsmrules.OpAgentSignal
-	OpAgentPtrace     = lsmrules.OpAgentPtrace
-	OpCloneIntoCgroup = lsmrules.OpCloneIntoCgroup
-	OpPerfEvent       = lsmrules.OpPerfEvent
-	OpUserNS          = lsmrules.OpUserNS
-	OpKeyring         = lsmrules.OpKeyring
-	OpUserfaultfd     = lsmrules.OpUserfaultfd
-	OpIOUring         = lsmrules.OpIOUring
-	OpCloneFiles      = lsmrules.OpCloneFiles
-	OpUnixConnect     = lsmrules.OpUnixConnect
-	OpExecFileless    = lsmrules.OpExecFileless
-	OpKernelIface     = lsmrules.OpKernelIface
-	OpOtherTask       = lsmrules.OpOtherTask
-	OpOtherIPC        = lsmrules.OpOtherIPC
-	OpTTYInject       = lsmrules.OpTTYInject
-	OpNotifyMark      = lsmrules.OpNotifyMark
-	// opMax is one past the last operation (LSM_OP_MAX in bpf/lsm.c).
-	opMax Op = 30
-)
-
-// Access bits and wildcards: lsmrules'.
-const (
-	AccessRead  = lsmrules.AccessRead
-	AccessWrite = lsmrules.AccessWrite
-	AccessAll   = lsmrules.AccessAll
-	AnyDevice   = lsmrules.AnyDevice
-	AnySocket   = lsmrules.AnySocket
-)
-
-// PathOp is what a file_op event changed (enum path_op in bpf/lsm.c).
+// PathOp is what a file_op event changed (enum path_op in bpf/include/lsm_path.h).
 type PathOp uint32
 
 var pathOpNames = [...]string{"", "truncate", "create", "mkdir", "unlink", "rmdir", "symlink",
@@ -86,7 +31,7 @@ func (p PathOp) String() string {
 	return fmt.Sprintf("path_op(%d)", uint32(p))
 }
 
-// Checks of lsm_syscall_checks (CHECK_* in bpf/lsm.c); capabilities are
+// Checks of lsm_syscall_checks (CHECK_* in bpf/include/lsm_syscall.h); capabilities are
 // their own number.
 const (
 	checkKey   = 64
@@ -99,24 +44,24 @@ const (
 
 // groupOp is the op whose rule decides a dangerous-list entry judged in
 // its syscall: the rule of its policy group.
-func groupOp(o dangerous.Op) Op {
+func groupOp(o dangerous.Op) lsmrules.Op {
 	switch {
 	case o.Group == dangerous.GroupMount:
-		return OpMount
+		return lsmrules.OpMount
 	case o.Group == dangerous.GroupModule:
-		return OpKernelLoadData
+		return lsmrules.OpKernelLoadData
 	case o.Group == dangerous.GroupIOUring:
-		return OpIOUring
+		return lsmrules.OpIOUring
 	case o.Hook == dangerous.HookKeyPermission:
-		return OpKeyring
+		return lsmrules.OpKeyring
 	}
-	return OpKernelIface
+	return lsmrules.OpKernelIface
 }
 
 // SyscallChecks lists lsm_syscall_checks' entries, from the one dangerous
 // list: per syscall number (both tables) and check, the op deciding it.
-func SyscallChecks() map[lsmSyscallCheckKey]Op {
-	out := map[lsmSyscallCheckKey]Op{}
+func SyscallChecks() map[lsmSyscallCheckKey]lsmrules.Op {
+	out := map[lsmSyscallCheckKey]lsmrules.Op{}
 	for _, o := range dangerous.Ops {
 		var checks []uint32
 		switch {
@@ -192,26 +137,26 @@ func kernelDev(dev uint64) uint32 {
 	return unix.Major(dev)<<20 | unix.Minor(dev)
 }
 
-func checkDecision(d Decision) error {
+func checkDecision(d lsmrules.Decision) error {
 	if d.Action > enforce.ActionKill {
 		return fmt.Errorf("action %d out of range", d.Action)
 	}
 	return nil
 }
 
-func accessOrAll(a Access) Access {
+func accessOrAll(a lsmrules.Access) lsmrules.Access {
 	if a == 0 {
-		return AccessAll
+		return lsmrules.AccessAll
 	}
 	return a
 }
 
 // merge applies d to the accesses in a, keeping the stricter decision.
-func merge(r *lsmAccessRule, set *Access, a Access, d Decision) {
-	if a&AccessRead != 0 && (*set&AccessRead == 0 || d.Action > r.ReadAction) {
+func merge(r *lsmAccessRule, set *lsmrules.Access, a lsmrules.Access, d lsmrules.Decision) {
+	if a&lsmrules.AccessRead != 0 && (*set&lsmrules.AccessRead == 0 || d.Action > r.ReadAction) {
 		r.ReadAction, r.ReadRule = d.Action, d.RuleID
 	}
-	if a&AccessWrite != 0 && (*set&AccessWrite == 0 || d.Action > r.WriteAction) {
+	if a&lsmrules.AccessWrite != 0 && (*set&lsmrules.AccessWrite == 0 || d.Action > r.WriteAction) {
 		r.WriteAction, r.WriteRule = d.Action, d.RuleID
 	}
 	*set |= a
@@ -220,14 +165,14 @@ func merge(r *lsmAccessRule, set *Access, a Access, d Decision) {
 type pathEntry struct {
 	key  string // path bytes, with a trailing NUL for exact rules
 	rule lsmAccessRule
-	set  Access
+	set  lsmrules.Access
 }
 
 // buildPaths turns path rules into LPM entries, filling each entry's
 // unspecified access from the longest enclosing prefix entry.
-func buildPaths(rules []PathRule) (map[string]*pathEntry, error) {
+func buildPaths(rules []lsmrules.PathRule) (map[string]*pathEntry, error) {
 	entries := map[string]*pathEntry{}
-	add := func(key string, a Access, d Decision) {
+	add := func(key string, a lsmrules.Access, d lsmrules.Decision) {
 		e := entries[key]
 		if e == nil {
 			e = &pathEntry{key: key}
@@ -267,7 +212,7 @@ func buildPaths(rules []PathRule) (map[string]*pathEntry, error) {
 	sort.Slice(keys, func(i, j int) bool { return len(keys[i]) < len(keys[j]) })
 	for _, k := range keys {
 		e := entries[k]
-		if e.set == AccessAll {
+		if e.set == lsmrules.AccessAll {
 			continue
 		}
 		var parent *pathEntry
@@ -282,13 +227,13 @@ func buildPaths(rules []PathRule) (map[string]*pathEntry, error) {
 		if parent == nil {
 			continue
 		}
-		if e.set&AccessRead == 0 {
+		if e.set&lsmrules.AccessRead == 0 {
 			e.rule.ReadAction, e.rule.ReadRule = parent.rule.ReadAction, parent.rule.ReadRule
 		}
-		if e.set&AccessWrite == 0 {
+		if e.set&lsmrules.AccessWrite == 0 {
 			e.rule.WriteAction, e.rule.WriteRule = parent.rule.WriteAction, parent.rule.WriteRule
 		}
-		e.set = AccessAll
+		e.set = lsmrules.AccessAll
 	}
 	return entries, nil
 }
@@ -362,14 +307,14 @@ func pathKey(sid uint32, key string) lsmPathKey {
 // SetRules replaces the rules of sandbox id sid (0: the defaults). New
 // entries are written before stale ones are removed, so a rule present in
 // both the old and the new set is never absent.
-func (l *LSM) SetRules(sid uint32, r Rules) error {
+func (l *LSM) SetRules(sid uint32, r lsmrules.Rules) error {
 	if err := l.setRules(sid, r); err != nil {
 		return fmt.Errorf("set lsm rules for sandbox %d: %w", sid, err)
 	}
 	return nil
 }
 
-func (l *LSM) setRules(sid uint32, r Rules) error {
+func (l *LSM) setRules(sid uint32, r lsmrules.Rules) error {
 	m := l.maps.Maps
 	if err := writeMmapMinAddr(l.maps); err != nil {
 		return err
@@ -409,9 +354,9 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 		ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(id.Dev), Ino: id.Ino}
 		if old, ok := inodes[ik]; ok {
 			// Two exact paths naming one file: keep the stricter per access.
-			set := AccessAll
-			merge(&old.Rule, &set, AccessRead, Decision{Action: e.rule.ReadAction, RuleID: e.rule.ReadRule})
-			merge(&old.Rule, &set, AccessWrite, Decision{Action: e.rule.WriteAction, RuleID: e.rule.WriteRule})
+			set := lsmrules.AccessAll
+			merge(&old.Rule, &set, lsmrules.AccessRead, lsmrules.Decision{Action: e.rule.ReadAction, RuleID: e.rule.ReadRule})
+			merge(&old.Rule, &set, lsmrules.AccessWrite, lsmrules.Decision{Action: e.rule.WriteAction, RuleID: e.rule.WriteRule})
 			inodes[ik] = old
 			continue
 		}
@@ -447,7 +392,7 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 		return err
 	}
 	fs := map[lsmFsKey]lsmAccessRule{}
-	fsSet := map[lsmFsKey]Access{}
+	fsSet := map[lsmFsKey]lsmrules.Access{}
 	for _, f := range r.FS {
 		if err := checkDecision(f.Decision); err != nil {
 			return fmt.Errorf("fs rule %#x: %w", f.Magic, err)
@@ -458,12 +403,12 @@ func (l *LSM) setRules(sid uint32, r Rules) error {
 		fs[k], fsSet[k] = rule, set
 	}
 	devs := map[lsmDevKey]lsmAccessRule{}
-	devSet := map[lsmDevKey]Access{}
+	devSet := map[lsmDevKey]lsmrules.Access{}
 	for _, d := range r.Devices {
 		if err := checkDecision(d.Decision); err != nil {
 			return fmt.Errorf("device rule %d:%d: %w", d.Major, d.Minor, err)
 		}
-		if d.Major == AnyDevice && d.Minor != AnyDevice {
+		if d.Major == lsmrules.AnyDevice && d.Minor != lsmrules.AnyDevice {
 			return fmt.Errorf("device rule *:%d: a minor needs a major", d.Minor)
 		}
 		typ := uint32(2)
@@ -580,10 +525,10 @@ func allowPaths(sid uint32, what string, paths []string) (map[lsmPathKey]lsmDeci
 }
 
 // socketEntries builds the lsm_sock_rules entries of sandbox sid.
-func socketEntries(sid uint32, rules []SocketRule) (map[lsmSockKey]lsmDecision, error) {
+func socketEntries(sid uint32, rules []lsmrules.SocketRule) (map[lsmSockKey]lsmDecision, error) {
 	field := func(v int, what string) (uint32, error) {
 		switch {
-		case v == AnySocket:
+		case v == lsmrules.AnySocket:
 			return ^uint32(0), nil
 		case v < 0 || v > 0xffff:
 			return 0, fmt.Errorf("socket %s %d out of range", what, v)
@@ -620,15 +565,15 @@ func socketEntries(sid uint32, rules []SocketRule) (map[lsmSockKey]lsmDecision, 
 }
 
 // ClearRules removes every rule of sandbox sid.
-func (l *LSM) ClearRules(sid uint32) error { return l.SetRules(sid, Rules{}) }
+func (l *LSM) ClearRules(sid uint32) error { return l.SetRules(sid, lsmrules.Rules{}) }
 
 // ProtectAgentFiles returns prefix rules refusing every open (read and
 // write) of the given agent paths (ledger directory, key files, the bpffs
 // pin directory): directories should end in "/".
-func ProtectAgentFiles(ruleID uint32, paths ...string) []PathRule {
-	out := make([]PathRule, 0, len(paths))
+func ProtectAgentFiles(ruleID uint32, paths ...string) []lsmrules.PathRule {
+	out := make([]lsmrules.PathRule, 0, len(paths))
 	for _, p := range paths {
-		out = append(out, PathRule{Path: p, Prefix: true, Decision: Decision{Action: enforce.ActionBlock, RuleID: ruleID}})
+		out = append(out, lsmrules.PathRule{Path: p, Prefix: true, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: ruleID}})
 	}
 	return out
 }
@@ -650,10 +595,10 @@ func statDev(path string) (block bool, major, minor uint32, err error) {
 }
 
 // DeviceRuleFor builds a rule for the device node at path.
-func DeviceRuleFor(path string, access Access, d Decision) (DeviceRule, error) {
+func DeviceRuleFor(path string, access lsmrules.Access, d lsmrules.Decision) (lsmrules.DeviceRule, error) {
 	block, major, minor, err := statDev(path)
 	if err != nil {
-		return DeviceRule{}, fmt.Errorf("device rule for %s: %w", path, err)
+		return lsmrules.DeviceRule{}, fmt.Errorf("device rule for %s: %w", path, err)
 	}
-	return DeviceRule{Block: block, Major: major, Minor: minor, Access: access, Decision: d}, nil
+	return lsmrules.DeviceRule{Block: block, Major: major, Minor: minor, Access: access, Decision: d}, nil
 }

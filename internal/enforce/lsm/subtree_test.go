@@ -13,6 +13,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // startTargetIn starts a sleeper in cgroup cg ("" for none), killed at
@@ -61,12 +62,12 @@ func TestOwnSubtreeOnly(t *testing.T) {
 		ruleTTY    = 128
 		ruleNotify = 129
 	)
-	sb := newSandbox(t, eng, l, 0, Rules{
-		Ops: map[Op]Decision{
-			OpOtherTask:  {Action: enforce.ActionBlock, RuleID: ruleTask},
-			OpOtherIPC:   {Action: enforce.ActionBlock, RuleID: ruleIPC},
-			OpTTYInject:  {Action: enforce.ActionBlock, RuleID: ruleTTY},
-			OpNotifyMark: {Action: enforce.ActionBlock, RuleID: ruleNotify},
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{
+		Ops: map[lsmrules.Op]lsmrules.Decision{
+			lsmrules.OpOtherTask:  {Action: enforce.ActionBlock, RuleID: ruleTask},
+			lsmrules.OpOtherIPC:   {Action: enforce.ActionBlock, RuleID: ruleIPC},
+			lsmrules.OpTTYInject:  {Action: enforce.ActionBlock, RuleID: ruleTTY},
+			lsmrules.OpNotifyMark: {Action: enforce.ActionBlock, RuleID: ruleNotify},
 		},
 		NotifyPaths: []string{ws, ws + "/"},
 	})
@@ -204,7 +205,7 @@ func TestOwnSubtreeOnly(t *testing.T) {
 // the target.
 func TestSigioOwnerOutsideRefused(t *testing.T) {
 	eng, l := setup(t)
-	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{OpOtherTask: {Action: enforce.ActionBlock, RuleID: 226}}})
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{Ops: map[lsmrules.Op]lsmrules.Decision{lsmrules.OpOtherTask: {Action: enforce.ActionBlock, RuleID: 226}}})
 	host := startTargetIn(t, "")
 	res, pid := runOps(t, sb.root, []opSpec{{Name: "sigio", Kind: "sigio_owner", PID: host}})
 	if res["sigio"] != "OK" {

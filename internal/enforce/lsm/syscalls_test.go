@@ -11,6 +11,7 @@ import (
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // TestSyscallsJudgedInTheirContext: the entries of the one dangerous list
@@ -26,9 +27,9 @@ import (
 // syscall) work.
 func TestSyscallsJudgedInTheirContext(t *testing.T) {
 	eng, l := setup(t)
-	block := func(id uint32) Decision { return Decision{Action: enforce.ActionBlock, RuleID: id} }
-	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{
-		OpKernelIface: block(501), OpKeyring: block(502), OpMount: block(503), OpKernelLoadData: block(504), OpIOUring: block(505),
+	block := func(id uint32) lsmrules.Decision { return lsmrules.Decision{Action: enforce.ActionBlock, RuleID: id} }
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{Ops: map[lsmrules.Op]lsmrules.Decision{
+		lsmrules.OpKernelIface: block(501), lsmrules.OpKeyring: block(502), lsmrules.OpMount: block(503), lsmrules.OpKernelLoadData: block(504), lsmrules.OpIOUring: block(505),
 	}})
 	refused := []struct {
 		op  opSpec
@@ -119,8 +120,8 @@ func TestSyscallsJudgedInTheirContext(t *testing.T) {
 		ev := waitEvent(t, k.op.Name, func(ev audit.Event) bool {
 			return ev.Kind == audit.KindOperation && ev.Process.TGID == uint32(pid) && ev.Message == k.msg
 		})
-		if ev.Kind != "" && (ev.Verdict != audit.VerdictKilled || ev.Mechanism != MechFentry) {
-			t.Errorf("%s: verdict %s mechanism %s, want killed by %s", k.op.Name, ev.Verdict, ev.Mechanism, MechFentry)
+		if ev.Kind != "" && (ev.Verdict != audit.VerdictKilled || ev.Mechanism != lsmrules.MechFentry) {
+			t.Errorf("%s: verdict %s mechanism %s, want killed by %s", k.op.Name, ev.Verdict, ev.Mechanism, lsmrules.MechFentry)
 		}
 		t.Logf("%s: outside OK, sandbox killed in the syscall (%s)", k.op.Name, k.msg)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/enforce"
+	"github.com/watcherhq/watcher/internal/enforce/rules/lsmrules"
 )
 
 // Processes and sockets: task_alloc's CLONE_FILES check, socket_create
@@ -107,7 +108,7 @@ func doTaskSockOp(op opSpec) (string, bool) {
 // work, and outside the sandbox the same clone works.
 func TestCloneFilesRefused(t *testing.T) {
 	eng, l := setup(t)
-	sb := newSandbox(t, eng, l, 0, Rules{Ops: map[Op]Decision{OpCloneFiles: {Action: enforce.ActionBlock, RuleID: 501}}})
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{Ops: map[lsmrules.Op]lsmrules.Decision{lsmrules.OpCloneFiles: {Action: enforce.ActionBlock, RuleID: 501}}})
 	ops := []opSpec{
 		{Name: "clone_files", Kind: "clone_files"},
 		{Name: "clone3_files", Kind: "clone3_files"},
@@ -144,9 +145,9 @@ func TestCloneFilesRefused(t *testing.T) {
 // socket and NETLINK_ROUTE work in the sandbox, AF_PACKET works outside.
 func TestSocketFamiliesRefused(t *testing.T) {
 	eng, l := setup(t)
-	sb := newSandbox(t, eng, l, 0, Rules{Sockets: []SocketRule{
-		{Family: unix.AF_PACKET, Type: AnySocket, Protocol: AnySocket, Decision: Decision{Action: enforce.ActionBlock, RuleID: 511}},
-		{Family: unix.AF_NETLINK, Type: AnySocket, Protocol: unix.NETLINK_AUDIT, Decision: Decision{Action: enforce.ActionBlock, RuleID: 512}},
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{Sockets: []lsmrules.SocketRule{
+		{Family: unix.AF_PACKET, Type: lsmrules.AnySocket, Protocol: lsmrules.AnySocket, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 511}},
+		{Family: unix.AF_NETLINK, Type: lsmrules.AnySocket, Protocol: unix.NETLINK_AUDIT, Decision: lsmrules.Decision{Action: enforce.ActionBlock, RuleID: 512}},
 	}})
 	packet := opSpec{Name: "packet", Kind: "socket", Num: sockNum(unix.AF_PACKET, unix.SOCK_RAW, 0x0300 /* htons(ETH_P_ALL) */)}
 	packetDgram := opSpec{Name: "packet_dgram", Kind: "socket", Num: sockNum(unix.AF_PACKET, unix.SOCK_DGRAM, 0)}
@@ -220,8 +221,8 @@ func TestUnixPeerResolved(t *testing.T) {
 	must(t, os.Symlink(hostDgram, filepath.Join(ws, "dglink")))
 	must(t, os.Symlink(wsSock, filepath.Join(ws, "oklink")))
 
-	sb := newSandbox(t, eng, l, 0, Rules{
-		Ops:       map[Op]Decision{OpUnixConnect: {Action: enforce.ActionBlock, RuleID: 521}},
+	sb := newSandbox(t, eng, l, 0, lsmrules.Rules{
+		Ops:       map[lsmrules.Op]lsmrules.Decision{lsmrules.OpUnixConnect: {Action: enforce.ActionBlock, RuleID: 521}},
 		UnixPaths: []string{ws + "/"},
 	})
 	refused := []struct {

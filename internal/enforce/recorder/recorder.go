@@ -4,14 +4,17 @@
 // sampled stream of all syscalls with exact per-sandbox totals, and the
 // refusals of the seccomp filter and Landlock ruleset that `watcher exec`
 // applies (which act before any LSM hook or sys_enter program sees the
-// operation, so nothing else records them).
+// operation, so nothing else records them): with fexit programs where
+// they load (denialprogs.go), else with sys_enter and sys_exit.
 package recorder
 
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"unsafe"
@@ -123,22 +126,32 @@ func denialWatch(c Config) ([watchSize]uint32, error) {
 
 // Recorder holds the loaded recording programs.
 type Recorder struct {
-	pinDir string
-	objs   recorderObjects
-	mu     sync.Mutex
-	links  *enforce.PinnedLinks // attached here, by program
+	pinDir   string
+	objs     objects
+	fexit    *fexitPrograms // nil where fexit does not load (fexitErr says why)
+	fexitErr error
+	mu       sync.Mutex
+	links    *enforce.PinnedLinks // attached here, by program
 }
 
-// Load loads the programs with the engine's shared maps.
+// Load loads the programs with the engine's shared maps: the tracepoint
+// programs, and the fexit programs that record refusals where they load.
 func Load(eng *enforce.Engine) (*Recorder, error) {
 	t := &Recorder{pinDir: eng.PinDir(), links: enforce.NewPinnedLinks(eng.PinDir(), Group)}
-	if err := loadRecorderObjects(&t.objs, eng.CollectionOptions()); err != nil {
+	spec, err := loadRecorder()
+	if err != nil {
 		return nil, fmt.Errorf("load trace programs: %w", err)
 	}
+	if err := spec.LoadAndAssign(&t.objs, eng.CollectionOptions()); err != nil {
+		return nil, fmt.Errorf("load trace programs: %w", err)
+	}
+	t.fexit, t.fexitErr = loadFexit(spec, eng.CollectionOptions())
 	return t, nil
 }
 
-// Probe reports whether each program loads here (nil) or why not.
+// Probe reports whether each program loads here (nil) or why not. The
+// fexit programs (FexitPrograms) are optional: sys_enter and sys_exit
+// stand in where they do not load.
 func Probe(eng *enforce.Engine) map[string]error {
 	out := map[string]error{}
 	spec, err := loadRecorder()
@@ -198,17 +211,18 @@ func (t *Recorder) SetConfig(c Config) error {
 }
 
 // AttachOptions choose the programs to attach. sched_process_exec and
-// sched_process_exit are always attached; sys_enter when Syscalls or
-// Denials is set; sys_exit when Denials is set.
+// sched_process_exit are always attached; sys_enter when Syscalls is set;
+// the refusal programs (DenialPrograms) when Denials is set.
 type AttachOptions struct {
 	// Syscalls attaches sys_enter (module alerts, the syscall stream).
 	// Any syscall tracepoint puts every task of the host on the kernel's
 	// syscall slow path (see bench/syscall), so it is optional.
 	Syscalls bool
-	// Denials attaches sys_exit, where seccomp and Landlock refusals are
-	// recorded (Config.RecordDenials), and sys_enter, whose marks tell a
-	// seccomp refusal (the syscall never entered) from an EPERM the
-	// kernel returned itself.
+	// Denials attaches the programs that record seccomp and Landlock
+	// refusals (Config.RecordDenials): the fexit programs where they
+	// load; elsewhere sys_exit, where the refusals are seen, and sys_enter,
+	// whose marks tell a seccomp refusal (the syscall never entered) from
+	// an EPERM the kernel returned itself.
 	Denials bool
 }
 
@@ -240,21 +254,35 @@ func (t *Recorder) SetSyscalls(opts AttachOptions) error {
 }
 
 func (t *Recorder) setSyscallsLocked(opts AttachOptions) error {
-	want := map[string]bool{ProgSysEnter: opts.Syscalls || opts.Denials, ProgSysExit: opts.Denials}
-	// Detach sys_exit before sys_enter and attach sys_enter before
-	// sys_exit: a sys_exit without the marks of sys_enter would take the
-	// kernel's own EPERMs for seccomp's.
-	for _, name := range []string{ProgSysExit, ProgSysEnter} {
-		if !want[name] {
-			if err := t.links.Detach(name); err != nil {
+	progs := map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit}
+	want := map[string]bool{ProgSysEnter: opts.Syscalls}
+	// Attach what is wanted before detaching what is not (a predecessor's
+	// sys_exit is replaced by fexit programs with an overlap, not a gap),
+	// in this order: sys_enter before sys_exit on, sys_exit before
+	// sys_enter off: a sys_exit without the marks of sys_enter would take
+	// the kernel's own EPERMs for seccomp's.
+	order := []string{ProgSysEnter, ProgSysExit}
+	if t.fexit != nil {
+		for name, p := range t.fexit.byName() {
+			progs[name] = p
+			want[name] = opts.Denials
+		}
+		order = append(slices.Clone(FexitPrograms), order...)
+	} else {
+		want[ProgSysEnter] = opts.Syscalls || opts.Denials
+		want[ProgSysExit] = opts.Denials
+	}
+	for _, name := range order {
+		if want[name] {
+			if err := t.links.Attach(name, progs[name]); err != nil {
 				return fmt.Errorf("trace: %w", err)
 			}
 		}
 	}
-	progs := map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit}
-	for _, name := range []string{ProgSysEnter, ProgSysExit} {
-		if want[name] {
-			if err := t.links.Attach(name, progs[name]); err != nil {
+	// Pins of programs not wanted go, a predecessor's too.
+	for _, name := range slices.Backward(order) {
+		if !want[name] {
+			if err := t.links.Detach(name); err != nil {
 				return fmt.Errorf("trace: %w", err)
 			}
 		}
@@ -262,25 +290,41 @@ func (t *Recorder) setSyscallsLocked(opts AttachOptions) error {
 	return nil
 }
 
-// DenialsAttached reports whether sys_exit (denial recording) is attached.
+// denialProgram is the program whose link says refusals are recorded.
+func (t *Recorder) denialProgram() string {
+	if t.fexit != nil {
+		return ProgSeccompExit
+	}
+	return ProgSysExit
+}
+
+// DenialsAttached reports whether the refusal programs are attached.
 func (t *Recorder) DenialsAttached() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.links.Held(ProgSysExit)
+	return t.links.Held(t.denialProgram())
 }
 
-// DenialsPinned reports whether a sys_exit link is pinned (by this
-// Recorder or a previous agent's).
+// DenialsPinned reports whether a refusal program's link is pinned (by
+// this Recorder or a previous agent's, fexit or sys_exit).
 func (t *Recorder) DenialsPinned() bool {
-	_, err := os.Stat(filepath.Join(enforce.LinkPinDir(t.pinDir, Group), ProgSysExit))
-	return err == nil
+	for _, name := range []string{ProgSysExit, ProgSeccompExit} {
+		if _, err := os.Stat(filepath.Join(enforce.LinkPinDir(t.pinDir, Group), name)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // ProgramIDs returns the kernel ids of the programs by name (tests match
-// them against enforce.LinkedPrograms).
+// them against enforce.LinkedPrograms), the fexit ones where they loaded.
 func (t *Recorder) ProgramIDs() (map[string]ebpf.ProgramID, error) {
-	return enforce.ProgramIDs(map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit,
-		ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit})
+	progs := map[string]*ebpf.Program{ProgSysEnter: t.objs.TraceSysEnter, ProgSysExit: t.objs.TraceSysExit,
+		ProgExec: t.objs.TraceExec, ProgExit: t.objs.TraceExit}
+	if t.fexit != nil {
+		maps.Copy(progs, t.fexit.byName())
+	}
+	return enforce.ProgramIDs(progs)
 }
 
 // Detach removes this group's pinned links.
@@ -292,6 +336,9 @@ func (t *Recorder) Close() error {
 	defer t.mu.Unlock()
 	t.links.Close()
 	t.links = enforce.NewPinnedLinks(t.pinDir, Group)
+	if t.fexit != nil {
+		t.fexit.Close()
+	}
 	return t.objs.Close()
 }
 
@@ -489,7 +536,8 @@ func decodeOpenDenial(e *SyscallEvent, ev *audit.Event) {
 		// had CAP_DAC_OVERRIDE.
 		ev.Mechanism = MechanismLandlock
 		b.WriteString(" under the Landlock ruleset")
-		if !has(e.Flags, recorderDenyFlagDENY_F_DAC_OVERRIDE) {
+		// Seen leaving a security_* function (fexit): the LSMs answered it, not file modes.
+		if !has(e.Flags, recorderDenyFlagDENY_F_DAC_OVERRIDE) && !has(e.Flags, recorderDenyFlagDENY_F_LSM_HOOK) {
 			b.WriteString(" (the task lacked CAP_DAC_OVERRIDE: file permissions may have refused it instead)")
 		}
 	} else {

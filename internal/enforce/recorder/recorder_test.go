@@ -195,8 +195,16 @@ func TestSampledSyscalls(t *testing.T) {
 
 func TestProbe(t *testing.T) {
 	eng := enforcetest.Engine(t)
+	fexit := map[string]bool{}
+	for _, n := range recorder.FexitPrograms {
+		fexit[n] = true
+	}
 	for name, err := range recorder.Probe(eng) {
-		if err != nil {
+		switch {
+		case err != nil && fexit[name]:
+			// Optional: sys_enter and sys_exit record refusals instead.
+			t.Logf("%s does not load here (sys_exit records refusals): %v", name, err)
+		case err != nil:
 			t.Errorf("%s does not load: %v", name, err)
 		}
 	}

@@ -42,6 +42,7 @@ const (
 	recorderDenyFlagDENY_F_PATH_TRUNCATED  recorderDenyFlag = 2
 	recorderDenyFlagDENY_F_PATH_UNREADABLE recorderDenyFlag = 4
 	recorderDenyFlagDENY_F_DAC_OVERRIDE    recorderDenyFlag = 8
+	recorderDenyFlagDENY_F_LSM_HOOK        recorderDenyFlag = 16
 )
 
 type recorderExecEvent struct {
@@ -172,6 +173,16 @@ const (
 	recorderMapTrScratch          = "tr_scratch"
 	recorderMapTrSyscallCounts    = "tr_syscall_counts"
 	recorderMapTrSyscallEntered   = "tr_syscall_entered"
+	recorderProgRecFileOpen       = "rec_file_open"
+	recorderProgRecPathLink       = "rec_path_link"
+	recorderProgRecPathMkdir      = "rec_path_mkdir"
+	recorderProgRecPathMknod      = "rec_path_mknod"
+	recorderProgRecPathRename     = "rec_path_rename"
+	recorderProgRecPathRmdir      = "rec_path_rmdir"
+	recorderProgRecPathSymlink    = "rec_path_symlink"
+	recorderProgRecPathTruncate   = "rec_path_truncate"
+	recorderProgRecPathUnlink     = "rec_path_unlink"
+	recorderProgRecSeccomp        = "rec_seccomp"
 	recorderProgTraceExec         = "trace_exec"
 	recorderProgTraceExit         = "trace_exit"
 	recorderProgTraceSysEnter     = "trace_sys_enter"
@@ -230,10 +241,20 @@ type recorderSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type recorderProgramSpecs struct {
-	TraceExec     *ebpf.ProgramSpec `ebpf:"trace_exec"`
-	TraceExit     *ebpf.ProgramSpec `ebpf:"trace_exit"`
-	TraceSysEnter *ebpf.ProgramSpec `ebpf:"trace_sys_enter"`
-	TraceSysExit  *ebpf.ProgramSpec `ebpf:"trace_sys_exit"`
+	RecFileOpen     *ebpf.ProgramSpec `ebpf:"rec_file_open"`
+	RecPathLink     *ebpf.ProgramSpec `ebpf:"rec_path_link"`
+	RecPathMkdir    *ebpf.ProgramSpec `ebpf:"rec_path_mkdir"`
+	RecPathMknod    *ebpf.ProgramSpec `ebpf:"rec_path_mknod"`
+	RecPathRename   *ebpf.ProgramSpec `ebpf:"rec_path_rename"`
+	RecPathRmdir    *ebpf.ProgramSpec `ebpf:"rec_path_rmdir"`
+	RecPathSymlink  *ebpf.ProgramSpec `ebpf:"rec_path_symlink"`
+	RecPathTruncate *ebpf.ProgramSpec `ebpf:"rec_path_truncate"`
+	RecPathUnlink   *ebpf.ProgramSpec `ebpf:"rec_path_unlink"`
+	RecSeccomp      *ebpf.ProgramSpec `ebpf:"rec_seccomp"`
+	TraceExec       *ebpf.ProgramSpec `ebpf:"trace_exec"`
+	TraceExit       *ebpf.ProgramSpec `ebpf:"trace_exit"`
+	TraceSysEnter   *ebpf.ProgramSpec `ebpf:"trace_sys_enter"`
+	TraceSysExit    *ebpf.ProgramSpec `ebpf:"trace_sys_exit"`
 }
 
 // recorderMapSpecs contains maps before they are loaded into the kernel.
@@ -341,14 +362,34 @@ type recorderVariables struct {
 //
 // It can be passed to loadRecorderObjects or ebpf.CollectionSpec.LoadAndAssign.
 type recorderPrograms struct {
-	TraceExec     *ebpf.Program `ebpf:"trace_exec"`
-	TraceExit     *ebpf.Program `ebpf:"trace_exit"`
-	TraceSysEnter *ebpf.Program `ebpf:"trace_sys_enter"`
-	TraceSysExit  *ebpf.Program `ebpf:"trace_sys_exit"`
+	RecFileOpen     *ebpf.Program `ebpf:"rec_file_open"`
+	RecPathLink     *ebpf.Program `ebpf:"rec_path_link"`
+	RecPathMkdir    *ebpf.Program `ebpf:"rec_path_mkdir"`
+	RecPathMknod    *ebpf.Program `ebpf:"rec_path_mknod"`
+	RecPathRename   *ebpf.Program `ebpf:"rec_path_rename"`
+	RecPathRmdir    *ebpf.Program `ebpf:"rec_path_rmdir"`
+	RecPathSymlink  *ebpf.Program `ebpf:"rec_path_symlink"`
+	RecPathTruncate *ebpf.Program `ebpf:"rec_path_truncate"`
+	RecPathUnlink   *ebpf.Program `ebpf:"rec_path_unlink"`
+	RecSeccomp      *ebpf.Program `ebpf:"rec_seccomp"`
+	TraceExec       *ebpf.Program `ebpf:"trace_exec"`
+	TraceExit       *ebpf.Program `ebpf:"trace_exit"`
+	TraceSysEnter   *ebpf.Program `ebpf:"trace_sys_enter"`
+	TraceSysExit    *ebpf.Program `ebpf:"trace_sys_exit"`
 }
 
 func (p *recorderPrograms) Close() error {
 	return _RecorderClose(
+		p.RecFileOpen,
+		p.RecPathLink,
+		p.RecPathMkdir,
+		p.RecPathMknod,
+		p.RecPathRename,
+		p.RecPathRmdir,
+		p.RecPathSymlink,
+		p.RecPathTruncate,
+		p.RecPathUnlink,
+		p.RecSeccomp,
 		p.TraceExec,
 		p.TraceExit,
 		p.TraceSysEnter,

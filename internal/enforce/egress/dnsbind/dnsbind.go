@@ -13,6 +13,7 @@ import (
 
 	"github.com/watcherhq/watcher/internal/dnsproxy"
 	"github.com/watcherhq/watcher/internal/enforce/egress"
+	"github.com/watcherhq/watcher/internal/enforce/rules/egressrules"
 )
 
 // Directory maps sandbox names (the proxy's policy keys) to sandbox ids
@@ -73,11 +74,21 @@ func (d *Directory) Name(id uint32) (string, bool) {
 type Resolver struct {
 	Egress    *egress.Egress
 	Directory *Directory
+	// Netns, when set, tells the netns cookie of the listener that
+	// received a query at local (nslisten.Manager.NetnsOf): 0 for the
+	// agent's own. Source ports are per namespace.
+	Netns func(local netip.AddrPort) uint64
 }
 
 // Sandbox names the sandbox that sent the query from src.
 func (r Resolver) Sandbox(src dnsproxy.QuerySource) (string, bool) {
-	c, ok := r.Egress.LookupClient(src.Proto, src.Remote)
+	var c egress.Client
+	var ok bool
+	if ns := r.netns(src.Local); ns != 0 {
+		c, ok = r.Egress.LookupClientIn(ns, src.Proto, src.Remote)
+	} else {
+		c, ok = r.Egress.LookupClient(src.Proto, src.Remote)
+	}
 	if !ok {
 		return "", false
 	}
@@ -91,7 +102,7 @@ type Admitter struct {
 	// Scopes, when set, returns the admission scope of a sandbox; nil (or
 	// a nil scope) means the defaults: TCP 80 and 443, TTL capped at
 	// egress.DefaultAdmissionCap.
-	Scopes func(sandbox string) *egress.Scope
+	Scopes func(sandbox string) *egressrules.Scope
 	// Errors counts answers whose addresses could not be admitted (unknown
 	// sandbox, map full): the client's connection is then refused, never
 	// silently allowed.
@@ -107,7 +118,7 @@ func (a *Admitter) OnAnswer(ans dnsproxy.Answer) {
 		a.Errors.Add(1)
 		return
 	}
-	var scope *egress.Scope
+	var scope *egressrules.Scope
 	if a.Scopes != nil {
 		scope = a.Scopes(ans.Sandbox)
 	}
@@ -124,7 +135,7 @@ func (a *Admitter) OnAnswer(ans dnsproxy.Answer) {
 // when the proxy answered them under an explicit local allowance: the
 // policy's own egress rules (egress.allow, loopback services) decide those
 // connections, port by port, and an answer must not widen them.
-func Admit(e *egress.Egress, id uint32, ans dnsproxy.Answer, scope *egress.Scope) error {
+func Admit(e *egress.Egress, id uint32, ans dnsproxy.Answer, scope *egressrules.Scope) error {
 	addrs := ans.Addrs
 	for i, a := range ans.Addrs {
 		if dnsproxy.LocalKind(a) == "" {
@@ -144,4 +155,11 @@ func Admit(e *egress.Egress, id uint32, ans dnsproxy.Answer, scope *egress.Scope
 	}
 	ttl := scope.TTL(time.Duration(ans.TTL) * time.Second)
 	return e.Admit(id, addrs, ttl, ans.Name, scope.Spans(ans.Name))
+}
+
+func (r Resolver) netns(local netip.AddrPort) uint64 {
+	if r.Netns == nil {
+		return 0
+	}
+	return r.Netns(local)
 }

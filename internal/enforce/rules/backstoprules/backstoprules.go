@@ -11,7 +11,7 @@ const Mechanism = "kill"
 // Op is the set of file operations a path rule applies to.
 type Op uint32
 
-// File operations (OP_* in bpf/backstop.c).
+// File operations (OP_* in bpf/include/backstop_maps.h).
 const (
 	OpRead  Op = 1
 	OpWrite Op = 2
@@ -193,7 +193,7 @@ type SandboxRules struct {
 // DirKind says what a DirRule's place is.
 type DirKind uint32
 
-// Dir kinds (DIR_* in bpf/backstop.c).
+// Dir kinds (DIR_* in bpf/include/backstop_maps.h).
 const (
 	// DirDefault is a sandbox's write default (Path is ignored).
 	DirDefault DirKind = 0

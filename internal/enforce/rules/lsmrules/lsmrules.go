@@ -24,7 +24,7 @@ const (
 )
 
 // Op is an operation judged as a whole, not by path (enum lsm_op in
-// bpf/lsm.c).
+// bpf/include/lsm_rules.h).
 type Op uint32
 
 // Operations.

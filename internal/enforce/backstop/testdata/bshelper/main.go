@@ -267,6 +267,8 @@ func main() {
 		fmt.Printf("ns/op %.1f\n", mmapLoop(int(argInt(0))))
 	case "sleep":
 		select {}
+	case "cmds":
+		cmdLoop() // commands from stdin (cmds.go)
 	default:
 		var handled bool
 		if handled, err = subtreeOp(op, os.Args[2:]); !handled {
