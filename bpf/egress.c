@@ -26,6 +26,7 @@
 #include <bpf/bpf_endian.h>
 #include "listen.h"
 #include "egress_netns.h"
+#include "egress_foreign.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -47,6 +48,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define EGRESS_F_PROXY6 4      /* proxy6 is set: IPv6 DNS is redirected */
 #define EGRESS_F_RESOLVER_PORTS 8 /* other resolvers' ports refused unless a CIDR rule allows */
 #define EGRESS_F_UNIX 16          /* AF_UNIX connect/sendmsg only to egress_unix paths */
+#define EGRESS_F_FOREIGN 32       /* sockets made outside the sandbox refused (egress_foreign.h) */
 
 #define AF_UNIX 1
 #define UNIX_PATH_LEN 108
@@ -519,26 +521,36 @@ static __always_inline bool own_loopback_server(struct bpf_sock_addr *ctx, const
 
 /* handle is the common body of connect4/6 and sendmsg4/6. v6 says the
  * context's address is user_ip6 (it may still be IPv4-mapped). */
+/* read_dest reads the destination the caller passed. */
+static __always_inline void read_dest(struct bpf_sock_addr *ctx, bool v6, struct dest *d)
+{
+	d->port = bpf_ntohs(ctx->user_port);
+	d->proto = ctx->protocol;
+	d->type = ctx->type;
+	if (v6) {
+		d->addr[0] = ctx->user_ip6[0];
+		d->addr[1] = ctx->user_ip6[1];
+		d->addr[2] = ctx->user_ip6[2];
+		d->addr[3] = ctx->user_ip6[3];
+		d->family = is_v4mapped(d->addr) ? AF_INET : AF_INET6;
+	} else {
+		d->addr[2] = bpf_htonl(0xffff);
+		d->addr[3] = ctx->user_ip4;
+		d->family = AF_INET;
+	}
+}
+
 static __always_inline int handle(struct bpf_sock_addr *ctx, bool v6, __u8 op)
 {
+	mark_seen(ctx);
 	struct sock_info si = {};
 	read_sock(ctx, &si);
 	__u32 proto = ctx->protocol;
 	__u32 port_be = ctx->user_port;
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
-	struct dest d = { .port = bpf_ntohs(port_be), .proto = proto, .type = ctx->type };
-	if (v6) {
-		d.addr[0] = ctx->user_ip6[0];
-		d.addr[1] = ctx->user_ip6[1];
-		d.addr[2] = ctx->user_ip6[2];
-		d.addr[3] = ctx->user_ip6[3];
-		d.family = is_v4mapped(d.addr) ? AF_INET : AF_INET6;
-	} else {
-		d.addr[2] = bpf_htonl(0xffff);
-		d.addr[3] = ctx->user_ip4;
-		d.family = AF_INET;
-	}
+	struct dest d = {};
+	read_dest(ctx, v6, &d);
 
 	struct net_config *cfg = NULL;
 	if (sb) {
@@ -656,15 +668,19 @@ static __always_inline bool has_dotdot(const char *p)
  * the kernel resolves it) must be absolute, without "..", and inside one of
  * the sandbox's paths; abstract names live in the host's (network
  * namespace's) namespace and are refused. */
-static __always_inline int handle_unix(struct bpf_sock_addr *ctx, __u8 op)
+static __always_inline int handle_unix(struct bpf_sock_addr *ctx, __u8 op, bool foreign)
 {
 	__u64 root = 0;
 	struct sandbox *sb = current_sandbox(&root);
 	if (!sb)
 		return 1;
+	if (foreign && !foreign_sock(ctx))
+		return 1;
+	if (!foreign)
+		mark_seen(ctx);
 	__u32 id = sb->id;
 	struct net_config *cfg = bpf_map_lookup_elem(&egress_configs, &id);
-	if (!cfg || !(cfg->flags & EGRESS_F_UNIX))
+	if (!cfg || !(cfg->flags & (foreign ? EGRESS_F_FOREIGN : EGRESS_F_UNIX)))
 		return 1;
 
 	struct bpf_sock_addr_kern *sa = bpf_cast_to_kern_ctx(ctx);
@@ -686,7 +702,9 @@ static __always_inline int handle_unix(struct bpf_sock_addr *ctx, __u8 op)
 		return 1;
 	__u8 reason = 0;
 	__u32 len = n;
-	if (k.path[0] == 0)
+	if (foreign)
+		reason = NET_R_FOREIGN_SOCK;
+	else if (k.path[0] == 0)
 		reason = NET_R_UNIX_ABSTRACT;
 	else if (k.path[0] != '/')
 		reason = NET_R_UNIX_RELATIVE;
@@ -827,11 +845,65 @@ int egress_getpeername6(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect_unix")
 int egress_connect_unix(struct bpf_sock_addr *ctx)
 {
-	return handle_unix(ctx, NET_OP_CONNECT);
+	return handle_unix(ctx, NET_OP_CONNECT, false);
 }
 
 SEC("cgroup/sendmsg_unix")
 int egress_sendmsg_unix(struct bpf_sock_addr *ctx)
 {
-	return handle_unix(ctx, NET_OP_SENDMSG);
+	return handle_unix(ctx, NET_OP_SENDMSG, false);
+}
+
+/* handle_foreign refuses a sandboxed task's connect or send on a socket
+ * made outside its sandbox (egress_foreign.h); attached to the cgroup v2
+ * root, it lets everything else through to the programs that judge it. */
+static __always_inline int handle_foreign(struct bpf_sock_addr *ctx, bool v6, __u8 op)
+{
+	__u64 root = 0;
+	struct sandbox *sb = current_sandbox(&root);
+	if (!sb || !foreign_sock(ctx))
+		return 1;
+	__u32 id = sb->id;
+	struct net_config *cfg = bpf_map_lookup_elem(&egress_configs, &id);
+	if (!cfg || !(cfg->flags & EGRESS_F_FOREIGN))
+		return 1; /* egress does not cage this sandbox */
+	struct dest d = {};
+	read_dest(ctx, v6, &d);
+	return refuse(ctx, sb, root, cfg, &d, op, NET_R_FOREIGN_SOCK, 0);
+}
+
+SEC("cgroup/connect4")
+int egress_foreign_connect4(struct bpf_sock_addr *ctx)
+{
+	return handle_foreign(ctx, false, NET_OP_CONNECT);
+}
+
+SEC("cgroup/connect6")
+int egress_foreign_connect6(struct bpf_sock_addr *ctx)
+{
+	return handle_foreign(ctx, true, NET_OP_CONNECT);
+}
+
+SEC("cgroup/sendmsg4")
+int egress_foreign_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return handle_foreign(ctx, false, NET_OP_SENDMSG);
+}
+
+SEC("cgroup/sendmsg6")
+int egress_foreign_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return handle_foreign(ctx, true, NET_OP_SENDMSG);
+}
+
+SEC("cgroup/connect_unix")
+int egress_foreign_connect_unix(struct bpf_sock_addr *ctx)
+{
+	return handle_unix(ctx, NET_OP_CONNECT, true);
+}
+
+SEC("cgroup/sendmsg_unix")
+int egress_foreign_sendmsg_unix(struct bpf_sock_addr *ctx)
+{
+	return handle_unix(ctx, NET_OP_SENDMSG, true);
 }

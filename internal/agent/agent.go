@@ -312,7 +312,7 @@ func (a *Agent) compilePlan(pol *policy.Policy) (*plan.Plan, error) {
 	lsmStatus := a.lsmStatus()
 	env := plan.Env{LSM: lsmStatus, LSMMech: a.lsmMechanisms(), AgentFiles: agentFiles(pol, a.opts.PolicyPath),
 		DNSProxy4: a.dnsAddr, DNSProxy6: a.dnsAddr6, RequireLSM: a.opts.RequireLSM || pol.Agent.RequireLSM,
-		UnixSockets: a.egress.unixErr(), AbsentProbeSockets: AbsentProbeSockets(), IA32: ia32.Available()}
+		UnixSockets: a.egress.unixErr(), ForeignSockets: a.egress.foreignErr(), AbsentProbeSockets: AbsentProbeSockets(), IA32: ia32.Available()}
 	p, err := plan.Compile(pol, env, a.rules)
 	if err != nil {
 		return nil, err

@@ -289,6 +289,15 @@ func (l *egressLayer) unixErr() error {
 	return l.UnixErr()
 }
 
+// foreignErr is why sockets made outside a sandbox are not judged: probed
+// until the layer is loaded, then what its load found.
+func (l *egressLayer) foreignErr() error {
+	if l.Egress == nil {
+		return egress.ProbeForeign()
+	}
+	return l.ForeignErr()
+}
+
 // ipcLayer: the IPC objects sandboxes create (workspace rollback, and the
 // backstop's own-object test); see ipc.go.
 type ipcLayer struct {

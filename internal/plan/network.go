@@ -224,6 +224,16 @@ func (c *compiler) sideDoors(sb *policy.Sandbox, sid uint32, cfg *egressrules.Sa
 		c.add(sb, "egress: ping sockets", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: []string{pingNote}})
 	}
 
+	cfg.RefuseForeign = true
+	if c.env.ForeignSockets != nil {
+		c.add(sb, "egress: sockets made outside", policy.ActionBlock, layer{mech: MechNone,
+			notes: []string{"not judged here (" + c.env.ForeignSockets.Error() + "): a socket inherited or passed in from outside connects unjudged"}})
+	} else {
+		c.add(sb, "egress: sockets made outside", policy.ActionBlock, layer{mech: MechCgroupBPF,
+			notes: []string{"programs on the cgroup v2 root refuse connect and addressed sends on a socket made outside the sandbox (inherited, SCM_RIGHTS, pidfd_getfd)",
+				"a socket already connected when it came in is not judged: its sends run no hook"}})
+	}
+
 	cfg.RestrictUnix = true
 	for _, w := range sb.Workspace {
 		cfg.UnixPaths = append(cfg.UnixPaths, strings.TrimSuffix(w, "/")+"/")

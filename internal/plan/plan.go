@@ -72,6 +72,9 @@ type Env struct {
 	// UnixSockets is nil when the cgroup unix socket hooks load (kernel
 	// 6.7+: egress.ProbeUnix), or why not.
 	UnixSockets error
+	// ForeignSockets is nil when sockets made outside a sandbox are judged
+	// (egress.Egress.ForeignErr), or why not.
+	ForeignSockets error
 	// AbsentProbeSockets are the well-known socket paths that C libraries
 	// probe on their own (nscd's: every getpwuid from bash or ls tries it)
 	// and that do not exist on this host (AbsentProbeSockets()). Refusing

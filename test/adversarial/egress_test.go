@@ -126,10 +126,6 @@ func init() {
 		for _, path := range []string{"sandbox", "exec"} {
 			knownOpen["egress-tls-inner-host/"+path+"/"+layer] = "the Host inside TLS is not visible to the relay; only the SNI is judged (egress-names.md, Limits)"
 		}
-		knownOpen["egress-inherited-socket-dark/sandbox/"+layer] = "cgroup sock_addr hooks judge the socket's cgroup, set at socket(): a socket made outside is never seen (known-limits.md)"
-		for _, path := range []string{"sandbox", "exec"} {
-			knownOpen["egress-scm-rights-fronted/"+path+"/"+layer] = "cgroup sock_addr hooks judge the socket's cgroup, set at socket(): a socket made outside is never seen (known-limits.md)"
-		}
 	}
 	for i := range egressTechniques {
 		if egressTechniques[i].setup == nil {

@@ -113,7 +113,7 @@ func BenchmarkEgressOverhead(b *testing.B) {
 	if _, err := eng.AddSandbox(sb, sandboxID, 0); err != nil {
 		b.Fatal(err)
 	}
-	if err := eg.SetSandbox(sandboxID, egressrules.SandboxConfig{}); err != nil {
+	if err := eg.SetSandbox(sandboxID, egressrules.SandboxConfig{RefuseForeign: true}); err != nil {
 		b.Fatal(err)
 	}
 	// The destination is an answered address: the common path.
@@ -148,12 +148,22 @@ func BenchmarkEgressOverhead(b *testing.B) {
 	ratios := map[string][]float64{}
 	nsop := map[string][]float64{}
 	measure := func(k, mode string, ap netip.AddrPort, n int) {
+		// Bare: nothing attached, the root's foreign-socket programs
+		// included (their host-wide cost is in outside/bare).
 		if err := eg.Detach(sb); err != nil {
+			b.Fatal(err)
+		}
+		if err := eg.SetForeign(false); err != nil {
 			b.Fatal(err)
 		}
 		bare := childNsPerOp(b, outside, mode, ap, n)
 		if err := eg.Attach(sb); err != nil {
 			b.Fatal(err)
+		}
+		if eg.ForeignErr() == nil {
+			if err := eg.SetForeign(true); err != nil {
+				b.Fatal(err)
+			}
 		}
 		out := childNsPerOp(b, outside, mode, ap, n)
 		in := childNsPerOp(b, sb, mode, ap, n)

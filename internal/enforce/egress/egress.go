@@ -59,6 +59,7 @@ const (
 	flagProxy6     uint32 = 4
 	flagResolvers  uint32 = 8
 	flagUnix       uint32 = 16
+	flagForeign    uint32 = 32
 )
 
 // Protocol bits of struct port_range.
@@ -85,7 +86,10 @@ type Egress struct {
 	pinDir string
 	// unixErr is nil when the unix socket programs loaded (kernel 6.7+).
 	unixErr error
-	opts    Options
+	// foreignErr is nil when sockets made outside a sandbox are judged
+	// (foreign.go).
+	foreignErr error
+	opts       Options
 
 	mu        sync.Mutex
 	sandboxes map[uint32]*sandboxState
@@ -112,7 +116,9 @@ type sandboxState struct {
 type objects struct {
 	egressMaps
 	inetPrograms
-	unix unixPrograms
+	unix        unixPrograms
+	foreign     foreignPrograms     // attached to the cgroup v2 root (foreign.go)
+	foreignUnix foreignUnixPrograms // the same for unix sockets (6.7+)
 }
 
 type inetPrograms struct {
@@ -137,20 +143,13 @@ func (o *objects) Close() error {
 			p.prog.Close()
 		}
 	}
+	o.closeForeign()
 	return o.egressMaps.Close()
 }
 
 // programs lists the hook group's programs with their attach types.
-func (o *objects) programs() []struct {
-	name   string
-	prog   *ebpf.Program
-	attach ebpf.AttachType
-} {
-	return []struct {
-		name   string
-		prog   *ebpf.Program
-		attach ebpf.AttachType
-	}{
+func (o *objects) programs() []namedProgram {
+	return []namedProgram{
 		{"connect4", o.EgressConnect4, ebpf.AttachCGroupInet4Connect},
 		{"connect6", o.EgressConnect6, ebpf.AttachCGroupInet6Connect},
 		{"sendmsg4", o.EgressSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
@@ -224,6 +223,7 @@ func Load(eng *enforce.Engine, opts Options) (*Egress, error) {
 		e.objs.Close()
 		return nil, fmt.Errorf("load egress: %w", err)
 	}
+	e.loadForeign(spec, copts)
 	return e, nil
 }
 
@@ -305,44 +305,7 @@ func (e *Egress) Attach(path string) error {
 		return fmt.Errorf("attach egress: %w", err)
 	}
 	dir := filepath.Join(enforce.LinkPinDir(e.pinDir, Group), strconv.FormatUint(cg, 10))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("attach egress: %w", err)
-	}
-	var fresh []link.Link
-	fail := func(err error) error {
-		for _, l := range fresh {
-			l.Close()
-		}
-		return fmt.Errorf("attach egress to %s: %w", abs, err)
-	}
-	progs := e.objs.attachable()
-	for _, p := range progs {
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: abs, Attach: p.attach, Program: p.prog})
-		if err != nil {
-			return fail(fmt.Errorf("%s: %w", p.name, err))
-		}
-		fresh = append(fresh, l)
-	}
-	// Every new link is in force: now drop the old pins and pin the new.
-	for i, p := range progs {
-		pin := filepath.Join(dir, p.name)
-		if old, err := link.LoadPinnedLink(pin, nil); err == nil {
-			old.Unpin()
-			old.Close()
-		} else if !errors.Is(err, os.ErrNotExist) {
-			os.Remove(pin)
-		}
-		if err := fresh[i].Pin(pin); err != nil {
-			return fail(fmt.Errorf("pin %s: %w", p.name, err))
-		}
-	}
-	e.mu.Lock()
-	for _, l := range e.links[cg] {
-		l.Close()
-	}
-	e.links[cg] = fresh
-	e.mu.Unlock()
-	return nil
+	return e.attachAt(abs, dir, e.objs.attachable(), cg)
 }
 
 // Detach removes the programs from the cgroup at path (or its id, when the

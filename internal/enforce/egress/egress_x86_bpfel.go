@@ -209,55 +209,62 @@ type egressUnixKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	egressMapAgentTgid           = "agent_tgid"
-	egressMapAlertEvents         = "alert_events"
-	egressMapCgListenSocks       = "cg_listen_socks"
-	egressMapEgressAdmit         = "egress_admit"
-	egressMapEgressCidr          = "egress_cidr"
-	egressMapEgressConfigs       = "egress_configs"
-	egressMapEgressCounters      = "egress_counters"
-	egressMapEgressDnsClientsNs  = "egress_dns_clients_ns"
-	egressMapEgressDnsOrig       = "egress_dns_orig"
-	egressMapEgressEphemeral     = "egress_ephemeral"
-	egressMapEgressHome          = "egress_home"
-	egressMapEgressNetns         = "egress_netns"
-	egressMapEgressRelayCfg      = "egress_relay_cfg"
-	egressMapEgressRelayConnsNs  = "egress_relay_conns_ns"
-	egressMapEgressUnix          = "egress_unix"
-	egressMapMembershipCache     = "membership_cache"
-	egressMapRingbufDrops        = "ringbuf_drops"
-	egressMapRoutineEvents       = "routine_events"
-	egressMapSandboxGen          = "sandbox_gen"
-	egressMapSandboxes           = "sandboxes"
-	egressProgEgressConnect4     = "egress_connect4"
-	egressProgEgressConnect6     = "egress_connect6"
-	egressProgEgressConnectUnix  = "egress_connect_unix"
-	egressProgEgressGetpeername4 = "egress_getpeername4"
-	egressProgEgressGetpeername6 = "egress_getpeername6"
-	egressProgEgressRecvmsg4     = "egress_recvmsg4"
-	egressProgEgressRecvmsg6     = "egress_recvmsg6"
-	egressProgEgressSendmsg4     = "egress_sendmsg4"
-	egressProgEgressSendmsg6     = "egress_sendmsg6"
-	egressProgEgressSendmsgUnix  = "egress_sendmsg_unix"
-	egressVarUnusedAdmitSpan     = "unused_admit_span"
-	egressVarUnusedAdmitVal      = "unused_admit_val"
-	egressVarUnusedAllowKey      = "unused_allow_key"
-	egressVarUnusedCidrKey       = "unused_cidr_key"
-	egressVarUnusedCidrVal       = "unused_cidr_val"
-	egressVarUnusedDnsClient     = "unused_dns_client"
-	egressVarUnusedDnsClientKey  = "unused_dns_client_key"
-	egressVarUnusedDnsOrig       = "unused_dns_orig"
-	egressVarUnusedEgressConfig  = "unused_egress_config"
-	egressVarUnusedEventHdr      = "unused_event_hdr"
-	egressVarUnusedNetEvent      = "unused_net_event"
-	egressVarUnusedNetnsPorts    = "unused_netns_ports"
-	egressVarUnusedPortSpan      = "unused_port_span"
-	egressVarUnusedRelayConfig   = "unused_relay_config"
-	egressVarUnusedRelayConn     = "unused_relay_conn"
-	egressVarUnusedRelayConnKey  = "unused_relay_conn_key"
-	egressVarUnusedSandbox       = "unused_sandbox"
-	egressVarUnusedUnixEvent     = "unused_unix_event"
-	egressVarUnusedUnixKey       = "unused_unix_key"
+	egressMapAgentTgid                 = "agent_tgid"
+	egressMapAlertEvents               = "alert_events"
+	egressMapCgListenSocks             = "cg_listen_socks"
+	egressMapEgressAdmit               = "egress_admit"
+	egressMapEgressCidr                = "egress_cidr"
+	egressMapEgressConfigs             = "egress_configs"
+	egressMapEgressCounters            = "egress_counters"
+	egressMapEgressDnsClientsNs        = "egress_dns_clients_ns"
+	egressMapEgressDnsOrig             = "egress_dns_orig"
+	egressMapEgressEphemeral           = "egress_ephemeral"
+	egressMapEgressHome                = "egress_home"
+	egressMapEgressNetns               = "egress_netns"
+	egressMapEgressRelayCfg            = "egress_relay_cfg"
+	egressMapEgressRelayConnsNs        = "egress_relay_conns_ns"
+	egressMapEgressSeen                = "egress_seen"
+	egressMapEgressUnix                = "egress_unix"
+	egressMapMembershipCache           = "membership_cache"
+	egressMapRingbufDrops              = "ringbuf_drops"
+	egressMapRoutineEvents             = "routine_events"
+	egressMapSandboxGen                = "sandbox_gen"
+	egressMapSandboxes                 = "sandboxes"
+	egressProgEgressConnect4           = "egress_connect4"
+	egressProgEgressConnect6           = "egress_connect6"
+	egressProgEgressConnectUnix        = "egress_connect_unix"
+	egressProgEgressForeignConnect4    = "egress_foreign_connect4"
+	egressProgEgressForeignConnect6    = "egress_foreign_connect6"
+	egressProgEgressForeignConnectUnix = "egress_foreign_connect_unix"
+	egressProgEgressForeignSendmsg4    = "egress_foreign_sendmsg4"
+	egressProgEgressForeignSendmsg6    = "egress_foreign_sendmsg6"
+	egressProgEgressForeignSendmsgUnix = "egress_foreign_sendmsg_unix"
+	egressProgEgressGetpeername4       = "egress_getpeername4"
+	egressProgEgressGetpeername6       = "egress_getpeername6"
+	egressProgEgressRecvmsg4           = "egress_recvmsg4"
+	egressProgEgressRecvmsg6           = "egress_recvmsg6"
+	egressProgEgressSendmsg4           = "egress_sendmsg4"
+	egressProgEgressSendmsg6           = "egress_sendmsg6"
+	egressProgEgressSendmsgUnix        = "egress_sendmsg_unix"
+	egressVarUnusedAdmitSpan           = "unused_admit_span"
+	egressVarUnusedAdmitVal            = "unused_admit_val"
+	egressVarUnusedAllowKey            = "unused_allow_key"
+	egressVarUnusedCidrKey             = "unused_cidr_key"
+	egressVarUnusedCidrVal             = "unused_cidr_val"
+	egressVarUnusedDnsClient           = "unused_dns_client"
+	egressVarUnusedDnsClientKey        = "unused_dns_client_key"
+	egressVarUnusedDnsOrig             = "unused_dns_orig"
+	egressVarUnusedEgressConfig        = "unused_egress_config"
+	egressVarUnusedEventHdr            = "unused_event_hdr"
+	egressVarUnusedNetEvent            = "unused_net_event"
+	egressVarUnusedNetnsPorts          = "unused_netns_ports"
+	egressVarUnusedPortSpan            = "unused_port_span"
+	egressVarUnusedRelayConfig         = "unused_relay_config"
+	egressVarUnusedRelayConn           = "unused_relay_conn"
+	egressVarUnusedRelayConnKey        = "unused_relay_conn_key"
+	egressVarUnusedSandbox             = "unused_sandbox"
+	egressVarUnusedUnixEvent           = "unused_unix_event"
+	egressVarUnusedUnixKey             = "unused_unix_key"
 )
 
 // loadEgress returns the embedded CollectionSpec for egress.
@@ -302,16 +309,22 @@ type egressSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressProgramSpecs struct {
-	EgressConnect4     *ebpf.ProgramSpec `ebpf:"egress_connect4"`
-	EgressConnect6     *ebpf.ProgramSpec `ebpf:"egress_connect6"`
-	EgressConnectUnix  *ebpf.ProgramSpec `ebpf:"egress_connect_unix"`
-	EgressGetpeername4 *ebpf.ProgramSpec `ebpf:"egress_getpeername4"`
-	EgressGetpeername6 *ebpf.ProgramSpec `ebpf:"egress_getpeername6"`
-	EgressRecvmsg4     *ebpf.ProgramSpec `ebpf:"egress_recvmsg4"`
-	EgressRecvmsg6     *ebpf.ProgramSpec `ebpf:"egress_recvmsg6"`
-	EgressSendmsg4     *ebpf.ProgramSpec `ebpf:"egress_sendmsg4"`
-	EgressSendmsg6     *ebpf.ProgramSpec `ebpf:"egress_sendmsg6"`
-	EgressSendmsgUnix  *ebpf.ProgramSpec `ebpf:"egress_sendmsg_unix"`
+	EgressConnect4           *ebpf.ProgramSpec `ebpf:"egress_connect4"`
+	EgressConnect6           *ebpf.ProgramSpec `ebpf:"egress_connect6"`
+	EgressConnectUnix        *ebpf.ProgramSpec `ebpf:"egress_connect_unix"`
+	EgressForeignConnect4    *ebpf.ProgramSpec `ebpf:"egress_foreign_connect4"`
+	EgressForeignConnect6    *ebpf.ProgramSpec `ebpf:"egress_foreign_connect6"`
+	EgressForeignConnectUnix *ebpf.ProgramSpec `ebpf:"egress_foreign_connect_unix"`
+	EgressForeignSendmsg4    *ebpf.ProgramSpec `ebpf:"egress_foreign_sendmsg4"`
+	EgressForeignSendmsg6    *ebpf.ProgramSpec `ebpf:"egress_foreign_sendmsg6"`
+	EgressForeignSendmsgUnix *ebpf.ProgramSpec `ebpf:"egress_foreign_sendmsg_unix"`
+	EgressGetpeername4       *ebpf.ProgramSpec `ebpf:"egress_getpeername4"`
+	EgressGetpeername6       *ebpf.ProgramSpec `ebpf:"egress_getpeername6"`
+	EgressRecvmsg4           *ebpf.ProgramSpec `ebpf:"egress_recvmsg4"`
+	EgressRecvmsg6           *ebpf.ProgramSpec `ebpf:"egress_recvmsg6"`
+	EgressSendmsg4           *ebpf.ProgramSpec `ebpf:"egress_sendmsg4"`
+	EgressSendmsg6           *ebpf.ProgramSpec `ebpf:"egress_sendmsg6"`
+	EgressSendmsgUnix        *ebpf.ProgramSpec `ebpf:"egress_sendmsg_unix"`
 }
 
 // egressMapSpecs contains maps before they are loaded into the kernel.
@@ -332,6 +345,7 @@ type egressMapSpecs struct {
 	EgressNetns        *ebpf.MapSpec `ebpf:"egress_netns"`
 	EgressRelayCfg     *ebpf.MapSpec `ebpf:"egress_relay_cfg"`
 	EgressRelayConnsNs *ebpf.MapSpec `ebpf:"egress_relay_conns_ns"`
+	EgressSeen         *ebpf.MapSpec `ebpf:"egress_seen"`
 	EgressUnix         *ebpf.MapSpec `ebpf:"egress_unix"`
 	MembershipCache    *ebpf.MapSpec `ebpf:"membership_cache"`
 	RingbufDrops       *ebpf.MapSpec `ebpf:"ringbuf_drops"`
@@ -399,6 +413,7 @@ type egressMaps struct {
 	EgressNetns        *ebpf.Map `ebpf:"egress_netns"`
 	EgressRelayCfg     *ebpf.Map `ebpf:"egress_relay_cfg"`
 	EgressRelayConnsNs *ebpf.Map `ebpf:"egress_relay_conns_ns"`
+	EgressSeen         *ebpf.Map `ebpf:"egress_seen"`
 	EgressUnix         *ebpf.Map `ebpf:"egress_unix"`
 	MembershipCache    *ebpf.Map `ebpf:"membership_cache"`
 	RingbufDrops       *ebpf.Map `ebpf:"ringbuf_drops"`
@@ -423,6 +438,7 @@ func (m *egressMaps) Close() error {
 		m.EgressNetns,
 		m.EgressRelayCfg,
 		m.EgressRelayConnsNs,
+		m.EgressSeen,
 		m.EgressUnix,
 		m.MembershipCache,
 		m.RingbufDrops,
@@ -461,16 +477,22 @@ type egressVariables struct {
 //
 // It can be passed to loadEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressPrograms struct {
-	EgressConnect4     *ebpf.Program `ebpf:"egress_connect4"`
-	EgressConnect6     *ebpf.Program `ebpf:"egress_connect6"`
-	EgressConnectUnix  *ebpf.Program `ebpf:"egress_connect_unix"`
-	EgressGetpeername4 *ebpf.Program `ebpf:"egress_getpeername4"`
-	EgressGetpeername6 *ebpf.Program `ebpf:"egress_getpeername6"`
-	EgressRecvmsg4     *ebpf.Program `ebpf:"egress_recvmsg4"`
-	EgressRecvmsg6     *ebpf.Program `ebpf:"egress_recvmsg6"`
-	EgressSendmsg4     *ebpf.Program `ebpf:"egress_sendmsg4"`
-	EgressSendmsg6     *ebpf.Program `ebpf:"egress_sendmsg6"`
-	EgressSendmsgUnix  *ebpf.Program `ebpf:"egress_sendmsg_unix"`
+	EgressConnect4           *ebpf.Program `ebpf:"egress_connect4"`
+	EgressConnect6           *ebpf.Program `ebpf:"egress_connect6"`
+	EgressConnectUnix        *ebpf.Program `ebpf:"egress_connect_unix"`
+	EgressForeignConnect4    *ebpf.Program `ebpf:"egress_foreign_connect4"`
+	EgressForeignConnect6    *ebpf.Program `ebpf:"egress_foreign_connect6"`
+	EgressForeignConnectUnix *ebpf.Program `ebpf:"egress_foreign_connect_unix"`
+	EgressForeignSendmsg4    *ebpf.Program `ebpf:"egress_foreign_sendmsg4"`
+	EgressForeignSendmsg6    *ebpf.Program `ebpf:"egress_foreign_sendmsg6"`
+	EgressForeignSendmsgUnix *ebpf.Program `ebpf:"egress_foreign_sendmsg_unix"`
+	EgressGetpeername4       *ebpf.Program `ebpf:"egress_getpeername4"`
+	EgressGetpeername6       *ebpf.Program `ebpf:"egress_getpeername6"`
+	EgressRecvmsg4           *ebpf.Program `ebpf:"egress_recvmsg4"`
+	EgressRecvmsg6           *ebpf.Program `ebpf:"egress_recvmsg6"`
+	EgressSendmsg4           *ebpf.Program `ebpf:"egress_sendmsg4"`
+	EgressSendmsg6           *ebpf.Program `ebpf:"egress_sendmsg6"`
+	EgressSendmsgUnix        *ebpf.Program `ebpf:"egress_sendmsg_unix"`
 }
 
 func (p *egressPrograms) Close() error {
@@ -478,6 +500,12 @@ func (p *egressPrograms) Close() error {
 		p.EgressConnect4,
 		p.EgressConnect6,
 		p.EgressConnectUnix,
+		p.EgressForeignConnect4,
+		p.EgressForeignConnect6,
+		p.EgressForeignConnectUnix,
+		p.EgressForeignSendmsg4,
+		p.EgressForeignSendmsg6,
+		p.EgressForeignSendmsgUnix,
 		p.EgressGetpeername4,
 		p.EgressGetpeername6,
 		p.EgressRecvmsg4,

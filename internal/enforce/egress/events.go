@@ -31,6 +31,7 @@ var reasons = map[uint8]string{
 	9:  `".." in a unix socket path`,
 	10: "unix socket outside the sandbox's paths",
 	11: "answered address, but not on a port or protocol its name allows",
+	13: "socket made outside the sandbox (inherited, or passed in by another process): a sandbox connects only sockets it made; no policy line allows it",
 }
 
 // Reason codes, for callers that compare.
@@ -46,6 +47,7 @@ const (
 	ReasonUnixDotDot  uint8 = 9
 	ReasonUnixPath    uint8 = 10
 	ReasonPort        uint8 = 11
+	ReasonForeignSock uint8 = 13 // foreign.go
 )
 
 // UnixEvent is a refused (or recorded) unix socket connect or sendmsg,

@@ -355,6 +355,10 @@ func helperOp(mode string) (string, error) {
 		if p, err := strconv.Atoi(os.Getenv("WATCHER_PORT")); err == nil {
 			port = uint16(p)
 		}
+		if os.Getenv("WATCHER_FD") == "3" {
+			// The answered address, on a socket inherited as fd 3.
+			return connectFD(3, netip.AddrPortFrom(ips[0], port))
+		}
 		c, err := (&net.Dialer{}).DialContext(ctx, network, netip.AddrPortFrom(ips[0], port).String())
 		if err != nil {
 			return "", err
@@ -428,6 +432,9 @@ func helperOp(mode string) (string, error) {
 		}
 		unix.Close(fd)
 		return "raw socket", nil
+	}
+	if h, ok := foreignHelpers[mode]; ok {
+		return h(ctx)
 	}
 	if h, ok := relayHelpers[mode]; ok {
 		return h(ctx)

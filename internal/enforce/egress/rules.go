@@ -58,6 +58,9 @@ func (e *Egress) SetSandbox(id uint32, cfg egressrules.SandboxConfig) error {
 	if cfg.RestrictUnix {
 		nc.Flags |= flagUnix
 	}
+	if cfg.RefuseForeign {
+		nc.Flags |= flagForeign
+	}
 	entries, err := cidrEntries(id, cfg.Rules)
 	if err != nil {
 		return fmt.Errorf("set egress sandbox %d: %w", id, err)

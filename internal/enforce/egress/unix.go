@@ -32,7 +32,7 @@ func ProbeUnix() error {
 		return err
 	}
 	for name := range spec.Programs {
-		if !strings.HasSuffix(name, "_unix") {
+		if !strings.HasSuffix(name, "_unix") || strings.Contains(name, "_foreign_") {
 			delete(spec.Programs, name)
 		}
 	}
@@ -61,11 +61,7 @@ func (o *objects) mapByName(name string) *ebpf.Map {
 }
 
 // attachable lists the programs that loaded.
-func (o *objects) attachable() []struct {
-	name   string
-	prog   *ebpf.Program
-	attach ebpf.AttachType
-} {
+func (o *objects) attachable() []namedProgram {
 	all := o.programs()
 	out := all[:0:0]
 	for _, p := range all {

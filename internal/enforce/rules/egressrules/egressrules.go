@@ -65,6 +65,10 @@ type SandboxConfig struct {
 	// RestrictUnix limits unix socket connects and datagrams to UnixPaths
 	// (where the kernel has the hooks: egress.Egress.UnixErr).
 	RestrictUnix bool
+	// RefuseForeign refuses connects and addressed sends on sockets made
+	// outside the sandbox (inherited, or passed in by another process),
+	// where the kernel runs none of the sandbox's own programs.
+	RefuseForeign bool
 	// UnixPaths are the socket paths allowed with RestrictUnix: a path
 	// ending in "/" allows everything below it, others that socket only.
 	UnixPaths []string
