@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/testkit/poll"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/audit"
@@ -195,21 +197,19 @@ func TestOperationsKilled(t *testing.T) {
 
 func (f *fixture) lastMount(t *testing.T, pid int) backstop.MountKill {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
+	var mk backstop.MountKill
+	poll.Eventually(t, 3*time.Second, func() bool {
 		f.mu.Lock()
+		defer f.mu.Unlock()
 		for i := len(f.mounts) - 1; i >= 0; i-- {
 			if int(f.mounts[i].TGID) == pid {
-				mk := f.mounts[i]
-				f.mu.Unlock()
-				return mk
+				mk = f.mounts[i]
+				return true
 			}
 		}
-		f.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no mount record for pid %d", pid)
-	return backstop.MountKill{}
+		return false
+	}, "no mount record for pid %d", pid)
+	return mk
 }
 
 // TestPathResolution opens protected files by other names: each is judged
@@ -427,24 +427,20 @@ exec sleep 30`, leaf, helperBin, dir)
 	shell := cmd.Process.Pid
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	var mk backstop.MountKill
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && mk.Op == "" {
+	poll.Within(5*time.Second, func() bool {
 		f.mu.Lock()
+		defer f.mu.Unlock()
 		for _, m := range f.mounts {
 			if m.Target == dir {
 				mk = m
 			}
 		}
-		f.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	}
+		return mk.Op != ""
+	})
 	if mk.Op != "mount" || mk.Ret != 0 || !mk.Killed {
 		t.Fatalf("mount record %+v; output:\n%s", mk, out.String())
 	}
-	for time.Now().Before(deadline) && !strings.Contains(out.String(), "mounter-exit=137") {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !strings.Contains(out.String(), "mounter-exit=137") {
+	if !poll.Within(5*time.Second, func() bool { return strings.Contains(out.String(), "mounter-exit=137") }) {
 		t.Fatalf("mounter not killed:\n%s", out.String())
 	}
 	if isMounted(t, os.Getpid(), dir) {

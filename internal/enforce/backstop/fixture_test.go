@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/testkit/poll"
+
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -186,19 +188,19 @@ func (f *fixture) run(t *testing.T, parent, op string, args ...string) result {
 // waitEvent waits for an event of process pid matching pred.
 func (f *fixture) waitEvent(t *testing.T, pid int, pred func(audit.Event) bool) (audit.Event, bool) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
+	var found audit.Event
+	ok := poll.Within(3*time.Second, func() bool {
 		f.mu.Lock()
+		defer f.mu.Unlock()
 		for _, ev := range f.events {
 			if int(ev.Process.TGID) == pid && (pred == nil || pred(ev)) {
-				f.mu.Unlock()
-				return ev, true
+				found = ev
+				return true
 			}
 		}
-		f.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	}
-	return audit.Event{}, false
+		return false
+	})
+	return found, ok
 }
 
 func (f *fixture) eventsOf(pid int) []audit.Event {

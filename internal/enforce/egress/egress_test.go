@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watcherhq/watcher/internal/testkit/poll"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
@@ -81,21 +83,19 @@ func (l *eventLog) Notify(ev audit.Event) error {
 // wait returns the first event matching pred, waiting up to 5s.
 func (l *eventLog) wait(t *testing.T, what string, pred func(audit.Event) bool) audit.Event {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var found audit.Event
+	poll.Eventually(t, 5*time.Second, func() bool {
 		l.mu.Lock()
+		defer l.mu.Unlock()
 		for _, ev := range l.evs {
 			if pred(ev) {
-				l.mu.Unlock()
-				return ev
+				found = ev
+				return true
 			}
 		}
-		l.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("no event for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	}, "no event for %s", what)
+	return found
 }
 
 func setup(t testing.TB) *fixture {

@@ -15,6 +15,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/watcherhq/watcher/internal/testkit/poll"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/watcherhq/watcher/internal/enforce/enforcetest"
@@ -296,25 +298,26 @@ func firstMapping(t *testing.T, pid int) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-		if err == nil {
-			for _, line := range strings.Split(string(data), "\n") {
-				f := strings.Fields(line)
-				if len(f) < 6 || !strings.HasPrefix(f[1], "r") || f[5] != self {
-					continue
-				}
-				start, _, _ := strings.Cut(f[0], "-")
-				addr, err := strconv.ParseUint(start, 16, 64)
-				if err == nil {
-					return addr
-				}
+	var addr uint64
+	found := poll.Within(10*time.Second, func() bool {
+		var data []byte
+		if data, err = os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err != nil {
+			return false
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 6 || !strings.HasPrefix(f[1], "r") || f[5] != self {
+				continue
+			}
+			start, _, _ := strings.Cut(f[0], "-")
+			if addr, err = strconv.ParseUint(start, 16, 64); err == nil {
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no readable mapping in /proc/%d/maps: %v", pid, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	})
+	if !found {
+		t.Fatalf("no readable mapping in /proc/%d/maps (last error %v)", pid, err)
 	}
+	return addr
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/watcherhq/watcher/internal/testkit/poll"
+
 	"github.com/watcherhq/watcher/internal/audit"
 	"github.com/watcherhq/watcher/internal/cgroupfs"
 	"github.com/watcherhq/watcher/internal/enforce"
@@ -348,18 +350,12 @@ func TestDenialsAttachDetach(t *testing.T) {
 	expect("a command announced", true)
 	e := newDenyEnv(t)
 	v, _ := launchDeny(t, e, sb)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, ok := c.find(func(ev audit.Event) bool {
+	poll.Eventually(t, 5*time.Second, func() bool {
+		_, ok := c.find(func(ev audit.Event) bool {
 			return int(ev.Process.TGID) == v.PID && ev.Mechanism == recorder.MechanismSeccomp && ev.Syscall != nil && ev.Syscall.Name == "mount"
-		}); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no seccomp denial recorded after the tracepoints were attached")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		})
+		return ok
+	}, "no seccomp denial recorded after the tracepoints were attached")
 	if err := tr.SetConfig(recorder.Config{}); err != nil {
 		t.Fatal(err)
 	}
