@@ -98,6 +98,7 @@ func (a *Agent) applyNames(p *plan.Plan) error {
 			NameAllowed:  func(name string) bool { return a.dns != nil && a.dns.NameListed(sandbox, name) },
 			ECH:          namerelay.NewNames(nb.ECH),
 			ReadOnly:     namerelay.NewNames(nb.ReadOnly),
+			Inspect:      namerelay.NewNames(nb.Inspect),
 			UnnamedPorts: nb.UnnamedPorts,
 			Rule:         "egress-names", RuleID: nb.RuleID,
 		}
@@ -133,13 +134,14 @@ func (a *Agent) applyNames(p *plan.Plan) error {
 	return nil
 }
 
-// brokered prepares a sandbox's credential brokering: its CA (kept for
+// brokered prepares a sandbox's terminated TLS (credential brokering and
+// inspected names): its CA (kept for
 // the agent's life, so reloads do not invalidate the bundle a running
 // command trusts), the trust bundle file, and the secrets' values. A value
 // that cannot be read is recorded and left out: its placeholder then
 // reaches the host as it is, worthless.
 func (a *Agent) brokered(pol *policy.Policy, nb plan.NameBinding) (*namerelay.CA, []namerelay.Secret) {
-	if len(nb.Secrets) == 0 {
+	if len(nb.Secrets) == 0 && len(nb.Inspect) == 0 {
 		return nil, nil
 	}
 	alert := func(msg string) {

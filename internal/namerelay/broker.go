@@ -114,10 +114,13 @@ func (c *CA) leaf(name string) (*tls.Certificate, error) {
 }
 
 // terminates reports whether the relay terminates TLS for name: a secret
-// is bound to it.
+// is bound to it, or the policy inspects it.
 func (p *Policy) terminates(name string) bool {
 	if p.CA == nil {
 		return false
+	}
+	if p.Inspect.Match(name) {
+		return true
 	}
 	for i := range p.Secrets {
 		if p.Secrets[i].Hosts.Match(name) {
@@ -141,7 +144,7 @@ func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 func (s *session) broker(hello []byte, sni string) {
 	leaf, err := s.pol.CA.leaf(sni)
 	if err != nil {
-		s.refuse(sni, "credential broker: cannot issue a certificate: "+err.Error(), tlsAlert)
+		s.refuse(sni, "terminated TLS: cannot issue a certificate: "+err.Error(), tlsAlert)
 		return
 	}
 	client := tls.Server(&prefixConn{Conn: s.client, r: io.MultiReader(bytes.NewReader(hello), s.client)}, &tls.Config{
@@ -179,7 +182,7 @@ func (s *session) broker(hello []byte, sni string) {
 	defer up.Close()
 	up.SetDeadline(time.Now().Add(s.r.cfg.DialTimeout))
 	if err := up.Handshake(); err != nil {
-		s.refuse(sni, "credential broker: the destination's certificate does not verify: "+err.Error(), nil)
+		s.refuse(sni, "terminated TLS: the destination's certificate does not verify: "+err.Error(), nil)
 		writeStatus(client, http.StatusBadGateway, "watcher: the destination's certificate does not verify\n")
 		return
 	}

@@ -182,7 +182,7 @@ func (h *h2Relay) dialUpstream(ctx context.Context, _, _ string) (net.Conn, erro
 		raw.Close()
 		var verr *tls.CertificateVerificationError
 		if errors.As(err, &verr) {
-			h.s.refuse(h.sni, "credential broker: the destination's certificate does not verify: "+err.Error(), nil)
+			h.s.refuse(h.sni, "terminated TLS: the destination's certificate does not verify: "+err.Error(), nil)
 			return nil, fmt.Errorf("%w: %w", errUpstreamCert, err)
 		}
 		return nil, fmt.Errorf("%w: TLS: %w", errUpstreamDial, err)

@@ -273,3 +273,32 @@ func TestH2HostBesideAuthority(t *testing.T) {
 		}
 	}
 }
+
+// curl fronting an inspected name: the Host of another site inside the
+// TLS for inspect.test is refused over HTTP/1.1 (403) and HTTP/2 (421),
+// while inspect.test's own request passes.
+func TestInspectCurl(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("curl is not installed")
+	}
+	f := newBrokerFixture(t, true)
+	port := itoa(f.addr.Port())
+	url := "https://inspect.test:" + port + "/"
+	for _, c := range []struct{ proto, fronted string }{{"--http1.1", "403"}, {"--http2", "421"}} {
+		if c.proto == "--http2" {
+			if out, _ := exec.Command("curl", "--version").Output(); !strings.Contains(string(out), "HTTP2") {
+				t.Log("curl is built without HTTP/2 (nghttp2): HTTP/2 not checked")
+				continue
+			}
+		}
+		args := []string{"-sS", "--max-time", "10", c.proto, "--cacert", f.caFile, "--resolve", "inspect.test:" + port + ":127.0.0.1", "-w", " [%{http_code}]"}
+		out, err := exec.Command("curl", append(args, url)...).CombinedOutput()
+		if err != nil || !strings.HasSuffix(string(out), "[200]") || !strings.Contains(string(out), "host=inspect.test") {
+			t.Errorf("curl %s to the inspected name: %v %q", c.proto, err, out)
+		}
+		out, err = exec.Command("curl", append(args, "-H", "Host: other.test", url)...).CombinedOutput()
+		if err != nil || !strings.HasSuffix(string(out), "["+c.fronted+"]") {
+			t.Errorf("curl %s fronting other.test inside TLS for inspect.test: %v %q, want %s", c.proto, err, out, c.fronted)
+		}
+	}
+}

@@ -57,7 +57,7 @@ type brokerFixture struct {
 // method, the Host and the Authorization the destination saw.
 func newBrokerFixture(t testing.TB, upstreamH2 bool) *brokerFixture {
 	t.Helper()
-	upCA, upCert := testCertificates(t, "api.test", "other.test", "ro.test")
+	upCA, upCert := testCertificates(t, "api.test", "other.test", "ro.test", "inspect.test", "plain.test")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -91,8 +91,11 @@ func newBrokerFixture(t testing.TB, upstreamH2 bool) *brokerFixture {
 	answers.Record(1, "other.test", []netip.Addr{dest.Addr()}, time.Minute)
 	answers.Record(1, "ro.test", []netip.Addr{dest.Addr()}, time.Minute)
 	answers.Record(1, "bad.test", []netip.Addr{dest.Addr()}, time.Minute)
+	answers.Record(1, "inspect.test", []netip.Addr{dest.Addr()}, time.Minute)
+	answers.Record(1, "plain.test", []netip.Addr{dest.Addr()}, time.Minute)
 	pol := &Policy{Sandbox: "sb", Rule: "egress names", RuleID: 7, CA: ca,
-		ReadOnly: NewNames([]string{"ro.test"}),
+		ReadOnly: NewNames([]string{"ro.test", "inspect.test"}),
+		Inspect:  NewNames([]string{"inspect.test"}),
 		Secrets: []Secret{
 			{Name: "token", Placeholder: tokenPlaceholder, Value: tokenValue, Hosts: NewNames([]string{"api.test", "ro.test", "bad.test"})},
 			{Name: "other", Placeholder: otherPlaceholder, Value: otherValue, Hosts: NewNames([]string{"other.test"})},
@@ -365,5 +368,51 @@ func TestH2CoalescingRecordOnly(t *testing.T) {
 	}
 	if ev, ok := f.event("connection coalescing"); !ok || ev.Verdict != audit.VerdictRecorded {
 		t.Errorf("record: %v %+v", ok, ev)
+	}
+}
+
+// An inspected name (egress.names.inspect) is terminated without a
+// secret: its own Host passes, over HTTP/1.1 and HTTP/2, another site's
+// Host inside the TLS is refused and recorded, and read_only applies. A
+// name neither inspected nor secret-bound (plain.test) is passed through
+// untouched: the client sees the destination's own certificate, and the
+// Host inside is not judged (the limit inspect lifts).
+func TestInspectedName(t *testing.T) {
+	f := newBrokerFixture(t, true)
+	for _, h2 := range []bool{false, true} {
+		c := f.client(h2)
+		want := map[bool]string{false: "HTTP/1.1", true: "HTTP/2.0"}[h2]
+		proto, code, body := do(t, c, "GET", "https://inspect.test/", "", "")
+		if proto != want || code != 200 || body != want+" GET host=inspect.test auth=" {
+			t.Errorf("inspected name, own Host (%s): %s %d %q", want, proto, code, body)
+		}
+		_, code, body = do(t, c, "GET", "https://inspect.test/", "other.test", "")
+		if code != http.StatusForbidden && code != http.StatusMisdirectedRequest {
+			t.Errorf("inspected name, Host other.test (%s): %d %q, want 403 or 421", want, code, body)
+		}
+		_, code, body = do(t, c, "POST", "https://inspect.test/", "", "")
+		if code != http.StatusForbidden || !strings.Contains(body, "read-only") {
+			t.Errorf("POST to an inspected read-only name (%s): %d %q", want, code, body)
+		}
+	}
+	if _, ok := f.event(`Host "other.test" differs from the TLS server name "inspect.test"`); !ok {
+		t.Error("the fronted request on HTTP/1.1 was not recorded")
+	}
+	if _, ok := f.event(`HTTP/2 request for "other.test" on the connection for TLS server name "inspect.test"`); !ok {
+		t.Error("the fronted request on HTTP/2 was not recorded")
+	}
+
+	// plain.test: passed through, the destination's certificate, the Host
+	// inside unseen.
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: f.upCA},
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", f.addr.String())
+		},
+	}
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	_, code, body := do(t, c, "GET", "https://plain.test/", "other.test", "")
+	if code != 200 || !strings.Contains(body, "host=other.test") {
+		t.Errorf("a name not inspected is passed through: %d %q", code, body)
 	}
 }

@@ -31,9 +31,13 @@ type Policy struct {
 	// (policy audit.connections).
 	RecordAllowed bool
 	// Secrets are the credentials the sandbox holds placeholders for; CA
-	// terminates TLS for their hosts (both nil: no brokering).
+	// terminates TLS for their hosts and for Inspect (nil: neither).
 	Secrets []Secret
 	CA      *CA
+	// Inspect lists names the relay terminates TLS for without a secret,
+	// so every request's Host (HTTP/2 :authority) and method is judged
+	// as on plain HTTP: fronting inside TLS is refused there.
+	Inspect Names
 	// Rule and RuleID name the rule in events.
 	Rule   string
 	RuleID uint32

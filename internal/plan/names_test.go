@@ -113,3 +113,56 @@ sandboxes:
 		t.Errorf("bad secrets: %v", err)
 	}
 }
+
+// egress.names.inspect: the names reach the relay's binding, the layer
+// note says TLS is terminated for them, watcher exec points the trust
+// variables at the sandbox's bundle (no placeholders: no secrets), and a
+// bad entry or inspect without bind is refused.
+func TestInspectPlan(t *testing.T) {
+	p := parse(t, `version: 1
+agent: {ledger_dir: /var/lib/w/ledger}
+sandboxes:
+  - name: inspected
+    select: {cgroups: [/i]}
+    egress: {names: {bind: true, inspect: [.cdn.example.net]}}
+  - name: plain
+    select: {cgroups: [/p]}
+    egress: {names: {bind: true}}
+`)
+	env := Env{LSM: lsmEnv(t, errRefused), DNSProxy4: netip.MustParseAddrPort("127.0.0.1:5300")}
+	plan, _ := compile(t, p, env)
+	if nb := plan.Names[plan.SandboxIDs["inspected"]]; !slices.Equal(nb.Inspect, []string{".cdn.example.net"}) {
+		t.Errorf("inspect = %v", nb.Inspect)
+	}
+	var inspected, plain int
+	for _, l := range plan.Layers {
+		if strings.Contains(l.Rule, "egress names") {
+			if strings.Contains(l.Note, "1 inspected names") {
+				inspected++
+			}
+			if strings.Contains(l.Note, "inside TLS only the server name is judged") {
+				plain++
+			}
+		}
+	}
+	if inspected != 1 || plain != 1 {
+		t.Errorf("egress names notes: %d say inspected, %d say only the server name (want 1 and 1)", inspected, plain)
+	}
+	ca := "/var/lib/w/sandbox-ca/inspected.pem"
+	got := strings.Join(SecretEnv(p, "inspected", []string{"PATH=/bin"}), " ")
+	if !strings.Contains(got, "SSL_CERT_FILE="+ca) || !strings.Contains(got, "REQUESTS_CA_BUNDLE="+ca) || strings.Contains(got, "placeholder") {
+		t.Errorf("inspected sandbox env: %s", got)
+	}
+	if e := SecretEnv(p, "plain", []string{"A=1"}); len(e) != 1 {
+		t.Errorf("sandbox inspecting nothing: %v", e)
+	}
+	_, err := policy.Parse("t.yaml", []byte(`version: 1
+sandboxes:
+  - name: x
+    select: {cgroups: [/x]}
+    egress: {names: {bind: false, inspect: ["bad name!"]}}
+`))
+	if err == nil || !strings.Contains(err.Error(), "inspect") || !strings.Contains(err.Error(), "names.bind") {
+		t.Errorf("bad inspect: %v", err)
+	}
+}

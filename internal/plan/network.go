@@ -303,6 +303,7 @@ type NameBinding struct {
 	Sandbox      string
 	RecordOnly   bool
 	ReadOnly     []string
+	Inspect      []string // TLS terminated without a secret
 	ECH          []string
 	UnnamedPorts []namerelay.PortRange
 	QUIC         bool
@@ -332,7 +333,7 @@ func SandboxCAFile(pol *policy.Policy, sandbox string) string {
 // placeholder, the variables the agent reads values from removed (a
 // private agent shares the caller's environment), and the TLS trust
 // variables pointed at the sandbox's bundle. env is returned unchanged
-// when the sandbox has no secrets.
+// when the sandbox has no secrets and inspects no name.
 func SecretEnv(pol *policy.Policy, sandbox string, env []string) []string {
 	var sb *policy.Sandbox
 	for i := range pol.Sandboxes {
@@ -340,7 +341,7 @@ func SecretEnv(pol *policy.Policy, sandbox string, env []string) []string {
 			sb = &pol.Sandboxes[i]
 		}
 	}
-	if sb == nil || !sb.Egress.Names.Bind || len(sb.Egress.Names.Secrets) == 0 {
+	if sb == nil || !sb.Egress.Names.Bind || (len(sb.Egress.Names.Secrets) == 0 && len(sb.Egress.Names.Inspect) == 0) {
 		return env
 	}
 	set := map[string]string{}
@@ -377,7 +378,7 @@ func (c *compiler) names(sb *policy.Sandbox, sid uint32) {
 		return
 	}
 	nb := NameBinding{Sandbox: sb.Name, RecordOnly: sb.Mode == policy.ModeRecord, ReadOnly: slices.Clone(nm.ReadOnly),
-		ECH: slices.Clone(nm.ECH), QUIC: nm.QUIC, RuleID: c.rules.ID("egress-names"), Secrets: slices.Clone(nm.Secrets),
+		Inspect: slices.Clone(nm.Inspect), ECH: slices.Clone(nm.ECH), QUIC: nm.QUIC, RuleID: c.rules.ID("egress-names"), Secrets: slices.Clone(nm.Secrets),
 		RecordAllowed: sb.Audit.Connections}
 	for _, pr := range nm.UnnamedPorts {
 		lo, hi, _ := pr.Bounds() // validated
@@ -392,8 +393,13 @@ func (c *compiler) names(sb *policy.Sandbox, sid uint32) {
 	if len(nm.Secrets) > 0 {
 		notes = append(notes, fmt.Sprintf("%d brokered secrets: placeholders in the sandbox, TLS terminated with a per-sandbox CA for their hosts", len(nm.Secrets)))
 	}
+	if len(nm.Inspect) > 0 {
+		notes = append(notes, fmt.Sprintf("%d inspected names: TLS terminated with the per-sandbox CA, every request's Host judged", len(nm.Inspect)))
+	} else {
+		notes = append(notes, "inside TLS only the server name is judged: a Host of another site there passes (egress.names.inspect terminates TLS to judge it)")
+	}
 	if len(nm.ReadOnly) > 0 {
-		notes = append(notes, fmt.Sprintf("%d read-only names: GET, HEAD, OPTIONS only on plain HTTP", len(nm.ReadOnly)))
+		notes = append(notes, fmt.Sprintf("%d read-only names: GET, HEAD, OPTIONS only on plain HTTP and on terminated names", len(nm.ReadOnly)))
 	}
 	c.add(sb, "egress names", policy.ActionBlock, layer{mech: MechCgroupBPF, notes: notes})
 }

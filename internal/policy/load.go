@@ -204,6 +204,7 @@ func mergeLists(merged, own, base *Sandbox) {
 	merged.Egress.Unix = concat(own.Egress.Unix, base.Egress.Unix)
 	merged.Egress.Names.ReadOnly = concat(own.Egress.Names.ReadOnly, base.Egress.Names.ReadOnly)
 	merged.Egress.Names.ECH = concat(own.Egress.Names.ECH, base.Egress.Names.ECH)
+	merged.Egress.Names.Inspect = concat(own.Egress.Names.Inspect, base.Egress.Names.Inspect)
 	merged.Egress.Names.UnnamedPorts = concat(own.Egress.Names.UnnamedPorts, base.Egress.Names.UnnamedPorts)
 	merged.Egress.Names.Secrets = concat(own.Egress.Names.Secrets, base.Egress.Names.Secrets)
 	merged.Require = concat(own.Require, base.Require)
@@ -487,6 +488,7 @@ func normalizeSandbox(sb *Sandbox) {
 	nilIfEmpty(&sb.Egress.Unix)
 	nilIfEmpty(&sb.Egress.Names.ReadOnly)
 	nilIfEmpty(&sb.Egress.Names.ECH)
+	nilIfEmpty(&sb.Egress.Names.Inspect)
 	nilIfEmpty(&sb.Egress.Names.UnnamedPorts)
 	nilIfEmpty(&sb.Egress.Names.Secrets)
 	for j := range sb.Egress.Names.Secrets {

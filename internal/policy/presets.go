@@ -142,6 +142,7 @@ func cloneSandbox(sb Sandbox) Sandbox {
 	out.Egress.Unix = slices.Clone(sb.Egress.Unix)
 	out.Egress.Names.ReadOnly = slices.Clone(sb.Egress.Names.ReadOnly)
 	out.Egress.Names.ECH = slices.Clone(sb.Egress.Names.ECH)
+	out.Egress.Names.Inspect = slices.Clone(sb.Egress.Names.Inspect)
 	out.Egress.Names.UnnamedPorts = slices.Clone(sb.Egress.Names.UnnamedPorts)
 	out.Egress.Names.Secrets = slices.Clone(sb.Egress.Names.Secrets)
 	for i := range out.Egress.Names.Secrets {

@@ -626,6 +626,7 @@ type Egress struct {
 //	names:
 //	  bind: true
 //	  read_only: [".docs.example.com"]  # GET, HEAD, OPTIONS only (plain HTTP)
+//	  inspect: [".cdn.example.net"]     # TLS terminated: every request's Host judged
 //	  ech: ["cloudflare-ech.com"]       # outer names Encrypted Client Hello may use
 //	  unnamed_ports: ["22"]             # SSH: passes without a name
 //	  quic: false                       # UDP 443 to answered addresses refused
@@ -635,6 +636,14 @@ type EgressNames struct {
 	// ReadOnly lists names (DNS syntax) limited to GET, HEAD and OPTIONS
 	// on plain HTTP; other methods get a 403 that says why.
 	ReadOnly []string `yaml:"read_only"`
+	// Inspect lists names (DNS syntax) the relay terminates TLS for with
+	// the sandbox's CA, as for a secret's hosts: every request's Host
+	// (HTTP/2 :authority) and method is judged, so a Host of another site
+	// inside TLS (domain fronting past the server name) is refused and
+	// read_only applies. Clients must trust the sandbox CA (watcher exec
+	// points SSL_CERT_FILE and friends at it); one that does not fails
+	// its handshake.
+	Inspect []string `yaml:"inspect"`
 	// ECH lists the outer names for which a ClientHello with Encrypted
 	// Client Hello passes (its real name is hidden); others are refused.
 	ECH []string `yaml:"ech"`

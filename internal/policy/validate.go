@@ -375,6 +375,12 @@ func (c *checker) sandboxValues(at path, sb *Sandbox) {
 	for i, n := range sb.Egress.Names.ReadOnly {
 		c.namePattern(nm.key("read_only").idx(i), n)
 	}
+	for i, n := range sb.Egress.Names.Inspect {
+		c.namePattern(nm.key("inspect").idx(i), n)
+		if !sb.Egress.Names.Bind {
+			c.add(nm.key("inspect").idx(i), "inspect needs names.bind: true (the relay terminates TLS)")
+		}
+	}
 	for i, n := range sb.Egress.Names.ECH {
 		c.namePattern(nm.key("ech").idx(i), n)
 	}

@@ -124,7 +124,7 @@ var egressTechniques = []technique{
 func init() {
 	for _, layer := range []string{"lsm", "fmod_ret", "backstop"} {
 		for _, path := range []string{"sandbox", "exec"} {
-			knownOpen["egress-tls-inner-host/"+path+"/"+layer] = "the Host inside TLS is not visible to the relay; only the SNI is judged (egress-names.md, Limits)"
+			knownOpen["egress-tls-inner-host/"+path+"/"+layer] = "the Host inside TLS is not visible to the relay; only the SNI is judged unless names.inspect lists the name (egress-names.md, Limits)"
 		}
 	}
 	for i := range egressTechniques {
