@@ -206,8 +206,15 @@ func (a *Agent) recordCanary(sb *policy.Sandbox, rep *control.CanaryReport) {
 	if len(failed) > 0 && sb.OnCanaryFailure == policy.CanaryFreeze {
 		var froze []string
 		for _, root := range a.rootsOf(sb.Name) {
-			if _, err := canary.Freeze(root.path); err == nil {
+			mech, err := canary.Freeze(root.path)
+			if mech != "" {
+				// Frozen, or as frozen as the kernel got it: thaw undoes either.
 				froze = append(froze, root.path)
+			}
+			if err != nil {
+				a.emit(audit.Event{Kind: audit.KindCanary, Verdict: audit.VerdictRecorded, Severity: audit.SeverityAlert,
+					Sandbox: audit.Sandbox{Name: sb.Name}, Mechanism: "canary", Rule: "on_canary_failure",
+					Message: fmt.Sprintf("on_canary_failure: freeze %s: %v", root.path, err)})
 			}
 		}
 		if len(froze) > 0 {

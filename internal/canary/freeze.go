@@ -32,7 +32,19 @@ func Freeze(path string) (string, error) {
 	return freezeV1(path)
 }
 
-// freezeV1 freezes through the v1 freezer hierarchy.
+// v1Settle bounds how long freezeV1 retries a freeze the kernel left
+// FREEZING.
+const v1Settle = 3 * time.Second
+
+// freezeV1 freezes through the v1 freezer hierarchy. Two races leave a
+// v1 freeze incomplete, and both are retried until the kernel reports
+// FROZEN: a task forked between the scan of the v2 subtree and its
+// parent's move stays outside the v1 cgroup (it is moved on the next
+// pass), and a task that was about to sleep when the freeze was asked
+// (a vfork parent waiting for its frozen child) misses it, leaving the
+// state FREEZING, which the kernel documents as retried by writing FROZEN
+// again (cgroup-v1/freezer-subsystem.rst). On a timeout the cgroup stays
+// as frozen as the kernel got it and the error says so.
 func freezeV1(path string) (string, error) {
 	v1, err := v1Freezer(path)
 	if err != nil {
@@ -41,20 +53,72 @@ func freezeV1(path string) (string, error) {
 	if err := os.MkdirAll(v1, 0o755); err != nil {
 		return "", fmt.Errorf("freeze %s: %w", path, err)
 	}
-	pids, err := subtreePIDs(path)
-	if err != nil {
-		return "", err
-	}
-	for _, pid := range pids {
-		// A task that exited meanwhile is no longer there to freeze.
-		if err := cgroupfs.MovePID(v1, pid); err != nil && !errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "no such process") {
+	deadline := time.Now().Add(v1Settle)
+	for {
+		if err := moveIntoV1(path, v1); err != nil {
 			return "", err
 		}
+		if err := os.WriteFile(filepath.Join(v1, "freezer.state"), []byte("FROZEN"), 0); err != nil {
+			return "", fmt.Errorf("freeze %s: %w", v1, err)
+		}
+		st, err := os.ReadFile(filepath.Join(v1, "freezer.state"))
+		if err != nil {
+			return "", fmt.Errorf("freeze %s: %w", v1, err)
+		}
+		if strings.TrimSpace(string(st)) == "FROZEN" {
+			if stray, err := strays(path, v1); err != nil || len(stray) == 0 {
+				return FreezerV1, err
+			}
+		}
+		if time.Now().After(deadline) {
+			return FreezerV1, fmt.Errorf("freeze %s: %s is %s after %s (some tasks are not frozen)", path, v1, strings.TrimSpace(string(st)), v1Settle)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if err := os.WriteFile(filepath.Join(v1, "freezer.state"), []byte("FROZEN"), 0); err != nil {
-		return "", fmt.Errorf("freeze %s: %w", v1, err)
+}
+
+// moveIntoV1 moves every task of the v2 subtree at path into the v1
+// freezer cgroup v1, until a scan finds none left outside.
+func moveIntoV1(path, v1 string) error {
+	for range 50 {
+		stray, err := strays(path, v1)
+		if err != nil || len(stray) == 0 {
+			return err
+		}
+		for _, pid := range stray {
+			// A task that exited meanwhile is no longer there to freeze.
+			if err := cgroupfs.MovePID(v1, pid); err != nil && !errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "no such process") {
+				return err
+			}
+		}
 	}
-	return FreezerV1, nil
+	return fmt.Errorf("freeze %s: tasks keep appearing outside %s (a fork storm); retry", path, v1)
+}
+
+// strays lists the tasks of the v2 subtree at path that are not in the
+// v1 freezer cgroup v1.
+func strays(path, v1 string) ([]int, error) {
+	pids, err := subtreePIDs(path)
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(v1, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("freeze %s: %w", path, err)
+	}
+	in := map[int]bool{}
+	for _, f := range strings.Fields(string(data)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			in[n] = true
+		}
+	}
+	var out []int
+	for _, pid := range pids {
+		if !in[pid] {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
 }
 
 // Thaw undoes Freeze on either freezer.

@@ -125,3 +125,57 @@ func TestFreezeV1(t *testing.T) {
 		}
 	}
 }
+
+// TestFreezeV1ForkLoop: a sandbox that forks without pause (each child a
+// vfork whose parent sleeps until the child execs) is frozen whole: no
+// child forked during the move stays outside, and the vfork parent's
+// missed freeze is retried.
+func TestFreezeV1ForkLoop(t *testing.T) {
+	cg := testCgroup(t)
+	h, err := limits.Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.V1["freezer"]; !ok {
+		t.Skip("no v1 freezer hierarchy on this machine")
+	}
+	fd, err := os.Open(filepath.Join(cg, "leaf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	cmd := exec.Command("/bin/sh", "-c", "while :; do /bin/true; done")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	v1, _ := v1Freezer(cg)
+	t.Cleanup(func() {
+		thawV1(cg)
+		if root := h.V1["freezer"]; root != "" {
+			procs, _ := os.ReadFile(filepath.Join(v1, "cgroup.procs"))
+			for _, f := range strings.Fields(string(procs)) {
+				os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(f), 0)
+			}
+		}
+		os.Remove(v1)
+	})
+	for round := range 20 {
+		mech, err := freezeV1(cg)
+		if err != nil || mech != FreezerV1 {
+			t.Fatalf("round %d: freeze v1: %s, %v", round, mech, err)
+		}
+		st, _ := os.ReadFile(filepath.Join(v1, "freezer.state"))
+		if strings.TrimSpace(string(st)) != "FROZEN" {
+			t.Fatalf("round %d: freezer.state %q", round, st)
+		}
+		if left, err := strays(cg, v1); err != nil || len(left) > 0 {
+			t.Fatalf("round %d: tasks of the sandbox outside the frozen cgroup: %v (%v)", round, left, err)
+		}
+		if err := thawV1(cg); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
