@@ -67,7 +67,8 @@ static __always_inline void judge_file_tables(struct file_verdict *v, __u32 sid,
 	struct ino_key ik = { .sandbox_id = sid, .dev = f->dev, .ino = f->ino };
 	struct ino_rule *ir = bpf_map_lookup_elem(&lsm_inode_rules, &ik);
 	/* An entry of another file with this number is no match. */
-	if (ir && (ir->generation == GEN_ANY || ir->generation == f->generation))
+	if (ir && (ir->generation == GEN_ANY || ir->generation == f->generation) &&
+	    (ir->ftype == 0 || ir->ftype == (f->mode & S_IFMT)))
 		consider(v, &ir->rule, write, MATCH_INODE);
 
 	struct fs_key fk = { .sandbox_id = sid, .magic = f->magic };

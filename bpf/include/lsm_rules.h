@@ -158,7 +158,12 @@ struct {
 struct ino_rule {
 	struct access_rule rule;
 	__u32 generation; /* i_generation of the file, or GEN_ANY */
-	__u32 pad;
+	/* S_IFMT of the file, or 0 (any type: padding before). On overlayfs
+	 * over two filesystems a directory's number is drawn by overlayfs
+	 * and a file's is its layer's, both under the overlay's device: a
+	 * protected directory's entry matched a workspace file given the
+	 * same number (a benign exec refused in the qemu guest). */
+	__u32 ftype;
 };
 
 struct {

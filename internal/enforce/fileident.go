@@ -52,7 +52,15 @@ type FileID struct {
 	unix.Stat_t
 	// Generation is the inode's i_generation, or GenerationAny.
 	Generation uint32
+	// Magic is the filesystem's statfs f_type (0 where unread).
+	Magic uint32
 }
+
+// OverlayfsMagic is overlayfs's f_type. Over two filesystems (no xino)
+// its directories get numbers overlayfs draws and its files keep their
+// layer's, all under the overlay's device: a directory's (dev, ino) can
+// be a file's too.
+const OverlayfsMagic = 0x794c7630
 
 // Superblock magics of the filesystems whose file handles carry the
 // generation in a known layout.
@@ -102,6 +110,7 @@ func (r *identifier) identify(path string, follow bool) (FileID, error) {
 			r.magic[id.Dev] = magic
 		}
 	}
+	id.Magic = magic
 	id.Generation = generation(fd, magic, &id.Stat_t)
 	return id, nil
 }

@@ -100,6 +100,11 @@ func newEgressBed(t *testing.T) (*bed, *egressWorld) {
 			t.Skipf("%s is not installed (iproute2, util-linux)", tool)
 		}
 	}
+	if out, err := exec.Command("ip", "netns", "list").CombinedOutput(); err != nil {
+		// busybox's ip (the qemu guest's initramfs): test/vm/lanes.sh runs
+		// this suite again on the host's userland.
+		t.Skipf("this ip has no netns command (iproute2 is needed): %v: %.80s", err, out)
+	}
 	w := &egressWorld{}
 	w.netns(t)
 	w.serve(t)

@@ -16,7 +16,8 @@
 #            enforcing sandboxes (restricted, dev, read-only);
 #   battery  the battery's python, node, c and net sessions under restricted,
 #            and c and net under dev; then, in both boots, an agent per
-#            preset linking no syscall-wide program.
+#            preset linking no syscall-wide program; then the egress
+#            adversarial suite on the host's userland (iproute2, veth).
 # The battery runs on the host's userland (--hostroot) in the lsm boot.
 # With zero refusals under an enforcing sandbox, its record-mode twin takes
 # the same decisions on the same operations, so the twins stay on the host
@@ -85,6 +86,9 @@ lane_battery() {
 	battery c,net dev
 	# Every preset, both boots: no syscall-wide program (issue 32).
 	step syscall-wide --pkg ./internal/agent --run '^TestNoSyscallWidePrograms$'
+	# The egress suite needs iproute2's ip netns and veth: the host's
+	# userland, one boot (its hooks are cgroup programs, the same in both).
+	step egress-adversarial --hostroot --pkg ./test/adversarial --run '^TestEgressAdversarial$' --boot lsm --timeout 1500
 }
 
 t0=$SECONDS

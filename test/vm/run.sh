@@ -135,8 +135,9 @@ kdir=$cache/$kernel_pkg
 vmlinuz=$kdir/vmlinuz
 moddir=$kdir/modules
 # Modules the guest loads (their dependencies are added from modinfo):
-# overlayfs for workspaces, virtio-pci and virtiofs for --hostroot.
-guest_modules=(overlay virtio_pci virtiofs)
+# overlayfs for workspaces, virtio-pci and virtiofs for --hostroot, veth
+# for the egress suites' network namespaces.
+guest_modules=(overlay virtio_pci virtiofs veth)
 
 # extract_modules DEBROOT: copies guest_modules and their dependencies into
 # $moddir with a load order, atomically (other runs share the cache).

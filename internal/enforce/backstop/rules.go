@@ -547,7 +547,14 @@ func treeInodes(rules []backstoprules.PathRule, want map[backstopInodeKey]backst
 			continue
 		}
 		_, err := enforce.TreeInodes(strings.TrimSuffix(p.Path, "/"), &budget, func(path string, id *enforce.FileID) {
-			r := longestRule(rules, p.SandboxID, path, id.Mode&unix.S_IFMT == unix.S_IFDIR)
+			dir := id.Mode&unix.S_IFMT == unix.S_IFDIR
+			if dir && id.Magic == enforce.OverlayfsMagic {
+				// Its number may be a file's there too (enforce.OverlayfsMagic);
+				// an entry holds no type to tell them apart. Its path rule
+				// still judges it.
+				return
+			}
+			r := longestRule(rules, p.SandboxID, path, dir)
 			ik := backstopInodeKey{Ino: id.Ino, Dev: devOf(id.Dev), SandboxId: p.SandboxID}
 			if _, exact := want[ik]; r == nil || r.Action == 0 || exact {
 				return

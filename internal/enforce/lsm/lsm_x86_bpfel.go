@@ -95,7 +95,7 @@ type lsmInoRule struct {
 	_          structs.HostLayout
 	Rule       lsmAccessRule
 	Generation uint32
-	Pad        uint32
+	Ftype      uint32
 }
 
 type lsmIpcOwner struct {

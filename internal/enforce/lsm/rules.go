@@ -267,7 +267,7 @@ func prefixInodes(sid uint32, entries map[string]*pathEntry, inodes map[lsmInoKe
 			}
 			ik := lsmInoKey{SandboxId: sid, Dev: kernelDev(id.Dev), Ino: id.Ino}
 			if !exact[ik] {
-				inodes[ik] = lsmInoRule{Rule: e.rule, Generation: id.Generation}
+				inodes[ik] = lsmInoRule{Rule: e.rule, Generation: id.Generation, Ftype: id.Mode & unix.S_IFMT}
 			}
 		})
 		if err != nil {
@@ -360,7 +360,7 @@ func (l *LSM) setRules(sid uint32, r lsmrules.Rules) error {
 			inodes[ik] = old
 			continue
 		}
-		inodes[ik] = lsmInoRule{Rule: e.rule, Generation: id.Generation}
+		inodes[ik] = lsmInoRule{Rule: e.rule, Generation: id.Generation, Ftype: id.Mode & unix.S_IFMT}
 	}
 	if err := prefixInodes(sid, entries, inodes); err != nil {
 		return err
