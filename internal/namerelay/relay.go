@@ -246,21 +246,11 @@ func (r *Relay) serve(ln net.Listener, ns *netnsOf) {
 type session struct {
 	r      *Relay
 	client net.Conn
-	// tlsOut, once the relay terminated the client's TLS, is where
-	// refusals go.
-	tlsOut io.Writer
 	info   Conn
 	pol    *Policy
 	// name is the name the connection carried (the SNI, the first
 	// request's Host), once read.
 	name string
-}
-
-func (s *session) out() io.Writer {
-	if s.tlsOut != nil {
-		return s.tlsOut
-	}
-	return s.client
 }
 
 func (r *Relay) handle(c net.Conn) {
@@ -421,7 +411,9 @@ func (s *session) refuse(name, why string, refusal []byte) bool {
 	}
 	if refusal != nil {
 		s.client.SetWriteDeadline(time.Now().Add(time.Second))
-		s.out().Write(refusal)
+		// Before any TLS of the relay's own: a terminated connection's
+		// refusals are written by its handler.
+		s.client.Write(refusal)
 	}
 	return false
 }
