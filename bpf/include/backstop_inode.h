@@ -27,6 +27,12 @@ struct dir_walk {
 	__u32 sandbox_id;
 	struct dir_rule found;
 	__u32 hit;
+	/* On overlayfs over two filesystems a directory's number (drawn by
+	 * overlayfs) can be a file's (its layer's) under the same device,
+	 * and the agent's entries under an overlay's device are always
+	 * directories (stat gives a file's layer device): a file's own
+	 * dentry is not looked up there. */
+	__u32 overlay;
 };
 
 static long dir_walk_step(__u64 i, void *arg)
@@ -36,6 +42,8 @@ static long dir_walk_step(__u64 i, void *arg)
 	if (!d)
 		return 1;
 	struct inode *inode = BPF_CORE_READ(d, d_inode);
+	if (w->overlay && (BPF_CORE_READ(inode, i_mode) & S_IFMT_) != S_IFDIR_)
+		goto up;
 	struct dir_key k = {
 		.ino = BPF_CORE_READ(inode, i_ino),
 		.dev = w->dev,
@@ -56,6 +64,7 @@ static long dir_walk_step(__u64 i, void *arg)
 		w->hit = 1;
 		return 1;
 	}
+up:;
 	struct dentry *parent = BPF_CORE_READ(d, d_parent);
 	if (parent == d)
 		return 1;

@@ -57,7 +57,8 @@ static __always_inline void notify_mark_added(struct pt_regs *regs)
 	if (!inode)
 		return;
 	struct super_block *isb = BPF_CORE_READ(inode, i_sb);
-	struct dir_walk w = { .dev = BPF_CORE_READ(isb, s_dev), .sandbox_id = sb->id };
+	struct dir_walk w = { .dev = BPF_CORE_READ(isb, s_dev), .sandbox_id = sb->id,
+			      .overlay = BPF_CORE_READ(isb, s_magic) == OVERLAYFS_SUPER_MAGIC };
 	struct hlist_node *alias = BPF_CORE_READ(inode, i_dentry.first);
 	if (!alias)
 		return;
