@@ -99,7 +99,7 @@ func TestFreezeV1(t *testing.T) {
 		t.Fatalf("freeze v1: %s, %v", mech, err)
 	}
 	v1, _ := v1Freezer(cg)
-	t.Cleanup(func() { thawV1(cg); os.Remove(v1) })
+	removeV1(t, cg, v1, sl)
 	var st []byte
 	if !poll.Within(10*time.Second, func() bool {
 		st, _ = os.ReadFile(filepath.Join(v1, "freezer.state"))
@@ -118,12 +118,20 @@ func TestFreezeV1(t *testing.T) {
 	if strings.TrimSpace(string(st)) != "THAWED" {
 		t.Errorf("after thaw: %q", st)
 	}
-	// Out of the v1 cgroup again, so it can be removed.
-	if root := h.V1["freezer"]; root != "" {
-		for _, f := range strings.Fields(string(procs)) {
-			os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(f), 0)
+}
+
+// removeV1 removes the test's v1 freezer cgroup at the end: thawed first
+// (a frozen task does not die), then the sandbox's command killed and
+// waited for, so none of its children is left to fork into it.
+func removeV1(t *testing.T, cg, v1 string, cmd *exec.Cmd) {
+	t.Cleanup(func() {
+		thawV1(cg)
+		cmd.Process.Kill()
+		cmd.Wait()
+		if err := cgroupfs.RemoveDir(v1); err != nil {
+			t.Errorf("remove %s: %v", v1, err)
 		}
-	}
+	})
 }
 
 // TestFreezeV1ForkLoop: a sandbox that forks without pause (each child a
@@ -151,16 +159,7 @@ func TestFreezeV1ForkLoop(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	v1, _ := v1Freezer(cg)
-	t.Cleanup(func() {
-		thawV1(cg)
-		if root := h.V1["freezer"]; root != "" {
-			procs, _ := os.ReadFile(filepath.Join(v1, "cgroup.procs"))
-			for _, f := range strings.Fields(string(procs)) {
-				os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(f), 0)
-			}
-		}
-		os.Remove(v1)
-	})
+	removeV1(t, cg, v1, cmd)
 	for round := range 20 {
 		mech, err := freezeV1(cg)
 		if err != nil || mech != FreezerV1 {
