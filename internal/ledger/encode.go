@@ -306,11 +306,10 @@ func appendHead(b []byte, e *audit.Event) []byte {
 	b = strField(b, "mechanism", e.Mechanism, true)
 	if sb := &e.Sandbox; sb.CgroupID != 0 || sb.Name != "" || len(sb.Labels) > 0 {
 		b = append(b, `,"sandbox":{`...)
-		n := len(b)
 		b = uintField(b, "cgroup_id", sb.CgroupID, true)
 		b = strField(b, "name", sb.Name, true)
 		if len(sb.Labels) > 0 {
-			b = append(b, `,"labels":{`...)
+			b = append(fieldName(b, "labels"), '{')
 			keys := make([]string, 0, len(sb.Labels))
 			for k := range sb.Labels {
 				keys = append(keys, k)
@@ -328,12 +327,11 @@ func appendHead(b []byte, e *audit.Event) []byte {
 			}
 			b = append(b, '}')
 		}
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if p := &e.Process; p.PID != 0 || p.TGID != 0 || p.PPID != 0 || p.UID != 0 || p.Comm != "" ||
 		p.Exe != "" || len(p.Args) > 0 || p.CgroupID != 0 {
 		b = append(b, `,"process":{`...)
-		n := len(b)
 		b = uintField(b, "pid", uint64(p.PID), true)
 		b = uintField(b, "tgid", uint64(p.TGID), true)
 		b = uintField(b, "ppid", uint64(p.PPID), true)
@@ -342,7 +340,7 @@ func appendHead(b []byte, e *audit.Event) []byte {
 		b = strField(b, "exe", p.Exe, true)
 		b = strsField(b, "args", p.Args, true)
 		b = uintField(b, "cgroup_id", p.CgroupID, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	return b
 }
@@ -351,57 +349,51 @@ func appendHead(b []byte, e *audit.Event) []byte {
 func appendDetails(b []byte, e *audit.Event) []byte {
 	if f := e.File; f != nil {
 		b = append(b, `,"file":{`...)
-		n := len(b)
 		b = strField(b, "path", f.Path, false)
 		b = uintField(b, "flags", uint64(f.Flags), true)
 		b = uintField(b, "mode", uint64(f.Mode), true)
 		b = uintField(b, "dev", uint64(f.Dev), true)
 		b = boolField(b, "write", f.Write, true)
 		b = strField(b, "op", f.Op, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if t := e.Target; t != nil {
 		b = append(b, `,"target":{`...)
-		n := len(b)
 		b = uintField(b, "pid", uint64(t.PID), true)
 		b = strField(b, "comm", t.Comm, true)
 		b = uintField(b, "mode", uint64(t.Mode), true)
 		b = intField(b, "capability", int64(t.Capability), true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if m := e.Mount; m != nil {
 		b = append(b, `,"mount":{`...)
-		n := len(b)
 		b = strField(b, "op", m.Op, false)
 		b = strField(b, "source", m.Source, true)
 		b = strField(b, "target", m.Target, true)
 		b = strField(b, "fstype", m.FSType, true)
 		b = uintField(b, "flags", m.Flags, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if s := e.Syscall; s != nil {
 		b = append(b, `,"syscall":{`...)
-		n := len(b)
 		b = intField(b, "nr", s.Nr, false)
 		b = strField(b, "name", s.Name, true)
 		b = intField(b, "ret", s.Ret, true)
 		b = uintField(b, "count", s.Count, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if d := e.DNS; d != nil {
 		b = append(b, `,"dns":{`...)
-		n := len(b)
 		b = strField(b, "name", d.Name, false)
 		b = strField(b, "qtype", d.QType, true)
 		b = strField(b, "rcode", d.Rcode, true)
 		b = strField(b, "reason", d.Reason, true)
 		b = strsField(b, "answers", d.Answers, true)
 		b = strField(b, "client", d.Client, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if nd := e.Net; nd != nil {
 		b = append(b, `,"net":{`...)
-		n := len(b)
 		b = strField(b, "op", nd.Op, false)
 		b = uintField(b, "family", uint64(nd.Family), true)
 		b = uintField(b, "type", uint64(nd.Type), true)
@@ -410,14 +402,13 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 		b = uintField(b, "port", uint64(nd.Port), true)
 		b = strField(b, "reason", nd.Reason, true)
 		b = strField(b, "name", nd.Name, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if l := e.Loss; l != nil {
 		b = append(b, `,"loss":{`...)
-		n := len(b)
 		b = strField(b, "stage", l.Stage, false)
 		b = uintField(b, "count", l.Count, false)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if s := e.Summary; s != nil {
 		b = append(b, `,"summary":{"rows":`...)
@@ -445,7 +436,6 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 	}
 	if w := e.Workspace; w != nil {
 		b = append(b, `,"workspace":{`...)
-		n := len(b)
 		b = strField(b, "op", w.Op, false)
 		b = strField(b, "snapshot", w.Snapshot, true)
 		b = strsField(b, "added", w.Added, true)
@@ -454,17 +444,16 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 		b = uintField(b, "bytes", w.Bytes, true)
 		b = strField(b, "hash", w.Hash, true)
 		b = strsField(b, "ipc", w.IPC, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if l := e.Limit; l != nil {
 		b = append(b, `,"limit":{`...)
-		n := len(b)
 		b = strField(b, "resource", l.Resource, false)
 		b = uintField(b, "limit", l.Limit, true)
 		b = uintField(b, "usage", l.Usage, true)
 		b = uintField(b, "count", l.Count, true)
 		b = strField(b, "mechanism", l.Mechanism, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if r := e.Repeat; r != nil {
 		b = append(b, `,"repeat":{"count":`...)
@@ -477,7 +466,6 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 	}
 	if t := e.Tool; t != nil {
 		b = append(b, `,"tool":{`...)
-		n := len(b)
 		b = strField(b, "call_id", t.CallID, false)
 		b = strField(b, "session", t.Session, true)
 		b = uintField(b, "seq", t.Seq, true)
@@ -492,7 +480,7 @@ func appendDetails(b []byte, e *audit.Event) []byte {
 		b = strField(b, "protocol", t.Protocol, true)
 		b = strField(b, "protocol_session", t.ProtocolSession, true)
 		b = strField(b, "protocol_request", t.ProtocolRequest, true)
-		b = closeObject(b, n)
+		b = closeObject(b)
 	}
 	if p := e.Posture; p != nil {
 		b = appendPosture(b, p)
@@ -580,7 +568,6 @@ func (c *headCache) same(e *audit.Event) bool {
 // appendPosture writes a posture record's fields in struct order.
 func appendPosture(b []byte, p *audit.Posture) []byte {
 	b = append(b, `,"posture":{`...)
-	n := len(b)
 	b = strField(b, "cgroup", p.Cgroup, false)
 	b = strField(b, "container", p.Container, true)
 	b = intField(b, "procs", int64(p.Procs), false)
@@ -605,20 +592,18 @@ func appendPosture(b []byte, p *audit.Posture) []byte {
 		b = append(b, ']')
 	}
 	b = append(fieldName(b, "limits"), '{')
-	m := len(b)
 	b = intField(b, "memory_bytes", p.Limits.MemoryBytes, false)
 	b = intField(b, "cpu_millicores", p.Limits.CPUMillis, false)
 	b = intField(b, "pids", p.Limits.PIDs, false)
-	b = closeObject(b, m)
+	b = closeObject(b)
 	b = strsField(b, "missing", p.Missing, true)
 	b = strsField(b, "errors", p.Errors, true)
-	return closeObject(b, n)
+	return closeObject(b)
 }
 
 // appendCanary writes a canary run's record in struct order.
 func appendCanary(b []byte, c *audit.CanaryDetail) []byte {
 	b = append(b, `,"canary":{`...)
-	n := len(b)
 	b = strField(b, "reason", c.Reason, false)
 	b = fieldName(b, "checks")
 	if c.Checks == nil {
@@ -630,19 +615,17 @@ func appendCanary(b []byte, c *audit.CanaryDetail) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, '{')
-			m := len(b)
 			b = strField(b, "name", c.Checks[i].Name, false)
 			b = boolField(b, "ok", c.Checks[i].OK, false)
-			b = closeObject(b, m)
+			b = closeObject(b)
 		}
 		b = append(b, ']')
 	}
-	return closeObject(b, n)
+	return closeObject(b)
 }
 
 func appendMountPosture(b []byte, m *audit.MountPosture) []byte {
 	b = append(b, '{')
-	n := len(b)
 	b = strField(b, "path", m.Path, false)
 	b = strField(b, "mount", m.Mount, true)
 	b = strField(b, "fstype", m.FSType, true)
@@ -651,7 +634,7 @@ func appendMountPosture(b []byte, m *audit.MountPosture) []byte {
 	b = boolField(b, "nosuid", m.NoSuid, false)
 	b = boolField(b, "nodev", m.NoDev, false)
 	b = boolField(b, "absent", m.Absent, true)
-	return closeObject(b, n)
+	return closeObject(b)
 }
 
 // appendTime appends t in UTC as t.UTC().AppendFormat(b, time.RFC3339Nano)
@@ -689,17 +672,19 @@ func appendFraction(b []byte, ns int) []byte {
 	return b
 }
 
-// Field helpers write `,"name":value`; closeObject removes the comma after
-// the opening brace at n (if any member was written) and closes it.
-func closeObject(b []byte, n int) []byte {
-	if len(b) > n && b[n] == ',' {
-		b = append(b[:n], b[n+1:]...)
-	}
+// Field helpers write `,"name":value`, without the comma as an object's
+// first member (no value ends in '{', so the last byte tells), which
+// spares closing an object the copy that removing that comma would cost.
+// closeObject closes an object.
+func closeObject(b []byte) []byte {
 	return append(b, '}')
 }
 
 func fieldName(b []byte, name string) []byte {
-	b = append(b, ',', '"')
+	if len(b) == 0 || b[len(b)-1] != '{' {
+		b = append(b, ',')
+	}
+	b = append(b, '"')
 	b = append(b, name...)
 	return append(b, '"', ':')
 }

@@ -203,7 +203,8 @@ type Ledger struct {
 	uppers     []tileNode // tile-level subtree roots the chain computed, not yet in the files
 	onNode     func(level int, index int64, h tlog.Hash)
 	leavesBase uint64
-	ckptMu     sync.Mutex // serialises writes of DIR/checkpoint
+	tileBatch  []tlog.Hash // flushTiles' reused copy of leaves (syncMu)
+	ckptMu     sync.Mutex  // serialises writes of DIR/checkpoint
 	ckptNotify chan struct{}
 
 	// tap sees every record appended (Tap), under mu, in seq order.

@@ -143,7 +143,9 @@ func (l *Ledger) flushTiles() {
 		l.mu.Unlock()
 		return
 	}
-	batch := append([]tlog.Hash(nil), l.leaves[:k]...)
+	// The batch buffer is reused: flushTiles runs under syncMu only.
+	batch := append(l.tileBatch[:0], l.leaves[:k]...)
+	l.tileBatch = batch
 	l.leaves = append(l.leaves[:0], l.leaves[k:]...)
 	l.leavesBase += k
 	var up []tileNode
@@ -159,6 +161,9 @@ func (l *Ledger) flushTiles() {
 		l.mu.Lock()
 		l.lastErr = err
 		l.mu.Unlock()
+	}
+	if cap(batch) > 1<<16 {
+		l.tileBatch = nil // a rare large batch (after a stall) is not kept
 	}
 }
 
