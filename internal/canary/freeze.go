@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/watcherhq/watcher/internal/cgroupfs"
@@ -121,9 +122,18 @@ func strays(path, v1 string) ([]int, error) {
 	return out, nil
 }
 
-// Thaw undoes Freeze on either freezer.
+// Thaw undoes Freeze on either freezer. On the v1 freezer it also
+// removes the cgroups Freeze made there, moving their tasks back to the
+// hierarchy's root, even when the sandbox's cgroup2 path is gone.
 func Thaw(path string) error {
 	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			if v1, verr := v1Freezer(path); verr == nil {
+				if _, serr := os.Stat(v1); serr == nil {
+					return thawV1(path)
+				}
+			}
+		}
 		return fmt.Errorf("thaw %s: %w", path, err)
 	}
 	if _, err := os.Stat(filepath.Join(path, "cgroup.freeze")); err == nil {
@@ -137,8 +147,54 @@ func thawV1(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(v1, "freezer.state"), []byte("THAWED"), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.WriteFile(filepath.Join(v1, "freezer.state"), []byte("THAWED"), 0); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		return fmt.Errorf("thaw %s: %w", v1, err)
+	}
+	return dropV1(v1)
+}
+
+// dropV1 removes the thawed v1 freezer cgroup v1 and the parents
+// freezeV1 created for it, so a freeze leaves nothing behind. Its tasks
+// go back to the hierarchy's root, where they were before (the freezer is
+// the hierarchy's only controller: moving changes nothing else). A cgroup
+// that still holds other cgroups or tasks (another frozen sandbox below
+// it, a fork during the move) stays: the next thaw removes it.
+func dropV1(v1 string) error {
+	h, err := limits.Detect()
+	if err != nil {
+		return err
+	}
+	mnt := filepath.Clean(h.V1["freezer"])
+	for range 10 {
+		pids, err := cgroupfs.Procs(v1)
+		if err != nil || len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			if err := cgroupfs.MovePID(mnt, pid); err != nil && !errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "no such process") {
+				return fmt.Errorf("thaw %s: %w", v1, err)
+			}
+		}
+	}
+	// The leaf may be busy a moment after its last task left; its
+	// parents are busy only while in use, and stay then.
+	for try := 0; ; try++ {
+		err := syscall.Rmdir(v1)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if !errors.Is(err, syscall.EBUSY) || try == 20 {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for dir := filepath.Dir(v1); dir != mnt && strings.HasPrefix(dir, mnt+"/"); dir = filepath.Dir(dir) {
+		if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			break
+		}
 	}
 	return nil
 }

@@ -3,9 +3,13 @@ package canary
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -93,13 +97,15 @@ func TestFreezeV1(t *testing.T) {
 	if _, ok := h.V1["freezer"]; !ok {
 		t.Skip("no v1 freezer hierarchy on this machine")
 	}
-	sl := sleeperIn(t, filepath.Join(cg, "leaf"))
-	mech, err := freezeV1(cg)
+	// The sandbox is cg/leaf: its v1 cgroup has a parent freezeV1 makes.
+	sb := filepath.Join(cg, "leaf")
+	sl := sleeperIn(t, sb)
+	mech, err := freezeV1(sb)
 	if err != nil || mech != FreezerV1 {
 		t.Fatalf("freeze v1: %s, %v", mech, err)
 	}
-	v1, _ := v1Freezer(cg)
-	removeV1(t, cg, v1, sl)
+	v1, _ := v1Freezer(sb)
+	removeV1(t, sb, v1, sl)
 	var st []byte
 	if !poll.Within(10*time.Second, func() bool {
 		st, _ = os.ReadFile(filepath.Join(v1, "freezer.state"))
@@ -111,12 +117,64 @@ func TestFreezeV1(t *testing.T) {
 	if !strings.Contains(" "+strings.Join(strings.Fields(string(procs)), " ")+" ", " "+strconv.Itoa(sl.Process.Pid)+" ") {
 		t.Fatalf("the sandbox's process %d is not in %s: %q", sl.Process.Pid, v1, procs)
 	}
-	if err := thawV1(cg); err != nil {
+	if err := thawV1(sb); err != nil {
 		t.Fatal(err)
 	}
-	st, _ = os.ReadFile(filepath.Join(v1, "freezer.state"))
-	if strings.TrimSpace(string(st)) != "THAWED" {
-		t.Errorf("after thaw: %q", st)
+	// The thaw leaves no v1 cgroup behind (nor the parents freezeV1
+	// made), and the task, back in the hierarchy's root, runs: it dies of
+	// a signal, which a frozen task would not until thawed.
+	if _, err := os.Stat(v1); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after thaw %s is still there (%v)", v1, err)
+	}
+	if p := filepath.Dir(v1); p != filepath.Clean(h.V1["freezer"]) {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("after thaw the parent %s is still there (%v)", p, err)
+		}
+	}
+	if own, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sl.Process.Pid)); !regexp.MustCompile(`(?m)^\d+:freezer:/$`).Match(own) {
+		t.Errorf("after thaw the task is not in the freezer root:\n%s", own)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sl.Wait() }()
+	sl.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("the thawed task did not die of SIGTERM within 10s")
+	}
+}
+
+// TestThawV1KeepsBusyCgroup: a v1 freezer cgroup that still holds
+// another cgroup (a sandbox nested below, frozen on its own) is thawed
+// and stays, without an error; the nested one is untouched.
+func TestThawV1KeepsBusyCgroup(t *testing.T) {
+	cg := testCgroup(t)
+	h, err := limits.Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.V1["freezer"]; !ok {
+		t.Skip("no v1 freezer hierarchy on this machine")
+	}
+	sl := sleeperIn(t, filepath.Join(cg, "leaf"))
+	if _, err := freezeV1(cg); err != nil {
+		t.Fatal(err)
+	}
+	v1, _ := v1Freezer(cg)
+	removeV1(t, cg, v1, sl)
+	nested := filepath.Join(v1, "nested")
+	if err := os.Mkdir(nested, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cgroupfs.RemoveDir(nested) })
+	if err := thawV1(cg); err != nil {
+		t.Fatalf("thaw with a nested cgroup: %v", err)
+	}
+	if st, err := os.ReadFile(filepath.Join(v1, "freezer.state")); err != nil || strings.TrimSpace(string(st)) != "THAWED" {
+		t.Errorf("after thaw: %q, %v", st, err)
+	}
+	if _, err := os.Stat(nested); err != nil {
+		t.Errorf("the nested cgroup: %v", err)
 	}
 }
 
@@ -128,9 +186,11 @@ func removeV1(t *testing.T, cg, v1 string, cmd *exec.Cmd) {
 		thawV1(cg)
 		cmd.Process.Kill()
 		cmd.Wait()
+		// The thaw removed it; what is left (a failed test) goes here.
 		if err := cgroupfs.RemoveDir(v1); err != nil {
 			t.Errorf("remove %s: %v", v1, err)
 		}
+		cgroupfs.RemoveDir(filepath.Dir(v1))
 	})
 }
 
