@@ -89,23 +89,9 @@ func TestFreezeV2(t *testing.T) {
 // the v1 freezer cgroup of the same path, which is frozen; this host has
 // both, so the v1 path is exercised directly.
 func TestFreezeV1(t *testing.T) {
-	cg := testCgroup(t)
-	h, err := limits.Detect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := h.V1["freezer"]; !ok {
-		t.Skip("no v1 freezer hierarchy on this machine")
-	}
 	// The sandbox is cg/leaf: its v1 cgroup has a parent freezeV1 makes.
-	sb := filepath.Join(cg, "leaf")
-	sl := sleeperIn(t, sb)
-	mech, err := freezeV1(sb)
-	if err != nil || mech != FreezerV1 {
-		t.Fatalf("freeze v1: %s, %v", mech, err)
-	}
-	v1, _ := v1Freezer(sb)
-	removeV1(t, sb, v1, sl)
+	sb := filepath.Join(testCgroup(t), "leaf")
+	v1, mnt, sl := frozenV1(t, sb, sb)
 	var st []byte
 	if !poll.Within(10*time.Second, func() bool {
 		st, _ = os.ReadFile(filepath.Join(v1, "freezer.state"))
@@ -126,7 +112,7 @@ func TestFreezeV1(t *testing.T) {
 	if _, err := os.Stat(v1); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("after thaw %s is still there (%v)", v1, err)
 	}
-	if p := filepath.Dir(v1); p != filepath.Clean(h.V1["freezer"]) {
+	if p := filepath.Dir(v1); p != mnt {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("after thaw the parent %s is still there (%v)", p, err)
 		}
@@ -149,19 +135,7 @@ func TestFreezeV1(t *testing.T) {
 // and stays, without an error; the nested one is untouched.
 func TestThawV1KeepsBusyCgroup(t *testing.T) {
 	cg := testCgroup(t)
-	h, err := limits.Detect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := h.V1["freezer"]; !ok {
-		t.Skip("no v1 freezer hierarchy on this machine")
-	}
-	sl := sleeperIn(t, filepath.Join(cg, "leaf"))
-	if _, err := freezeV1(cg); err != nil {
-		t.Fatal(err)
-	}
-	v1, _ := v1Freezer(cg)
-	removeV1(t, cg, v1, sl)
+	v1, _, _ := frozenV1(t, cg, filepath.Join(cg, "leaf"))
 	nested := filepath.Join(v1, "nested")
 	if err := os.Mkdir(nested, 0o755); err != nil {
 		t.Fatal(err)
@@ -178,19 +152,44 @@ func TestThawV1KeepsBusyCgroup(t *testing.T) {
 	}
 }
 
+// frozenV1 starts a sleeper in the cgroup leaf and freezes the sandbox
+// cgroup sb through the v1 freezer, skipping where there is none. It
+// returns the v1 cgroup, the v1 hierarchy's mount and the sleeper.
+func frozenV1(t *testing.T, sb, leaf string) (v1, mnt string, sl *exec.Cmd) {
+	t.Helper()
+	h, err := limits.Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt, ok := h.V1["freezer"]
+	if !ok {
+		t.Skip("no v1 freezer hierarchy on this machine")
+	}
+	sl = sleeperIn(t, leaf)
+	mech, err := freezeV1(sb)
+	v1, _ = v1Freezer(sb)
+	removeV1(t, sb, v1, filepath.Clean(mnt), sl)
+	if err != nil || mech != FreezerV1 {
+		t.Fatalf("freeze v1: %s, %v", mech, err)
+	}
+	return v1, filepath.Clean(mnt), sl
+}
+
 // removeV1 removes the test's v1 freezer cgroup at the end: thawed first
 // (a frozen task does not die), then the sandbox's command killed and
 // waited for, so none of its children is left to fork into it.
-func removeV1(t *testing.T, cg, v1 string, cmd *exec.Cmd) {
+func removeV1(t *testing.T, cg, v1, mnt string, cmd *exec.Cmd) {
 	t.Cleanup(func() {
 		thawV1(cg)
 		cmd.Process.Kill()
 		cmd.Wait()
-		// The thaw removed it; what is left (a failed test) goes here.
-		if err := cgroupfs.RemoveDir(v1); err != nil {
-			t.Errorf("remove %s: %v", v1, err)
+		// The thaw removed them; what is left (a failed test) goes here.
+		for dir := v1; dir != mnt && strings.HasPrefix(dir, mnt+"/"); dir = filepath.Dir(dir) {
+			if err := cgroupfs.RemoveDir(dir); err != nil {
+				t.Errorf("remove %s: %v", dir, err)
+				break
+			}
 		}
-		cgroupfs.RemoveDir(filepath.Dir(v1))
 	})
 }
 
@@ -219,7 +218,7 @@ func TestFreezeV1ForkLoop(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	v1, _ := v1Freezer(cg)
-	removeV1(t, cg, v1, cmd)
+	removeV1(t, cg, v1, filepath.Clean(h.V1["freezer"]), cmd)
 	for round := range 20 {
 		mech, err := freezeV1(cg)
 		if err != nil || mech != FreezerV1 {
