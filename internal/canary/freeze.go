@@ -159,22 +159,32 @@ func thawV1(path string) error {
 // dropV1 removes the thawed v1 freezer cgroup v1 and the parents
 // freezeV1 created for it, so a freeze leaves nothing behind. Its tasks
 // go back to the hierarchy's root, where they were before (the freezer is
-// the hierarchy's only controller: moving changes nothing else). A cgroup
-// that still holds other cgroups or tasks (another frozen sandbox below
-// it, a fork during the move) stays: the next thaw removes it.
+// the hierarchy's only controller: moving changes nothing else), unless an
+// ancestor is frozen itself (an enclosing sandbox frozen on its own): they
+// go into that one and stay frozen, so thawing an inner sandbox never
+// thaws what an outer freeze holds. A cgroup that still holds other
+// cgroups or tasks (another frozen sandbox below it, a fork during the
+// move) stays: the next thaw removes it.
 func dropV1(v1 string) error {
 	h, err := limits.Detect()
 	if err != nil {
 		return err
 	}
 	mnt := filepath.Clean(h.V1["freezer"])
+	dest := mnt
+	for dir := filepath.Dir(v1); dir != mnt && strings.HasPrefix(dir, mnt+"/"); dir = filepath.Dir(dir) {
+		if self, err := os.ReadFile(filepath.Join(dir, "freezer.self_freezing")); err == nil && strings.TrimSpace(string(self)) == "1" {
+			dest = dir
+			break
+		}
+	}
 	for range 10 {
 		pids, err := cgroupfs.Procs(v1)
 		if err != nil || len(pids) == 0 {
 			break
 		}
 		for _, pid := range pids {
-			if err := cgroupfs.MovePID(mnt, pid); err != nil && !errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "no such process") {
+			if err := cgroupfs.MovePID(dest, pid); err != nil && !errors.Is(err, os.ErrNotExist) && !strings.Contains(err.Error(), "no such process") {
 				return fmt.Errorf("thaw %s: %w", v1, err)
 			}
 		}
@@ -191,7 +201,8 @@ func dropV1(v1 string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	for dir := filepath.Dir(v1); dir != mnt && strings.HasPrefix(dir, mnt+"/"); dir = filepath.Dir(dir) {
+	// Up to the frozen ancestor, which its own thaw removes.
+	for dir := filepath.Dir(v1); dir != dest && strings.HasPrefix(dir, mnt+"/"); dir = filepath.Dir(dir) {
 		if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			break
 		}

@@ -152,6 +152,48 @@ func TestThawV1KeepsBusyCgroup(t *testing.T) {
 	}
 }
 
+// TestThawV1InnerKeepsOuterFrozen: a sandbox frozen on its own inside an
+// enclosing frozen sandbox is thawed; its tasks go into the enclosing
+// frozen cgroup, not the hierarchy's root, so they stay frozen: an
+// inner thaw does not undo an outer freeze.
+func TestThawV1InnerKeepsOuterFrozen(t *testing.T) {
+	cg := testCgroup(t)
+	inner := filepath.Join(cg, "leaf")
+	outer, mnt, sl := frozenV1(t, cg, inner)
+	if _, err := freezeV1(inner); err != nil {
+		t.Fatalf("freeze the inner sandbox: %v", err)
+	}
+	innerV1, _ := v1Freezer(inner)
+	removeV1(t, inner, innerV1, mnt, sl)
+	if err := thawV1(inner); err != nil {
+		t.Fatal(err)
+	}
+	want := "freezer:/" + strings.TrimPrefix(outer, mnt+"/")
+	if own, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sl.Process.Pid)); !strings.Contains(string(own), want+"\n") {
+		t.Errorf("after the inner thaw the task is not in the outer frozen cgroup (%s):\n%s", want, own)
+	}
+	if st, _ := os.ReadFile(filepath.Join(outer, "freezer.state")); strings.TrimSpace(string(st)) != "FROZEN" {
+		t.Errorf("outer freezer.state %q", st)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sl.Wait() }()
+	sl.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		t.Error("a task the outer freeze holds died of SIGTERM: the inner thaw thawed it")
+	case <-time.After(500 * time.Millisecond):
+	}
+	// The benign neighbour: thawing the outer lets it go.
+	if err := thawV1(cg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("after the outer thaw the task did not die of SIGTERM within 10s")
+	}
+}
+
 // frozenV1 starts a sleeper in the cgroup leaf and freezes the sandbox
 // cgroup sb through the v1 freezer, skipping where there is none. It
 // returns the v1 cgroup, the v1 hierarchy's mount and the sleeper.
