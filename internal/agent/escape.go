@@ -180,15 +180,23 @@ func (a *Agent) escaped(d *escape.Decision) audit.Event {
 			}
 		}
 		var froze []string
+		var failed []string
 		for _, p := range targets {
-			if err := cgroupfs.Freeze(p, true); err == nil {
+			// canary.Freeze: cgroup.freeze, or the v1 freezer on kernels
+			// before 5.2, as the canary's freeze does.
+			if _, err := canary.Freeze(p); err == nil {
 				froze = append(froze, p)
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				failed = append(failed, err.Error())
 			}
 		}
-		if len(froze) > 0 {
+		switch {
+		case len(froze) > 0:
 			a.frozen.add(d.Sandbox, froze...)
 			msg += "; frozen: " + strings.Join(froze, ", ") + " (watcher thaw " + d.Sandbox + ")"
-		} else {
+		case len(failed) > 0:
+			msg += "; not frozen: " + strings.Join(failed, "; ")
+		default:
 			msg += "; nothing left to freeze (the cgroup is gone)"
 		}
 	}
