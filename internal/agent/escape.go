@@ -180,23 +180,15 @@ func (a *Agent) escaped(d *escape.Decision) audit.Event {
 			}
 		}
 		var froze []string
-		var failed []string
 		for _, p := range targets {
-			// canary.Freeze: cgroup.freeze, or the v1 freezer on kernels
-			// before 5.2, as the canary's freeze does.
-			if _, err := canary.Freeze(p); err == nil {
+			if err := cgroupfs.Freeze(p, true); err == nil {
 				froze = append(froze, p)
-			} else if !errors.Is(err, fs.ErrNotExist) {
-				failed = append(failed, err.Error())
 			}
 		}
-		switch {
-		case len(froze) > 0:
+		if len(froze) > 0 {
 			a.frozen.add(d.Sandbox, froze...)
 			msg += "; frozen: " + strings.Join(froze, ", ") + " (watcher thaw " + d.Sandbox + ")"
-		case len(failed) > 0:
-			msg += "; not frozen: " + strings.Join(failed, "; ")
-		default:
+		} else {
 			msg += "; nothing left to freeze (the cgroup is gone)"
 		}
 	}

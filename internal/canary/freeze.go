@@ -27,11 +27,6 @@ const (
 // whose cgroup of the same relative path the tasks are moved first. It
 // returns the mechanism used.
 func Freeze(path string) (string, error) {
-	// A cgroup gone (its tasks ended) has nothing to freeze, and the v1
-	// path would make a freezer cgroup for it that no thaw is asked for.
-	if _, err := os.Stat(path); err != nil {
-		return "", fmt.Errorf("freeze %s: %w", path, err)
-	}
 	if _, err := os.Stat(filepath.Join(path, "cgroup.freeze")); err == nil {
 		return FreezerV2, cgroupfs.Freeze(path, true)
 	}

@@ -194,25 +194,6 @@ func TestThawV1InnerKeepsOuterFrozen(t *testing.T) {
 	}
 }
 
-// TestFreezeGonePath: freezing a cgroup that is gone fails with a
-// not-exist error and makes no v1 freezer cgroup for it.
-func TestFreezeGonePath(t *testing.T) {
-	gone := filepath.Join(testCgroup(t), "gone")
-	if _, err := Freeze(gone); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("freeze of a gone cgroup: %v", err)
-	}
-	h, err := limits.Detect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := h.V1["freezer"]; ok {
-		v1, _ := v1Freezer(gone)
-		if _, err := os.Stat(filepath.Dir(v1)); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("a v1 freezer cgroup was made for a gone cgroup: %s (%v)", filepath.Dir(v1), err)
-		}
-	}
-}
-
 // frozenV1 starts a sleeper in the cgroup leaf and freezes the sandbox
 // cgroup sb through the v1 freezer, skipping where there is none. It
 // returns the v1 cgroup, the v1 hierarchy's mount and the sleeper.
